@@ -1,0 +1,31 @@
+# One entry point. `make sweep` runs the main job, `make test` runs the tests; both set up
+# .venv first from constraints.txt (torch 2.14.1 / torchvision 0.29.1 are pinned there).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup sweep test test-slow bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=25"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+sweep: setup
+	$(BIN)/python sweeps/launch.py $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow $(ARGS)
+
+bench: setup
+	$(BIN)/python benchmarks/bench_metrics.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache mlruns mlflow.db ray_results

@@ -1,0 +1,208 @@
+"""Validated configuration of one training run (data, model, trainer) and its YAML loading.
+
+The sweep service embeds these models in its own config, so one schema serves both
+`python -m calib_core.train` and `python sweeps/launch.py`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DatasetName = Literal["mnist1d", "digits", "cifar10", "cifar100", "svhn", "mnist", "fashionmnist"]
+ModelName = Literal["mlp", "cnn1d", "cnn2d", "resnet18", "resnet34", "resnet50", "wrn28_10", "vit_small"]
+Method = Literal["onego", "ce", "posthoc", "label_smoothing", "focal"]
+CalibratorName = Literal["none", "temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer"]
+PosthocName = Literal["temperature", "vector", "matrix"]
+
+_CALIB_DATA = re.compile(r"^(same|lookahead|holdout:(0?\.\d+|1e-\d+))$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Strict):
+    """Which dataset, where it lives, and how it is split (train / val / test, fixed by seed)."""
+
+    name: DatasetName = "mnist1d"
+    root: str | None = None
+    download: bool = False
+    num_samples: int | None = Field(default=None, ge=100, description="total samples for generated sets (mnist1d)")
+    val_fraction: float = Field(default=0.15, gt=0.0, lt=0.5)
+    test_fraction: float = Field(default=0.15, gt=0.0, lt=0.5)
+    augment: bool = False
+    verify_checksums: bool = Field(
+        default=True,
+        description="check torchvision datasets' files against the official md5 sums (false for re-packed copies)",
+    )
+
+
+class ModelConfig(_Strict):
+    """Backbone architecture from the model registry and its keyword arguments."""
+
+    name: ModelName = "cnn1d"
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainConfig(_Strict):
+    """The trainer: backbone optimisation, the one-go calibrator options, and the baselines."""
+
+    method: Method = "onego"
+    epochs: int = Field(default=30, ge=1)
+    batch_size: int = Field(default=128, ge=1)
+    optimizer: Literal["sgd", "adam", "adamw"] = "adam"
+    lr: float = Field(default=1e-3, gt=0.0)
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    lr_schedule: Literal["none", "cosine", "step"] = "cosine"
+    max_grad_norm: float | None = Field(default=None, gt=0.0)
+
+    calibrator: CalibratorName = "temperature"
+    calibrator_lr: float = Field(default=1e-2, gt=0.0)
+    calibrator_optimizer: Literal["sgd", "adam"] = "adam"
+    calibrator_steps: int = Field(default=1, ge=1, description="K_c: calibrator steps per backbone step")
+    warmup_epochs: int = Field(default=0, ge=0)
+    calibrator_data: str = "holdout:0.1"
+    hypergradient: Literal["first_order", "unrolled"] = "first_order"
+    calibrator_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    posthoc_calibrator: PosthocName = "temperature"
+    label_smoothing: float = Field(default=0.1, ge=0.0, lt=1.0)
+    focal_gamma: float | None = Field(default=None, ge=0.0, description="None = FLSD-53 schedule")
+
+    num_bins: int = Field(default=15, ge=1)
+
+    @field_validator("calibrator_data")
+    @classmethod
+    def _check_calibrator_data(cls, v: str) -> str:
+        if not _CALIB_DATA.match(v):
+            raise ValueError("must be 'same', 'lookahead' or 'holdout:f' with 0 < f < 1 (e.g. 'holdout:0.1')")
+        return v
+
+    @property
+    def holdout_fraction(self) -> float:
+        """Fraction of the training split held out for the calibrator (0 when not a holdout)."""
+        return float(self.calibrator_data.split(":")[1]) if self.calibrator_data.startswith("holdout:") else 0.0
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "TrainConfig":
+        if self.method == "posthoc" and not self.calibrator_data.startswith("holdout:"):
+            raise ValueError("method 'posthoc' fits on held-out data: calibrator_data must be 'holdout:f'")
+        if self.method == "onego" and self.calibrator == "none":
+            raise ValueError("method 'onego' needs a calibrator (not 'none'); use method 'ce' for plain CE")
+        if self.hypergradient == "unrolled" and self.calibrator in ("last_layer", "mlp"):
+            raise ValueError("hypergradient 'unrolled' supports temperature, vector, matrix and dirichlet calibrators")
+        return self
+
+
+class RunConfig(_Strict):
+    """Everything one training run needs: seed, device, data, model and trainer."""
+
+    seed: int = 0
+    device: str = "auto"
+    num_threads: int | None = Field(default=None, ge=1)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, v: str) -> str:
+        if not re.match(r"^(auto|cpu|cuda(:\d+)?)$", v):
+            raise ValueError("must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        return v
+
+
+class ConfigError(ValueError):
+    """A configuration problem, already formatted as one line per bad field."""
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line per problem: 'field.path: message (got value)'."""
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{path}: unknown key")
+        elif isinstance(got, (dict, list)):
+            lines.append(f"{path}: {msg}")
+        else:
+            lines.append(f"{path}: {msg} (got {got!r})")
+    return "; ".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse 'a.b.c=value' into (['a','b','c'], value) with the value read as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {item!r}: value is not valid YAML ({exc.__class__.__name__})") from None
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of a raw config dict with dotted `key=value` overrides applied."""
+    out: dict[str, Any] = _deepcopy(raw)
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = out
+        for k in keys[:-1]:
+            nxt = node.get(k)
+            if nxt is None:
+                nxt = node[k] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {item!r}: {k} is not a section")
+            node = nxt
+        node[keys[-1]] = value
+    return out
+
+
+def _deepcopy(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _deepcopy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deepcopy(v) for v in d]
+    return d
+
+
+def read_yaml(path: str | Path | None) -> dict[str, Any]:
+    """Read a YAML mapping from a file (empty mapping when path is None)."""
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def build_model(cls: type[BaseModel], raw: dict[str, Any]) -> Any:
+    """Validate a raw dict into `cls`, turning pydantic errors into a one-line ConfigError."""
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err)) from None
+
+
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a RunConfig from YAML plus `--set` overrides."""
+    return build_model(RunConfig, apply_overrides(read_yaml(path), overrides or []))

@@ -1,0 +1,187 @@
+"""Validated sweep configuration: the base run, the search space, resources, tracking, selection."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from calib_core.config import RunConfig, apply_overrides, build_model, read_yaml
+
+SEARCHABLE_CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer")
+# Reference points a sweep may include beside the one-go calibrators.
+BASELINE_CHOICES = ("none", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")
+ALLOWED_CHOICES = SEARCHABLE_CALIBRATORS + BASELINE_CHOICES
+METRIC_NAMES = ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce", "rmsce", "aurc")
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "mnist1d_demo.yaml"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LogRange(_Strict):
+    """A log-uniform range [low, high] with 0 < low < high."""
+
+    low: float = Field(gt=0.0)
+    high: float = Field(gt=0.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "LogRange":
+        if not self.low < self.high:
+            raise ValueError(f"low must be < high (got low={self.low}, high={self.high})")
+        return self
+
+
+class ExtraParam(_Strict):
+    """Another run-config field the search opens, by dotted path (e.g. train.lr)."""
+
+    type: Literal["loguniform", "uniform", "int", "choice"]
+    low: float | None = None
+    high: float | None = None
+    values: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ExtraParam":
+        if self.type == "choice":
+            if not self.values:
+                raise ValueError("type 'choice' needs a non-empty 'values' list")
+        else:
+            if self.low is None or self.high is None or not self.low < self.high:
+                raise ValueError(f"type '{self.type}' needs low < high")
+            if self.type == "loguniform" and self.low <= 0:
+                raise ValueError("type 'loguniform' needs low > 0")
+        return self
+
+
+class SearchConfig(_Strict):
+    """What Optuna searches and what it optimises (validation metrics only)."""
+
+    num_samples: int = Field(default=8, ge=1)
+    calibrators: list[str] = Field(default_factory=lambda: list(SEARCHABLE_CALIBRATORS))
+    calibrator_lr: LogRange = Field(default_factory=lambda: LogRange(low=1e-4, high=1e-1))
+    params: dict[str, ExtraParam] = Field(default_factory=dict)
+    objective: Literal["single", "multi"] = "multi"
+    metric: str = "val_ece"
+    mode: Literal["min", "max"] = "min"
+    scheduler: Literal["none", "asha"] = "none"
+    grace_period: int = Field(default=2, ge=1)
+    seed: int = 0
+
+    @field_validator("calibrators")
+    @classmethod
+    def _known_calibrators(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("must list at least one calibrator")
+        bad = [c for c in v if c not in ALLOWED_CHOICES]
+        if bad:
+            raise ValueError(f"unknown calibrator {bad[0]!r}; allowed: {', '.join(ALLOWED_CHOICES)}")
+        if len(set(v)) != len(v):
+            raise ValueError("calibrators must not repeat")
+        return v
+
+    @field_validator("metric")
+    @classmethod
+    def _val_metric(cls, v: str) -> str:
+        if not v.startswith("val_") or v.removeprefix("val_") not in METRIC_NAMES:
+            allowed = ", ".join(f"val_{m}" for m in METRIC_NAMES)
+            raise ValueError(f"must be a validation metric, one of: {allowed}")
+        return v
+
+    @field_validator("params")
+    @classmethod
+    def _param_paths(cls, v: dict[str, ExtraParam]) -> dict[str, ExtraParam]:
+        for key in v:
+            if not re.match(r"^(data|model|train)\.[a-z_][a-z0-9_.]*$", key):
+                raise ValueError(f"{key!r}: keys are dotted run-config paths under data., model. or train.")
+            if key in ("train.calibrator", "train.calibrator_lr", "train.method"):
+                raise ValueError(f"{key!r} is searched by 'calibrators' / 'calibrator_lr'")
+        return v
+
+    @model_validator(mode="after")
+    def _scheduler_needs_single(self) -> "SearchConfig":
+        if self.scheduler == "asha" and self.objective == "multi":
+            raise ValueError("scheduler 'asha' needs objective 'single'")
+        return self
+
+
+class ResourcesConfig(_Strict):
+    """Per-trial resources and concurrency."""
+
+    cpus_per_trial: float = Field(default=1.0, gt=0.0)
+    gpus_per_trial: float = Field(default=0.0, ge=0.0)
+    max_concurrent: int = Field(default=2, ge=1)
+    max_failures: int = Field(default=2, ge=0)
+
+
+class TrackingConfig(_Strict):
+    """Where MLflow records the sweep and under which names."""
+
+    uri: str | None = None
+    experiment: str = "calib-sweeps"
+    registered_model: str = "calibrated-classifier"
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_scheme(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not re.match(r"^(sqlite:///.+|https?://[^/\s]+.*|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+|databricks.*)$", v):
+            raise ValueError("must be sqlite:///ABS/PATH.db, http(s)://host[:port], postgresql://... or mysql://...")
+        return v
+
+
+class SelectionConfig(_Strict):
+    """How the champion is chosen from validation metrics."""
+
+    rule: Literal["pareto_min_ece_near_best_accuracy", "min_metric"] = "pareto_min_ece_near_best_accuracy"
+    accuracy_tolerance: float = Field(default=0.005, ge=0.0, le=1.0, description="0.005 = 0.5 points")
+    metric: str = "val_ece"
+    mode: Literal["min", "max"] = "min"
+
+
+class SweepConfig(_Strict):
+    """A whole sweep: the base run config plus search, resources, tracking and selection."""
+
+    name: str = "mnist1d-demo"
+    storage_path: str | None = None
+    run: RunConfig = Field(default_factory=RunConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", v):
+            raise ValueError("must be 1-100 characters of letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("storage_path")
+    @classmethod
+    def _storage_scheme(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if "://" in v and not re.match(r"^(s3|gs|gcs|abfs|hdfs|file|memory)://.+", v):
+            raise ValueError("must be a directory path or an s3://, gs://, abfs://, hdfs:// or file:// URI")
+        return v
+
+
+def default_tracking_uri(workdir: str | Path = ".") -> str:
+    """A SQLite store in the working directory, with an absolute path (trials run elsewhere)."""
+    return f"sqlite:///{(Path(workdir).resolve() / 'mlflow.db')}"
+
+
+def is_local_uri(uri: str) -> bool:
+    """True for stores other nodes cannot reach (SQLite files, file paths)."""
+    return uri.startswith(("sqlite:", "file:", "/", ".")) or "://" not in uri
+
+
+def load_sweep_config(path: str | Path | None, overrides: list[str] | None = None) -> SweepConfig:
+    """Load a SweepConfig from YAML (default: the embedded MNIST-1D demo) plus `--set` overrides."""
+    raw = read_yaml(path if path is not None else DEFAULT_CONFIG)
+    return build_model(SweepConfig, apply_overrides(raw, overrides or []))

@@ -1,0 +1,144 @@
+"""Launch a calibration sweep: `python sweeps/launch.py [--cluster] [--config FILE] [--set k=v ...]`.
+
+Locally with no flags it sweeps the embedded MNIST-1D demo on this machine's CPUs and records
+everything in ./mlflow.db; with --cluster it joins the running Ray cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script: make the repository root importable and drop sweeps/ from the path so
+    # its modules cannot shadow top-level packages.
+    _root = Path(__file__).resolve().parent.parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.insert(0, str(_root))
+
+from calib_core.config import ConfigError  # noqa: E402
+
+EXIT_OK, EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 1, 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface (every flag explained in --help)."""
+    p = argparse.ArgumentParser(
+        prog="python sweeps/launch.py",
+        description="Sweep calibrators and calibrator learning rates with Ray Tune + Optuna; "
+                    "track in MLflow; select and register the best model (validation metrics only).",
+    )
+    p.add_argument("--config", metavar="FILE", help="sweep YAML (default: sweeps/configs/mnist1d_demo.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value by dotted key, e.g. --set run.train.epochs=2 (repeatable)")
+    p.add_argument("--cluster", action="store_true",
+                   help="connect to an existing Ray cluster (RAY_ADDRESS or 'auto'); storage and "
+                        "tracking must then be reachable from every node")
+    p.add_argument("--num-samples", type=int, metavar="N", help="number of trials (search.num_samples)")
+    p.add_argument("--max-concurrent", type=int, metavar="N", help="trials running at once (resources.max_concurrent)")
+    p.add_argument("--gpus-per-trial", type=float, metavar="F", help="GPUs per trial, fractions allowed, e.g. 0.25")
+    p.add_argument("--cpus-per-trial", type=float, metavar="F", help="CPUs per trial (also sets torch threads)")
+    p.add_argument("--tracking-uri", metavar="URI",
+                   help="MLflow tracking URI (default: sqlite:///<cwd>/mlflow.db; a server URL with --cluster)")
+    p.add_argument("--storage-path", metavar="PATH",
+                   help="where Ray Tune keeps results and checkpoints (default: <cwd>/ray_results; "
+                        "s3://... or a shared mount with --cluster)")
+    p.add_argument("--name", help="sweep name: Ray experiment name, MLflow parent run and Optuna study name")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep NAME where it stopped (starts it if there is nothing to resume)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the resolved config and resource plan, then exit without running anything")
+    p.add_argument("--seed", type=int, help="seed for data splits, training and the Optuna sampler")
+    return p
+
+
+def resolve_config(args: argparse.Namespace) -> "SweepConfig":  # noqa: F821
+    """Config file + --set overrides + CLI flags, validated; defaults made absolute."""
+    from sweeps.config import default_tracking_uri, load_sweep_config
+
+    overrides = list(args.overrides)
+    flag_map = {
+        "num_samples": "search.num_samples", "max_concurrent": "resources.max_concurrent",
+        "gpus_per_trial": "resources.gpus_per_trial", "cpus_per_trial": "resources.cpus_per_trial",
+        "tracking_uri": "tracking.uri", "storage_path": "storage_path", "name": "name",
+    }
+    for attr, key in flag_map.items():
+        value = getattr(args, attr)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if args.seed is not None:
+        overrides += [f"run.seed={args.seed}", f"search.seed={args.seed}"]
+    cfg = load_sweep_config(args.config, overrides)
+    updates = {}
+    if cfg.tracking.uri is None and not args.cluster:
+        cfg.tracking.uri = default_tracking_uri(Path.cwd())
+    if cfg.storage_path is None and not args.cluster:
+        updates["storage_path"] = str(Path.cwd().resolve() / "ray_results")
+    elif cfg.storage_path and "://" not in cfg.storage_path:
+        updates["storage_path"] = str(Path(cfg.storage_path).expanduser().resolve())
+    return cfg.model_copy(update=updates) if updates else cfg
+
+
+def check_cluster_reachability(cfg: "SweepConfig") -> None:  # noqa: F821
+    """With --cluster, refuse stores other nodes could not reach."""
+    from sweeps.config import is_local_uri
+
+    if not cfg.tracking.uri:
+        raise ConfigError("tracking.uri: --cluster needs an MLflow server every node can reach "
+                          "(e.g. --tracking-uri http://mlflow:5000); none was given")
+    if is_local_uri(cfg.tracking.uri):
+        raise ConfigError(f"tracking.uri: {cfg.tracking.uri!r} is a local store; with --cluster use an "
+                          "MLflow server URL (http://...) reachable from every node")
+    if not cfg.storage_path:
+        raise ConfigError("storage_path: --cluster needs shared storage (s3://... or a shared mount); none was given")
+    if "://" not in cfg.storage_path and not os.environ.get("CALIB_SHARED_STORAGE"):
+        raise ConfigError(f"storage_path: {cfg.storage_path!r} is a local directory that other nodes cannot "
+                          "reach; use s3://... or gs://..., or set CALIB_SHARED_STORAGE=1 if it is a "
+                          "shared mount (NFS) at the same path on every node")
+
+
+def resource_plan(cfg: "SweepConfig") -> str:  # noqa: F821
+    """A short human summary of what the sweep will ask Ray for."""
+    r, s = cfg.resources, cfg.search
+    conc = min(r.max_concurrent, s.num_samples)
+    return (f"trials: {s.num_samples} ({s.objective}-objective, metric {s.metric if s.objective == 'single' else 'val_accuracy max + val_ece min'}, "
+            f"scheduler {s.scheduler})\n"
+            f"per trial: {r.cpus_per_trial:g} CPU, {r.gpus_per_trial:g} GPU; at most {conc} at once "
+            f"-> peak {conc * r.cpus_per_trial:g} CPU, {conc * r.gpus_per_trial:g} GPU\n"
+            f"retries per trial: {r.max_failures}; epochs per trial: {cfg.run.train.epochs}\n"
+            f"storage: {cfg.storage_path}\ntracking: {cfg.tracking.uri}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = resolve_config(args)
+        if args.cluster:
+            check_cluster_reachability(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.dry_run:
+        import yaml
+
+        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip())
+        print("---")
+        print(resource_plan(cfg))
+        return EXIT_OK
+    from sweeps.service import SweepError, run_sweep
+
+    try:
+        return run_sweep(cfg, cluster=args.cluster, resume=args.resume)
+    except (ConfigError, SweepError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
+    except KeyboardInterrupt:
+        print("interrupted: runs marked KILLED; continue with --resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

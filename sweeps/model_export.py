@@ -1,0 +1,60 @@
+"""Package the champion as an MLflow pyfunc model that returns calibrated probabilities."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import torch
+from mlflow import MlflowClient
+
+CHAMPION_ALIAS = "champion"
+
+
+class CalibratedClassifierModel(mlflow.pyfunc.PythonModel):
+    """Backbone + calibrator; `predict` maps inputs (N, ...) to calibrated probabilities (N, K)."""
+
+    def load_context(self, context: Any) -> None:
+        """Load the pickled torch module and the input shape it expects."""
+        self.model = torch.load(context.artifacts["model"], map_location="cpu", weights_only=False).eval()
+        summary = json.loads(Path(context.artifacts["summary"]).read_text())
+        self.input_shape = tuple(summary["input_shape"])
+
+    def predict(self, context: Any, model_input: Any, params: dict | None = None) -> np.ndarray:
+        """Calibrated class probabilities for a batch of inputs (flat rows are reshaped)."""
+        x = np.asarray(model_input, dtype=np.float32)
+        if x.ndim == 2 and len(self.input_shape) > 1:
+            x = x.reshape((x.shape[0], *self.input_shape))
+        with torch.no_grad():
+            logits = self.model(torch.from_numpy(x))
+        return torch.softmax(logits.double(), dim=-1).numpy()
+
+
+def log_and_register(run_id: str, checkpoint_dir: str | Path, input_shape: tuple[int, ...],
+                     model_name: str, tracking_uri: str) -> str:
+    """Log the champion's model on its run, register it, and point alias `champion` at it."""
+    from sweeps.trainable import MODEL_FILE, SUMMARY_FILE
+
+    mlflow.set_tracking_uri(tracking_uri)
+    ckpt = Path(checkpoint_dir)
+    summary = json.loads((ckpt / SUMMARY_FILE).read_text())
+    summary["input_shape"] = list(input_shape)
+    summary_path = ckpt / "export_summary.json"
+    summary_path.write_text(json.dumps(summary, default=str))
+    with mlflow.start_run(run_id=run_id, nested=False):
+        info = mlflow.pyfunc.log_model(
+            name="model",
+            python_model=CalibratedClassifierModel(),
+            artifacts={"model": str(ckpt / MODEL_FILE), "summary": str(summary_path)},
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}",
+                              f"mlflow=={mlflow.__version__}", "calib-sweep"],
+            registered_model_name=model_name,
+        )
+    version = str(info.registered_model_version)
+    client = MlflowClient(tracking_uri)
+    client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
+    client.set_model_version_tag(model_name, version, "source_run_id", run_id)
+    return version

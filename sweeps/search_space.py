@@ -1,0 +1,71 @@
+"""The Optuna search space (define-by-run) and the mapping from sampled params to a RunConfig."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from calib_core.config import RunConfig, build_model
+from sweeps.config import SEARCHABLE_CALIBRATORS, SearchConfig
+
+
+class SearchSpace:
+    """Define-by-run space: calibrator type, its learning rate (one-go only), and extra params.
+
+    A picklable callable (not a closure) because Tune checkpoints the searcher with it.
+    """
+
+    def __init__(self, search: SearchConfig) -> None:
+        self.calibrators = list(search.calibrators)
+        self.lr_low, self.lr_high = search.calibrator_lr.low, search.calibrator_lr.high
+        self.params = {k: v.model_dump() for k, v in search.params.items()}
+
+    def __call__(self, trial: Any) -> None:
+        """Sample one configuration on an optuna trial."""
+        choice = trial.suggest_categorical("calibrator", self.calibrators)
+        if choice in SEARCHABLE_CALIBRATORS:
+            trial.suggest_float("calibrator_lr", self.lr_low, self.lr_high, log=True)
+        for key, p in self.params.items():
+            if p["type"] == "loguniform":
+                trial.suggest_float(key, p["low"], p["high"], log=True)
+            elif p["type"] == "uniform":
+                trial.suggest_float(key, p["low"], p["high"])
+            elif p["type"] == "int":
+                trial.suggest_int(key, int(p["low"]), int(p["high"]))
+            else:
+                trial.suggest_categorical(key, p["values"])
+
+
+def resolve_run_config(base: RunConfig, params: dict[str, Any]) -> RunConfig:
+    """Apply sampled params to the base run config (validated again, so bad combos fail early)."""
+    raw = base.model_dump()
+    choice = params.get("calibrator")
+    train = raw["train"]
+    if choice == "none":
+        train["method"] = "ce"
+    elif isinstance(choice, str) and choice.startswith("posthoc_"):
+        train["method"] = "posthoc"
+        train["posthoc_calibrator"] = choice.removeprefix("posthoc_")
+    elif choice is not None:
+        train["method"] = "onego"
+        train["calibrator"] = choice
+        if "calibrator_lr" in params:
+            train["calibrator_lr"] = float(params["calibrator_lr"])
+    for key, value in params.items():
+        if "." not in key:
+            continue
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return build_model(RunConfig, raw)
+
+
+def describe_params(params: dict[str, Any]) -> str:
+    """A short human label for a trial, e.g. 'last_layer lr=3.2e-03'."""
+    label = str(params.get("calibrator", "?"))
+    if "calibrator_lr" in params:
+        label += f" lr={params['calibrator_lr']:.1e}"
+    extras = [f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
+              for k, v in params.items() if "." in k]
+    return " ".join([label, *extras])

@@ -1,0 +1,203 @@
+"""Run a sweep end to end: Ray Tune + Optuna trials, MLflow tracking, selection, registration."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray
+from mlflow import MlflowClient
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search.optuna import OptunaSearch
+
+from calib_core.config import RunConfig
+from sweeps.config import SweepConfig
+from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
+from sweeps.selection import TrialRecord, leaderboard, pareto_plot, rank_agreement, select
+from sweeps.tracking import (TAG_ROLE, TAG_SWEEP, TAG_TRIAL, MLflowTrackingCallback, close_open_runs,
+                             ensure_experiment, find_or_create_parent, find_run, flatten, git_commit)
+from sweeps.trainable import SUMMARY_FILE, train_trial
+
+
+class SweepError(RuntimeError):
+    """The sweep could not run or produced nothing to select."""
+
+
+class TrialParams:
+    """Maps a trial config to (flat MLflow params, tags); picklable for Tune's callback state."""
+
+    def __init__(self, base: dict[str, Any], dataset: str) -> None:
+        self.base = base
+        self.dataset = dataset
+
+    def __call__(self, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """Resolve the full run config of a trial for logging."""
+        run_cfg = resolve_run_config(RunConfig.model_validate(self.base), config)
+        params = flatten(run_cfg.model_dump(mode="json"))
+        params.update({f"search.{k}": v for k, v in config.items()})
+        tags = {"calib.dataset": self.dataset, "calib.calibrator": str(config.get("calibrator", "")),
+                "calib.method": run_cfg.train.method, "calib.label": describe_params(config)}
+        return params, tags
+
+
+def _connect_ray(cluster: bool) -> None:
+    if ray.is_initialized():
+        return
+    if cluster:
+        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"))
+    else:
+        ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")
+
+
+def _searcher(cfg: SweepConfig) -> OptunaSearch:
+    s = cfg.search
+    if s.objective == "multi":
+        metric, mode = ["val_accuracy", "val_ece"], ["max", "min"]
+    else:
+        metric, mode = s.metric, s.mode
+    return OptunaSearch(space=SearchSpace(s), metric=metric, mode=mode, seed=s.seed, study_name=cfg.name)
+
+
+def _build_tuner(cfg: SweepConfig, callback: MLflowTrackingCallback, trainable: Any) -> tune.Tuner:
+    s, r = cfg.search, cfg.resources
+    scheduler = None
+    metric = mode = None
+    if s.objective == "single":
+        metric, mode = s.metric, s.mode
+        if s.scheduler == "asha":
+            scheduler = ASHAScheduler(time_attr="epoch", max_t=cfg.run.train.epochs,
+                                      grace_period=min(s.grace_period, cfg.run.train.epochs))
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(search_alg=_searcher(cfg), scheduler=scheduler, metric=metric, mode=mode,
+                                    num_samples=s.num_samples, max_concurrent_trials=r.max_concurrent),
+        run_config=tune.RunConfig(
+            name=cfg.name, storage_path=cfg.storage_path, callbacks=[callback],
+            failure_config=tune.FailureConfig(max_failures=r.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            verbose=1,
+        ),
+    )
+
+
+def _records(results: Any, client: MlflowClient, experiment_id: str, sweep: str) -> list[TrialRecord]:
+    records = []
+    for res in results:
+        m = dict(res.metrics or {})
+        tid = m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1])
+        run = find_run(client, experiment_id, {TAG_SWEEP: sweep, TAG_TRIAL: str(tid)}) if tid else None
+        status = m.get("status") or ("errored" if res.error else "stopped")
+        metrics = {k: float(v) for k, v in m.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k.startswith(("val_", "test_"))}
+        records.append(TrialRecord(trial_id=str(tid), label=describe_params(res.config or {}), status=status,
+                                   metrics=metrics, params=dict(res.config or {}),
+                                   run_id=run.info.run_id if run else None, checkpoint=res.checkpoint))
+    return records
+
+
+def _log_sweep_artifacts(client: MlflowClient, parent_id: str, records: list[TrialRecord],
+                         chosen: TrialRecord, why: str) -> Any:
+    board = leaderboard(records)
+    ranks = rank_agreement(records)
+    with tempfile.TemporaryDirectory() as d:
+        board.to_csv(Path(d) / "leaderboard.csv", index=False)
+        ranks.to_csv(Path(d) / "rank_agreement_spearman.csv")
+        pareto_plot(records, chosen, Path(d) / "pareto.png")
+        (Path(d) / "selection.json").write_text(json.dumps(
+            {"champion_trial": chosen.trial_id, "champion_run": chosen.run_id, "label": chosen.label,
+             "rule": why, "val_metrics": {k: v for k, v in chosen.metrics.items() if k.startswith("val_")}},
+            indent=1))
+        for name in ("leaderboard.csv", "rank_agreement_spearman.csv", "pareto.png", "selection.json"):
+            client.log_artifact(parent_id, str(Path(d) / name), artifact_path="sweep")
+    client.set_tag(parent_id, "calib.champion_trial", chosen.trial_id)
+    client.set_tag(parent_id, "calib.selection_rule", why[:5000])
+    for k, v in chosen.metrics.items():
+        client.log_metric(parent_id, f"champion_{k}", v)
+    return board, ranks
+
+
+def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: str) -> None:
+    cols = [c for c in ("label", "status", "pareto", "val_accuracy", "val_ece", "val_ace", "val_nll",
+                        "test_accuracy", "test_ece") if c in board]
+    print("\nLeaderboard (validation metrics decide; test shown for reference):")
+    print(board[cols].head(15).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    print("\nRank agreement between metrics over trials (Spearman):")
+    print(ranks.to_string(float_format=lambda v: f"{v:+.2f}"))
+    print(f"\nSelection: {why}")
+    print(f"Registered: models:/{cfg.tracking.registered_model}@champion (version {version})")
+    uri = cfg.tracking.uri or ""
+    if uri.startswith("sqlite:"):
+        print(f"Compare runs: mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)")
+    else:
+        print(f"Compare runs: open the MLflow UI at {uri}")
+
+
+def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool) -> int:
+    """Run (or resume) the sweep; return 0 when a champion was selected and registered."""
+    from sweeps.model_export import log_and_register
+
+    assert cfg.tracking.uri and cfg.storage_path
+    exp_path = f"{cfg.storage_path.rstrip('/')}/{cfg.name}"
+    client = MlflowClient(cfg.tracking.uri)
+    experiment_id = ensure_experiment(client, cfg.tracking.experiment, cfg.tracking.uri)
+    existing = find_run(client, experiment_id, {TAG_SWEEP: cfg.name, TAG_ROLE: "parent"})
+    can_restore = tune.Tuner.can_restore(exp_path)
+    if not resume and (existing is not None or can_restore):
+        raise SweepError(f"sweep {cfg.name!r} already exists ({exp_path} or MLflow experiment "
+                         f"{cfg.tracking.experiment!r}); pass --resume to continue it or --name for a new one")
+
+    base = cfg.run.model_dump(mode="json")
+    parent_id = find_or_create_parent(client, experiment_id, cfg.name, {"calib.git_commit": git_commit(),
+                                                                        "calib.dataset": cfg.run.data.name})
+    if existing is None:
+        flat = flatten(cfg.model_dump(mode="json"))
+        for k, v in flat.items():
+            client.log_param(parent_id, k, str(v)[:6000])
+    callback = MLflowTrackingCallback(
+        cfg.tracking.uri, experiment_id, parent_id, cfg.name,
+        base_tags={"calib.git_commit": git_commit()}, trial_params=TrialParams(base, cfg.run.data.name),
+        num_bins=cfg.run.train.num_bins)
+    r = cfg.resources
+    trainable = tune.with_resources(tune.with_parameters(train_trial, base=base),
+                                    {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial})
+
+    _connect_ray(cluster)
+    if resume and can_restore:
+        print(f"Resuming sweep {cfg.name!r} from {exp_path}")
+        tuner = tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = _build_tuner(cfg, callback, trainable)
+    try:
+        results = tuner.fit()
+    except KeyboardInterrupt:
+        close_open_runs(client, experiment_id, cfg.name, "KILLED")
+        client.set_terminated(parent_id, status="KILLED")
+        raise
+    killed = close_open_runs(client, experiment_id, cfg.name, "KILLED")
+    records = _records(results, client, experiment_id, cfg.name)
+    done = sum(rec.status == "completed" for rec in records)
+    if killed or len(records) < cfg.search.num_samples:
+        client.set_terminated(parent_id, status="KILLED")
+        print(f"sweep stopped with {done}/{cfg.search.num_samples} trials done; continue with --resume",
+              file=sys.stderr)
+        return 130
+    try:
+        chosen, why = select(records, cfg.selection)
+    except ValueError as exc:
+        client.set_tag(parent_id, "calib.failure_reason", str(exc))
+        client.set_terminated(parent_id, status="FAILED")
+        raise SweepError(str(exc)) from None
+    board, ranks = _log_sweep_artifacts(client, parent_id, records, chosen, why)
+    with chosen.checkpoint.as_directory() as d:
+        summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
+        input_shape = tuple(summary["input_shape"])
+        version = log_and_register(chosen.run_id, d, input_shape, cfg.tracking.registered_model, cfg.tracking.uri)
+    client.set_terminated(parent_id, status="FINISHED")
+    _print_summary(board, ranks, why, cfg, version)
+    return 0
+

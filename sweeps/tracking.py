@@ -1,0 +1,233 @@
+"""MLflow tracking: one parent run per sweep, exactly one child run per trial.
+
+The driver is the only writer. Runs are found by tags before any is created, so trial
+retries and `--resume` reattach to the same runs; metrics carry step=epoch and a step that
+was already logged is never logged again.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+from ray import tune
+
+log = logging.getLogger(__name__)
+
+TAG_SWEEP = "calib.sweep"
+TAG_ROLE = "calib.role"
+TAG_TRIAL = "calib.trial_id"
+TAG_REASON = "calib.failure_reason"
+PARENT_TAG = "mlflow.parentRunId"
+RUN_NAME_TAG = "mlflow.runName"
+MAX_BATCH = 900  # MLflow log_batch takes at most 1000 metrics
+
+
+def git_commit() -> str:
+    """The current git commit of the code, or 'unknown' outside a checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def ensure_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
+    """Return the experiment id, creating it (artifacts beside a local SQLite store) if needed."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    artifact_location = None
+    if tracking_uri.startswith("sqlite:///"):
+        db_path = Path(tracking_uri.removeprefix("sqlite:///"))
+        artifact_location = (db_path.parent / "mlartifacts").as_uri()
+    return client.create_experiment(name, artifact_location=artifact_location)
+
+
+def find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> Any | None:
+    """The single run carrying all `tags`, or None."""
+    flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = client.search_runs([experiment_id], filter_string=flt, max_results=2)
+    if len(runs) > 1:
+        raise RuntimeError(f"more than one MLflow run has tags {tags}: the store was edited by hand")
+    return runs[0] if runs else None
+
+
+def find_or_create_parent(client: MlflowClient, experiment_id: str, sweep: str, tags: dict[str, str]) -> str:
+    """The sweep's parent run id; reopened (RUNNING) if it exists."""
+    run = find_run(client, experiment_id, {TAG_SWEEP: sweep, TAG_ROLE: "parent"})
+    if run is None:
+        run = client.create_run(experiment_id, run_name=sweep,
+                                tags={TAG_SWEEP: sweep, TAG_ROLE: "parent", **tags})
+    elif run.info.status != "RUNNING":
+        client.update_run(run.info.run_id, status="RUNNING")
+    return run.info.run_id
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts into dotted keys."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class MLflowTrackingCallback(tune.Callback):
+    """Tune callback mirroring trials into MLflow child runs (single writer: the driver)."""
+
+    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str, sweep: str,
+                 base_tags: dict[str, str], trial_params: Any, num_bins: int = 15) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment_id = experiment_id
+        self.parent_run_id = parent_run_id
+        self.sweep = sweep
+        self.base_tags = dict(base_tags)
+        self.trial_params = trial_params  # callable: trial config -> (flat params, tags)
+        self.num_bins = num_bins
+        self._client: MlflowClient | None = None
+        self._runs: dict[str, str] = {}
+        self._logged: dict[str, set[tuple[str, int]]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles callbacks with the experiment; live clients and caches stay behind.
+        state = self.__dict__.copy()
+        state.update(_client=None, _runs={}, _logged={})
+        return state
+
+    @property
+    def client(self) -> MlflowClient:
+        """A lazily created MLflow client."""
+        if self._client is None:
+            self._client = MlflowClient(self.tracking_uri)
+        return self._client
+
+    def run_id_for(self, trial: Any) -> str:
+        """The trial's child run: found by tags, created once with params, reopened if needed."""
+        tid = trial.trial_id
+        if tid in self._runs:
+            return self._runs[tid]
+        run = find_run(self.client, self.experiment_id, {TAG_SWEEP: self.sweep, TAG_TRIAL: tid})
+        if run is None:
+            params, tags = self.trial_params(trial.config)
+            run = self.client.create_run(self.experiment_id, run_name=tags.get("calib.label", tid), tags={
+                **self.base_tags, **tags, TAG_SWEEP: self.sweep, TAG_ROLE: "trial", TAG_TRIAL: tid,
+                PARENT_TAG: self.parent_run_id,
+            })
+            items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+            for i in range(0, len(items), 90):
+                self.client.log_batch(run.info.run_id, params=items[i:i + 90])
+            self._logged[run.info.run_id] = set()
+        else:
+            rid = run.info.run_id
+            history = self.client.get_metric_history(rid, "epoch_time")
+            self._logged[rid] = {("epoch_time", m.step) for m in history}
+            self._logged[rid] |= {(k, m.step) for k in run.data.metrics
+                                  for m in ([] if k == "epoch_time" else self.client.get_metric_history(rid, k))}
+            if run.info.status != "RUNNING":
+                self.client.update_run(rid, status="RUNNING")
+        self._runs[tid] = run.info.run_id
+        return run.info.run_id
+
+    def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int) -> None:
+        """Log finite numeric metrics at `step`, skipping (key, step) pairs already logged."""
+        seen = self._logged.setdefault(run_id, set())
+        ts = int(time.time() * 1000)
+        batch = []
+        for k, v in metrics.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (k, step) in seen:
+                continue
+            if not np.isfinite(v):
+                continue
+            batch.append(Metric(k, float(v), ts, step))
+            seen.add((k, step))
+        for i in range(0, len(batch), MAX_BATCH):
+            self.client.log_batch(run_id, metrics=batch[i:i + MAX_BATCH])
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """Create or reopen the trial's run as soon as it starts."""
+        self.run_id_for(trial)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        """Per-epoch metrics with step=epoch (final metrics are logged on completion)."""
+        if result.get("done"):
+            return
+        epoch = int(result.get("epoch", result.get("training_iteration", 0)))
+        keep = {k: v for k, v in result.items() if k.startswith(("val_", "train_")) or k == "epoch_time"}
+        self.log_metrics(self.run_id_for(trial), keep, step=epoch)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """Final metrics, reliability diagrams, and the terminal status (diverged -> FAILED)."""
+        rid = self.run_id_for(trial)
+        result = trial.last_result or {}
+        status = result.get("status")
+        if status is None:
+            # Tune stopped the trial (ASHA/stop criterion) before its own final report.
+            self._terminate(rid, "KILLED", "stopped early by the scheduler")
+            return
+        step = int(result.get("epoch", 0))
+        final = {k: v for k, v in result.items()
+                 if k.startswith(("val_", "test_", "calibrator_")) or k == "wall_time"}
+        self.log_metrics(rid, final, step=step)
+        if status != "completed":
+            self._terminate(rid, "FAILED", f"{status}: {result.get('reason', '')}")
+            return
+        try:
+            self._log_diagrams(rid, trial)
+        except Exception as exc:  # a missing artifact must not lose the run's status
+            log.warning("could not log reliability diagrams for %s: %s", trial.trial_id, exc)
+        self._terminate(rid, "FINISHED")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """A trial that exhausted its retries: FAILED with the error's first line."""
+        rid = self.run_id_for(trial)
+        reason = "trial errored"
+        err = trial.error_file
+        if err and Path(err).is_file():
+            lines = [ln for ln in Path(err).read_text(errors="replace").splitlines() if ln.strip()]
+            reason = lines[-1][:500] if lines else reason
+        self._terminate(rid, "FAILED", reason)
+
+    def _terminate(self, run_id: str, status: str, reason: str | None = None) -> None:
+        if reason:
+            self.client.set_tag(run_id, TAG_REASON, reason[:5000])
+        self.client.set_terminated(run_id, status=status)
+
+    def _log_diagrams(self, run_id: str, trial: Any) -> None:
+        from calib_core.metrics import reliability_diagram
+        from sweeps.trainable import PREDICTIONS_FILE
+        ckpt = trial.checkpoint
+        if ckpt is None:
+            return
+        with ckpt.as_directory() as d, tempfile.TemporaryDirectory() as out:
+            preds = np.load(Path(d) / PREDICTIONS_FILE)
+            for split in ("val", "test"):
+                path = Path(out) / f"reliability_{split}.png"
+                reliability_diagram(preds[f"{split}_probs"], preds[f"{split}_labels"], path,
+                                    num_bins=self.num_bins, title=f"{split} ({trial.trial_id})")
+                self.client.log_artifact(run_id, str(path), artifact_path="diagrams")
+
+
+def close_open_runs(client: MlflowClient, experiment_id: str, sweep: str, status: str) -> int:
+    """Mark every still-RUNNING run of the sweep (trials and parent) with `status`; return count."""
+    flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and attributes.status = 'RUNNING'"
+    n = 0
+    for run in client.search_runs([experiment_id], filter_string=flt, max_results=10000):
+        if run.data.tags.get(TAG_ROLE) == "parent":
+            continue
+        client.set_terminated(run.info.run_id, status=status)
+        n += 1
+    return n

@@ -1,0 +1,134 @@
+"""The Ray Tune function trainable: one trial = one calib_core training run.
+
+Trials never talk to MLflow: they report metrics and checkpoints to Tune, and the driver's
+tracking callback is the single writer (SQLite stays safe, retries cannot duplicate runs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from ray import tune
+
+from calib_core.config import RunConfig
+from calib_core.data import load_dataset
+from calib_core.trainer import Trainer
+from sweeps.search_space import resolve_run_config
+
+STATE_FILE = "state.pt"
+MODEL_FILE = "model.pt"
+PREDICTIONS_FILE = "predictions.npz"
+SUMMARY_FILE = "summary.json"
+
+# Test hooks for fault injection (see tests/test_sweep_faults.py): kill the trial process once,
+# at the given epoch, leaving a marker file so the retry does not kill itself again.
+FAULT_KILL_EPOCH_ENV = "CALIB_SWEEP_FAULT_KILL_EPOCH"
+FAULT_MARKER_ENV = "CALIB_SWEEP_FAULT_MARKER"
+
+
+def _trial_resources() -> tuple[float, float]:
+    """CPUs and GPUs this trial was given (from its placement group)."""
+    try:
+        bundles = tune.get_context().get_trial_resources().bundles
+        cpus = sum(b.get("CPU", 0.0) for b in bundles)
+        gpus = sum(b.get("GPU", 0.0) for b in bundles)
+        return cpus, gpus
+    except Exception:  # outside Tune (direct call in tests): use what the process has
+        return float(os.cpu_count() or 1), 0.0
+
+
+def _device_for(gpus: float) -> str:
+    """CUDA when this trial holds a GPU share and CUDA is visible, else CPU."""
+    return "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
+
+
+def _maybe_inject_fault(epoch: int) -> None:
+    kill_at = os.environ.get(FAULT_KILL_EPOCH_ENV)
+    marker = os.environ.get(FAULT_MARKER_ENV)
+    if not kill_at or not marker or int(kill_at) != epoch:
+        return
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _finite(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in metrics.items()}
+
+
+def train_trial(config: dict[str, Any], base: dict[str, Any]) -> None:
+    """Run one trial: resolve its config, resume from Tune's checkpoint if any, report per epoch."""
+    cpus, gpus = _trial_resources()
+    run_cfg = resolve_run_config(RunConfig.model_validate(base), config)
+    run_cfg = run_cfg.model_copy(update={"device": _device_for(gpus), "num_threads": max(1, int(cpus))})
+    torch.set_num_threads(run_cfg.num_threads)
+
+    data = load_dataset(run_cfg.data, run_cfg.seed)
+    trainer = Trainer(run_cfg, data, run_cfg.device)
+
+    resume_state = None
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            resume_state = torch.load(Path(d) / STATE_FILE, map_location="cpu", weights_only=False)
+
+    def on_epoch(report: Any) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(report.state(), Path(d) / STATE_FILE)
+            metrics = _finite({k: float(v) for k, v in report.metrics.items()})
+            tune.report({**metrics, "epoch": report.epoch, "done": False},
+                        checkpoint=tune.Checkpoint.from_directory(d))
+        _maybe_inject_fault(report.epoch)
+
+    result = trainer.fit(on_epoch=on_epoch, resume_state=resume_state)
+    _report_final(trainer, result, run_cfg, tuple(data.input_shape))
+
+
+def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, input_shape: tuple[int, ...]) -> None:
+    """Last report: final val/test metrics plus the model and predictions for the driver."""
+    final: dict[str, Any] = {
+        "epoch": int(result.epochs_run),
+        "done": True,
+        "status": result.status,
+        "reason": result.reason or "",
+        "wall_time": float(result.wall_time),
+    }
+    if result.status == "completed":
+        final.update({f"val_{k.removeprefix('val_')}": float(v) for k, v in result.val_metrics.items()})
+        final.update({f"test_{k.removeprefix('test_')}": float(v) for k, v in result.test_metrics.items()})
+    else:
+        # Optuna records NaN objectives as failed trials, so a diverged run never ranks.
+        final["val_ece"] = float("nan")
+        final["val_accuracy"] = float("nan")
+    for k, v in (result.calibrator_info or {}).items():
+        if isinstance(v, (int, float)):
+            final[f"calibrator_{k}"] = float(v)
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(trainer.state_dict(), Path(d) / STATE_FILE)
+        if result.status == "completed":
+            torch.save(result.model.cpu().eval(), Path(d) / MODEL_FILE)
+            np.savez_compressed(
+                Path(d) / PREDICTIONS_FILE,
+                val_probs=result.val_probs.numpy(), val_labels=result.val_labels.numpy(),
+                test_probs=result.test_probs.numpy(), test_labels=result.test_labels.numpy(),
+            )
+        (Path(d) / SUMMARY_FILE).write_text(json.dumps({
+            "run_config": run_cfg.model_dump(mode="json"),
+            "input_shape": list(input_shape),
+            "calibrator_info": result.calibrator_info,
+            "status": result.status,
+            "reason": result.reason,
+        }, default=str, indent=1))
+        tune.report(_finite(final), checkpoint=tune.Checkpoint.from_directory(d))
