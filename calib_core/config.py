@@ -76,6 +76,9 @@ class TrainConfig(_Strict):
     focal_gamma: float | None = Field(default=None, ge=0.0, description="None = FLSD-53 schedule")
 
     num_bins: int = Field(default=15, ge=1)
+    divergence_loss: float | None = Field(
+        default=1e4, gt=0.0, description="a batch loss above this (or NaN/inf) stops the run as 'diverged'; None: only NaN/inf"
+    )
 
     @field_validator("calibrator_data")
     @classmethod

@@ -1,0 +1,71 @@
+"""Model registry in the style of timm's `create_model`.
+
+`@register_model("name")` records the class itself (not a factory wrapper), so the object
+`create_model("name", ...)` returns is an instance of the registered class and `isinstance`
+works. The family modules register themselves when `calib_core.models` is imported.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, TypeVar
+
+from calib_core.models.classifier import Classifier, check_input_shape, check_num_classes
+
+_REGISTRY: dict[str, type[Classifier]] = {}
+
+C = TypeVar("C", bound=type[Classifier])
+
+
+def register_model(name: str) -> Callable[[C], C]:
+    """Class decorator: register a `Classifier` subclass under `name` and return it unchanged."""
+
+    def deco(cls: C) -> C:
+        if not (isinstance(cls, type) and issubclass(cls, Classifier)):
+            raise TypeError(f"register_model({name!r}) expects a Classifier subclass, got {cls!r}")
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"model name {name!r} is already registered to {_REGISTRY[name].__qualname__}")
+        _REGISTRY[name] = cls
+        cls.model_name = name  # type: ignore[attr-defined]
+        return cls
+
+    return deco
+
+
+def list_models() -> list[str]:
+    """Registered model names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_model_class(name: str) -> type[Classifier]:
+    """The class registered under `name` (ValueError listing the allowed names otherwise)."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(list_models())}") from None
+
+
+def create_model(name: str, num_classes: int, input_shape: tuple[int, ...] | list[int], **kwargs: Any) -> Classifier:
+    """Build the model registered as `name` for `num_classes` classes and inputs of `input_shape`.
+
+    `input_shape` excludes the batch dimension: (C, H, W) for images, (L,) for 1-D signals and
+    flat vectors. Unknown names, bad `num_classes`/`input_shape` and keyword arguments the
+    model does not accept raise ValueError naming the value.
+    """
+    cls = get_model_class(name)
+    num_classes = check_num_classes(num_classes)
+    input_shape = check_input_shape(input_shape)
+    accepted = _accepted_kwargs(cls)
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise ValueError(
+            f"model {name!r} got unknown keyword argument(s) {unknown}; accepted: {', '.join(sorted(accepted)) or 'none'}"
+        )
+    return cls(num_classes=num_classes, input_shape=input_shape, **kwargs)
+
+
+def _accepted_kwargs(cls: type) -> set[str]:
+    """Names the model's constructor accepts besides num_classes and input_shape."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = inspect.signature(cls.__init__).parameters
+    return {n for n, p in params.items() if p.kind in kinds and n not in ("self", "num_classes", "input_shape")}
