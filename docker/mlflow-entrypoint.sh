@@ -1,0 +1,33 @@
+#!/bin/sh
+# Start `mlflow server` with the basic-auth app, writing its config file from the environment so
+# that no credential lives in the image or in a ConfigMap.
+#
+# Environment (all credentials come from Kubernetes Secrets):
+#   MLFLOW_AUTH_DATABASE_URI        users/permissions database (required; e.g. the same PostgreSQL)
+#   MLFLOW_AUTH_DEFAULT_PERMISSION  READ (default) | EDIT | MANAGE | NO_PERMISSIONS
+#   MLFLOW_AUTH_CONFIG_PATH         where to write basic_auth.ini (default /tmp/mlflow/basic_auth.ini)
+#   MLFLOW_AUTH_ADMIN_USERNAME / MLFLOW_AUTH_ADMIN_PASSWORD  read by MLflow itself to create the
+#                                   admin user on first start (MLflow ships no default password)
+#   MLFLOW_FLASK_SERVER_SECRET_KEY  CSRF secret of the auth app (same value on every replica)
+#   MLFLOW_BACKEND_STORE_URI, MLFLOW_ARTIFACTS_DESTINATION, MLFLOW_SERVER_ALLOWED_HOSTS, ...
+#                                   read by `mlflow server` as its option defaults
+# Arguments are passed to `mlflow server` unchanged.
+set -eu
+
+: "${MLFLOW_AUTH_DATABASE_URI:?MLFLOW_AUTH_DATABASE_URI is not set (users database of the basic-auth app)}"
+cfg="${MLFLOW_AUTH_CONFIG_PATH:-/tmp/mlflow/basic_auth.ini}"
+permission="${MLFLOW_AUTH_DEFAULT_PERMISSION:-READ}"
+
+umask 077
+mkdir -p "$(dirname "$cfg")"
+# configparser interpolates '%': double it so URL-encoded passwords survive.
+db_uri=$(printf '%s' "$MLFLOW_AUTH_DATABASE_URI" | sed 's/%/%%/g')
+cat > "$cfg" <<INI
+[mlflow]
+default_permission = ${permission}
+database_uri = ${db_uri}
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+INI
+export MLFLOW_AUTH_CONFIG_PATH="$cfg"
+
+exec mlflow server "$@"

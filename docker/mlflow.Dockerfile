@@ -1,0 +1,45 @@
+# syntax=docker/dockerfile:1
+#
+# MLflow tracking server for the sweep service: PostgreSQL backend store (psycopg2), S3 / MinIO
+# artifacts proxied by the server (boto3, --serve-artifacts), and the basic-auth app
+# (mlflow[auth] -> Flask-WTF). Runs as a non-root user.
+#
+#   docker build -f docker/mlflow.Dockerfile -t REGISTRY/calib-sweeps/mlflow:0.1.0 .
+#
+# The mlflow version must equal the pin in constraints.txt (a test checks it); every shared
+# dependency is resolved against the same constraints file as local development.
+FROM python:3.11.13-slim-bookworm
+
+LABEL org.opencontainers.image.title="calib-sweeps-mlflow" \
+      org.opencontainers.image.description="MLflow tracking server (PostgreSQL, S3 artifacts, basic auth)"
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    MLFLOW_AUTH_CONFIG_PATH=/tmp/mlflow/basic_auth.ini
+
+RUN groupadd --system --gid 10001 mlflow \
+ && useradd --system --uid 10001 --gid mlflow --home-dir /home/mlflow --create-home --shell /usr/sbin/nologin mlflow
+
+COPY constraints.txt /tmp/constraints.txt
+RUN pip install --no-cache-dir -c /tmp/constraints.txt \
+        "mlflow[auth]==3.17.2" \
+        "psycopg2-binary==2.9.13" \
+        "boto3==1.44.8" \
+        "Flask-WTF==1.3.0" \
+ && rm /tmp/constraints.txt \
+ && python -c "import mlflow, psycopg2, boto3, flask_wtf; print('mlflow', mlflow.__version__)"
+
+COPY --chmod=0755 docker/mlflow-entrypoint.sh /usr/local/bin/mlflow-entrypoint.sh
+
+USER 10001:10001
+WORKDIR /home/mlflow
+EXPOSE 5000
+
+# /health needs neither authentication nor an allowed Host header; Kubernetes uses the same
+# endpoint for its liveness/readiness probes (deploy/base/mlflow/deployment.yaml).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:5000/health', timeout=4)"]
+
+ENTRYPOINT ["/usr/local/bin/mlflow-entrypoint.sh"]
+CMD ["--host", "0.0.0.0", "--port", "5000", "--app-name", "basic-auth", "--serve-artifacts"]

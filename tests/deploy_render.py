@@ -1,0 +1,578 @@
+"""A small Kustomize renderer for the features deploy/ uses, so tests need no kubectl/kustomize.
+
+Supported in kustomization.yaml (anything else raises ``UnsupportedKustomization``):
+  resources (files with one or more YAML documents, or directories with a kustomization),
+  namespace, labels (pairs / includeSelectors / includeTemplates), commonLabels,
+  commonAnnotations, images (name / newName / newTag / digest), configMapGenerator and
+  secretGenerator (literals / files / envs, behavior create|merge|replace, options
+  disableNameSuffixHash / labels / annotations, generatorOptions), patches (``path`` or inline
+  ``patch``; JSON6902 operation lists or strategic-merge patches; ``target`` by group / version /
+  kind / name (regex) / namespace / labelSelector).
+
+Transformers run in kustomize's order: patches, namespace, labels, annotations, images.
+Strategic merge follows kustomize: built-in kinds merge lists by their merge keys (containers,
+env, volumes by name, volumeMounts by mountPath, ports by containerPort / port) and understand
+``$patch: delete`` and ``null``; custom resources (e.g. ray.io RayJob) get a JSON merge patch
+(RFC 7386: maps merge, lists are replaced), as kustomize does for kinds it has no schema for.
+Generated ConfigMaps/Secrets get kustomize's content-hash suffix unless disabled, and references
+to them in built-in pod templates are renamed (as kustomize does; custom resources are not
+touched, which is why deploy/ disables the suffix for what the RayJob reads).
+
+CLI: ``python tests/deploy_render.py deploy/overlays/dev`` prints the rendered YAML stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import functools
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+SUPPORTED_KEYS = {
+    "apiVersion", "kind", "resources", "namespace", "labels", "commonLabels", "commonAnnotations",
+    "images", "configMapGenerator", "secretGenerator", "generatorOptions", "patches",
+}
+CLUSTER_SCOPED = {
+    "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+    "PersistentVolume", "StorageClass", "PriorityClass", "IngressClass",
+    "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "RuntimeClass",
+}
+# Kinds whose pod template lives at spec.template (or deeper for CronJob).
+WORKLOAD_TEMPLATE_PATHS = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+BUILTIN_GROUPS = {
+    "", "apps", "batch", "networking.k8s.io", "policy", "rbac.authorization.k8s.io",
+    "autoscaling", "storage.k8s.io", "scheduling.k8s.io", "coordination.k8s.io",
+}
+# Strategic-merge list keys, by field name (the subset of Kubernetes' patchMergeKey we need).
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "volumeDevices": "devicePath",
+    "imagePullSecrets": "name",
+    "hostAliases": "ip",
+    "topologySpreadConstraints": "topologyKey",
+    "volumeClaimTemplates": None,  # replaced
+}
+
+
+class UnsupportedKustomization(ValueError):
+    """The kustomization uses a feature this renderer does not implement."""
+
+
+# --------------------------------------------------------------------------------------- loading
+
+def _read_yaml_docs(path: Path) -> list[dict]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    for d in docs:
+        if not isinstance(d, dict) or "kind" not in d or "apiVersion" not in d:
+            raise ValueError(f"{path}: every document must be a Kubernetes object with apiVersion and kind")
+    return docs
+
+
+def _kustomization_file(directory: Path) -> Path:
+    for name in KUSTOMIZATION_FILES:
+        if (directory / name).is_file():
+            return directory / name
+    raise FileNotFoundError(f"no kustomization file in {directory}")
+
+
+def group_version(obj: dict) -> tuple[str, str]:
+    api = obj.get("apiVersion", "")
+    return tuple(api.split("/", 1)) if "/" in api else ("", api)  # type: ignore[return-value]
+
+
+def is_builtin(obj: dict) -> bool:
+    return group_version(obj)[0] in BUILTIN_GROUPS
+
+
+def resource_id(obj: dict) -> tuple[str, str, str, str]:
+    meta = obj.get("metadata", {})
+    return (group_version(obj)[0], obj["kind"], meta.get("namespace", ""), meta["name"])
+
+
+# -------------------------------------------------------------------------------- strategic merge
+
+def strategic_merge(base: Any, patch: Any, field: str | None = None, builtin: bool = True) -> Any:
+    """Merge ``patch`` into a copy of ``base`` (strategic merge for built-in kinds, else RFC 7386)."""
+    if isinstance(patch, dict) and isinstance(base, dict):
+        if patch.get("$patch") == "replace":
+            return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        out = copy.deepcopy(base)
+        for key, value in patch.items():
+            if key.startswith("$"):
+                continue
+            if value is None:
+                out.pop(key, None)
+            elif key in out:
+                out[key] = strategic_merge(out[key], value, key, builtin)
+            else:
+                out[key] = _strip_directives(value)
+        return out
+    if isinstance(patch, list) and isinstance(base, list) and builtin:
+        key = MERGE_KEYS.get(field or "")
+        if key is None and field == "ports" and all(isinstance(p, dict) for p in base + patch):
+            key = "containerPort" if any("containerPort" in p for p in base + patch) else "port"
+        if key is None:
+            return _strip_directives(patch)
+        out = copy.deepcopy(base)
+        for item in patch:
+            if not isinstance(item, dict) or key not in item:
+                raise UnsupportedKustomization(f"list item of {field!r} without merge key {key!r}: {item}")
+            idx = next((i for i, b in enumerate(out) if isinstance(b, dict) and b.get(key) == item[key]), None)
+            if item.get("$patch") == "delete":
+                if idx is not None:
+                    out.pop(idx)
+            elif idx is None:
+                out.append(_strip_directives(item))
+            else:
+                out[idx] = strategic_merge(out[idx], item, None, builtin)
+        return out
+    return _strip_directives(patch)
+
+
+def _strip_directives(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_directives(v) for k, v in value.items() if not k.startswith("$patch")}
+    if isinstance(value, list):
+        return [_strip_directives(v) for v in value]
+    return copy.deepcopy(value)
+
+
+# ------------------------------------------------------------------------------------- JSON 6902
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ValueError(f"JSON pointer must start with '/': {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _container(doc: Any, parts: list[str], path: str) -> tuple[Any, str]:
+    node = doc
+    for p in parts[:-1]:
+        if isinstance(node, list):
+            node = node[int(p)]
+        elif isinstance(node, dict) and p in node:
+            node = node[p]
+        else:
+            raise KeyError(f"JSON6902 path {path!r}: {p!r} not found")
+    return node, parts[-1]
+
+
+def _get(doc: Any, path: str) -> Any:
+    node = doc
+    for p in _pointer(path):
+        node = node[int(p)] if isinstance(node, list) else node[p]
+    return node
+
+
+def json6902(doc: dict, ops: list[dict]) -> dict:
+    """Apply RFC 6902 operations (add, remove, replace, move, copy, test) to a copy of ``doc``."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        kind, path = op["op"], op["path"]
+        if kind in ("move", "copy"):
+            value = copy.deepcopy(_get(doc, op["from"]))
+            if kind == "move":
+                doc = json6902(doc, [{"op": "remove", "path": op["from"]}])
+            kind, op = "add", {"op": "add", "path": path, "value": value}
+        if kind == "test":
+            if _get(doc, path) != op["value"]:
+                raise AssertionError(f"JSON6902 test failed at {path!r}")
+            continue
+        parent, last = _container(doc, _pointer(path), path)
+        if kind == "add":
+            if isinstance(parent, list):
+                parent.insert(len(parent) if last == "-" else int(last), copy.deepcopy(op["value"]))
+            else:
+                parent[last] = copy.deepcopy(op["value"])
+        elif kind == "replace":
+            if isinstance(parent, list):
+                parent[int(last)] = copy.deepcopy(op["value"])
+            elif last in parent:
+                parent[last] = copy.deepcopy(op["value"])
+            else:
+                raise KeyError(f"JSON6902 replace: {path!r} does not exist")
+        elif kind == "remove":
+            if isinstance(parent, list):
+                parent.pop(int(last))
+            elif last in parent:
+                del parent[last]
+            else:
+                raise KeyError(f"JSON6902 remove: {path!r} does not exist")
+        else:
+            raise UnsupportedKustomization(f"JSON6902 op {kind!r}")
+    return doc
+
+
+# ------------------------------------------------------------------------------------ generators
+
+def _hash_suffix(obj: dict) -> str:
+    """kustomize's content hash (api/hasher): sha256 of the sorted JSON, first 10 hex, re-lettered."""
+    if obj["kind"] == "ConfigMap":
+        enc = {"kind": "ConfigMap", "name": obj["metadata"]["name"], "data": obj.get("data", {})}
+        if obj.get("binaryData"):
+            enc["binaryData"] = obj["binaryData"]
+    else:
+        enc = {"kind": "Secret", "type": obj.get("type", "Opaque"), "name": obj["metadata"]["name"],
+               "data": obj.get("data", {})}
+    raw = json.dumps(enc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    raw = raw.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    hexed = hashlib.sha256(raw.encode()).hexdigest()[:10]
+    return hexed.translate(str.maketrans({"0": "g", "1": "h", "3": "k", "a": "m", "e": "t"}))
+
+
+def _parse_env_file(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ValueError(f"{path}: line without '=': {line!r}")
+        out[key.strip()] = value
+    return out
+
+
+def _generate(spec: dict, kind: str, root: Path, defaults: dict) -> tuple[dict, str, bool]:
+    data: dict[str, str] = {}
+    for lit in spec.get("literals", []):
+        key, sep, value = lit.partition("=")
+        if not sep:
+            raise ValueError(f"generator {spec['name']}: literal without '=': {lit!r}")
+        data[key] = value
+    for f in spec.get("files", []):
+        key, sep, rel = f.partition("=")
+        if not sep:
+            key, rel = Path(f).name, f
+        data[key] = (root / rel).read_text()
+    for env in spec.get("envs", []):
+        data.update(_parse_env_file(root / env))
+    options = {**defaults, **spec.get("options", {})}
+    meta: dict[str, Any] = {"name": spec["name"]}
+    if spec.get("namespace"):
+        meta["namespace"] = spec["namespace"]
+    if options.get("labels"):
+        meta["labels"] = dict(options["labels"])
+    if options.get("annotations"):
+        meta["annotations"] = dict(options["annotations"])
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": meta}
+    if kind == "Secret":
+        obj["type"] = spec.get("type", "Opaque")
+        obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    else:
+        obj["data"] = data
+    return obj, spec.get("behavior", "create"), not options.get("disableNameSuffixHash", False)
+
+
+# -------------------------------------------------------------------------------------- renderer
+
+def _matches(obj: dict, target: dict) -> bool:
+    group, version = group_version(obj)
+    meta = obj.get("metadata", {})
+    if "kind" in target and target["kind"] != obj["kind"]:
+        return False
+    if "group" in target and target["group"] != group:
+        return False
+    if "version" in target and target["version"] != version:
+        return False
+    if "name" in target and not re.fullmatch(target["name"], meta.get("name", "")):
+        return False
+    if "namespace" in target and target["namespace"] != meta.get("namespace", ""):
+        return False
+    if "labelSelector" in target:
+        labels = meta.get("labels", {})
+        for term in target["labelSelector"].split(","):
+            k, _, v = term.partition("=")
+            if labels.get(k.strip()) != v.strip():
+                return False
+    if "annotationSelector" in target:
+        raise UnsupportedKustomization("patch target annotationSelector")
+    return True
+
+
+def _apply_patch(resources: list[dict], entry: dict, root: Path) -> list[dict]:
+    text = entry["patch"] if "patch" in entry else (root / entry["path"]).read_text()
+    body = yaml.safe_load(text)
+    target = entry.get("target")
+    if isinstance(body, list):  # JSON6902
+        if not target:
+            raise ValueError("a JSON6902 patch needs a target")
+        hits = [i for i, r in enumerate(resources) if _matches(r, target)]
+        if not hits:
+            raise ValueError(f"patch {entry.get('path', '<inline>')}: no resource matches {target}")
+        for i in hits:
+            resources[i] = json6902(resources[i], body)
+        return resources
+    if not isinstance(body, dict):
+        raise ValueError(f"patch {entry.get('path', '<inline>')}: not a mapping or an operation list")
+    if target is None:
+        group, version = group_version(body)
+        target = {"kind": body["kind"], "name": re.escape(body["metadata"]["name"])}
+        if group:
+            target["group"] = group
+    hits = [i for i, r in enumerate(resources) if _matches(r, target)]
+    if not hits:
+        raise ValueError(f"patch {entry.get('path', '<inline>')}: no resource matches {target}")
+    for i in hits:
+        r = resources[i]
+        patch = copy.deepcopy(body)
+        # The patch's identifying fields never rename the target.
+        patch["metadata"] = {k: v for k, v in patch.get("metadata", {}).items() if k not in ("name", "namespace")}
+        patch.pop("apiVersion", None)
+        patch.pop("kind", None)
+        resources[i] = strategic_merge(r, patch, None, builtin=is_builtin(r))
+    return resources
+
+
+def _set_path_labels(obj: dict, path: tuple[str, ...], labels: dict) -> None:
+    node = obj
+    for p in path:
+        node = node.setdefault(p, {})
+    node.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+
+
+def _apply_labels(resources: list[dict], labels: dict, selectors: bool, templates: bool) -> None:
+    for r in resources:
+        r.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+        kind = r["kind"]
+        if (templates or selectors) and kind in WORKLOAD_TEMPLATE_PATHS and is_builtin(r):
+            _set_path_labels(r, WORKLOAD_TEMPLATE_PATHS[kind], labels)
+        if selectors and is_builtin(r):
+            if kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"):
+                r.setdefault("spec", {}).setdefault("selector", {}).setdefault("matchLabels", {}).update(labels)
+            elif kind == "Service":
+                r.setdefault("spec", {}).setdefault("selector", {}).update(labels)
+
+
+def _split_image(image: str) -> tuple[str, str, str]:
+    name, digest = (image.split("@", 1) + [""])[:2]
+    tag = ""
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = name.rsplit(":", 1)
+    return name, tag, digest
+
+
+def _apply_images(node: Any, images: list[dict]) -> None:
+    """Update every container image in any ``containers`` / ``initContainers`` list (any kind)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("containers", "initContainers", "ephemeralContainers") and isinstance(value, list):
+                for c in value:
+                    if isinstance(c, dict) and isinstance(c.get("image"), str):
+                        c["image"] = _new_image(c["image"], images)
+            _apply_images(value, images)
+    elif isinstance(node, list):
+        for v in node:
+            _apply_images(v, images)
+
+
+def _new_image(image: str, images: list[dict]) -> str:
+    name, tag, digest = _split_image(image)
+    for rule in images:
+        if rule["name"] != name:
+            continue
+        new_name = rule.get("newName", name)
+        if rule.get("digest"):
+            return f"{new_name}@{rule['digest']}"
+        new_tag = rule.get("newTag", tag)
+        out = new_name + (f":{new_tag}" if new_tag else "")
+        return out + (f"@{digest}" if digest and "newTag" not in rule else "")
+    return image
+
+
+def _rename_refs(node: Any, kind: str, renames: dict[str, str]) -> None:
+    """Rename ConfigMap/Secret references in built-in pod specs after hash suffixing."""
+    ref_keys = {"ConfigMap": ("configMapRef", "configMapKeyRef", "configMap"),
+                "Secret": ("secretRef", "secretKeyRef", "secret")}[kind]
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ref_keys and isinstance(value, dict):
+                field = "secretName" if (kind == "Secret" and key == "secret") else "name"
+                if value.get(field) in renames:
+                    value[field] = renames[value[field]]
+            _rename_refs(value, kind, renames)
+    elif isinstance(node, list):
+        for v in node:
+            _rename_refs(v, kind, renames)
+
+
+def _render(root: Path) -> list[dict]:
+    kfile = _kustomization_file(root)
+    k = yaml.safe_load(kfile.read_text()) or {}
+    unknown = set(k) - SUPPORTED_KEYS
+    if unknown:
+        raise UnsupportedKustomization(f"{kfile}: unsupported fields {sorted(unknown)}")
+
+    resources: list[dict] = []
+    for entry in k.get("resources", []):
+        path = root / entry
+        resources.extend(_render(path) if path.is_dir() else _read_yaml_docs(path))
+    seen = set()
+    for r in resources:
+        rid = resource_id(r)
+        if rid in seen:
+            raise ValueError(f"{kfile}: duplicate resource {rid}")
+        seen.add(rid)
+
+    # Generators (merge/replace act on generated objects inherited from resources).
+    defaults = k.get("generatorOptions", {})
+    for gen_key, kind in (("configMapGenerator", "ConfigMap"), ("secretGenerator", "Secret")):
+        for spec in k.get(gen_key, []):
+            obj, behavior, hashed = _generate(spec, kind, root, defaults)
+            idx = next((i for i, r in enumerate(resources)
+                        if r["kind"] == kind and r["metadata"]["name"] == spec["name"]), None)
+            if behavior == "create":
+                if idx is not None:
+                    raise ValueError(f"{kfile}: {kind} {spec['name']} already exists (use behavior: merge)")
+            elif behavior in ("merge", "replace"):
+                if idx is None:
+                    raise ValueError(f"{kfile}: {kind} {spec['name']} to {behavior} does not exist")
+                old = resources.pop(idx)
+                if behavior == "merge":
+                    obj["data"] = {**old.get("data", {}), **obj["data"]}
+                    for m in ("labels", "annotations"):
+                        merged = {**old["metadata"].get(m, {}), **obj["metadata"].get(m, {})}
+                        if merged:
+                            obj["metadata"][m] = merged
+            else:
+                raise UnsupportedKustomization(f"generator behavior {behavior!r}")
+            obj["metadata"].setdefault("annotations", {})["internal.calib-sweeps/generated-name"] = spec["name"]
+            obj["metadata"]["annotations"]["internal.calib-sweeps/hash"] = "true" if hashed else "false"
+            resources.append(obj)
+
+    for entry in k.get("patches", []):
+        resources = _apply_patch(resources, entry, root)
+
+    if k.get("namespace"):
+        ns = k["namespace"]
+        for r in resources:
+            if r["kind"] == "Namespace":
+                r["metadata"]["name"] = ns
+            elif r["kind"] not in CLUSTER_SCOPED:
+                r["metadata"]["namespace"] = ns
+
+    for spec in k.get("labels", []):
+        _apply_labels(resources, spec.get("pairs", {}), spec.get("includeSelectors", False),
+                      spec.get("includeTemplates", False))
+    if k.get("commonLabels"):
+        _apply_labels(resources, k["commonLabels"], True, True)
+    if k.get("commonAnnotations"):
+        for r in resources:
+            r.setdefault("metadata", {}).setdefault("annotations", {}).update(k["commonAnnotations"])
+
+    if k.get("images"):
+        for r in resources:
+            _apply_images(r, k["images"])
+
+    return resources
+
+
+def _finish(resources: list[dict]) -> list[dict]:
+    renames: dict[str, dict[str, str]] = {"ConfigMap": {}, "Secret": {}}
+    for r in resources:
+        ann = r.get("metadata", {}).get("annotations", {})
+        if "internal.calib-sweeps/generated-name" not in ann:
+            continue
+        hashed = ann.pop("internal.calib-sweeps/hash") == "true"
+        ann.pop("internal.calib-sweeps/generated-name")
+        if not ann:
+            r["metadata"].pop("annotations")
+        if hashed:
+            old = r["metadata"]["name"]
+            r["metadata"]["name"] = f"{old}-{_hash_suffix(r)}"
+            renames[r["kind"]][old] = r["metadata"]["name"]
+    for r in resources:
+        if is_builtin(r):
+            for kind, table in renames.items():
+                if table:
+                    _rename_refs(r, kind, table)
+    return resources
+
+
+@functools.lru_cache(maxsize=None)
+def _build_cached(root: str) -> str:
+    return json.dumps(_finish(_render(Path(root))))
+
+
+def build(directory: str | Path) -> list[dict]:
+    """Render a kustomization as `kustomize build DIR` would; returns fresh copies (cached)."""
+    return json.loads(_build_cached(str(Path(directory).resolve())))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python tests/deploy_render.py KUSTOMIZATION_DIR", file=sys.stderr)
+        return 2
+    sys.stdout.write(yaml.safe_dump_all(build(args[0]), sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+# ------------------------------------------------------------------------- helpers for the tests
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = REPO_ROOT / "deploy"
+
+
+def overlay_dirs() -> list[Path]:
+    """Every overlay under deploy/overlays that has a kustomization."""
+    return sorted(p.parent for p in (DEPLOY / "overlays").glob("*/kustomization.yaml"))
+
+
+def pod_specs(obj: dict) -> list[tuple[str, dict]]:
+    """(where, PodSpec) for every pod template an object carries, custom Ray resources included."""
+    kind, name = obj["kind"], obj.get("metadata", {}).get("name", "?")
+    spec = obj.get("spec", {})
+    out: list[tuple[str, dict]] = []
+    if kind in WORKLOAD_TEMPLATE_PATHS and is_builtin(obj):
+        node: Any = obj
+        for p in WORKLOAD_TEMPLATE_PATHS[kind]:
+            node = node[p]
+        out.append((f"{kind}/{name}", node["spec"]))
+    elif kind == "Pod":
+        out.append((f"Pod/{name}", spec))
+    elif kind in ("RayJob", "RayCluster"):
+        cluster = spec.get("rayClusterSpec", {}) if kind == "RayJob" else spec
+        if kind == "RayJob" and "submitterPodTemplate" in spec:
+            out.append((f"{kind}/{name}/submitter", spec["submitterPodTemplate"]["spec"]))
+        if "headGroupSpec" in cluster:
+            out.append((f"{kind}/{name}/head", cluster["headGroupSpec"]["template"]["spec"]))
+        for group in cluster.get("workerGroupSpecs", []):
+            out.append((f"{kind}/{name}/worker:{group['groupName']}", group["template"]["spec"]))
+    return out
+
+
+def ray_cluster_spec(obj: dict) -> dict | None:
+    """The RayClusterSpec of a RayJob or RayCluster (None for other kinds)."""
+    if obj["kind"] == "RayJob":
+        return obj["spec"].get("rayClusterSpec")
+    if obj["kind"] == "RayCluster":
+        return obj["spec"]
+    return None

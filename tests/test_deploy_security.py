@@ -1,0 +1,314 @@
+"""Security of the rendered overlays: every pod (Deployments, StatefulSets, Jobs, RayJob/RayCluster
+head, workers, autoscaler and submitter) is hardened, the Ray token reaches every Ray process
+from a Secret, and NetworkPolicies keep MLflow and the Ray ports to the pods that need them."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _load_renderer():
+    if "deploy_render" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("deploy_render", Path(__file__).with_name("deploy_render.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["deploy_render"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["deploy_render"]
+
+
+dr = _load_renderer()
+OVERLAYS = dr.overlay_dirs()
+OVERLAY_IDS = [p.name for p in OVERLAYS]
+RAY_TOKEN_SECRET = ("ray-auth-token", "auth_token")
+# Only the Ray head mounts a service-account token: the in-tree autoscaler sidecar patches the
+# RayCluster through the Kubernetes API with it.
+TOKEN_MOUNT_ALLOWED = {"head"}
+
+
+def _sc_value(container_sc: dict, pod_sc: dict, key: str):
+    return container_sc.get(key, pod_sc.get(key))
+
+
+def container_violations(where: str, c: dict, pod_sc: dict, volumes: dict) -> list[str]:
+    """What is wrong with one container's hardening (empty when it is fine)."""
+    v = []
+    sc = c.get("securityContext", {})
+    name = f"{where}/{c.get('name', '?')}"
+    if sc.get("privileged"):
+        v.append(f"{name}: privileged")
+    if sc.get("allowPrivilegeEscalation") is not False:
+        v.append(f"{name}: allowPrivilegeEscalation must be false")
+    caps = sc.get("capabilities", {})
+    if "ALL" not in caps.get("drop", []):
+        v.append(f"{name}: capabilities must drop ALL")
+    if caps.get("add"):
+        v.append(f"{name}: adds capabilities {caps['add']}")
+    if sc.get("readOnlyRootFilesystem") is not True:
+        v.append(f"{name}: readOnlyRootFilesystem must be true")
+    if _sc_value(sc, pod_sc, "runAsNonRoot") is not True:
+        v.append(f"{name}: runAsNonRoot must be true")
+    if _sc_value(sc, pod_sc, "runAsUser") in (0, None):
+        v.append(f"{name}: runAsUser must be a non-zero uid")
+    seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
+    if seccomp != "RuntimeDefault":
+        v.append(f"{name}: seccompProfile must be RuntimeDefault (got {seccomp})")
+    res = c.get("resources", {})
+    for part in ("requests", "limits"):
+        for r in ("cpu", "memory"):
+            if r not in res.get(part, {}):
+                v.append(f"{name}: resources.{part}.{r} missing")
+    # A read-only root filesystem needs a writable /tmp: an emptyDir.
+    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+    if volumes is not None and "emptyDir" not in volumes.get(mounts.get("/tmp", ""), {}):
+        v.append(f"{name}: /tmp must be an emptyDir mount")
+    return v
+
+
+def pod_violations(where: str, spec: dict) -> list[str]:
+    v = []
+    pod_sc = spec.get("securityContext", {})
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(flag):
+            v.append(f"{where}: {flag}")
+    if pod_sc.get("runAsNonRoot") is not True:
+        v.append(f"{where}: pod securityContext.runAsNonRoot must be true")
+    if (pod_sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        v.append(f"{where}: pod seccompProfile must be RuntimeDefault")
+    volumes = {vol["name"]: vol for vol in spec.get("volumes", [])}
+    for vol in volumes.values():
+        if "hostPath" in vol:
+            v.append(f"{where}: hostPath volume {vol['name']}")
+    role = where.rsplit("/", 1)[-1]
+    if spec.get("automountServiceAccountToken") is not False and role not in TOKEN_MOUNT_ALLOWED:
+        v.append(f"{where}: automountServiceAccountToken must be false")
+    if spec.get("enableServiceLinks") is not False:
+        v.append(f"{where}: enableServiceLinks must be false (a Service named mlflow would inject MLFLOW_PORT)")
+    containers = spec.get("containers", []) + spec.get("initContainers", [])
+    if not containers:
+        v.append(f"{where}: no containers")
+    for c in containers:
+        v += container_violations(where, c, pod_sc, volumes)
+    return v
+
+
+def all_pod_specs(resources: list[dict]):
+    for r in resources:
+        yield from dr.pod_specs(r)
+
+
+def _resources():
+    return [pytest.param(dr.build(o), id=o.name) for o in OVERLAYS]
+
+
+@pytest.mark.parametrize("resources", _resources())
+def test_every_pod_is_hardened(resources):
+    specs = list(all_pod_specs(resources))
+    kinds = {where.split("/")[0] for where, _ in specs}
+    assert {"Deployment", "RayJob", "RayCluster"} <= kinds
+    roles = {where.split("/")[-1].split(":")[0] for where, _ in specs if where.startswith("RayJob/")}
+    assert roles == {"submitter", "head", "worker"}
+    problems = [p for where, spec in specs for p in pod_violations(where, spec)]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("resources", _resources())
+def test_autoscaler_sidecar_is_hardened(resources):
+    for r in resources:
+        cluster = dr.ray_cluster_spec(r)
+        if cluster is None:
+            continue
+        assert cluster.get("enableInTreeAutoscaling") is True
+        opts = cluster["autoscalerOptions"]
+        head = cluster["headGroupSpec"]["template"]["spec"]
+        fake = {"name": "autoscaler", "securityContext": opts["securityContext"], "resources": opts["resources"],
+                "volumeMounts": opts.get("volumeMounts", [])}
+        volumes = {v["name"]: v for v in head.get("volumes", [])}
+        problems = container_violations(f"{r['kind']}/{r['metadata']['name']}", fake, head["securityContext"], volumes)
+        assert not problems, problems
+
+
+def test_the_hardening_check_is_not_vacuous():
+    resources = dr.build(OVERLAYS[0])
+    dep = copy.deepcopy(next(r for r in resources if r["kind"] == "Deployment"))
+    spec = dep["spec"]["template"]["spec"]
+    assert pod_violations("Deployment/x", spec) == []
+    c = spec["containers"][0]
+    c["securityContext"]["allowPrivilegeEscalation"] = True
+    c["securityContext"]["capabilities"] = {"drop": ["NET_RAW"], "add": ["SYS_ADMIN"]}
+    del c["securityContext"]["readOnlyRootFilesystem"]
+    spec["securityContext"]["runAsUser"] = 0
+    spec["hostNetwork"] = True
+    del c["resources"]["limits"]
+    found = "\n".join(pod_violations("Deployment/x", spec))
+    for needle in ("allowPrivilegeEscalation", "drop ALL", "adds capabilities", "readOnlyRootFilesystem",
+                   "runAsUser", "hostNetwork", "limits.cpu"):
+        assert needle in found, needle
+
+
+# ------------------------------------------------------------------------------ Ray specifics
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _has_token(env: dict[str, dict]) -> bool:
+    mode, token = env.get("RAY_AUTH_MODE", {}), env.get("RAY_AUTH_TOKEN", {})
+    ref = token.get("valueFrom", {}).get("secretKeyRef", {})
+    return mode.get("value") == "token" and (ref.get("name"), ref.get("key")) == RAY_TOKEN_SECRET
+
+
+@pytest.mark.parametrize("resources", _resources())
+def test_ray_token_reaches_every_ray_process_from_the_secret(resources):
+    ray_objects = [r for r in resources if r["kind"] in ("RayJob", "RayCluster")]
+    assert {r["kind"] for r in ray_objects} == {"RayJob", "RayCluster"}
+    for r in ray_objects:
+        cluster = dr.ray_cluster_spec(r)
+        assert cluster["authOptions"] == {"mode": "token", "secretName": RAY_TOKEN_SECRET[0]}
+        assert _has_token(_env(cluster["autoscalerOptions"])), f"{r['kind']} autoscaler"
+        for where, spec in dr.pod_specs(r):
+            for c in spec["containers"]:
+                assert _has_token(_env(c)), f"{where}/{c['name']} lacks RAY_AUTH_MODE/RAY_AUTH_TOKEN"
+
+
+@pytest.mark.parametrize("resources", _resources())
+def test_head_has_no_gpu_and_workers_are_gpu_nodes(resources):
+    for r in (r for r in resources if r["kind"] in ("RayJob", "RayCluster")):
+        cluster = dr.ray_cluster_spec(r)
+        head = cluster["headGroupSpec"]
+        assert head["rayStartParams"]["num-gpus"] == "0"
+        head_res = head["template"]["spec"]["containers"][0]["resources"]
+        assert "nvidia.com/gpu" not in head_res.get("limits", {}) | head_res.get("requests", {})
+        assert not head["template"]["spec"].get("tolerations")
+        gpu_groups = [g for g in cluster["workerGroupSpecs"]
+                      if "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"].get("limits", {})]
+        assert gpu_groups, "no GPU worker group"
+        for g in gpu_groups:
+            spec = g["template"]["spec"]
+            limits = spec["containers"][0]["resources"]["limits"]
+            assert int(limits["nvidia.com/gpu"]) >= 1
+            assert spec["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == limits["nvidia.com/gpu"]
+            assert any(t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" and t["effect"] == "NoSchedule"
+                       for t in spec["tolerations"])
+            assert spec["nodeSelector"], "GPU workers need a node selector"
+            assert g["minReplicas"] <= g["maxReplicas"]
+
+
+@pytest.mark.parametrize("resources", _resources())
+def test_ray_pods_carry_the_labels_the_network_policies_select(resources):
+    for r in (r for r in resources if r["kind"] in ("RayJob", "RayCluster")):
+        cluster = dr.ray_cluster_spec(r)
+        groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+        for g in groups:
+            labels = g["template"]["metadata"]["labels"]
+            assert labels.get("calib-sweeps/ray-node") == "true"
+            assert labels.get("calib-sweeps/mlflow-client") == "true"
+
+
+# ------------------------------------------------------------------------ NetworkPolicy model
+
+def _selects(selector: dict, labels: dict) -> bool:
+    for k, v in selector.get("matchLabels", {}).items():
+        if labels.get(k) != v:
+            return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def allowed(policies: list[dict], namespace: str, src: tuple[str, dict], dst_labels: dict, port: int) -> bool:
+    """Kubernetes NetworkPolicy ingress semantics (pod/namespace selectors, TCP ports)."""
+    src_ns, src_labels = src
+    applying = [p for p in policies if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+                and _selects(p["spec"]["podSelector"], dst_labels)]
+    if not applying:
+        return True
+    for p in applying:
+        for rule in p["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            if ports and not any(pp.get("port") in (port, None) for pp in ports):
+                continue
+            peers = rule.get("from")
+            if peers is None:
+                return True
+            for peer in peers:
+                if "ipBlock" in peer:
+                    continue
+                ns_sel, pod_sel = peer.get("namespaceSelector"), peer.get("podSelector")
+                ns_labels = {"kubernetes.io/metadata.name": src_ns}
+                ns_ok = _selects(ns_sel, ns_labels) if ns_sel is not None else src_ns == namespace
+                pod_ok = _selects(pod_sel, src_labels) if pod_sel is not None else True
+                if ns_ok and pod_ok:
+                    return True
+    return False
+
+
+def _template_labels(resources: list[dict], kind: str, name: str, role: str | None = None) -> dict:
+    r = next(r for r in resources if r["kind"] == kind and r["metadata"]["name"] == name)
+    if kind in ("RayJob", "RayCluster"):
+        cluster = dr.ray_cluster_spec(r)
+        group = cluster["headGroupSpec"] if role == "head" else cluster["workerGroupSpecs"][0]
+        labels = dict(group["template"]["metadata"]["labels"])
+        # KubeRay adds its own labels to the pods it creates.
+        labels.update({"ray.io/node-type": role, "app.kubernetes.io/created-by": "kuberay-operator"})
+        return labels
+    return r["spec"]["template"]["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("resources", _resources())
+def test_network_policies(resources):
+    ns = next(r["metadata"]["name"] for r in resources if r["kind"] == "Namespace")
+    policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
+    assert any(p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Ingress"] and not p["spec"].get("ingress")
+               for p in policies), "no default-deny ingress policy"
+    head = _template_labels(resources, "RayJob", "calib-sweep", "head")
+    worker = _template_labels(resources, "RayJob", "calib-sweep", "worker")
+    interactive_head = _template_labels(resources, "RayCluster", "calib-interactive", "head")
+    mlflow = _template_labels(resources, "Deployment", "mlflow")
+    submitter = next(r for r in resources if r["kind"] == "RayJob")["spec"]["submitterPodTemplate"]["metadata"]["labels"]
+    operator = {"app.kubernetes.io/name": "kuberay-operator"}
+    stranger_here = {"app": "something-else"}
+    outside = ("other-team", {"calib-sweeps/ray-node": "true", "calib-sweeps/mlflow-client": "true"})
+    ingress = ("ingress-nginx", {"app.kubernetes.io/name": "ingress-nginx"})
+
+    def ok(src, dst, port):
+        return allowed(policies, ns, src, dst, port)
+
+    for ray_pod in (head, worker, interactive_head):
+        for port in (6379, 8265, 10001):
+            assert ok((ns, worker), ray_pod, port) and ok((ns, head), ray_pod, port)
+            assert ok((ns, submitter), ray_pod, port) and ok((ns, operator), ray_pod, port)
+            assert not ok(outside, ray_pod, port), f"{outside[0]} reaches Ray port {port}"
+            assert not ok(ingress, ray_pod, port), f"ingress reaches Ray port {port}"
+    assert ok((ns, head), mlflow, 5000) and ok((ns, worker), mlflow, 5000)
+    assert ok(ingress, mlflow, 5000)
+    assert not ok((ns, stranger_here), mlflow, 5000)
+    assert not ok((ns, submitter), mlflow, 5000)
+    assert not ok(outside, mlflow, 5000)
+    assert not ok((ns, head), mlflow, 22)
+    # Every other rendered workload is closed to strangers, too.
+    for r in resources:
+        if r["kind"] in ("StatefulSet", "Deployment"):
+            labels = r["spec"]["template"]["metadata"]["labels"]
+            for port in (5432, 9000, 5000):
+                assert not ok((ns, stranger_here), labels, port), f"{r['metadata']['name']}:{port} open"
+    if any(r["kind"] == "StatefulSet" and r["metadata"]["name"] == "postgres" for r in resources):
+        pg = _template_labels(resources, "StatefulSet", "postgres")
+        assert ok((ns, mlflow), pg, 5432) and not ok((ns, head), pg, 5432)
+    if any(r["kind"] == "StatefulSet" and r["metadata"]["name"] == "minio" for r in resources):
+        minio = _template_labels(resources, "StatefulSet", "minio")
+        job = _template_labels(resources, "Job", "minio-buckets")
+        assert ok((ns, mlflow), minio, 9000) and ok((ns, worker), minio, 9000) and ok((ns, job), minio, 9000)
+        assert not ok((ns, submitter), minio, 9000) and not ok(outside, minio, 9000)
