@@ -26,8 +26,8 @@ class _Strict(BaseModel):
 class LogRange(_Strict):
     """A log-uniform range [low, high] with 0 < low < high."""
 
-    low: float = Field(gt=0.0)
-    high: float = Field(gt=0.0)
+    low: float = Field(default=1e-4, gt=0.0)
+    high: float = Field(default=1e-1, gt=0.0)
 
     @model_validator(mode="after")
     def _ordered(self) -> "LogRange":
@@ -62,7 +62,7 @@ class SearchConfig(_Strict):
 
     num_samples: int = Field(default=8, ge=1)
     calibrators: list[str] = Field(default_factory=lambda: list(SEARCHABLE_CALIBRATORS))
-    calibrator_lr: LogRange = Field(default_factory=lambda: LogRange(low=1e-4, high=1e-1))
+    calibrator_lr: LogRange = Field(default_factory=LogRange)
     params: dict[str, ExtraParam] = Field(default_factory=dict)
     objective: Literal["single", "multi"] = "multi"
     metric: str = "val_ece"

@@ -179,6 +179,8 @@ class MLflowTrackingCallback(tune.Callback):
             self._terminate(rid, "KILLED", "stopped early by the scheduler")
             return
         step = int(result.get("epoch", 0))
+        if result.get("node_id"):
+            self.client.set_tag(rid, "calib.node_id", str(result["node_id"]))
         final = {k: v for k, v in result.items()
                  if k.startswith(("val_", "test_", "calibrator_")) or k == "wall_time"}
         self.log_metrics(rid, final, step=step)

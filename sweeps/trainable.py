@@ -50,6 +50,16 @@ def _device_for(gpus: float) -> str:
     return "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
 
 
+def _node_id() -> str:
+    """The Ray node this trial ran on (recorded so cluster runs show where trials went)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return "local"
+
+
 def _maybe_inject_fault(epoch: int) -> None:
     kill_at = os.environ.get(FAULT_KILL_EPOCH_ENV)
     marker = os.environ.get(FAULT_MARKER_ENV)
@@ -104,6 +114,7 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, input_shape
         "status": result.status,
         "reason": result.reason or "",
         "wall_time": float(result.wall_time),
+        "node_id": _node_id(),
     }
     if result.status == "completed":
         final.update({f"val_{k.removeprefix('val_')}": float(v) for k, v in result.val_metrics.items()})

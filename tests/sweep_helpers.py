@@ -1,0 +1,90 @@
+"""Helpers for the end-to-end sweep tests: run the CLI, read the MLflow store, serve the UI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from mlflow import MlflowClient
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH = ROOT / "sweeps" / "launch.py"
+ARTIFACTS = ROOT / "test-artifacts"
+# Small but real: MNIST-1D, 2 epochs, a 1D CNN; each trial takes seconds on one core.
+FAST = ["--set", "run.data.num_samples=1200", "--set", "run.train.epochs=2", "--set", "run.train.batch_size=64"]
+
+
+def launch(cwd: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `python sweeps/launch.py ARGS` in `cwd` and return the finished process."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, str(LAUNCH), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def store(cwd: Path) -> MlflowClient:
+    """A client on the sweep's default SQLite store in `cwd`."""
+    return MlflowClient(f"sqlite:///{cwd.resolve()}/mlflow.db")
+
+
+def sweep_runs(client: MlflowClient, sweep: str, experiment: str = "calib-sweeps") -> tuple[list, list]:
+    """(parent runs, child runs) tagged with this sweep name."""
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`calib.sweep` = '{sweep}'", max_results=1000)
+    parents = [r for r in runs if r.data.tags.get("calib.role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("calib.role") == "trial"]
+    return parents, children
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def mlflow_server(backend_uri: str, artifacts_dir: Path) -> Iterator[str]:
+    """An MLflow tracking server on loopback; yields its URL and stops it afterwards."""
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", backend_uri,
+           "--artifacts-destination", str(artifacts_dir), "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1"]
+    log = open(artifacts_dir.parent / f"mlflow-server-{port}.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import urllib.request
+
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"mlflow server did not come up; see {log.name}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+        log.close()
+
+
+def chromium_paths() -> tuple[str, str] | None:
+    """(chromium, chromedriver) from Debian's packages, or None when not installed."""
+    browser = shutil.which("chromium")
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
