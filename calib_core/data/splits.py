@@ -105,6 +105,8 @@ class DataSplits:
 
     `input_shape` excludes the batch dimension. `stats` records the standardisation
     (computed on `train` only). `augmentation` is None unless `data.augment` is on.
+    `tasks` is None for single-task data; for multi-task data (labels (N, T), -1 = missing)
+    it describes the T tasks, one `(name, num_classes)` pair each (calib_core.data.multitask.Task).
     """
 
     train: Split
@@ -115,6 +117,7 @@ class DataSplits:
     name: str
     augmentation: CropFlip | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    tasks: tuple[tuple[str, int], ...] | None = None
 
     def augment(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Augment a training batch (identity when augmentation is off). Deterministic given `generator`."""
