@@ -1,0 +1,34 @@
+"""Temperature scaling (Guo et al. 2017): logits / T with one positive scalar T.
+
+T = exp(log_t) stays positive, starts at 1 (identity), and dividing by a positive scalar is
+monotone, so the argmax of the logits never changes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .base import Calibrator
+
+
+class TemperatureScaling(Calibrator):
+    name = "temperature"
+    input_kind = "logits"
+
+    def __init__(self, num_classes: int, init_temperature: float = 1.0) -> None:
+        super().__init__(num_classes)
+        if not init_temperature > 0:
+            raise ValueError(f"init_temperature must be > 0, got {init_temperature}")
+        self.log_t = nn.Parameter(torch.tensor(float(init_temperature)).log())
+
+    @property
+    def temperature(self) -> Tensor:
+        return self.log_t.exp()
+
+    def forward(self, logits: Tensor) -> Tensor:
+        self._check_input(logits)
+        return logits / self.log_t.exp().to(logits.dtype)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "temperature": float(self.temperature.detach())}

@@ -1,0 +1,425 @@
+"""The one-go trainer (DESIGN.md section 3) and its baselines, in one step loop.
+
+Players: the backbone theta (the whole model; with `last_layer` everything but the head) and
+the calibrator phi (with `last_layer`: the model's head). Each has its own optimizer. Per step:
+  1. (after warm-up) the calibrator takes K_c CE steps on its batches, backbone outputs
+     detached and computed in eval mode, i.e. on the model as it is evaluated;
+  2. the backbone takes one step of its loss through the frozen calibrator on its own batch
+     (`unrolled`: through the calibrator's one-step look-ahead, see hypergradient.py).
+Baselines share the loop: `ce`, `label_smoothing`, `focal` (no calibrator, full train split)
+and `posthoc` (CE on the non-holdout part; the calibrator is refitted from the identity with
+LBFGS on the holdout's cached logits after every epoch, so each epoch's val metrics are those
+of the model one would get by stopping there).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from calib_core.calibrators import Calibrator, create_calibrator, fit_posthoc
+from calib_core.config import RunConfig
+from calib_core.losses import make_loss
+
+from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, holdout_split
+from .hypergradient import unrolled_loss
+from .result import CalibratedModel, EpochReport, TrainResult
+from .schedule import backbone_optimizer, calibrator_optimizer, lr_scheduler
+
+STATE_VERSION = 1
+EVAL_BATCH = 1024
+# config fields that may differ between a run and its resumption
+_RESUME_FREE = {"device", "num_threads"}
+
+
+class Diverged(RuntimeError):
+    """Raised inside the loop when a loss or a parameter stops being finite."""
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """'auto' (or None) -> cuda if available else cpu."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """Deep copy with every tensor cloned to the CPU (picklable, independent of the live run)."""
+    if isinstance(obj, Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+class Trainer:
+    """`Trainer(cfg, data, device).fit(on_epoch=None, resume_state=None) -> TrainResult`.
+
+    `model` may be passed to use a ready-made classifier (with `.features`, `.head`,
+    `.feature_dim`) instead of `create_model(cfg.model.name, ...)`.
+    """
+
+    def __init__(self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None) -> None:
+        self.cfg = cfg
+        tc = self.tc = cfg.train
+        self.device = resolve_device(device if device is not None else cfg.device)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        seed_everything(cfg.seed)
+        self.seed = cfg.seed
+        self.num_classes = int(data.num_classes)
+        self.train_split = data.train.to(self.device)
+        self.val_split = data.val.to(self.device)
+        self.test_split = data.test.to(self.device)
+        self._augment = getattr(data, "augment", None)
+
+        if model is None:
+            from calib_core.models import create_model
+
+            model = create_model(cfg.model.name, self.num_classes, tuple(data.input_shape), **cfg.model.kwargs)
+        self.model = model.to(self.device)
+
+        # which samples the backbone and the calibrator train on
+        self.method = tc.method
+        uses_holdout = self.method == "posthoc" or (self.method == "onego" and tc.calibrator_data.startswith("holdout:"))
+        self.cal_source = tc.calibrator_data.split(":")[0] if self.method == "onego" else None
+        f = tc.holdout_fraction if uses_holdout else 0.0
+        self.backbone_idx, self.holdout_idx = holdout_split(len(self.train_split), f, cfg.seed)
+
+        # the calibrator
+        name, kwargs = None, {}
+        if self.method == "onego":
+            name, kwargs = tc.calibrator, dict(tc.calibrator_kwargs)
+        elif self.method == "posthoc":
+            name = tc.posthoc_calibrator
+        self.calibrator: Calibrator | None = None
+        if name is not None:
+            self.calibrator = create_calibrator(
+                name, self.num_classes, feature_dim=getattr(self.model, "feature_dim", None), head=getattr(self.model, "head", None), **kwargs
+            ).to(self.device)
+        self._cal_init = _cpu_copy(self.calibrator.state_dict()) if self.calibrator is not None else None
+        self.train_calibrator = self.calibrator if self.method == "onego" else None  # in the training graph
+
+        # the players' parameters and optimizers
+        last_layer = self.method == "onego" and tc.calibrator == "last_layer"
+        head_ids = {id(p) for p in self.model.head.parameters()} if last_layer else set()
+        self.feature_params = [p for p in self.model.parameters() if id(p) not in head_ids]
+        self.head_params = [p for p in self.model.head.parameters()] if last_layer else []
+        if not self.feature_params:
+            raise ValueError("the backbone has no parameters besides the head: nothing for the backbone player to train")
+        self.head_warmup = last_layer and tc.warmup_epochs > 0
+        groups = [{"params": self.feature_params}] + ([{"params": self.head_params}] if self.head_warmup else [])
+        self.backbone_opt = backbone_optimizer(groups, tc)
+        self.scheduler = lr_scheduler(self.backbone_opt, tc)
+        self.cal_params = [p for p in self.calibrator.parameters() if p.requires_grad] if self.train_calibrator is not None else []
+        self.calibrator_opt = calibrator_optimizer(self.cal_params, tc) if self.cal_params else None
+        self.loss_fn = make_loss(self.method, label_smoothing=tc.label_smoothing, focal_gamma=tc.focal_gamma)
+        self.cycler = HoldoutCycler(self.holdout_idx, tc.batch_size, cfg.seed) if self.cal_source == "holdout" else None
+
+        # progress
+        self.epoch = 0  # epochs completed
+        self.history: list[dict[str, float]] = []
+        self.epoch_times: list[float] = []
+        self.wall_time_before = 0.0
+        self.best: dict[str, Any] = {}
+        self.trace: list[tuple[str, Tensor]] | None = None  # set to [] to record the indices each player steps on
+        self._check_every = 1 if self.device.type == "cpu" else 25
+
+    # ------------------------------------------------------------------ inputs and steps
+    def _cal_inputs(self, x: Tensor, grad: bool = False) -> Tensor:
+        """What the calibrator consumes (logits or features), computed in eval mode."""
+        was = self.model.training
+        self.model.eval()
+        try:
+            with torch.set_grad_enabled(grad):
+                kind = self.calibrator.input_kind if self.calibrator is not None else "logits"
+                return self.model.features(x) if kind == "features" else self.model(x)
+        finally:
+            self.model.train(was)
+
+    def _check(self, loss: Tensor, what: str, epoch: int, step: int) -> None:
+        """Stop on a NaN/inf loss or one above cfg.train.divergence_loss (checked every step on
+        the CPU, every `_check_every` steps on an accelerator, where each check is a sync)."""
+        if step % self._check_every:
+            return
+        value = float(loss.detach())
+        if not np.isfinite(value):
+            raise Diverged(f"non-finite {what} ({value}) at epoch {epoch + 1}, step {step + 1}")
+        limit = self.tc.divergence_loss
+        if limit is not None and value > limit:
+            raise Diverged(f"{what} exploded ({value:.3g} > divergence_loss={limit:g}) at epoch {epoch + 1}, step {step + 1}")
+
+    def _calibrator_step(self, idx: Tensor, epoch: int, step: int, inp: Tensor | None = None) -> Tensor:
+        """One CE step of the calibrator on batch `idx` (inputs detached; pass `inp` to reuse
+        inputs already computed for this batch under the current backbone). Returns the inputs."""
+        y = self.train_split.y[idx]
+        if inp is None:
+            inp = self._cal_inputs(self.train_split.x[idx])
+        cal = self.calibrator
+        loss = F.cross_entropy(cal(inp), y) + cal.regularization()
+        self._check(loss, "calibrator loss", epoch, step)
+        grads = torch.autograd.grad(loss, self.cal_params)
+        for p, g in zip(self.cal_params, grads):
+            p.grad = g
+        self.calibrator_opt.step()
+        if self.trace is not None:
+            self.trace.append(("calibrator", idx.cpu()))
+        return inp
+
+    def _backbone_step(self, idx: Tensor, aug_gen: torch.Generator, epoch: int, step: int, calibrating: bool, cal_idx: Tensor | None) -> Tensor:
+        x, y = self.train_split.x[idx], self.train_split.y[idx]
+        if self._augment is not None:
+            x = self._augment(x, aug_gen)
+        self.model.train()
+        cal = self.train_calibrator
+        if cal is None:
+            logits_in, kind = self.model(x), "logits"
+        else:
+            kind = cal.input_kind
+            logits_in = self.model.features(x) if kind == "features" else self.model(x)
+        if cal is not None and calibrating and self.tc.hypergradient == "unrolled":
+            xc, yc = self.train_split.x[cal_idx], self.train_split.y[cal_idx]
+            loss = unrolled_loss(cal, self._cal_inputs(xc, grad=True), yc, logits_in, y, self.tc.calibrator_lr, self.loss_fn)
+        else:
+            loss = self.loss_fn(cal(logits_in) if cal is not None else logits_in, y)
+        self._check(loss, "backbone loss", epoch, step)
+        params = self.feature_params + (self.head_params if (self.head_warmup and not calibrating) else [])
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        for p, g in zip(params, grads):
+            p.grad = g
+        if self.tc.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.tc.max_grad_norm)
+        self.backbone_opt.step()
+        for p in params:
+            p.grad = None
+        if self.trace is not None:
+            self.trace.append(("backbone", idx.cpu()))
+        return loss.detach()
+
+    def _train_epoch(self, epoch: int) -> float:
+        tc = self.tc
+        torch.manual_seed(derive_seed(self.seed, "global", epoch))  # dropout and other global draws
+        batches = epoch_batches(self.backbone_idx, tc.batch_size, self.seed, epoch)
+        next_first: Tensor | None = None
+        aug_gen = generator(self.seed, "augment", epoch)
+        calibrating = self.train_calibrator is not None and epoch >= tc.warmup_epochs
+        total = torch.zeros((), device=self.device, dtype=torch.float64)
+        dev = self.device
+        for i, idx in enumerate(batches):
+            cal_idx = None
+            if calibrating:
+                if self.cal_source == "holdout":
+                    for _ in range(tc.calibrator_steps):
+                        cal_idx = self.cycler.next()
+                        self._calibrator_step(cal_idx.to(dev), epoch, i)
+                else:
+                    if self.cal_source == "same":
+                        cal_idx = idx
+                    elif i + 1 < len(batches):
+                        cal_idx = batches[i + 1]
+                    else:  # lookahead at the end of an epoch: the next epoch's first batch
+                        if next_first is None:
+                            next_first = epoch_batches(self.backbone_idx, tc.batch_size, self.seed, epoch + 1)[0]
+                        cal_idx = next_first
+                    inp = None  # the backbone does not move between these K_c steps: one forward
+                    for _ in range(tc.calibrator_steps):
+                        inp = self._calibrator_step(cal_idx.to(dev), epoch, i, inp)
+            loss = self._backbone_step(idx.to(dev), aug_gen, epoch, i, calibrating, cal_idx.to(dev) if cal_idx is not None else None)
+            total += loss
+        mean = float(total / max(1, len(batches)))
+        if not np.isfinite(mean):
+            raise Diverged(f"non-finite training loss in epoch {epoch + 1}")
+        for where, mod in (("backbone", self.model), ("calibrator", self.calibrator)):
+            if mod is not None and not all(bool(torch.isfinite(p).all()) for p in mod.parameters()):
+                raise Diverged(f"non-finite {where} parameters after epoch {epoch + 1}")
+        return mean
+
+    def _fit_posthoc(self) -> None:
+        """Refit the post-hoc calibrator from the identity on the holdout's cached inputs."""
+        cal = self.calibrator
+        cal.load_state_dict(self._cal_init)
+        x = self.train_split.x[self.holdout_idx.to(self.device)]
+        y = self.train_split.y[self.holdout_idx.to(self.device)]
+        inp = torch.cat([self._cal_inputs(xb) for xb in x.split(EVAL_BATCH)])
+        if not bool(torch.isfinite(inp).all()):
+            raise Diverged("non-finite logits on the post-hoc holdout")
+        fit_posthoc(cal, inp, y)
+
+    # ------------------------------------------------------------------ evaluation
+    @property
+    def calibrated_model(self) -> CalibratedModel:
+        return CalibratedModel(self.model, self.calibrator)
+
+    def _evaluate(self, split: Any, where: str) -> tuple[dict[str, float], Tensor, Tensor]:
+        from calib_core.metrics import compute_all
+
+        logits = self.calibrated_model.predict_logits(split.x, EVAL_BATCH).float()
+        if not bool(torch.isfinite(logits).all()):
+            raise Diverged(f"non-finite calibrated logits on the {where} split")
+        metrics = compute_all(logits, split.y, num_bins=self.tc.num_bins, from_logits=True)
+        probs = torch.softmax(logits, dim=1)
+        return {k: float(v) for k, v in metrics.items()}, probs.cpu(), split.y.cpu()
+
+    def calibrator_info(self) -> dict[str, Any]:
+        if self.calibrator is None:
+            return {"calibrator": "none", "num_params": 0}
+        return self.calibrator.describe()
+
+    # ------------------------------------------------------------------ state
+    def _config_key(self) -> dict:
+        d = self.cfg.model_dump(mode="json")
+        for k in _RESUME_FREE:
+            d.pop(k, None)
+        return d
+
+    def state_dict(self) -> dict[str, Any]:
+        """A picklable snapshot (tensors on the CPU) that `fit(resume_state=...)` continues from."""
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return _cpu_copy(
+            {
+                "version": STATE_VERSION,
+                "config": self._config_key(),
+                "epoch": self.epoch,
+                "model": self.model.state_dict(),
+                "calibrator": self.calibrator.state_dict() if self.calibrator is not None else None,
+                "backbone_optimizer": self.backbone_opt.state_dict(),
+                "calibrator_optimizer": self.calibrator_opt.state_dict() if self.calibrator_opt is not None else None,
+                "scheduler": self.scheduler.state_dict(),
+                "holdout_indices": self.holdout_idx,
+                "cycler": self.cycler.state_dict() if self.cycler is not None else None,
+                # per-epoch generators are re-derived from (seed, stream, epoch); these are the
+                # global generators' states at the snapshot
+                "rng": rng,
+                "history": self.history,
+                "epoch_times": self.epoch_times,
+                "wall_time": self.wall_time_before + self._running_time(),
+                "best": self.best,
+            }
+        )
+
+    def _running_time(self) -> float:
+        return time.perf_counter() - self._fit_start if getattr(self, "_fit_start", None) is not None else 0.0
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError("resume_state is not a trainer state of this version")
+        mine = self._config_key()
+        if state["config"] != mine:
+            a, b = _flatten(mine), _flatten(state["config"])
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            raise ValueError(f"resume_state was made by a different config (differs in: {', '.join(diff)})")
+        if not torch.equal(state["holdout_indices"], self.holdout_idx):
+            raise ValueError("resume_state's holdout indices differ from this run's (different data split?)")
+        self.model.load_state_dict(state["model"])
+        if self.calibrator is not None:
+            self.calibrator.load_state_dict(state["calibrator"])
+        self.backbone_opt.load_state_dict(state["backbone_optimizer"])
+        if self.calibrator_opt is not None:
+            self.calibrator_opt.load_state_dict(state["calibrator_optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.cycler is not None:
+            self.cycler.load_state_dict(state["cycler"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.epoch = int(state["epoch"])
+        self.history = [dict(h) for h in state["history"]]
+        self.epoch_times = list(state["epoch_times"])
+        self.wall_time_before = float(state["wall_time"])
+        self.best = copy.deepcopy(state["best"])
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self, on_epoch: Callable[[EpochReport], None] | None = None, resume_state: dict[str, Any] | None = None) -> TrainResult:
+        if resume_state is not None:
+            self.load_state_dict(resume_state)
+        self._fit_start = time.perf_counter()
+        status, reason = "completed", None
+        while self.epoch < self.tc.epochs:
+            e = self.epoch
+            t0 = time.perf_counter()
+            lr = float(self.backbone_opt.param_groups[0]["lr"])
+            try:
+                train_loss = self._train_epoch(e)
+                self.scheduler.step()
+                if self.method == "posthoc":
+                    self._fit_posthoc()
+                val, _, _ = self._evaluate(self.val_split, "validation")
+            except Diverged as exc:
+                status, reason = "diverged", str(exc)
+                break
+            dt = time.perf_counter() - t0
+            self.epoch = e + 1
+            metrics = {"train_loss": train_loss, "epoch_time": dt, "lr": lr}
+            metrics.update({f"val_{k}": v for k, v in val.items()})
+            for k, v in self.calibrator_info().items():
+                if k != "num_params" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    metrics[f"calibrator_{k}"] = float(v)
+            self.history.append(metrics)
+            self.epoch_times.append(dt)
+            if not self.best or metrics["val_nll"] < self.best["val_nll"]:
+                self.best = {"epoch": self.epoch, "val_nll": metrics["val_nll"], "metrics": dict(metrics)}
+            if on_epoch is not None:
+                on_epoch(EpochReport(epoch=self.epoch, metrics=dict(metrics), _state_fn=self.state_dict))
+        return self._finish(status, reason)
+
+    def _finish(self, status: str, reason: str | None) -> TrainResult:
+        val_m: dict[str, float] = {}
+        test_m: dict[str, float] = {}
+        vp = vl = tp = tl = None
+        if status == "completed":
+            try:
+                val_m, vp, vl = self._evaluate(self.val_split, "validation")
+                test_m, tp, tl = self._evaluate(self.test_split, "test")  # reported, never used to decide
+            except Diverged as exc:
+                status, reason, val_m, test_m, vp, vl, tp, tl = "diverged", str(exc), {}, {}, None, None, None, None
+        wall = self.wall_time_before + self._running_time()
+        self._fit_start = None
+        self.wall_time_before = wall
+        model = self.calibrated_model.eval()
+        return TrainResult(
+            status=status,
+            reason=reason,
+            epochs_run=self.epoch,
+            val_metrics=val_m,
+            test_metrics=test_m,
+            calibrator_info=self.calibrator_info(),
+            wall_time=wall,
+            epoch_times=list(self.epoch_times),
+            model=model,
+            val_probs=vp,
+            val_labels=vl,
+            test_probs=tp,
+            test_labels=tl,
+            history=[dict(h) for h in self.history],
+            best=copy.deepcopy(self.best),
+        )
