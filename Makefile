@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=25"
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	# Reference library for the metric parity tests (its PyPI metadata needs pip < 24.1).
+	-$(BIN)/python tests/reference/fetch_uncertainty_metrics.py --quiet
 	touch $(STAMP)
 
 setup: $(STAMP)
