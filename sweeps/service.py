@@ -17,6 +17,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from calib_core.config import RunConfig
 from sweeps.config import SweepConfig
+from sweeps.progress import ProgressCallback
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
 from sweeps.selection import TrialRecord, leaderboard, pareto_plot, rank_agreement, select
 from sweeps.tracking import (TAG_ROLE, TAG_SWEEP, TAG_TRIAL, MLflowTrackingCallback, close_open_runs,
@@ -29,23 +30,26 @@ class SweepError(RuntimeError):
 
 
 class TrialParams:
-    """Maps a trial config to (flat MLflow params, tags); picklable for Tune's callback state."""
+    """Maps a trial config to its MLflow params, tags and run config; picklable for Tune's callback state."""
 
     def __init__(self, base: dict[str, Any], dataset: str) -> None:
         self.base = base
         self.dataset = dataset
 
-    def __call__(self, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-        """Resolve the full run config of a trial for logging."""
+    def __call__(self, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+        """Resolve the full run config of a trial: (flat params, tags, the run config as a dict)."""
         run_cfg = resolve_run_config(RunConfig.model_validate(self.base), config)
-        params = flatten(run_cfg.model_dump(mode="json"))
+        resolved = run_cfg.model_dump(mode="json")
+        params = flatten(resolved)
         params.update({f"search.{k}": v for k, v in config.items()})
         tags = {"calib.dataset": self.dataset, "calib.calibrator": str(config.get("calibrator", "")),
                 "calib.method": run_cfg.train.method, "calib.label": describe_params(config)}
-        return params, tags
+        return params, tags, resolved
 
 
 def _connect_ray(cluster: bool) -> None:
+    # Keeping 2 checkpoints per trial forces frequent experiment snapshots; they are cheap here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
         return
     if cluster:
@@ -77,7 +81,8 @@ def _build_tuner(cfg: SweepConfig, callback: MLflowTrackingCallback, trainable: 
         tune_config=tune.TuneConfig(search_alg=_searcher(cfg), scheduler=scheduler, metric=metric, mode=mode,
                                     num_samples=s.num_samples, max_concurrent_trials=r.max_concurrent),
         run_config=tune.RunConfig(
-            name=cfg.name, storage_path=cfg.storage_path, callbacks=[callback],
+            name=cfg.name, storage_path=cfg.storage_path,
+            callbacks=[callback, ProgressCallback(s.num_samples, cfg.selection)],
             failure_config=tune.FailureConfig(max_failures=r.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             verbose=1,

@@ -122,7 +122,7 @@ class MLflowTrackingCallback(tune.Callback):
             return self._runs[tid]
         run = find_run(self.client, self.experiment_id, {TAG_SWEEP: self.sweep, TAG_TRIAL: tid})
         if run is None:
-            params, tags = self.trial_params(trial.config)
+            params, tags, run_config = self.trial_params(trial.config)
             run = self.client.create_run(self.experiment_id, run_name=tags.get("calib.label", tid), tags={
                 **self.base_tags, **tags, TAG_SWEEP: self.sweep, TAG_ROLE: "trial", TAG_TRIAL: tid,
                 PARENT_TAG: self.parent_run_id,
@@ -130,6 +130,8 @@ class MLflowTrackingCallback(tune.Callback):
             items = [Param(k, str(v)[:6000]) for k, v in params.items()]
             for i in range(0, len(items), 90):
                 self.client.log_batch(run.info.run_id, params=items[i:i + 90])
+            # The exact run config, loadable with RunConfig.model_validate (params are strings).
+            self.client.log_dict(run.info.run_id, run_config, "run_config.json")
             self._logged[run.info.run_id] = set()
         else:
             rid = run.info.run_id

@@ -1,0 +1,175 @@
+"""End to end on CPU: `launch.py --num-samples 4` in a fresh directory, then inspect what it left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sweep_helpers import ARTIFACTS, FAST, ROOT, chromium_paths, launch, mlflow_server, store, sweep_runs
+
+MODEL = "calibrated-classifier"
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("sweep")
+    proc = launch(d, "--num-samples", "4", "--name", "e2e", "--seed", "0", *FAST)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (d / "stdout.txt").write_text(proc.stdout)
+    return d
+
+
+def test_store_holds_one_parent_and_four_children(sweep_dir):
+    parents, children = sweep_runs(store(sweep_dir), "e2e")
+    assert len(parents) == 1 and len(children) == 4
+    assert parents[0].info.status == "FINISHED"
+    for run in children:
+        assert run.info.status == "FINISHED", run.data.tags
+        assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        for key in ("val_accuracy", "val_ece", "val_sce", "val_ace", "test_accuracy", "test_ece"):
+            assert key in run.data.metrics, key
+        assert 0.0 < run.data.metrics["val_accuracy"] <= 1.0
+        assert run.data.params["train.epochs"] == "2"
+        for tag in ("calib.trial_id", "calib.git_commit", "calib.dataset", "calib.calibrator"):
+            assert run.data.tags.get(tag), tag
+        history = store(sweep_dir).get_metric_history(run.info.run_id, "epoch_time")
+        assert sorted(m.step for m in history) == [1, 2]
+
+
+def test_artifacts_on_runs(sweep_dir):
+    client = store(sweep_dir)
+    parents, children = sweep_runs(client, "e2e")
+    names = {a.path for a in client.list_artifacts(parents[0].info.run_id, "sweep")}
+    assert {"sweep/leaderboard.csv", "sweep/pareto.png", "sweep/rank_agreement_spearman.csv",
+            "sweep/selection.json"} <= names
+    diagrams = {a.path for a in client.list_artifacts(children[0].info.run_id, "diagrams")}
+    assert {"diagrams/reliability_val.png", "diagrams/reliability_test.png"} <= diagrams
+
+
+def test_champion_registered_and_printed(sweep_dir):
+    client = store(sweep_dir)
+    mv = client.get_model_version_by_alias(MODEL, "champion")
+    parents, children = sweep_runs(client, "e2e")
+    champion_trial = parents[0].data.tags["calib.champion_trial"]
+    champion = [r for r in children if r.data.tags["calib.trial_id"] == champion_trial][0]
+    assert mv.tags.get("source_run_id") == champion.info.run_id
+    out = (sweep_dir / "stdout.txt").read_text()
+    assert "Leaderboard" in out and "mlflow ui --backend-store-uri sqlite:///" in out
+    assert "Selection: Pareto front" in out
+
+
+def test_champion_loads_in_fresh_process_and_matches_logged_test_ece(sweep_dir):
+    client = store(sweep_dir)
+    mv = client.get_model_version_by_alias(MODEL, "champion")
+    logged = client.get_run(mv.tags["source_run_id"]).data
+    script = f"""
+import json, mlflow, numpy as np
+from calib_core.config import RunConfig
+from calib_core.data import load_dataset
+from calib_core.metrics import ece
+mlflow.set_tracking_uri("sqlite:///{sweep_dir}/mlflow.db")
+model = mlflow.pyfunc.load_model("models:/{MODEL}@champion")
+raw = mlflow.artifacts.load_dict("runs:/{mv.tags['source_run_id']}/run_config.json")
+cfg = RunConfig.model_validate(raw)
+data = load_dataset(cfg.data, cfg.seed)
+probs = model.predict(data.test.x.numpy())
+assert np.allclose(probs.sum(1), 1.0, atol=1e-6)
+print(json.dumps({{"ece": float(ece(probs, data.test.y.numpy(), num_bins=cfg.train.num_bins))}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=sweep_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])["ece"]
+    assert got == pytest.approx(logged.metrics["test_ece"], abs=1e-5)
+
+
+def test_selection_reproducible_with_same_seed(sweep_dir):
+    proc = launch(sweep_dir, "--num-samples", "4", "--name", "e2e-again", "--seed", "0", *FAST)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = store(sweep_dir)
+
+    def champion(sweep):
+        parents, children = sweep_runs(client, sweep)
+        tid = parents[0].data.tags["calib.champion_trial"]
+        run = [r for r in children if r.data.tags["calib.trial_id"] == tid][0]
+        return run.data.tags["calib.label"], run.data.metrics["val_ece"], run.data.metrics["val_accuracy"]
+
+    first, second = champion("e2e"), champion("e2e-again")
+    assert first[0] == second[0]
+    assert first[1:] == pytest.approx(second[1:], abs=1e-9)
+
+
+def test_same_name_without_resume_is_refused(sweep_dir):
+    proc = launch(sweep_dir, "--num-samples", "4", "--name", "e2e", *FAST)
+    assert proc.returncode != 0
+    assert "already exists" in proc.stderr and "--resume" in proc.stderr
+    assert len(sweep_runs(store(sweep_dir), "e2e")[1]) == 4
+
+
+def test_mlflow_ui_compare_view_shows_the_sweep(sweep_dir):
+    paths = chromium_paths()
+    if paths is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium/chromedriver missing in CI: .ci/run installs Debian's chromium packages")
+        pytest.skip("Debian chromium + chromium-driver not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    client = store(sweep_dir)
+    parents, children = sweep_runs(client, "e2e")
+    exp_id = children[0].info.experiment_id
+    ids = [r.info.run_id for r in children]
+    ARTIFACTS.mkdir(exist_ok=True)
+    with mlflow_server(f"sqlite:///{sweep_dir}/mlflow.db", sweep_dir / "mlartifacts") as url:
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = paths[0]
+        for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--no-first-run",
+                     "--disable-dev-shm-usage", "--window-size=1600,3200"):
+            opts.add_argument(flag)
+        driver = webdriver.Chrome(service=Service(paths[1]), options=opts)
+        try:
+            driver.get(f"{url}/#/compare-runs?runs={json.dumps(ids).replace(' ', '')}"
+                       f"&experiments={json.dumps([exp_id]).replace(' ', '')}")
+            names = [r.info.run_name for r in children]
+            deadline = time.time() + 60
+            text = ""
+            while time.time() < deadline:
+                text = driver.find_element("tag name", "body").text
+                if f"Comparing {len(ids)} Runs" in text and all(n in text for n in names):
+                    break
+                time.sleep(0.5)
+            # The metrics table is a virtualised grid: scroll it until the accuracy and ECE rows render.
+            metric_rows = _scroll_metrics_grid(driver, ("val_accuracy", "val_ece"))
+            driver.save_screenshot(str(ARTIFACTS / "mlflow_compare.png"))
+        finally:
+            driver.quit()
+    assert f"Comparing {len(ids)} Runs" in text
+    for name in names:
+        assert name in text
+    assert {"val_accuracy", "val_ece"} <= metric_rows
+
+
+def _scroll_metrics_grid(driver, wanted: tuple[str, ...]) -> set[str]:
+    """Scroll MLflow's virtualised metrics grid step by step; return the wanted names seen."""
+    found: set[str] = set()
+    driver.execute_script(
+        "const h=[...document.querySelectorAll('*')].filter(e=>e.childElementCount===0&&e.textContent.trim()==='Metrics');"
+        "if(h.length) h[h.length-1].scrollIntoView({block:'start'});")
+    for step in range(60):
+        done = driver.execute_script(
+            "const g=document.querySelector('.ReactVirtualized__Grid'); if(!g) return true;"
+            "g.scrollTop = arguments[0] * g.clientHeight / 3; g.dispatchEvent(new Event('scroll'));"
+            "return g.scrollTop + g.clientHeight >= g.scrollHeight;", step)
+        time.sleep(0.3)
+        body = driver.execute_script("return document.body.textContent")
+        found |= {w for w in wanted if w in body}
+        if found == set(wanted) or done:
+            break
+    return found

