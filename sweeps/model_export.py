@@ -44,6 +44,8 @@ def log_and_register(run_id: str, checkpoint_dir: str | Path, input_shape: tuple
     summary["input_shape"] = list(input_shape)
     summary_path = ckpt / "export_summary.json"
     summary_path.write_text(json.dumps(summary, default=str))
+    client = MlflowClient(tracking_uri)
+    before = client.get_run(run_id).info
     with mlflow.start_run(run_id=run_id, nested=False):
         info = mlflow.pyfunc.log_model(
             name="model",
@@ -53,8 +55,9 @@ def log_and_register(run_id: str, checkpoint_dir: str | Path, input_shape: tuple
                               f"mlflow=={mlflow.__version__}", "calib-sweep"],
             registered_model_name=model_name,
         )
+    # start_run/end_run stamps a new end time; the trial's run keeps its own status and end time.
+    client.set_terminated(run_id, status=before.status, end_time=before.end_time)
     version = str(info.registered_model_version)
-    client = MlflowClient(tracking_uri)
     client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
     client.set_model_version_tag(model_name, version, "source_run_id", run_id)
     return version

@@ -67,7 +67,7 @@ def _searcher(cfg: SweepConfig) -> OptunaSearch:
     return OptunaSearch(space=SearchSpace(s), metric=metric, mode=mode, seed=s.seed, study_name=cfg.name)
 
 
-def _build_tuner(cfg: SweepConfig, callback: MLflowTrackingCallback, trainable: Any) -> tune.Tuner:
+def _build_tuner(cfg: SweepConfig, callbacks: list, trainable: Any) -> tune.Tuner:
     s, r = cfg.search, cfg.resources
     scheduler = None
     metric = mode = None
@@ -81,8 +81,7 @@ def _build_tuner(cfg: SweepConfig, callback: MLflowTrackingCallback, trainable: 
         tune_config=tune.TuneConfig(search_alg=_searcher(cfg), scheduler=scheduler, metric=metric, mode=mode,
                                     num_samples=s.num_samples, max_concurrent_trials=r.max_concurrent),
         run_config=tune.RunConfig(
-            name=cfg.name, storage_path=cfg.storage_path,
-            callbacks=[callback, ProgressCallback(s.num_samples, cfg.selection)],
+            name=cfg.name, storage_path=cfg.storage_path, callbacks=callbacks,
             failure_config=tune.FailureConfig(max_failures=r.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             verbose=1,
@@ -171,38 +170,46 @@ def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool) -> int:
     trainable = tune.with_resources(tune.with_parameters(train_trial, base=base),
                                     {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial})
 
-    _connect_ray(cluster)
-    if resume and can_restore:
-        print(f"Resuming sweep {cfg.name!r} from {exp_path}")
-        tuner = tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        tuner = _build_tuner(cfg, callback, trainable)
+    callbacks = [callback, ProgressCallback(cfg.search.num_samples, cfg.selection)]
     try:
+        _connect_ray(cluster)
+        if resume and can_restore:
+            print(f"Resuming sweep {cfg.name!r} from {exp_path}")
+            tuner = tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
+            # Tune restores the callbacks pickled with the experiment; use this invocation's
+            # (same sweep, possibly a new tracking URI).
+            tuner._local_tuner.get_run_config().callbacks = callbacks
+        else:
+            tuner = _build_tuner(cfg, callbacks, trainable)
         results = tuner.fit()
+        killed = close_open_runs(client, experiment_id, cfg.name, "KILLED")
+        records = _records(results, client, experiment_id, cfg.name)
+        done = sum(rec.status == "completed" for rec in records)
+        if killed or len(records) < cfg.search.num_samples:
+            client.set_terminated(parent_id, status="KILLED")
+            print(f"sweep stopped with {done}/{cfg.search.num_samples} trials done; continue with --resume",
+                  file=sys.stderr)
+            return 130
+        try:
+            chosen, why = select(records, cfg.selection)
+        except ValueError as exc:
+            raise SweepError(str(exc)) from None
+        board, ranks = _log_sweep_artifacts(client, parent_id, records, chosen, why)
+        with chosen.checkpoint.as_directory() as d:
+            summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
+            version = log_and_register(chosen.run_id, d, tuple(summary["input_shape"]),
+                                       cfg.tracking.registered_model, cfg.tracking.uri)
+        client.set_terminated(parent_id, status="FINISHED")
     except KeyboardInterrupt:
         close_open_runs(client, experiment_id, cfg.name, "KILLED")
         client.set_terminated(parent_id, status="KILLED")
         raise
-    killed = close_open_runs(client, experiment_id, cfg.name, "KILLED")
-    records = _records(results, client, experiment_id, cfg.name)
-    done = sum(rec.status == "completed" for rec in records)
-    if killed or len(records) < cfg.search.num_samples:
-        client.set_terminated(parent_id, status="KILLED")
-        print(f"sweep stopped with {done}/{cfg.search.num_samples} trials done; continue with --resume",
-              file=sys.stderr)
-        return 130
-    try:
-        chosen, why = select(records, cfg.selection)
-    except ValueError as exc:
-        client.set_tag(parent_id, "calib.failure_reason", str(exc))
+    except BaseException as exc:
+        # Nothing stays RUNNING: open trial runs are KILLED, the sweep FAILED with its reason.
+        close_open_runs(client, experiment_id, cfg.name, "KILLED")
+        client.set_tag(parent_id, "calib.failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
         client.set_terminated(parent_id, status="FAILED")
-        raise SweepError(str(exc)) from None
-    board, ranks = _log_sweep_artifacts(client, parent_id, records, chosen, why)
-    with chosen.checkpoint.as_directory() as d:
-        summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
-        input_shape = tuple(summary["input_shape"])
-        version = log_and_register(chosen.run_id, d, input_shape, cfg.tracking.registered_model, cfg.tracking.uri)
-    client.set_terminated(parent_id, status="FINISHED")
+        raise
     _print_summary(board, ranks, why, cfg, version)
     return 0
 

@@ -101,11 +101,12 @@ class MLflowTrackingCallback(tune.Callback):
         self._client: MlflowClient | None = None
         self._runs: dict[str, str] = {}
         self._logged: dict[str, set[tuple[str, int]]] = {}
+        self._finished: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks with the experiment; live clients and caches stay behind.
         state = self.__dict__.copy()
-        state.update(_client=None, _runs={}, _logged={})
+        state.update(_client=None, _runs={}, _logged={}, _finished=set())
         return state
 
     @property
@@ -139,7 +140,10 @@ class MLflowTrackingCallback(tune.Callback):
             self._logged[rid] = {("epoch_time", m.step) for m in history}
             self._logged[rid] |= {(k, m.step) for k in run.data.metrics
                                   for m in ([] if k == "epoch_time" else self.client.get_metric_history(rid, k))}
-            if run.info.status != "RUNNING":
+            if run.info.status == "FINISHED":
+                # Finished before a driver restart: Tune may replay its final result; keep the run as is.
+                self._finished.add(rid)
+            elif run.info.status != "RUNNING":
                 self.client.update_run(rid, status="RUNNING")
         self._runs[tid] = run.info.run_id
         return run.info.run_id
@@ -174,6 +178,8 @@ class MLflowTrackingCallback(tune.Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """Final metrics, reliability diagrams, and the terminal status (diverged -> FAILED)."""
         rid = self.run_id_for(trial)
+        if rid in self._finished:
+            return
         result = trial.last_result or {}
         status = result.get("status")
         if status is None:

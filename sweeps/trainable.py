@@ -27,6 +27,7 @@ STATE_FILE = "state.pt"
 MODEL_FILE = "model.pt"
 PREDICTIONS_FILE = "predictions.npz"
 SUMMARY_FILE = "summary.json"
+FINAL_FILE = "final.json"
 
 # Test hooks for fault injection (see tests/test_sweep_faults.py): kill the trial process once,
 # at the given epoch, leaving a marker file so the retry does not kill itself again.
@@ -74,6 +75,12 @@ def _maybe_inject_fault(epoch: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _lead_columns(result: dict[str, Any]) -> dict[str, Any]:
+    """Put the headline metrics first: Tune's status table shows the first few keys."""
+    lead = [k for k in ("val_accuracy", "val_ece", "epoch") if k in result]
+    return {**{k: result[k] for k in lead}, **{k: v for k, v in result.items() if k not in lead}}
+
+
 def _finite(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in metrics.items()}
 
@@ -92,13 +99,17 @@ def train_trial(config: dict[str, Any], base: dict[str, Any]) -> None:
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
+            if (Path(d) / FINAL_FILE).is_file():
+                # The trial had finished before the driver went down: report, do not run again.
+                tune.report(json.loads((Path(d) / FINAL_FILE).read_text()))
+                return
             resume_state = torch.load(Path(d) / STATE_FILE, map_location="cpu", weights_only=False)
 
     def on_epoch(report: Any) -> None:
         with tempfile.TemporaryDirectory() as d:
             torch.save(report.state(), Path(d) / STATE_FILE)
             metrics = _finite({k: float(v) for k, v in report.metrics.items()})
-            tune.report({**metrics, "epoch": report.epoch, "done": False},
+            tune.report(_lead_columns({**metrics, "epoch": report.epoch, "done": False}),
                         checkpoint=tune.Checkpoint.from_directory(d))
         _maybe_inject_fault(report.epoch)
 
@@ -142,4 +153,6 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, input_shape
             "status": result.status,
             "reason": result.reason,
         }, default=str, indent=1))
-        tune.report(_finite(final), checkpoint=tune.Checkpoint.from_directory(d))
+        final = _lead_columns(_finite(final))
+        (Path(d) / FINAL_FILE).write_text(json.dumps(final))
+        tune.report(final, checkpoint=tune.Checkpoint.from_directory(d))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,9 +21,10 @@ RAY = str(Path(sys.executable).parent / "ray")
 def test_cluster_sweep_uses_both_nodes(tmp_path):
     port = free_port()
     token = secrets.token_hex(32)
+    # Ray's socket paths must stay under 107 bytes: pytest's tmp_path is too deep.
+    ray_tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
-           "RAY_TMPDIR": str(tmp_path / "ray"), "RAY_USAGE_STATS_ENABLED": "0"}
-    (tmp_path / "ray").mkdir()
+           "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
     shared = tmp_path / "shared"
     shared.mkdir()
 
@@ -50,3 +53,4 @@ def test_cluster_sweep_uses_both_nodes(tmp_path):
         assert len(nodes) == 2, nodes
     finally:
         ray_cmd("stop", "--force")
+        shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -1,0 +1,132 @@
+"""Service overhead and concurrency speed-up: the same N trials through the sweep service and as a
+plain sequential loop calling the trainer, on the same cores, measured side by side.
+
+    python benchmarks/bench_sweep.py [--trials 6] [--repeats 3] [--epochs 4] [--samples 3000]
+
+(a) the service (`sweeps/launch.py`, a subprocess, wall time from start to exit: Python start,
+Ray start, Tune, MLflow logging, selection, model registration) with 1 and with 2 trials at a
+time; (b) a plain loop in a fresh process that loads the data and runs `Trainer.fit` for the
+very configs the service's Optuna sampler drew (read back from MLflow), one thread each.
+Overhead per trial = (service wall with 1 at a time - plain loop wall) / N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH = ROOT / "sweeps" / "launch.py"
+
+PLAIN_LOOP = r"""
+import json, sys, time, torch
+torch.set_num_threads(1)
+from calib_core.config import RunConfig
+from calib_core.data import load_dataset
+from calib_core.trainer import Trainer
+configs = json.load(open(sys.argv[1]))
+t0 = time.perf_counter()
+per = []
+for raw in configs:
+    t = time.perf_counter()
+    cfg = RunConfig.model_validate(raw)
+    data = load_dataset(cfg.data, cfg.seed)
+    Trainer(cfg, data, "cpu").fit()
+    per.append(time.perf_counter() - t)
+print(json.dumps({"wall": time.perf_counter() - t0, "per_trial": per}))
+"""
+
+
+def run_service(workdir: Path, name: str, trials: int, concurrent: int, extra: list[str]) -> float:
+    """Wall seconds of one `launch.py` run (the whole process)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(LAUNCH), "--num-samples", str(trials), "--max-concurrent",
+                           str(concurrent), "--cpus-per-trial", "1", "--name", name, "--seed", "0", *extra],
+                          cwd=workdir, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"service run failed:\n{proc.stderr[-3000:]}")
+    return wall
+
+
+def sampled_configs(workdir: Path, name: str) -> list[dict]:
+    """The resolved run configs of the sweep's trials, read back from MLflow."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{workdir.resolve()}/mlflow.db"
+    client = MlflowClient(uri)
+    mlflow.set_tracking_uri(uri)
+    exp = client.get_experiment_by_name("calib-sweeps")
+    runs = client.search_runs([exp.experiment_id], f"tags.`calib.sweep` = '{name}' and tags.`calib.role` = 'trial'")
+    out = []
+    for r in sorted(runs, key=lambda r: r.data.tags["calib.trial_id"]):
+        raw = mlflow.artifacts.load_dict(f"runs:/{r.info.run_id}/run_config.json")
+        raw.update(device="cpu", num_threads=1)
+        out.append(raw)
+    return out
+
+
+def run_plain(configs: list[dict], workdir: Path) -> dict:
+    """Wall seconds of the plain sequential loop (fresh process, one thread)."""
+    path = workdir / "configs.json"
+    path.write_text(json.dumps(configs))
+    proc = subprocess.run([sys.executable, "-c", PLAIN_LOOP, str(path)], capture_output=True, text=True,
+                          cwd=workdir, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if proc.returncode != 0:
+        raise SystemExit(f"plain loop failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    """Run the comparison and print the table."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=3000)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_sweep.json"))
+    args = ap.parse_args()
+    extra = ["--set", f"run.train.epochs={args.epochs}", "--set", f"run.data.num_samples={args.samples}"]
+    rows = {"plain": [], "service_1": [], "service_2": []}
+    for rep in range(args.repeats):
+        with tempfile.TemporaryDirectory() as d:
+            wd = Path(d)
+            rows["service_1"].append(run_service(wd, f"c1-{rep}", args.trials, 1, extra))
+            configs = sampled_configs(wd, f"c1-{rep}")
+            rows["plain"].append(run_plain(configs, wd)["wall"])
+            rows["service_2"].append(run_service(wd, f"c2-{rep}", args.trials, 2, extra))
+        print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.1f}s" for k, v in rows.items()),
+              flush=True)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    n = args.trials
+    overhead = (med["service_1"] - med["plain"]) / n
+    table = [
+        "| run | median wall s | per trial s |",
+        "|---|---|---|",
+        f"| plain sequential loop (Trainer.fit, 1 thread) | {med['plain']:.1f} | {med['plain'] / n:.2f} |",
+        f"| service, 1 trial at a time | {med['service_1']:.1f} | {med['service_1'] / n:.2f} |",
+        f"| service, 2 trials at a time | {med['service_2']:.1f} | {med['service_2'] / n:.2f} |",
+    ]
+    summary = [
+        f"service overhead per trial (1 at a time vs plain loop): {overhead:.2f} s",
+        f"speed-up from concurrency (service 1 -> 2 at a time): {med['service_1'] / med['service_2']:.2f}x",
+        f"service with 2 at a time vs plain loop: {med['plain'] / med['service_2']:.2f}x",
+    ]
+    header = (f"{n} trials (MNIST-1D {args.samples} samples, cnn1d, {args.epochs} epochs), "
+              f"median of {args.repeats} repeats, {os.cpu_count()} cores")
+    print("\n" + header + "\n" + "\n".join(table) + "\n\n" + "\n".join(summary))
+    Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "header": header, "raw": rows,
+                                          "median": med, "overhead_per_trial_s": overhead,
+                                          "speedup_concurrency": med["service_1"] / med["service_2"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
