@@ -13,7 +13,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-DatasetName = Literal["mnist1d", "digits", "cifar10", "cifar100", "svhn", "mnist", "fashionmnist"]
+DatasetName = Literal[
+    "mnist1d", "digits", "cifar10", "cifar100", "svhn", "mnist", "fashionmnist", "digits_mtl", "mnist1d_mtl", "celeba"
+]
 ModelName = Literal["mlp", "cnn1d", "cnn2d", "resnet18", "resnet34", "resnet50", "wrn28_10", "vit_small"]
 Method = Literal["onego", "ce", "posthoc", "label_smoothing", "focal"]
 CalibratorName = Literal["none", "temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer"]

@@ -36,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(exc).replace("\n", " "))
 
     from calib_core.data import load_dataset
-    from calib_core.trainer import Trainer
+    from calib_core.trainer import make_trainer
 
     try:
         data = load_dataset(cfg.data, cfg.seed)
-        trainer = Trainer(cfg, data)
+        trainer = make_trainer(cfg, data)
     except (ValueError, FileNotFoundError) as exc:  # options the schema cannot check (model kwargs, data root, ...)
         return _fail(" ".join(str(exc).split()))
     result = trainer.fit()

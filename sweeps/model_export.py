@@ -23,13 +23,16 @@ class CalibratedClassifierModel(mlflow.pyfunc.PythonModel):
         summary = json.loads(Path(context.artifacts["summary"]).read_text())
         self.input_shape = tuple(summary["input_shape"])
 
-    def predict(self, context: Any, model_input: Any, params: dict | None = None) -> np.ndarray:
-        """Calibrated class probabilities for a batch of inputs (flat rows are reshaped)."""
+    def predict(self, context: Any, model_input: Any, params: dict | None = None) -> Any:
+        """Calibrated class probabilities (N, K) for a batch of inputs (flat rows are reshaped);
+        a multi-task model gives a dict {task index: (N, K_t) probabilities}."""
         x = np.asarray(model_input, dtype=np.float32)
         if x.ndim == 2 and len(self.input_shape) > 1:
             x = x.reshape((x.shape[0], *self.input_shape))
         with torch.no_grad():
             logits = self.model(torch.from_numpy(x))
+        if isinstance(logits, (list, tuple)):
+            return {i: torch.softmax(z.double(), dim=-1).numpy() for i, z in enumerate(logits)}
         return torch.softmax(logits.double(), dim=-1).numpy()
 
 

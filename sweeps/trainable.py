@@ -20,7 +20,7 @@ from ray import tune
 
 from calib_core.config import RunConfig
 from calib_core.data import load_dataset
-from calib_core.trainer import Trainer
+from calib_core.trainer import Trainer, make_trainer
 from sweeps.search_space import resolve_run_config
 
 STATE_FILE = "state.pt"
@@ -93,7 +93,7 @@ def train_trial(config: dict[str, Any], base: dict[str, Any]) -> None:
     torch.set_num_threads(run_cfg.num_threads)
 
     data = load_dataset(run_cfg.data, run_cfg.seed)
-    trainer = Trainer(run_cfg, data, run_cfg.device)
+    trainer = make_trainer(run_cfg, data, run_cfg.device)
 
     resume_state = None
     checkpoint = tune.get_checkpoint()

@@ -1,0 +1,109 @@
+"""Robustness evaluation of a trained model: calibration under dataset shift and OOD detection.
+
+`predict_proba` is any callable x -> probabilities: a (N, K) tensor (single task; e.g.
+`TrainResult.predict_proba`) or a list of (N, K_t) tensors (multi-task;
+`MultiTaskTrainResult.predict_proba`). Multi-task labels are (N, T) with -1 = missing; each
+task is scored on its labelled rows and the plain keys are means over tasks (per-task values
+under `<task>_<key>` when the data names its tasks).
+
+* `shift_metrics(predict_proba, data, seed)`: one row per (corruption, severity) of
+  `calib_core.shift.shift_suite` on the test split: dict(corruption, severity, accuracy, ece).
+* `mean_shift_ece(rows)`: the mean ECE over those rows.
+* `ood_metrics(predict_proba, data_in, x_out)`: `calib_core.ood.ood_report` (MSP and entropy
+  AUROC / FPR@95) with the in-distribution test split against OOD inputs `x_out`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from calib_core.data.splits import DataSplits, Split
+from calib_core.metrics import accuracy, ece
+from calib_core.ood import ood_report
+from calib_core.shift import SEVERITIES, shift_suite
+
+ProbaFn = Callable[[Tensor], Any]
+
+
+def _as_list(probs: Any) -> list[Tensor]:
+    return [torch.as_tensor(p) for p in probs] if isinstance(probs, (list, tuple)) else [torch.as_tensor(probs)]
+
+
+def _task_names(data: Any, n: int) -> list[str]:
+    tasks = getattr(data, "tasks", None)
+    return [str(t[0]) for t in tasks] if tasks else [f"task{i}" for i in range(n)]
+
+
+def _scores(probs: Any, labels: Tensor, names: Sequence[str], num_bins: int) -> dict[str, float]:
+    """accuracy and ece (means over tasks with labels; per task when there are several)."""
+    plist = _as_list(probs)
+    y = labels.cpu()
+    ys = [y] if y.dim() == 1 else [y[:, t] for t in range(y.shape[1])]
+    if len(ys) != len(plist):
+        raise ValueError(f"predict_proba gave {len(plist)} output(s) for labels of shape {tuple(y.shape)}")
+    per: dict[str, dict[str, float]] = {}
+    for name, p, yt in zip(names, plist, ys):
+        keep = yt >= 0
+        if not bool(keep.any()):
+            continue
+        p = p.detach().float().cpu()[keep]
+        per[name] = {"accuracy": float(accuracy(p, yt[keep])), "ece": float(ece(p, yt[keep], num_bins=num_bins))}
+    if not per:
+        raise ValueError("no labelled rows to score")
+    out = {k: sum(m[k] for m in per.values()) / len(per) for k in ("accuracy", "ece")}
+    if len(plist) > 1:
+        out.update({f"{n}_{k}": v for n, m in per.items() for k, v in m.items()})
+    return out
+
+
+def shift_metrics(
+    predict_proba: ProbaFn,
+    data: DataSplits,
+    seed: int,
+    *,
+    names: Sequence[str] | None = None,
+    severities: Sequence[int] = SEVERITIES,
+    num_bins: int = 15,
+) -> list[dict[str, Any]]:
+    """[{corruption, severity, accuracy, ece (+ per-task keys)}] over the test split's shift suite."""
+    rows = []
+    for name, sev, split in shift_suite(data, seed, names=names, severities=severities):
+        probs = predict_proba(split.x)
+        n = len(_as_list(probs))
+        rows.append({"corruption": name, "severity": int(sev), **_scores(probs, split.y, _task_names(data, n), num_bins)})
+    return rows
+
+
+def mean_shift_ece(rows: Sequence[dict[str, Any]]) -> float:
+    """Mean ECE over the rows of `shift_metrics` (every corruption and severity weighted equally)."""
+    if not rows:
+        raise ValueError("no shift rows")
+    return float(sum(float(r["ece"]) for r in rows) / len(rows))
+
+
+def ood_metrics(predict_proba: ProbaFn, data_in: DataSplits | Split | Tensor, x_out: Tensor, *, tpr: float = 0.95) -> dict[str, float]:
+    """`ood_report` of the in-distribution inputs (a DataSplits' test split, a Split, or a
+    tensor) against `x_out`. Multi-task: per task (`<task>_msp_auroc`, ...) and the means."""
+    if isinstance(data_in, DataSplits):
+        x_in = data_in.test.x
+    elif isinstance(data_in, Split):
+        x_in = data_in.x
+    else:
+        x_in = data_in
+    p_in, p_out = _as_list(predict_proba(x_in)), _as_list(predict_proba(x_out))
+    if len(p_in) != len(p_out):
+        raise ValueError("predict_proba returned different numbers of tasks for in- and out-of-distribution inputs")
+    reports = [ood_report(a.detach().float().cpu(), b.detach().float().cpu(), tpr=tpr) for a, b in zip(p_in, p_out)]
+    if len(reports) == 1:
+        return reports[0]
+    names = _task_names(data_in, len(reports))
+    out = {k: sum(r[k] for r in reports) / len(reports) for k in reports[0]}
+    out.update({f"{n}_{k}": v for n, r in zip(names, reports) for k, v in r.items()})
+    return out
+
+
+__all__ = ["mean_shift_ece", "ood_metrics", "shift_metrics"]
