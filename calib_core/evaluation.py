@@ -68,13 +68,18 @@ def shift_metrics(
     names: Sequence[str] | None = None,
     severities: Sequence[int] = SEVERITIES,
     num_bins: int = 15,
+    split: str = "test",
 ) -> list[dict[str, Any]]:
-    """[{corruption, severity, accuracy, ece (+ per-task keys)}] over the test split's shift suite."""
+    """[{corruption, severity, accuracy, ece (+ per-task keys)}] over a split's shift suite
+    (`split="val"` for model selection, which must never look at the test split)."""
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
     rows = []
-    for name, sev, split in shift_suite(data, seed, names=names, severities=severities):
-        probs = predict_proba(split.x)
+    source = getattr(data, split)
+    for name, sev, split_x in shift_suite(source, seed, names=names, severities=severities, stats=data.stats):
+        probs = predict_proba(split_x.x)
         n = len(_as_list(probs))
-        rows.append({"corruption": name, "severity": int(sev), **_scores(probs, split.y, _task_names(data, n), num_bins)})
+        rows.append({"corruption": name, "severity": int(sev), **_scores(probs, split_x.y, _task_names(data, n), num_bins)})
     return rows
 
 

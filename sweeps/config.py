@@ -14,7 +14,7 @@ SEARCHABLE_CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp",
 # Reference points a sweep may include beside the one-go calibrators.
 BASELINE_CHOICES = ("none", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")
 ALLOWED_CHOICES = SEARCHABLE_CALIBRATORS + BASELINE_CHOICES
-METRIC_NAMES = ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce", "rmsce", "aurc")
+METRIC_NAMES = ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce", "rmsce", "aurc", "shift_ece")
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "mnist1d_demo.yaml"
 
@@ -143,6 +143,21 @@ class SelectionConfig(_Strict):
     mode: Literal["min", "max"] = "min"
 
 
+class EvaluationConfig(_Strict):
+    """Extra evaluation after training: calibration under dataset shift (calib_core.shift)."""
+
+    shift: bool = False
+    shift_corruptions: list[str] | None = None
+    shift_severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
+
+    @field_validator("shift_severities")
+    @classmethod
+    def _severities(cls, v: list[int]) -> list[int]:
+        if not v or any(s not in (1, 2, 3, 4, 5) for s in v):
+            raise ValueError("severities must be a non-empty list drawn from 1..5")
+        return v
+
+
 class SweepConfig(_Strict):
     """A whole sweep: the base run config plus search, resources, tracking and selection."""
 
@@ -153,6 +168,16 @@ class SweepConfig(_Strict):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+
+    @model_validator(mode="after")
+    def _shift_metric_needs_shift(self) -> "SweepConfig":
+        uses = {self.search.metric, self.selection.metric} if self.search.objective == "single" else {self.selection.metric}
+        if "val_shift_ece" in uses and not self.evaluation.shift:
+            raise ValueError("val_shift_ece needs evaluation.shift: true")
+        if self.search.scheduler == "asha" and self.search.metric == "val_shift_ece":
+            raise ValueError("val_shift_ece is measured once after training, so ASHA cannot use it")
+        return self
 
     @field_validator("name")
     @classmethod

@@ -18,7 +18,12 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(_root))
 
+from typing import TYPE_CHECKING  # noqa: E402
+
 from calib_core.config import ConfigError  # noqa: E402
+
+if TYPE_CHECKING:
+    from sweeps.config import SweepConfig
 
 EXIT_OK, EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 1, 130
 
@@ -54,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_config(args: argparse.Namespace) -> "SweepConfig":  # noqa: F821
+def resolve_config(args: argparse.Namespace) -> "SweepConfig":
     """Config file + --set overrides + CLI flags, validated; defaults made absolute."""
     from sweeps.config import default_tracking_uri, load_sweep_config
 
@@ -81,7 +86,7 @@ def resolve_config(args: argparse.Namespace) -> "SweepConfig":  # noqa: F821
     return cfg.model_copy(update=updates) if updates else cfg
 
 
-def check_cluster_reachability(cfg: "SweepConfig") -> None:  # noqa: F821
+def check_cluster_reachability(cfg: "SweepConfig") -> None:
     """With --cluster, refuse stores other nodes could not reach."""
     from sweeps.config import is_local_uri
 
@@ -99,7 +104,7 @@ def check_cluster_reachability(cfg: "SweepConfig") -> None:  # noqa: F821
                           "shared mount (NFS) at the same path on every node")
 
 
-def resource_plan(cfg: "SweepConfig") -> str:  # noqa: F821
+def resource_plan(cfg: "SweepConfig") -> str:
     """A short human summary of what the sweep will ask Ray for."""
     r, s = cfg.resources, cfg.search
     conc = min(r.max_concurrent, s.num_samples)

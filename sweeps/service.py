@@ -167,7 +167,8 @@ def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool) -> int:
         base_tags={"calib.git_commit": git_commit()}, trial_params=TrialParams(base, cfg.run.data.name),
         num_bins=cfg.run.train.num_bins)
     r = cfg.resources
-    trainable = tune.with_resources(tune.with_parameters(train_trial, base=base),
+    trainable = tune.with_resources(tune.with_parameters(train_trial, base=base,
+                                                         evaluation=cfg.evaluation.model_dump(mode="json")),
                                     {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial})
 
     callbacks = [callback, ProgressCallback(cfg.search.num_samples, cfg.selection)]

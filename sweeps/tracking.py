@@ -7,6 +7,7 @@ was already logged is never logged again.
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import tempfile
@@ -196,9 +197,9 @@ class MLflowTrackingCallback(tune.Callback):
             self._terminate(rid, "FAILED", f"{status}: {result.get('reason', '')}")
             return
         try:
-            self._log_diagrams(rid, trial)
+            self._log_trial_artifacts(rid, trial)
         except Exception as exc:  # a missing artifact must not lose the run's status
-            log.warning("could not log reliability diagrams for %s: %s", trial.trial_id, exc)
+            log.warning("could not log the report artifacts of %s: %s", trial.trial_id, exc)
         self._terminate(rid, "FINISHED")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -216,9 +217,12 @@ class MLflowTrackingCallback(tune.Callback):
             self.client.set_tag(run_id, TAG_REASON, reason[:5000])
         self.client.set_terminated(run_id, status=status)
 
-    def _log_diagrams(self, run_id: str, trial: Any) -> None:
+    def _log_trial_artifacts(self, run_id: str, trial: Any) -> None:
+        """Reliability diagrams; shift tables and ECE-vs-severity plots; the per-task table."""
         from calib_core.metrics import reliability_diagram
-        from sweeps.trainable import PREDICTIONS_FILE
+        from sweeps.reports import per_task_table, shift_plot, shift_table
+        from sweeps.trainable import PREDICTIONS_FILE, SHIFT_FILE, SUMMARY_FILE
+
         ckpt = trial.checkpoint
         if ckpt is None:
             return
@@ -229,6 +233,17 @@ class MLflowTrackingCallback(tune.Callback):
                 reliability_diagram(preds[f"{split}_probs"], preds[f"{split}_labels"], path,
                                     num_bins=self.num_bins, title=f"{split} ({trial.trial_id})")
                 self.client.log_artifact(run_id, str(path), artifact_path="diagrams")
+            if (Path(d) / SHIFT_FILE).is_file():
+                tables = json.loads((Path(d) / SHIFT_FILE).read_text())
+                for split, rows in tables.items():
+                    self.client.log_artifact(run_id, str(shift_table(rows, Path(out) / f"shift_{split}.csv")), "shift")
+                    plot = shift_plot(rows, Path(out) / f"shift_ece_{split}.png", f"ECE under shift ({split})")
+                    self.client.log_artifact(run_id, str(plot), "shift")
+            summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
+            tasks = summary.get("tasks")
+            if tasks:
+                table = per_task_table(trial.last_result or {}, tasks, Path(out) / "per_task.csv")
+                self.client.log_artifact(run_id, str(table), "tasks")
 
 
 def close_open_runs(client: MlflowClient, experiment_id: str, sweep: str, status: str) -> int:

@@ -28,6 +28,7 @@ MODEL_FILE = "model.pt"
 PREDICTIONS_FILE = "predictions.npz"
 SUMMARY_FILE = "summary.json"
 FINAL_FILE = "final.json"
+SHIFT_FILE = "shift.json"
 
 # Test hooks for fault injection (see tests/test_sweep_faults.py): kill the trial process once,
 # at the given epoch, leaving a marker file so the retry does not kill itself again.
@@ -85,7 +86,7 @@ def _finite(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in metrics.items()}
 
 
-def train_trial(config: dict[str, Any], base: dict[str, Any]) -> None:
+def train_trial(config: dict[str, Any], base: dict[str, Any], evaluation: dict[str, Any] | None = None) -> None:
     """Run one trial: resolve its config, resume from Tune's checkpoint if any, report per epoch."""
     cpus, gpus = _trial_resources()
     run_cfg = resolve_run_config(RunConfig.model_validate(base), config)
@@ -109,16 +110,31 @@ def train_trial(config: dict[str, Any], base: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory() as d:
             torch.save(report.state(), Path(d) / STATE_FILE)
             metrics = _finite({k: float(v) for k, v in report.metrics.items()})
+            if evaluation and evaluation.get("shift"):
+                # Measured once, after training; Tune and Optuna need the key in every result.
+                metrics["val_shift_ece"] = float("nan")
             tune.report(_lead_columns({**metrics, "epoch": report.epoch, "done": False}),
                         checkpoint=tune.Checkpoint.from_directory(d))
         _maybe_inject_fault(report.epoch)
 
     result = trainer.fit(on_epoch=on_epoch, resume_state=resume_state)
-    _report_final(trainer, result, run_cfg, tuple(data.input_shape))
+    _report_final(trainer, result, run_cfg, data, evaluation or {})
 
 
-def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, input_shape: tuple[int, ...]) -> None:
+def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: dict[str, Any]) -> dict[str, list]:
+    """Accuracy and ECE per corruption and severity on val (for selection) and test (for the record)."""
+    from calib_core.evaluation import shift_metrics
+
+    kw = {"names": evaluation.get("shift_corruptions"), "severities": evaluation.get("shift_severities", (1, 2, 3, 4, 5)),
+          "num_bins": run_cfg.train.num_bins}
+    with torch.no_grad():
+        return {split: shift_metrics(result.predict_proba, data, run_cfg.seed, split=split, **kw)
+                for split in ("val", "test")}
+
+
+def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, evaluation: dict[str, Any]) -> None:
     """Last report: final val/test metrics plus the model and predictions for the driver."""
+    input_shape = tuple(data.input_shape)
     final: dict[str, Any] = {
         "epoch": int(result.epochs_run),
         "done": True,
@@ -134,6 +150,12 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, input_shape
         # Optuna records NaN objectives as failed trials, so a diverged run never ranks.
         final["val_ece"] = float("nan")
         final["val_accuracy"] = float("nan")
+    shift: dict[str, list] = {}
+    if result.status == "completed" and evaluation.get("shift"):
+        shift = _shift_tables(result, data, run_cfg, evaluation)
+        for split, rows in shift.items():
+            final[f"{split}_shift_ece"] = float(np.mean([r["ece"] for r in rows]))
+            final[f"{split}_shift_accuracy"] = float(np.mean([r["accuracy"] for r in rows]))
     for k, v in (result.calibrator_info or {}).items():
         if isinstance(v, (int, float)):
             final[f"calibrator_{k}"] = float(v)
@@ -146,9 +168,12 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, input_shape
                 val_probs=result.val_probs.numpy(), val_labels=result.val_labels.numpy(),
                 test_probs=result.test_probs.numpy(), test_labels=result.test_labels.numpy(),
             )
+        if shift:
+            (Path(d) / SHIFT_FILE).write_text(json.dumps(shift))
         (Path(d) / SUMMARY_FILE).write_text(json.dumps({
             "run_config": run_cfg.model_dump(mode="json"),
             "input_shape": list(input_shape),
+            "tasks": [str(t[0]) for t in data.tasks] if getattr(data, "tasks", None) else None,
             "calibrator_info": result.calibrator_info,
             "status": result.status,
             "reason": result.reason,

@@ -4,7 +4,6 @@ and a RayJob entrypoint that is a valid `sweeps/launch.py` invocation."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 import shutil
@@ -16,16 +15,7 @@ import pytest
 import yaml
 
 
-def _load_renderer():
-    if "deploy_render" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("deploy_render", Path(__file__).with_name("deploy_render.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["deploy_render"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["deploy_render"]
-
-
-dr = _load_renderer()
+from tests import deploy_render as dr  # noqa: E402
 REPO, DEPLOY = dr.REPO_ROOT, dr.DEPLOY
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 MLFLOW_DOCKERFILE = REPO / "docker" / "mlflow.Dockerfile"

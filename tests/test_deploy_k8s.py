@@ -7,7 +7,6 @@ import copy
 import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -18,16 +17,7 @@ from kubernetes_validate import utils as kv_utils
 from referencing import Registry, Resource
 
 
-def _load_renderer():
-    if "deploy_render" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("deploy_render", Path(__file__).with_name("deploy_render.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["deploy_render"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["deploy_render"]
-
-
-dr = _load_renderer()
+from tests import deploy_render as dr  # noqa: E402
 REPO, DEPLOY = dr.REPO_ROOT, dr.DEPLOY
 OVERLAYS = dr.overlay_dirs()
 OVERLAY_IDS = [p.name for p in OVERLAYS]

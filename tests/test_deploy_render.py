@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
 
@@ -11,16 +9,7 @@ import pytest
 import yaml
 
 
-def _load_renderer():
-    if "deploy_render" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("deploy_render", Path(__file__).with_name("deploy_render.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["deploy_render"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["deploy_render"]
-
-
-dr = _load_renderer()
+from tests import deploy_render as dr  # noqa: E402
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

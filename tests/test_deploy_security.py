@@ -5,23 +5,11 @@ from a Secret, and NetworkPolicies keep MLflow and the Ray ports to the pods tha
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 
-def _load_renderer():
-    if "deploy_render" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("deploy_render", Path(__file__).with_name("deploy_render.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["deploy_render"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["deploy_render"]
-
-
-dr = _load_renderer()
+from tests import deploy_render as dr  # noqa: E402
 OVERLAYS = dr.overlay_dirs()
 OVERLAY_IDS = [p.name for p in OVERLAYS]
 RAY_TOKEN_SECRET = ("ray-auth-token", "auth_token")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sweep_helpers import ARTIFACTS, FAST, ROOT, chromium_paths, launch, mlflow_server, store, sweep_runs
+from tests.sweep_helpers import ARTIFACTS, FAST, chromium_paths, launch, mlflow_server, store, sweep_runs
 
 MODEL = "calibrated-classifier"
 

@@ -47,7 +47,7 @@ from torch.func import functional_call
 from calib_core.calibrators import create_calibrator, fit_posthoc
 from calib_core.config import RunConfig
 
-from .calibrator_batches import HoldoutCycler, holdout_split
+from .calibrator_batches import HoldoutCycler
 from .hypergradient import lookahead_params
 from .result import TrainResult
 from .schedule import backbone_optimizer, calibrator_optimizer, lr_scheduler
@@ -184,19 +184,9 @@ class MultiTaskTrainer(Trainer):
             raise ValueError(f"the model has {len(model.heads)} heads for {T} tasks")
         self.model = model.to(self.device)
 
-        # which samples the backbone and the calibrators train on (as in Trainer)
-        self.method = tc.method
-        uses_holdout = self.method == "posthoc" or (self.method == "onego" and tc.calibrator_data.startswith("holdout:"))
-        self.cal_source = tc.calibrator_data.split(":")[0] if self.method == "onego" else None
-        f = tc.holdout_fraction if uses_holdout else 0.0
-        self.backbone_idx, self.holdout_idx = holdout_split(len(self.train_split), f, cfg.seed)
-
-        # one calibrator per task (with last_layer: the task's head)
-        name, kwargs = None, {}
-        if self.method == "onego":
-            name, kwargs = tc.calibrator, dict(tc.calibrator_kwargs)
-        elif self.method == "posthoc":
-            name = tc.posthoc_calibrator
+        # which samples each player trains on (as in Trainer); one calibrator per task
+        # (with last_layer: the task's head)
+        name, kwargs = self._plan_data_and_calibrator(cfg)
         self.calibrator_name = name or "none"
         self.calibrator: nn.ModuleList | None = None
         if name is not None:

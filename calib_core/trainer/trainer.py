@@ -84,6 +84,20 @@ class Trainer:
     `.feature_dim`) instead of `create_model(cfg.model.name, ...)`.
     """
 
+    def _plan_data_and_calibrator(self, cfg: RunConfig) -> tuple[str | None, dict[str, Any]]:
+        """Set which samples each player trains on; return the calibrator's (name, kwargs)."""
+        tc = cfg.train
+        self.method = tc.method
+        uses_holdout = self.method == "posthoc" or (self.method == "onego" and tc.calibrator_data.startswith("holdout:"))
+        self.cal_source = tc.calibrator_data.split(":")[0] if self.method == "onego" else None
+        f = tc.holdout_fraction if uses_holdout else 0.0
+        self.backbone_idx, self.holdout_idx = holdout_split(len(self.train_split), f, cfg.seed)
+        if self.method == "onego":
+            return tc.calibrator, dict(tc.calibrator_kwargs)
+        if self.method == "posthoc":
+            return tc.posthoc_calibrator, {}
+        return None, {}
+
     def __init__(self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None) -> None:
         self.cfg = cfg
         tc = self.tc = cfg.train
@@ -104,19 +118,7 @@ class Trainer:
             model = create_model(cfg.model.name, self.num_classes, tuple(data.input_shape), **cfg.model.kwargs)
         self.model = model.to(self.device)
 
-        # which samples the backbone and the calibrator train on
-        self.method = tc.method
-        uses_holdout = self.method == "posthoc" or (self.method == "onego" and tc.calibrator_data.startswith("holdout:"))
-        self.cal_source = tc.calibrator_data.split(":")[0] if self.method == "onego" else None
-        f = tc.holdout_fraction if uses_holdout else 0.0
-        self.backbone_idx, self.holdout_idx = holdout_split(len(self.train_split), f, cfg.seed)
-
-        # the calibrator
-        name, kwargs = None, {}
-        if self.method == "onego":
-            name, kwargs = tc.calibrator, dict(tc.calibrator_kwargs)
-        elif self.method == "posthoc":
-            name = tc.posthoc_calibrator
+        name, kwargs = self._plan_data_and_calibrator(cfg)
         self.calibrator: Calibrator | None = None
         if name is not None:
             self.calibrator = create_calibrator(
