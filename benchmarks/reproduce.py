@@ -1,0 +1,526 @@
+"""Method comparison: one-go calibration vs plain CE, post-hoc TS, label smoothing and focal loss.
+
+    python benchmarks/reproduce.py                       # full matrix, both datasets, 5 seeds
+    python benchmarks/reproduce.py --dataset mnist1d --seeds 5 --epochs 40
+    python benchmarks/reproduce.py --quick               # ~1-minute smoke run, writes to a temp dir
+
+Every run is the real `calib_core.trainer.Trainer` (one process per run, `torch.set_num_threads(1)`,
+a pool of `--workers` processes). The matrix per dataset and seed:
+
+* baselines: plain CE; post-hoc temperature scaling (LBFGS on the cached logits of a
+  `holdout:0.1` part of the training split, the backbone trains on the other 90%); label
+  smoothing (0.1); focal loss (FLSD-53 schedule);
+* one-go: calibrator in {temperature, vector, matrix, dirichlet, mlp, last_layer} x
+  calibrator_data in {holdout:0.1, lookahead, same} x calibrator_lr in `--cal-lrs`.
+
+Selection hygiene (DESIGN.md section 5): for every one-go variant (calibrator, calibrator_data)
+one calibrator lr is chosen by the MEAN VALIDATION ECE over seeds (final-epoch model); test
+metrics are only reported. Tables: mean +- std over seeds of test accuracy, ECE, ACE, SCE, NLL,
+paired (same seed) differences to plain CE (accuracy) and post-hoc TS (ECE), final temperature.
+
+Overhead (DESIGN.md section 9): in one process, one thread, trainers for plain CE and the
+one-go variants are built on the same data and seed and their epochs are run round-robin
+(CE, variant 1, variant 2, ..., CE, ...), after one untimed warm-up epoch each; ratio = median
+one-go epoch time / median CE epoch time. Two timings per epoch: the training loop alone
+(`Trainer._train_epoch`, the actual step loop) and the full epoch as `fit` runs it
+(training loop + scheduler step + validation evaluation).
+
+Outputs (under `--out-dir`, default benchmarks/results): reproduce_<dataset>.md, overhead.md,
+reproduce_raw.json (every run's metrics, the selection, the overhead timings). Raw results are
+also written incrementally to reproduce_raw.partial.json while the pool runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results"
+CALIBRATORS = ["temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer"]
+CAL_DATA = ["holdout:0.1", "lookahead", "same"]
+METRICS = ["accuracy", "ece", "ace", "sce", "nll"]
+
+# Settings chosen so that plain CE is over-confident at the end of training (see the table
+# headers for the numbers that check it): small training splits, large val/test splits (so the
+# ECE estimate is not dominated by its finite-sample floor), constant lr, no weight decay, long
+# training relative to the data.
+SETTINGS: dict[str, dict[str, Any]] = {
+    "mnist1d": {
+        "data": {"name": "mnist1d", "num_samples": 3000, "val_fraction": 0.2, "test_fraction": 0.4},
+        "model": {"name": "cnn1d"},
+        "train": {"epochs": 25, "batch_size": 64, "optimizer": "adam", "lr": 1e-2, "lr_schedule": "none", "weight_decay": 0.0},
+    },
+    "digits": {
+        "data": {"name": "digits", "val_fraction": 0.3, "test_fraction": 0.3},
+        "model": {"name": "mlp"},
+        "train": {"epochs": 60, "batch_size": 32, "optimizer": "adam", "lr": 1e-2, "lr_schedule": "none", "weight_decay": 0.0},
+    },
+}
+QUICK = {
+    "mnist1d": {"data": {"num_samples": 1000}, "train": {"epochs": 3}},
+    "digits": {"train": {"epochs": 3}},
+}
+
+
+# ------------------------------------------------------------------------------------------
+# the matrix
+# ------------------------------------------------------------------------------------------
+def variants(cal_lrs: list[float]) -> list[dict[str, Any]]:
+    """Every method of the matrix as {key, group, label, train overrides}."""
+    out = [
+        {"key": "ce", "group": "ce", "label": "plain CE", "train": {"method": "ce"}},
+        {"key": "posthoc_ts", "group": "posthoc_ts", "label": "post-hoc TS (holdout:0.1)",
+         "train": {"method": "posthoc", "posthoc_calibrator": "temperature", "calibrator_data": "holdout:0.1"}},
+        {"key": "label_smoothing", "group": "label_smoothing", "label": "label smoothing 0.1",
+         "train": {"method": "label_smoothing", "label_smoothing": 0.1}},
+        {"key": "focal", "group": "focal", "label": "focal (FLSD-53)", "train": {"method": "focal", "focal_gamma": None}},
+    ]
+    for cal in CALIBRATORS:
+        for src in CAL_DATA:
+            for lr in cal_lrs:
+                out.append({
+                    "key": f"onego/{cal}/{src}/lr={lr:g}", "group": f"onego/{cal}/{src}", "label": f"one-go {cal}, {src}",
+                    "cal_lr": lr,
+                    "train": {"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": lr},
+                })
+    return out
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = json.loads(json.dumps(base))
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def run_one(job: dict[str, Any]) -> dict[str, Any]:
+    """One training run in a worker process (one thread)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from calib_core.config import RunConfig
+    from calib_core.data import load_dataset
+    from calib_core.trainer import Trainer
+
+    cfg = RunConfig.model_validate({"seed": job["seed"], "device": "cpu", "num_threads": 1, **job["config"]})
+    data = load_dataset(cfg.data, cfg.seed)
+    t0 = time.perf_counter()
+    try:
+        res = Trainer(cfg, data, "cpu").fit()
+        out = {
+            "status": res.status, "reason": res.reason, "epochs_run": res.epochs_run,
+            "val": res.val_metrics, "test": res.test_metrics, "calibrator_info": res.calibrator_info,
+            "median_epoch_time": statistics.median(res.epoch_times) if res.epoch_times else None,
+            "final_train_loss": res.history[-1]["train_loss"] if res.history else None,
+        }
+    except Exception as exc:  # a crash is a result too: report it, keep the matrix going
+        out = {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "val": {}, "test": {}, "calibrator_info": {}}
+    out["wall_s"] = time.perf_counter() - t0
+    return {**{k: job[k] for k in ("dataset", "key", "group", "seed")}, "cal_lr": job.get("cal_lr"), **out}
+
+
+# ------------------------------------------------------------------------------------------
+# aggregation and tables
+# ------------------------------------------------------------------------------------------
+def _ms(vals: list[float]) -> tuple[float, float]:
+    vals = [v for v in vals if v is not None and math.isfinite(v)]
+    if not vals:
+        return float("nan"), float("nan")
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def _fmt(m: float, s: float, scale: float = 1.0, nd: int = 2) -> str:
+    if not math.isfinite(m):
+        return "n/a"
+    return f"{m * scale:.{nd}f} ± {s * scale:.{nd}f}"
+
+
+def _temperature(r: dict) -> float | None:
+    info = r.get("calibrator_info") or {}
+    if "temperature" in info:
+        return float(info["temperature"])
+    if "mean_temperature" in info:
+        return float(info["mean_temperature"])
+    return None
+
+
+def choose_lrs(runs: list[dict], dataset: str, select_seeds: list[int], cal_lrs: list[float]) -> dict[str, str]:
+    """{group: chosen key}: each one-go variant's calibrator lr by mean VALIDATION ECE over `select_seeds`."""
+    vals: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        if r["dataset"] == dataset and r["seed"] in select_seeds:
+            ok = r["status"] == "completed"
+            vals.setdefault(r["group"], {}).setdefault(r["key"], []).append(r["val"]["ece"] if ok else float("inf"))
+    out = {}
+    for group, cands in vals.items():
+        score = {k: (statistics.fmean(v) if len(v) == len(select_seeds) else float("inf")) for k, v in cands.items()}
+        out[group] = min(score, key=lambda k: (score[k], k))
+    return out
+
+
+def select_and_aggregate(runs: list[dict], dataset: str, seeds: list[int], cal_lrs: list[float], select_seeds: list[int] | None = None) -> dict[str, Any]:
+    """Pick each one-go variant's calibrator lr by mean validation ECE over the selection seeds; aggregate over all seeds."""
+    select_seeds = seeds if select_seeds is None else select_seeds
+    runs = [r for r in runs if r["dataset"] == dataset]
+    by_key: dict[str, list[dict]] = {}
+    for r in runs:
+        by_key.setdefault(r["key"], []).append(r)
+    groups: dict[str, dict[str, Any]] = {}
+    for v in variants(cal_lrs):
+        g = groups.setdefault(v["group"], {"group": v["group"], "label": v["label"], "candidates": {}})
+        rs = sorted(by_key.get(v["key"], []), key=lambda r: r["seed"])
+        sel = [r for r in rs if r["seed"] in select_seeds]
+        # a diverged / failed / missing selection seed makes a candidate ineligible (mean val ECE +inf)
+        sel_ok = [r for r in sel if r["status"] == "completed"]
+        val_ece = statistics.fmean([r["val"]["ece"] for r in sel_ok]) if sel_ok and len(sel_ok) == len(select_seeds) else float("inf")
+        ok = [r for r in rs if r["status"] == "completed"]
+        g["candidates"][v["key"]] = {"cal_lr": v.get("cal_lr"), "runs": rs, "n_ok": len(ok), "n": len(rs), "mean_val_ece": val_ece,
+                                     "n_sel_ok": len(sel_ok)}
+    ce_test = {r["seed"]: r["test"] for r in by_key.get("ce", []) if r["status"] == "completed"}
+    ts_test = {r["seed"]: r["test"] for r in by_key.get("posthoc_ts", []) if r["status"] == "completed"}
+    rows = []
+    for name, g in groups.items():
+        cands = g["candidates"]
+        finite = {k: c for k, c in cands.items() if c["n"] > 0}
+        if not finite:
+            continue
+        # baselines have one candidate; one-go: minimum mean val ECE over the selection seeds
+        chosen_key = min(finite, key=lambda k: (finite[k]["mean_val_ece"], -finite[k]["n"], k))
+        c = finite[chosen_key]
+        ok = [r for r in c["runs"] if r["status"] == "completed"]
+        row = {"group": name, "label": g["label"], "key": chosen_key, "cal_lr": c["cal_lr"], "n_ok": c["n_ok"], "n": c["n"],
+               "val_ece": _ms([r["val"]["ece"] for r in ok]),
+               "lr_grid_val_ece": {f"{cc['cal_lr']:g}": (cc["mean_val_ece"], cc["n_sel_ok"], len(select_seeds)) for cc in cands.values() if cc["cal_lr"] is not None},
+               "failures": [f"seed {r['seed']}: {r['status']} ({r['reason']})" for r in c["runs"] if r["status"] != "completed"]}
+        for m in METRICS:
+            row[m] = _ms([r["test"][m] for r in ok])
+        temps = [_temperature(r) for r in ok]
+        row["temperature"] = _ms([t for t in temps if t is not None]) if any(t is not None for t in temps) else None
+        row["d_acc_vs_ce"] = _ms([r["test"]["accuracy"] - ce_test[r["seed"]]["accuracy"] for r in ok if r["seed"] in ce_test])
+        row["d_ece_vs_ts"] = _ms([r["test"]["ece"] - ts_test[r["seed"]]["ece"] for r in ok if r["seed"] in ts_test])
+        row["epoch_time"] = _ms([r.get("median_epoch_time") for r in ok])
+        rows.append(row)
+    order = {"ce": 0, "posthoc_ts": 1, "label_smoothing": 2, "focal": 3}
+    rows.sort(key=lambda r: (order.get(r["group"], 9), r["val_ece"][0] if math.isfinite(r["val_ece"][0]) else 9.0))
+    return {"dataset": dataset, "rows": rows, "select_seeds": list(select_seeds)}
+
+
+def _verdict(row: dict) -> str:
+    """'ok' / 'worse' / '~' for ECE vs TS and accuracy vs CE, using the paired std as the noise bar."""
+    def cmp(d: tuple[float, float], better_low: bool) -> str:
+        m, s = d
+        if not math.isfinite(m):
+            return "n/a"
+        if abs(m) <= s or s == 0.0 and m == 0.0:
+            return "~"
+        good = (m < 0) if better_low else (m > 0)
+        return "better" if good else "worse"
+    return f"ECE {cmp(row['d_ece_vs_ts'], True)} vs TS, acc {cmp(row['d_acc_vs_ce'], False)} vs CE"
+
+
+def table_md(agg: dict, header: list[str]) -> str:
+    lines = list(header)
+    lines.append("")
+    lines.append("| method | cal lr | seeds ok | test acc % | test ECE % | test ACE % | test SCE % | test NLL | Δacc vs CE (pp, paired) | ΔECE vs TS (pp, paired) | final T | val ECE % | reading (~: difference within the seed std) |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in agg["rows"]:
+        if r["n_ok"] == 0:
+            fails = "; ".join(r["failures"])[:200]
+            lines.append(f"| {r['label']} | {r['cal_lr'] if r['cal_lr'] is not None else '–'} | 0/{r['n']} | all failed: {fails} |||||||||||")
+            continue
+        t = r["temperature"]
+        lr_s = f"{r['cal_lr']:g}" if r["cal_lr"] is not None else "–"
+        lines.append(
+            f"| {r['label']} | {lr_s} | {r['n_ok']}/{r['n']} "
+            f"| {_fmt(*r['accuracy'], 100, 2)} | {_fmt(*r['ece'], 100, 2)} | {_fmt(*r['ace'], 100, 3)} | {_fmt(*r['sce'], 100, 3)} "
+            f"| {_fmt(*r['nll'], 1, 3)} | {_fmt(*r['d_acc_vs_ce'], 100, 2)} | {_fmt(*r['d_ece_vs_ts'], 100, 2)} "
+            f"| {_fmt(*t, 1, 2) if t else '–'} | {_fmt(*r['val_ece'], 100, 2)} | {_verdict(r) if r['group'] not in ('ce',) else '(reference)'} |"
+        )
+    lines.append("")
+    lines.append(f"Calibrator-lr grid (mean validation ECE % over the selection seeds {agg.get('select_seeds')}, seeds ok/n; the chosen lr is the minimum):")
+    lines.append("")
+    for r in agg["rows"]:
+        if r["lr_grid_val_ece"]:
+            grid = ", ".join(f"lr={k}: {v[0] * 100:.2f} ({v[1]}/{v[2]})" if math.isfinite(v[0]) else f"lr={k}: n/a ({v[1]}/{v[2]})"
+                             for k, v in r["lr_grid_val_ece"].items())
+            lines.append(f"- {r['label']}: {grid}")
+    fails = [(r["label"], f) for r in agg["rows"] for f in r["failures"]]
+    if fails:
+        lines.append("")
+        lines.append("Failed / diverged runs of the chosen configurations:")
+        lines += [f"- {lab}: {f}" for lab, f in fails]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------
+# overhead: interleaved epochs in one process
+# ------------------------------------------------------------------------------------------
+OVERHEAD_VARIANTS = [(cal, src) for cal in ("last_layer", "temperature", "matrix") for src in ("holdout:0.1", "lookahead")] + [("last_layer", "same")]
+
+
+def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    from calib_core.config import RunConfig
+    from calib_core.data import load_dataset
+    from calib_core.trainer import Trainer
+
+    def make(train_over: dict) -> Any:
+        cfg = RunConfig.model_validate({"seed": seed, "device": "cpu", "num_threads": 1, **merge(settings, {"train": {**train_over, "epochs": 10_000}})})
+        return Trainer(cfg, data, "cpu")
+
+    base_cfg = RunConfig.model_validate({"seed": seed, "device": "cpu", **settings})
+    data = load_dataset(base_cfg.data, seed)
+    trainers = {"ce": make({"method": "ce"})}
+    for cal, src in OVERHEAD_VARIANTS:
+        trainers[f"{cal}/{src}"] = make({"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": 1e-2})
+    loop: dict[str, list[float]] = {k: [] for k in trainers}
+    full: dict[str, list[float]] = {k: [] for k in trainers}
+    for rep in range(repeats + 1):  # repetition 0 is the untimed warm-up
+        for name, tr in trainers.items():
+            t0 = time.perf_counter()
+            tr._train_epoch(rep)
+            t1 = time.perf_counter()
+            tr.scheduler.step()
+            tr._evaluate(tr.val_split, "validation")
+            t2 = time.perf_counter()
+            if rep > 0:
+                loop[name].append(t1 - t0)
+                full[name].append(t2 - t0)
+    med_loop = {k: statistics.median(v) for k, v in loop.items()}
+    med_full = {k: statistics.median(v) for k, v in full.items()}
+    rows = []
+    for k in trainers:
+        if k == "ce":
+            continue
+        # per-repeat ratios against the CE epoch of the same round, for a spread
+        r_loop = [a / b for a, b in zip(loop[k], loop["ce"])]
+        rows.append({
+            "variant": k, "loop_ratio": med_loop[k] / med_loop["ce"], "full_ratio": med_full[k] / med_full["ce"],
+            "loop_ratio_iqr": (statistics.quantiles(r_loop, n=4)[0], statistics.quantiles(r_loop, n=4)[2]) if len(r_loop) >= 4 else None,
+            "loop_ms": med_loop[k] * 1e3, "full_ms": med_full[k] * 1e3,
+            "backbone_samples": len(trainers[k].backbone_idx), "holdout_samples": len(trainers[k].holdout_idx),
+        })
+    return {"dataset": dataset, "repeats": repeats, "ce_loop_ms": med_loop["ce"] * 1e3, "ce_full_ms": med_full["ce"] * 1e3,
+            "ce_backbone_samples": len(trainers["ce"].backbone_idx), "rows": rows, "raw_loop_s": loop, "raw_full_s": full}
+
+
+def overhead_md(results: list[dict], header: list[str]) -> str:
+    lines = list(header) + [""]
+    for res in results:
+        lines.append(f"### {res['dataset']} ({res['repeats']} interleaved epochs per trainer after 1 warm-up; "
+                     f"plain CE: training loop {res['ce_loop_ms']:.0f} ms, full epoch {res['ce_full_ms']:.0f} ms, {res['ce_backbone_samples']} backbone samples/epoch)")
+        lines.append("")
+        lines.append("| one-go variant | loop time / CE (median) | per-round ratio IQR | full epoch / CE (median) | loop ms | backbone / holdout samples |")
+        lines.append("|---|---|---|---|---|---|")
+        for r in res["rows"]:
+            iqr = f"{r['loop_ratio_iqr'][0]:.2f}–{r['loop_ratio_iqr'][1]:.2f}" if r["loop_ratio_iqr"] else "–"
+            lines.append(f"| {r['variant']} | {r['loop_ratio']:.2f}x | {iqr} | {r['full_ratio']:.2f}x | {r['loop_ms']:.0f} | {r['backbone_samples']} / {r['holdout_samples']} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------
+# main
+# ------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dataset", choices=["mnist1d", "digits", "all"], default="all")
+    p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
+    p.add_argument("--epochs", type=int, default=None, help="override every dataset's epochs")
+    p.add_argument("--cal-lrs", type=str, default="1e-3,1e-2", help="comma-separated calibrator lr grid")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--select-seeds", type=int, default=None,
+                   help="run the whole lr grid on seeds 0..K-1 only, choose each one-go variant's lr by their mean val ECE, "
+                        "then run only the chosen lr on the remaining seeds (default: the grid on every seed)")
+    p.add_argument("--methods", type=str, default=None, help="only variants whose key contains one of these comma-separated substrings")
+    p.add_argument("--overhead-repeats", type=int, default=9)
+    p.add_argument("--no-overhead", action="store_true")
+    p.add_argument("--no-matrix", action="store_true", help="only the overhead measurement")
+    p.add_argument("--quick", action="store_true", help="~1-minute smoke run (tiny data, 3 epochs, 2 seeds with the lr grid on seed 0 only, 2 calibrators), writes to a temp dir")
+    p.add_argument("--out-dir", type=Path, default=None)
+    p.add_argument("--resume", type=Path, default=None,
+                   help="reuse the runs of this raw JSON (same dataset, method key and seed are not run again); "
+                        "with --no-overhead its overhead results are carried over")
+    p.add_argument("--from-json", type=Path, default=None, help="rebuild the tables from a raw (or .partial) JSON instead of running the matrix")
+    p.add_argument("--note", type=str, default="", help="extra line for the table headers (e.g. reduced seeds)")
+    args = p.parse_args(argv)
+
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + (argv if argv is not None else sys.argv[1:]))
+    out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="reproduce_quick_")) if args.quick else DEFAULT_OUT)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    datasets = ["mnist1d", "digits"] if args.dataset == "all" else [args.dataset]
+    cal_lrs = [float(x) for x in args.cal_lrs.split(",") if x]
+    seeds = list(range(2 if args.quick else args.seeds))
+    if args.quick and args.select_seeds is None:
+        args.select_seeds = 1
+    settings = {}
+    for ds in datasets:
+        s = SETTINGS[ds]
+        if args.quick:
+            s = merge(s, QUICK[ds])
+        if args.epochs is not None:
+            s = merge(s, {"train": {"epochs": args.epochs}})
+        settings[ds] = s
+    vs = variants(cal_lrs)
+    if args.quick:
+        vs = [v for v in vs if v["group"] in ("ce", "posthoc_ts", "label_smoothing", "focal")
+              or v["group"] in ("onego/last_layer/holdout:0.1", "onego/temperature/lookahead")]
+    if args.methods:
+        subs = [s for s in args.methods.split(",") if s]
+        vs = [v for v in vs if any(s in v["key"] for s in subs)]
+    n_sel = len(seeds) if args.select_seeds is None else max(1, min(args.select_seeds, len(seeds)))
+    select_seeds = seeds[:n_sel]
+
+    def make_jobs(seed_list: list[int], chosen: dict[str, dict[str, str]] | None) -> list[dict]:
+        out = []
+        for seed in seed_list:  # seed-major: a cut-short run still has whole seeds
+            for ds in datasets:
+                for v in vs:
+                    if chosen is not None and v.get("cal_lr") is not None and chosen[ds].get(v["group"]) != v["key"]:
+                        continue
+                    out.append({"dataset": ds, "key": v["key"], "group": v["group"], "seed": seed, "cal_lr": v.get("cal_lr"),
+                                "config": merge(settings[ds], {"train": v["train"]})})
+        return out
+
+    resumed: list[dict] = []
+    if args.resume is not None:
+        old = json.loads(args.resume.read_text())
+        resumed = [r for r in old["runs"] if r["dataset"] in datasets and r["seed"] in seeds]
+        if old.get("settings") and any(old["settings"].get(ds) != settings[ds] for ds in datasets):
+            raise SystemExit(f"--resume {args.resume}: its settings differ from this run's; refusing to mix them")
+    done = {(r["dataset"], r["key"], r["seed"]) for r in resumed}
+
+    def todo(js: list[dict]) -> list[dict]:
+        return [j for j in js if (j["dataset"], j["key"], j["seed"]) not in done]
+
+    jobs = todo(make_jobs(select_seeds, None))
+    raw: dict[str, Any] = {
+        "command": command, "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+        "settings": settings, "seeds": seeds, "select_seeds": select_seeds, "cal_lrs": cal_lrs,
+        "selection": f"calibrator lr per (calibrator, calibrator_data) by mean validation ECE over seeds {select_seeds}; "
+                     f"only the chosen lr is run on the other seeds",
+        "runs": list(resumed),
+    }
+    if args.resume is not None:
+        raw["resumed_from"] = {"file": str(args.resume), "command": old.get("command"), "runs_reused": len(resumed)}
+    import torch
+
+    raw["torch"] = torch.__version__
+    partial = out_dir / "reproduce_raw.partial.json"
+    t_start = time.perf_counter()
+    if args.from_json is not None:
+        old = json.loads(args.from_json.read_text())
+        raw["runs"] = [r for r in old["runs"] if r["dataset"] in datasets and r["seed"] in seeds]
+        raw["rebuilt_from"] = {"file": str(args.from_json), "command": old.get("command")}
+        header_src = f"Runs rebuilt from {args.from_json.name}, produced by: `{old.get('command')}`"
+    elif not args.no_matrix:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(args.workers, maxtasksperchild=50) as pool:
+            phase_jobs = jobs
+            for phase in (1, 2):
+                print(f"phase {phase}: {len(phase_jobs)} runs on {args.workers} workers -> {out_dir}", flush=True)
+                for i, r in enumerate(pool.imap_unordered(run_one, phase_jobs), 1):
+                    raw["runs"].append(r)
+                    te = r.get("test") or {}
+                    print(f"[{phase}: {i}/{len(phase_jobs)} {time.perf_counter() - t_start:6.0f}s] {r['dataset']} {r['key']} seed={r['seed']} {r['status']} "
+                          f"acc={te.get('accuracy', float('nan')):.4f} ece={te.get('ece', float('nan')):.4f} ({r['wall_s']:.1f}s)", flush=True)
+                    if i % 10 == 0 or i == len(phase_jobs):
+                        partial.write_text(json.dumps(raw, indent=1, default=str))
+                rest = seeds[n_sel:]
+                if phase == 2 or not rest:
+                    break
+                chosen = {ds: choose_lrs(raw["runs"], ds, select_seeds, cal_lrs) for ds in datasets}
+                raw["chosen_after_selection"] = chosen
+                print(f"chosen calibrator lrs: {json.dumps(chosen)}", flush=True)
+                phase_jobs = todo(make_jobs(rest, chosen))
+    raw["matrix_wall_s"] = time.perf_counter() - t_start
+
+    header_common = [
+        f"Command: `{command}`",
+        "",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, CPU, 1 thread per run, {args.workers} worker processes.",
+    ]
+    if args.from_json is not None:
+        header_common += ["", header_src]
+    if args.resume is not None:
+        header_common += ["", f"Reused {len(resumed)} runs from {args.resume.name}, produced by: `{old.get('command')}`"]
+    if args.note:
+        header_common += ["", f"**Note:** {args.note}"]
+    if args.quick:
+        header_common += ["", "**QUICK SMOKE RUN: tiny data, 3 epochs, 2 seeds; numbers are meaningless.**"]
+
+    if not args.no_matrix:
+        raw["aggregates"] = {}
+        for ds in datasets:
+            agg = select_and_aggregate(raw["runs"], ds, seeds, cal_lrs, select_seeds)
+            raw["aggregates"][ds] = agg
+            s = settings[ds]
+            header = [f"# Method comparison on {ds}", ""] + header_common + [
+                "",
+                f"Setting: data {json.dumps(s['data'])}, model {json.dumps(s['model'])}, train {json.dumps(s['train'])}.",
+                f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}): each seed fixes the data split, the holdout and the initialisation. "
+                f"Metrics of the final-epoch model on the test split (15 even bins for ECE/SCE, adaptive for ACE), mean ± std over seeds. "
+                f"Calibrator lr per one-go variant chosen from {{{', '.join(f'{x:g}' for x in cal_lrs)}}} by the mean VALIDATION ECE over seeds "
+                f"{select_seeds[0]}..{select_seeds[-1]} (never by test metrics)"
+                + (f"; the grid ran on those seeds only, the other seeds ran the chosen lr alone" if len(select_seeds) < len(seeds) else "")
+                + f"; the other columns are test metrics of that choice. Δ columns are paired by seed (same split): "
+                f"Δacc = method − plain CE, ΔECE = method − post-hoc TS; the reading calls a difference only when |mean| > its std over seeds. "
+                f"'final T' is the learned temperature (temperature calibrators) or the mean 1/scale (vector). Rows: baselines, then one-go by validation ECE.",
+            ]
+            text = table_md(agg, header)
+            (out_dir / f"reproduce_{ds}.md").write_text(text)
+            print(text, flush=True)
+
+    if args.no_overhead and args.resume is not None and old.get("overhead"):
+        raw["overhead"] = old["overhead"]
+        raw["overhead_from"] = str(args.resume)
+    if not args.no_overhead:
+        ov = []
+        for ds in datasets:
+            t0 = time.perf_counter()
+            ov.append(measure_overhead(ds, settings[ds], 2 if args.quick else args.overhead_repeats))
+            print(f"overhead {ds}: {time.perf_counter() - t0:.0f}s", flush=True)
+        raw["overhead"] = ov
+        header = ["# One-go overhead per epoch (CPU, 1 thread)", ""] + header_common + [
+            "",
+            "Trainers for plain CE and each one-go variant (calibrator lr 1e-2, seed 0, settings as in reproduce_<dataset>.md) are built "
+            "in one process; their epochs run round-robin (CE, variant 1, ..., variant 7, CE, ...) so machine noise hits all alike. "
+            "Ratios are medians of one-go epoch time over medians of CE epoch time. 'loop' = `Trainer._train_epoch` (the step loop); "
+            "'full epoch' adds the scheduler step and the validation evaluation that `fit` does every epoch. "
+            "With holdout:0.1 the backbone steps on 90% of the training split per epoch (fewer backbone steps than CE), "
+            "and the calibrator steps once per backbone step on a holdout batch.",
+        ]
+        text = overhead_md(ov, header)
+        (out_dir / "overhead.md").write_text(text)
+        print(text, flush=True)
+
+    raw["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    (out_dir / ("reproduce_raw.json" if not args.no_matrix else "overhead_raw.json")).write_text(json.dumps(raw, indent=1, default=str))
+    if partial.exists() and not args.no_matrix:
+        partial.unlink()
+    print(f"wrote {out_dir}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
