@@ -131,10 +131,12 @@ def format_validation_error(err: ValidationError) -> str:
     """One line per problem: 'field.path: message (got value)'."""
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        path = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
-        if e["type"] == "extra_forbidden":
+        if not path:  # a rule across fields: its message names them
+            lines.append(msg)
+        elif e["type"] == "extra_forbidden":
             lines.append(f"{path}: unknown key")
         elif isinstance(got, (dict, list)):
             lines.append(f"{path}: {msg}")

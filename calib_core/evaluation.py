@@ -111,4 +111,25 @@ def ood_metrics(predict_proba: ProbaFn, data_in: DataSplits | Split | Tensor, x_
     return out
 
 
-__all__ = ["mean_shift_ece", "ood_metrics", "shift_metrics"]
+OOD_KINDS = ("gaussian_noise", "permuted")
+
+
+def make_ood_inputs(x: Tensor, kind: str, seed: int) -> Tensor:
+    """Synthetic out-of-distribution inputs shaped like `x`, deterministic in `seed`.
+
+    `gaussian_noise`: i.i.d. N(0, 1) in the standardised input space (matches the first two
+    moments of standardised data, carries no signal). `permuted`: every input's values shuffled
+    along its flattened features (keeps each input's value distribution, destroys its structure:
+    the harder of the two).
+    """
+    if kind not in OOD_KINDS:
+        raise ValueError(f"unknown OOD kind {kind!r}; allowed: {', '.join(OOD_KINDS)}")
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    if kind == "gaussian_noise":
+        return torch.randn(tuple(x.shape), generator=gen, dtype=x.dtype).to(x.device)
+    flat = x.reshape(x.shape[0], -1)
+    order = torch.argsort(torch.rand(flat.shape, generator=gen), dim=1).to(x.device)
+    return torch.gather(flat, 1, order).reshape(x.shape)
+
+
+__all__ = ["OOD_KINDS", "make_ood_inputs", "mean_shift_ece", "ood_metrics", "shift_metrics"]

@@ -14,7 +14,10 @@ SEARCHABLE_CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp",
 # Reference points a sweep may include beside the one-go calibrators.
 BASELINE_CHOICES = ("none", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")
 ALLOWED_CHOICES = SEARCHABLE_CALIBRATORS + BASELINE_CHOICES
-METRIC_NAMES = ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce", "rmsce", "aurc", "shift_ece")
+OOD_METRICS = ("ood_msp_auroc", "ood_entropy_auroc", "ood_msp_fpr95", "ood_entropy_fpr95")
+# Measured once after training (not per epoch) when `evaluation` switches them on.
+FINAL_ONLY_METRICS = ("shift_ece",) + OOD_METRICS
+METRIC_NAMES = ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce", "rmsce", "aurc") + FINAL_ONLY_METRICS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "mnist1d_demo.yaml"
 
@@ -144,9 +147,11 @@ class SelectionConfig(_Strict):
 
 
 class EvaluationConfig(_Strict):
-    """Extra evaluation after training: calibration under dataset shift (calib_core.shift)."""
+    """Extra evaluation after training: calibration under dataset shift (calib_core.shift) and
+    out-of-distribution detection against synthetic inputs (calib_core.evaluation.make_ood_inputs)."""
 
     shift: bool = False
+    ood: Literal["none", "gaussian_noise", "permuted"] = "none"
     shift_corruptions: list[str] | None = None
     shift_severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
 
@@ -174,9 +179,12 @@ class SweepConfig(_Strict):
     def _shift_metric_needs_shift(self) -> "SweepConfig":
         uses = {self.search.metric, self.selection.metric} if self.search.objective == "single" else {self.selection.metric}
         if "val_shift_ece" in uses and not self.evaluation.shift:
-            raise ValueError("val_shift_ece needs evaluation.shift: true")
-        if self.search.scheduler == "asha" and self.search.metric == "val_shift_ece":
-            raise ValueError("val_shift_ece is measured once after training, so ASHA cannot use it")
+            raise ValueError("search.metric / selection.metric val_shift_ece needs evaluation.shift: true")
+        if any(m.removeprefix("val_") in OOD_METRICS for m in uses) and self.evaluation.ood == "none":
+            raise ValueError("search.metric / selection.metric: OOD metrics need evaluation.ood: gaussian_noise or permuted")
+        final_only = {f"val_{m}" for m in FINAL_ONLY_METRICS}
+        if self.search.scheduler == "asha" and self.search.metric in final_only:
+            raise ValueError(f"search.scheduler: {self.search.metric} is measured once after training, so ASHA cannot use it")
         return self
 
     @field_validator("name")

@@ -110,15 +110,40 @@ def train_trial(config: dict[str, Any], base: dict[str, Any], evaluation: dict[s
         with tempfile.TemporaryDirectory() as d:
             torch.save(report.state(), Path(d) / STATE_FILE)
             metrics = _finite({k: float(v) for k, v in report.metrics.items()})
-            if evaluation and evaluation.get("shift"):
-                # Measured once, after training; Tune and Optuna need the key in every result.
-                metrics["val_shift_ece"] = float("nan")
+            # Measured once, after training; Tune and Optuna need the keys in every result.
+            for key in _final_only_keys(evaluation or {}):
+                metrics[key] = float("nan")
             tune.report(_lead_columns({**metrics, "epoch": report.epoch, "done": False}),
                         checkpoint=tune.Checkpoint.from_directory(d))
         _maybe_inject_fault(report.epoch)
 
     result = trainer.fit(on_epoch=on_epoch, resume_state=resume_state)
     _report_final(trainer, result, run_cfg, data, evaluation or {})
+
+
+def _final_only_keys(evaluation: dict[str, Any]) -> list[str]:
+    """Validation metrics that exist only in the final report under this evaluation config."""
+    from sweeps.config import OOD_METRICS
+
+    keys = ["val_shift_ece"] if evaluation.get("shift") else []
+    if evaluation.get("ood", "none") != "none":
+        keys += [f"val_{m}" for m in OOD_METRICS]
+    return keys
+
+
+def _ood_scores(result: Any, data: Any, run_cfg: RunConfig, kind: str) -> dict[str, float]:
+    """OOD AUROC / FPR@95 of MSP and entropy: each split against synthetic inputs of its shape."""
+    from calib_core.evaluation import make_ood_inputs, ood_metrics
+
+    out = {}
+    with torch.no_grad():
+        for i, split in enumerate(("val", "test")):
+            x_in = getattr(data, split).x
+            x_out = make_ood_inputs(x_in, kind, seed=run_cfg.seed * 1000 + 17 + i)
+            for k, v in ood_metrics(result.predict_proba, x_in, x_out).items():
+                if "_" in k and k.split("_")[0] in ("msp", "entropy"):
+                    out[f"{split}_ood_{k}"] = float(v)
+    return out
 
 
 def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: dict[str, Any]) -> dict[str, list]:
@@ -156,6 +181,8 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, 
         for split, rows in shift.items():
             final[f"{split}_shift_ece"] = float(np.mean([r["ece"] for r in rows]))
             final[f"{split}_shift_accuracy"] = float(np.mean([r["accuracy"] for r in rows]))
+    if result.status == "completed" and evaluation.get("ood", "none") != "none":
+        final.update(_ood_scores(result, data, run_cfg, evaluation["ood"]))
     for k, v in (result.calibrator_info or {}).items():
         if isinstance(v, (int, float)):
             final[f"calibrator_{k}"] = float(v)

@@ -71,3 +71,20 @@ def test_ood_metrics_use_the_test_split():
     assert got["msp_auroc"] > 0.9
     mt = ood_metrics(_mt_proba, _data(multi=True), x_out)
     assert mt["msp_auroc"] == pytest.approx((mt["main_msp_auroc"] + mt["side_msp_auroc"]) / 2)
+
+
+def test_make_ood_inputs_shapes_determinism_and_kinds():
+    import pytest as _pytest
+
+    from calib_core.evaluation import make_ood_inputs
+
+    x = torch.arange(5 * 40, dtype=torch.float32).reshape(5, 40)
+    a = make_ood_inputs(x, "permuted", seed=3)
+    assert a.shape == x.shape and torch.equal(a, make_ood_inputs(x, "permuted", seed=3))
+    assert not torch.equal(a, make_ood_inputs(x, "permuted", seed=4))
+    # each row keeps exactly its own values, in another order
+    assert torch.equal(a.sort(dim=1).values, x.sort(dim=1).values) and not torch.equal(a, x)
+    g = make_ood_inputs(torch.zeros(2000, 1, 8, 8), "gaussian_noise", seed=0)
+    assert g.shape == (2000, 1, 8, 8) and abs(float(g.mean())) < 0.02 and abs(float(g.std()) - 1) < 0.02
+    with _pytest.raises(ValueError, match="allowed"):
+        make_ood_inputs(x, "svhn", seed=0)

@@ -1,4 +1,4 @@
-"""The sweep targets robustness objectives: ECE under shift (on validation) and multi-task data."""
+"""The sweep targets robustness objectives: ECE under shift, OOD detection, multi-task data."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ SMALL = ["--set", "run.data.num_samples=1200", "--set", "run.train.epochs=2"]
 def test_shift_objective_selects_on_validation_shift_ece_and_logs_tables(tmp_path):
     proc = launch(tmp_path, "--num-samples", "3", "--name", "shift", *SMALL,
                   "--set", "evaluation.shift=true", "--set", "evaluation.shift_severities=[1,3,5]",
+                  "--set", "evaluation.ood=permuted",
                   "--set", "search.objective=single", "--set", "search.metric=val_shift_ece",
                   "--set", "selection.rule=min_metric", "--set", "selection.metric=val_shift_ece")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -27,6 +28,8 @@ def test_shift_objective_selects_on_validation_shift_ece_and_logs_tables(tmp_pat
         assert run.info.status == "FINISHED"
         m = run.data.metrics
         assert 0 <= m["val_shift_ece"] <= 1 and 0 <= m["test_shift_ece"] <= 1
+        for key in ("val_ood_msp_auroc", "test_ood_msp_auroc", "val_ood_entropy_fpr95"):
+            assert 0 <= m[key] <= 1, key
         names = {a.path for a in client.list_artifacts(run.info.run_id, "shift")}
         assert {"shift/shift_val.csv", "shift/shift_test.csv", "shift/shift_ece_test.png"} <= names
         text = client.download_artifacts(run.info.run_id, "shift/shift_val.csv", str(tmp_path))
