@@ -82,6 +82,30 @@ def test_killed_driver_then_resume_completes_without_duplicates(tmp_path):
             assert run.info.end_time == finished_before[tid]
 
 
+def test_interrupted_sweep_leaves_no_run_running(tmp_path):
+    args = ["--num-samples", "4", "--name", "interrupt", "--max-concurrent", "1",
+            "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=6"]
+    driver = subprocess.Popen([sys.executable, str(LAUNCH), *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 300
+    started = False
+    while time.time() < deadline and not started:
+        time.sleep(1)
+        if (tmp_path / "mlflow.db").exists():
+            try:
+                started = bool(sweep_runs(store(tmp_path), "interrupt")[1])
+            except Exception:
+                continue
+    assert started, "no trial started in time"
+    driver.send_signal(signal.SIGINT)  # what Ctrl+C sends
+    out, _ = driver.communicate(timeout=300)
+    assert driver.returncode != 0, out[-2000:]
+    parents, children = sweep_runs(store(tmp_path), "interrupt")
+    assert parents[0].info.status == "KILLED"
+    assert children and all(r.info.status in ("KILLED", "FINISHED") for r in children)
+    assert "--resume" in out
+
+
 def test_diverging_trial_fails_with_reason_while_sweep_completes(tmp_path):
     proc = launch(tmp_path, "--num-samples", "4", "--name", "diverge", "--seed", "1",
                   "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=2",
