@@ -35,19 +35,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from calib_core.metrics._inputs import _as_tensor as _metrics_as_tensor
+
 ROW_SUM_ATOL = 1e-4
 
 
 def _as_tensor(x: Any, name: str) -> tuple[Tensor, bool]:
-    if isinstance(x, Tensor):
-        return x.detach(), True
-    try:
-        arr = np.asarray(x)
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"{name} must be a numpy array or torch tensor, got {type(x).__name__}") from exc
-    if arr.dtype == object or arr.dtype.kind not in "biuf":
-        raise ValueError(f"{name} must hold numbers, got dtype {arr.dtype}")
-    return torch.from_numpy(np.array(arr, dtype=np.float64 if arr.dtype.kind == "f" else arr.dtype)), False
+    """The metrics package's conversion, with numpy floats widened to float64 (a copy)."""
+    t, from_torch = _metrics_as_tensor(x, name)
+    if not from_torch and t.is_floating_point():
+        t = t.double()
+    return t, from_torch
 
 
 def _check_probs(probs: Any, name: str = "probs") -> tuple[Tensor, bool]:

@@ -304,19 +304,7 @@ class MultiTaskTrainer(Trainer):
         if cal_idx is not None:
             cx, cy = self.train_split.x[cal_idx], self.train_split.y[cal_idx]
         loss = self.backbone_loss(x, y, calibrating, cx, cy)
-        self._check(loss, "backbone loss", epoch, step)
-        params = self.feature_params + (self.head_params if (self.head_warmup and not calibrating) else [])
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        for p, g in zip(params, grads):
-            p.grad = g
-        if self.tc.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.tc.max_grad_norm)
-        self.backbone_opt.step()
-        for p in params:
-            p.grad = None
-        if self.trace is not None:
-            self.trace.append(("backbone", idx.cpu()))
-        return loss.detach()
+        return self._apply_backbone_step(loss, epoch, step, calibrating, idx)
 
     def _fit_posthoc(self) -> None:
         """One post-hoc stage per task: refit task t's calibrator from the identity on its

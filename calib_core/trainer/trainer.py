@@ -209,6 +209,10 @@ class Trainer:
             loss = unrolled_loss(cal, self._cal_inputs(xc, grad=True), yc, logits_in, y, self.tc.calibrator_lr, self.loss_fn)
         else:
             loss = self.loss_fn(cal(logits_in) if cal is not None else logits_in, y)
+        return self._apply_backbone_step(loss, epoch, step, calibrating, idx)
+
+    def _apply_backbone_step(self, loss: Tensor, epoch: int, step: int, calibrating: bool, idx: Tensor) -> Tensor:
+        """Check the loss, then one optimizer step of the backbone's parameters on it."""
         self._check(loss, "backbone loss", epoch, step)
         params = self.feature_params + (self.head_params if (self.head_warmup and not calibrating) else [])
         grads = torch.autograd.grad(loss, params, allow_unused=True)
