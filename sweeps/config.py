@@ -118,6 +118,10 @@ class ResourcesConfig(_Strict):
     gpus_per_trial: float = Field(default=0.0, ge=0.0)
     max_concurrent: int = Field(default=2, ge=1)
     max_failures: int = Field(default=2, ge=0)
+    # None keeps every epoch checkpoint. With a number, Ray Tune deletes older ones, and a driver
+    # killed between a deletion and the next experiment snapshot can leave a trial that cannot be
+    # restored on --resume (it then fails; the sweep goes on). Set it for big models only.
+    checkpoints_to_keep: int | None = Field(default=None, ge=1)
 
 
 class TrackingConfig(_Strict):

@@ -22,7 +22,8 @@ from sweeps.progress import ProgressCallback
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
 from sweeps.selection import TrialRecord, leaderboard, pareto_plot, rank_agreement, select
 from sweeps.tracking import (TAG_ROLE, TAG_SWEEP, TAG_TRIAL, MLflowTrackingCallback, close_open_runs,
-                             ensure_experiment, find_or_create_parent, find_run, flatten, git_commit)
+                             drop_orphan_runs, ensure_experiment, find_or_create_parent, find_run, flatten,
+                             git_commit)
 from sweeps.trainable import SUMMARY_FILE, train_trial
 
 
@@ -51,6 +52,9 @@ class TrialParams:
 def _connect_ray(cluster: bool) -> None:
     # Keeping 2 checkpoints per trial forces frequent experiment snapshots; they are cheap here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Snapshot the experiment often: a trial started after the last snapshot is lost if the
+    # driver dies (resume then replaces it). Snapshots of sweeps this size cost milliseconds.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
     if ray.is_initialized():
         return
     if cluster:
@@ -86,7 +90,7 @@ def _build_tuner(cfg: SweepConfig, callbacks: list, trainable: Any) -> tune.Tune
         run_config=tune.RunConfig(
             name=cfg.name, storage_path=cfg.storage_path, callbacks=callbacks,
             failure_config=tune.FailureConfig(max_failures=r.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=r.checkpoints_to_keep),
             verbose=1,
         ),
     )
@@ -189,10 +193,15 @@ def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool) -> int:
         t_fit = time.perf_counter()
         results = tuner.fit()
         t_trials = time.perf_counter()
-        killed = close_open_runs(client, experiment_id, cfg.name, "KILLED")
         records = _records(results, client, experiment_id, cfg.name)
+        lost = drop_orphan_runs(client, experiment_id, cfg.name, {rec.trial_id for rec in records})
+        if lost:
+            client.set_tag(parent_id, "calib.lost_trials", ",".join(lost))
+        close_open_runs(client, experiment_id, cfg.name, "KILLED")
         done = sum(rec.status == "completed" for rec in records)
-        if killed or len(records) < cfg.search.num_samples:
+        # ASHA-stopped trials are TERMINATED too; interrupted ones are neither terminated nor errored.
+        unfinished = len(results) - results.num_terminated - results.num_errors
+        if unfinished or len(records) < cfg.search.num_samples:
             client.set_terminated(parent_id, status="KILLED")
             print(f"sweep stopped with {done}/{cfg.search.num_samples} trials done; continue with --resume",
                   file=sys.stderr)

@@ -246,8 +246,32 @@ class MLflowTrackingCallback(tune.Callback):
                 self.client.log_artifact(run_id, str(table), "tasks")
 
 
+def drop_orphan_runs(client: MlflowClient, experiment_id: str, sweep: str, trial_ids: set[str]) -> list[str]:
+    """Deal with child runs of trials Ray Tune no longer knows; return their trial ids.
+
+    A trial that started after Tune's last experiment snapshot is forgotten when the driver
+    dies, and on resume Tune samples a replacement. An unfinished run of such a trial would be a
+    second, dead run for one slot of the sweep, so it is deleted (soft: `mlflow gc` not run); a
+    finished one is real work and stays, tagged `calib.lost_from_tune` (selection ignores it).
+    """
+    flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and tags.`{TAG_ROLE}` = 'trial'"
+    lost = []
+    for run in client.search_runs([experiment_id], filter_string=flt, max_results=10000):
+        tid = run.data.tags.get(TAG_TRIAL, "")
+        if tid in trial_ids:
+            continue
+        if run.info.status == "FINISHED":
+            client.set_tag(run.info.run_id, "calib.lost_from_tune", "true")
+        else:
+            if run.info.status == "RUNNING":
+                client.set_terminated(run.info.run_id, status="KILLED")
+            client.delete_run(run.info.run_id)
+        lost.append(tid)
+    return lost
+
+
 def close_open_runs(client: MlflowClient, experiment_id: str, sweep: str, status: str) -> int:
-    """Mark every still-RUNNING run of the sweep (trials and parent) with `status`; return count."""
+    """Mark every still-RUNNING trial run of the sweep with `status`; return the count."""
     flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and attributes.status = 'RUNNING'"
     n = 0
     for run in client.search_runs([experiment_id], filter_string=flt, max_results=10000):
