@@ -51,7 +51,7 @@ from .calibrator_batches import HoldoutCycler
 from .hypergradient import lookahead_params
 from .result import TrainResult
 from .schedule import backbone_optimizer, calibrator_optimizer, lr_scheduler
-from .trainer import EVAL_BATCH, Diverged, Trainer, _cpu_copy, resolve_device, seed_everything
+from .trainer import EVAL_BATCH, Diverged, Trainer, _cpu_copy
 
 MISSING = -1
 
@@ -165,16 +165,7 @@ class MultiTaskTrainer(Trainer):
         tc = self.tc = cfg.train
         if tc.method == "focal":
             raise ValueError("method 'focal' is not supported for multi-task data; use onego, ce, posthoc or label_smoothing")
-        self.device = resolve_device(device if device is not None else cfg.device)
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
-        seed_everything(cfg.seed)
-        self.seed = cfg.seed
-        self.num_classes = int(data.num_classes)
-        self.train_split = data.train.to(self.device)
-        self.val_split = data.val.to(self.device)
-        self.test_split = data.test.to(self.device)
-        self._augment = getattr(data, "augment", None)
+        self._setup_run(cfg, data, device)
 
         if model is None:
             from calib_core.models.multitask import MultiTaskClassifier

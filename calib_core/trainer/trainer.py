@@ -98,9 +98,8 @@ class Trainer:
             return tc.posthoc_calibrator, {}
         return None, {}
 
-    def __init__(self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None) -> None:
-        self.cfg = cfg
-        tc = self.tc = cfg.train
+    def _setup_run(self, cfg: RunConfig, data: Any, device: str | torch.device | None) -> None:
+        """Device, threads, seeds, and the splits moved to the device."""
         self.device = resolve_device(device if device is not None else cfg.device)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
@@ -111,6 +110,11 @@ class Trainer:
         self.val_split = data.val.to(self.device)
         self.test_split = data.test.to(self.device)
         self._augment = getattr(data, "augment", None)
+
+    def __init__(self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None) -> None:
+        self.cfg = cfg
+        tc = self.tc = cfg.train
+        self._setup_run(cfg, data, device)
 
         if model is None:
             from calib_core.models import create_model
