@@ -4,7 +4,6 @@ per task, and the dispatch picks the multi-task trainer for multi-task data."""
 
 from __future__ import annotations
 
-import pickle
 
 import pytest
 import torch
@@ -15,8 +14,9 @@ from calib_core.data import DataSplits, Split
 from calib_core.metrics import compute_all
 from calib_core.models import create_model
 from calib_core.models.multitask import MultiTaskClassifier
-from calib_core.trainer import EpochReport, MultiTaskTrainer, Trainer, make_trainer
+from calib_core.trainer import MultiTaskTrainer, Trainer, make_trainer
 from calib_core.trainer.multitask import masked_cross_entropy, multitask_metrics
+from tests.resume_harness import crash_then_resume
 
 TASKS = (("a", 3), ("b", 2), ("c", 4))  # K >= 3, a binary task, and no sample count is a K
 D = 8
@@ -203,22 +203,7 @@ def test_resume_is_bit_for_bit(case):
     cfg.model.kwargs["dropout"] = 0.2
     full_t = MultiTaskTrainer(cfg, d)
     full = full_t.fit()
-    saved: dict = {}
-
-    class Crash(Exception):
-        pass
-
-    def crash(report: EpochReport) -> None:
-        if report.epoch == 1:
-            saved["state"] = pickle.dumps(report.state())
-            raise Crash
-
-    with pytest.raises(Crash):
-        MultiTaskTrainer(cfg, d).fit(on_epoch=crash)
-    torch.manual_seed(999)
-    res_t = MultiTaskTrainer(cfg, d)
-    reports: list[EpochReport] = []
-    res = res_t.fit(on_epoch=reports.append, resume_state=pickle.loads(saved["state"]))
+    res_t, res, reports = crash_then_resume(lambda: MultiTaskTrainer(cfg, d), crash_after=1)
     assert [r.epoch for r in reports] == [2, 3]
     assert _same(_state(full_t.model), _state(res_t.model))
     if full_t.calibrator is not None:

@@ -14,6 +14,7 @@ from calib_core.config import RunConfig
 from calib_core.data import DataSplits, Split
 from calib_core.trainer import EpochReport, Trainer, TrainResult
 from calib_core.trainer.hypergradient import unrolled_loss
+from tests.resume_harness import crash_then_resume
 
 K = 3  # classes; sample counts are never K
 D = 10
@@ -139,22 +140,7 @@ def test_resume_is_bit_for_bit(data, case):
     full_t = Trainer(cfg, data)
     full = full_t.fit(on_epoch=full_reports.append)
 
-    saved: dict = {}
-
-    class Crash(Exception):
-        pass
-
-    def crash_after_two(report: EpochReport) -> None:
-        if report.epoch == 2:
-            saved["state"] = pickle.dumps(report.state())
-            raise Crash
-
-    with pytest.raises(Crash):
-        Trainer(cfg, data).fit(on_epoch=crash_after_two)
-    torch.manual_seed(999)  # the global RNG at resume time must not matter
-    resumed_reports: list[EpochReport] = []
-    res_t = Trainer(cfg, data)
-    res = res_t.fit(on_epoch=resumed_reports.append, resume_state=pickle.loads(saved["state"]))
+    res_t, res, resumed_reports = crash_then_resume(lambda: Trainer(cfg, data), crash_after=2)
 
     assert [r.epoch for r in resumed_reports] == [3, 4]
     assert res.epochs_run == full.epochs_run == 4
