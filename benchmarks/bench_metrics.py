@@ -166,8 +166,11 @@ def run_config_timing(n: int, k: int, args) -> dict:
 
     values: dict[str, float] = {}
     times: dict[str, list[float]] = {name: [] for name in contenders if name not in skipped}
-    for name in times:  # warm-up (imports, allocator), also the value
+    first_call: dict[str, float] = {}
+    for name in times:  # warm-up (imports, allocator, compiling or loading our kernels), also the value
+        t0 = time.perf_counter()
         values[name] = float(contenders[name][0]())
+        first_call[name] = time.perf_counter() - t0
     max_rep = max(reps for name, (_, reps) in contenders.items() if name in times)
     for rep in range(max_rep):  # round-robin
         for name in times:
@@ -191,6 +194,7 @@ def run_config_timing(n: int, k: int, args) -> dict:
             "repeats": len(times[name]),
             "times_s": times[name],
             "ratio_to_ours_ece": (med / ours) if is_ece else None,
+            "first_call_s": first_call[name],
             "peak_rss_delta_mb": None,
             "value": values[name],
         })
@@ -246,17 +250,17 @@ def _fmt(v, spec):
 
 def markdown(report: dict) -> str:
     lines = [
-        "| N | K | implementation | median s (repeats) | time / our ECE | peak RSS +MB | value |",
-        "|---|---|---|---|---|---|---|",
+        "| N | K | implementation | median s (repeats) | time / our ECE | first call s | peak RSS +MB | value |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for cfg in report["configs"]:
         for r in cfg["results"]:
             head = f"| {cfg['N']:,} | {cfg['K']} | {r['name']} |"
             if "skipped" in r:
-                lines.append(f"{head} skipped ({r['skipped']}) | | | |")
+                lines.append(f"{head} skipped ({r['skipped']}) | | | | |")
                 continue
             ratio = "" if r["ratio_to_ours_ece"] is None else f"{r['ratio_to_ours_ece']:.2f}x"
-            lines.append(f"{head} {r['median_s']:.3f} ({r['repeats']}) | {ratio} | "
+            lines.append(f"{head} {r['median_s']:.3f} ({r['repeats']}) | {ratio} | {_fmt(r.get('first_call_s'), '.3f')} | "
                          f"{_fmt(r['peak_rss_delta_mb'], '.0f')} | {r['value']:.6f} |")
     lines += ["", "| N | max abs diff ECE vs torchmetrics | vs netcal |", "|---|---|---|"]
     for cfg in report["configs"]:
@@ -286,6 +290,14 @@ def goals(report: dict) -> dict:
         "netcal_time_over_ours": nc,
         "at_least_10x_faster_than_netcal": (nc is not None and nc >= 10.0),
     }
+
+
+def _numba_version() -> str | None:
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba.__version__
 
 
 def main(argv=None) -> int:
@@ -318,6 +330,7 @@ def main(argv=None) -> int:
             "torchmetrics": torchmetrics.__version__,
             "netcal": getattr(netcal, "__version__", "?"),
             "numpy": np.__version__,
+            "numba": _numba_version(),
             "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "load_avg_at_start": os.getloadavg(),

@@ -11,7 +11,10 @@ Conventions (docs/interfaces.md, ``calib_core.metrics``):
 * Internally probabilities are float64 when given as float64 and float32 otherwise
   (float16 / bfloat16 are widened to float32); bin statistics are always accumulated in
   float64. The result tensor has the working dtype.
+* Rows must sum to 1 within ``ROW_SUM_ATOL + 4 K eps``, the sums accumulated in float64.
 * Anything wrong raises ``ValueError`` naming the problem. Nothing is clipped.
+* Large CPU matrices are validated and reduced to their top labels by one compiled pass
+  (:mod:`calib_core.metrics._fast`); the result and any error are the same as here.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import _fast
 from .binning import argsort_1d
 
 BINNINGS = ("even", "adaptive")
@@ -130,7 +134,11 @@ class MetricInputs:
 
     def correct(self) -> Tensor:
         if "correct" not in self._cache:
-            self._cache["correct"] = self.top()[1] == self.labels
+            pred = self.top()[1]
+            if pred.device.type == "cpu":  # serial numpy: torch's pool would spin on and slow the next kernel
+                self._cache["correct"] = torch.from_numpy(pred.numpy() == self.labels.numpy())
+            else:
+                self._cache["correct"] = pred == self.labels
         return self._cache["correct"]
 
     def p_true(self) -> Tensor:
@@ -199,14 +207,26 @@ def prepare(probs: Any, labels: Any, *, from_logits: bool = False) -> MetricInpu
     if y.is_floating_point() or y.is_complex():
         raise ValueError(f"labels must be integers, got dtype {y.dtype}")
     y = y.to(device=p.device, dtype=torch.int64)
-    lo, hi = torch.aminmax(y)
-    lo, hi = int(lo), int(hi)
+    if y.device.type == "cpu":  # numpy's serial min/max: no wake-up of torch's thread pool
+        y_np = y.numpy()
+        lo, hi = int(y_np.min()), int(y_np.max())
+    else:
+        lo, hi = (int(v) for v in torch.aminmax(y))
     if lo < 0 or hi >= num_classes:
         bad = lo if lo < 0 else hi
         raise ValueError(
             f"labels out of range: expected integers in [0, {num_classes - 1}] "
             f"(K = {num_classes} classes), found {bad}"
         )
+
+    if not from_logits and not binary and _fast.usable(p):
+        # one compiled pass validates and finds the top labels; anything odd falls through
+        # to the checks below, which name the problem
+        scan = _fast.scan_rows(p, ROW_SUM_ATOL + 4 * num_classes * torch.finfo(p.dtype).eps)
+        if scan.valid:
+            out = MetricInputs(probs=p, labels=y, from_torch=p_torch)
+            out._cache["top"] = (scan.conf, scan.pred)
+            return out
 
     # values: finite; probabilities in [0, 1] with rows summing to 1
     mn, mx = torch.aminmax(p)
@@ -227,7 +247,7 @@ def prepare(probs: Any, labels: Any, *, from_logits: bool = False) -> MetricInpu
         out.logits, out.logsumexp = p, lse
         out.probs = torch.exp(p - lse.unsqueeze(1))
     else:
-        sums = p.sum(dim=1)
+        sums = p.sum(dim=1, dtype=torch.float64)  # float64 accumulation, as the compiled scan does
         lo_sum, hi_sum = (float(v) for v in torch.aminmax(sums))
         tol = ROW_SUM_ATOL + 4 * num_classes * torch.finfo(p.dtype).eps
         if not (abs(lo_sum - 1.0) <= tol and abs(hi_sum - 1.0) <= tol):

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import _fast
+
 #: Element budget of one row chunk / column block (bounds temporaries to ~100 MB).
 CHUNK_ELEMENTS = 1 << 22
 
@@ -157,6 +159,8 @@ def even_sub_stats_1d(binner: EvenBinner, values: Tensor, groups: Tensor | None 
     """Per-(group, sub-bin) counts, value sums and (optional) weight sums, all float64,
     for a 1-D tensor of values. Shapes (num_groups, num_sub)."""
     s = binner.num_sub
+    if (weights is None or weights.dtype == torch.bool) and _fast.usable(values, min_elements=_fast.FAST_MIN_VALUES):
+        return _fast.even_histogram(values, binner.boundaries, groups, num_groups, weights)
     idx = binner.sub_index(values)
     if groups is not None:
         idx = groups * s + idx

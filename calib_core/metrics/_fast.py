@@ -1,0 +1,234 @@
+"""Compiled CPU kernels (numba) for the two passes that dominate large CPU inputs.
+
+Used only for CPU tensors of at least :data:`FAST_MIN_ELEMENTS` values; smaller inputs,
+other devices and every error case take the plain torch path, so error messages and the
+numbers are the same either way (tests/test_metrics_fast.py checks both paths agree).
+
+* :func:`scan_rows` validates an (N, K) probability matrix *and* finds each row's
+  confidence and first argmax in one read of the matrix. The vectorised torch path needs
+  three reads (min/max, row sums, argmax) and the argmax alone costs more than the other
+  two together. For float32 the first argmax comes from an int64 max over the keys
+  ``(bits << 32) | (K - 1 - j)``, which vectorises; float64 rows are searched for their max
+  while still in L1. Values are compared through their IEEE bit patterns as integers: for
+  non-negative floats the integer order is the float order, integer max/min vectorise, and
+  any negative number, -0.0, NaN or inf shows up as a bit pattern outside
+  ``[0, bits(1.0)]``, which sends the input to the torch path (which names the problem).
+* :func:`even_histogram` is the bucketize + bincount of even binning in one loop. Values
+  are added to their bins in input order, the same order as ``np.bincount``, so the float64
+  sums are bit-identical to the torch path's.
+
+Parallelism: the row range is split over ``torch.get_num_threads()`` Python threads (the
+kernels release the GIL), not numba's own thread pool, so concurrent callers are safe and
+the thread budget a trial sets for torch also bounds these kernels.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+#: Matrices with fewer values than this use the torch path (no compile cost for small data).
+FAST_MIN_ELEMENTS = 1 << 20
+#: The same for the 1-D values of :func:`even_histogram`.
+FAST_MIN_VALUES = 1 << 16
+
+#: Below this many rows per thread, splitting over threads costs more than it saves.
+_MIN_ROWS_PER_THREAD = 1 << 14
+
+_BITS = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+_ONE_BITS = {np.dtype(np.float32): int(np.float32(1.0).view(np.int32)),
+             np.dtype(np.float64): int(np.float64(1.0).view(np.int64))}
+
+_kernels: dict[str, Callable] | None = None
+_enabled = True
+
+
+def set_enabled(flag: bool) -> bool:
+    """Turn the compiled path on or off (tests compare both); returns the previous setting."""
+    global _enabled
+    previous, _enabled = _enabled, bool(flag)
+    return previous
+
+
+def _njit(fn: Callable, **opts) -> Callable:
+    import numba
+
+    try:
+        return numba.njit(nogil=True, cache=True, **opts)(fn)
+    except RuntimeError:  # no writable cache location (read-only image): compile per process
+        return numba.njit(nogil=True, cache=False, **opts)(fn)
+
+
+def _build() -> dict[str, Callable] | None:
+    """Compile (or load from numba's cache) the kernels; None when numba is unavailable."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return None
+
+    # reassoc lets LLVM vectorise the row sum; no nnan/ninf, so NaN and inf still propagate
+    fast = {"reassoc", "nsz", "arcp", "contract"}
+
+    def scan_search(p, bits, tol, conf, pred, lo, hi):
+        k = p.shape[1]
+        gmin = np.int64(bits[lo, 0])
+        gmax = np.int64(bits[lo, 0])
+        off = 0
+        for i in range(lo, hi):
+            s = 0.0
+            mx = bits[i, 0]
+            mn = bits[i, 0]
+            for j in range(k):
+                s += p[i, j]
+                b = bits[i, j]
+                mx = max(mx, b)
+                mn = min(mn, b)
+            idx = 0
+            for j in range(k):  # the row is in L1 now; first maximal index, like np.argmax
+                if bits[i, j] == mx:
+                    idx = j
+                    break
+            conf[i] = p[i, idx]
+            pred[i] = idx
+            if not abs(s - 1.0) <= tol:  # written so that a NaN sum counts as off
+                off += 1
+            gmin = min(gmin, np.int64(mn))
+            gmax = max(gmax, np.int64(mx))
+        return gmin, gmax, off
+
+    def scan_key32(p, bits, tol, conf, pred, lo, hi):
+        # float32 only: the key (bits << 32) | (K - 1 - j) has its maximum at the row's first
+        # maximal entry, and an int64 max reduction vectorises where a search loop cannot
+        k = p.shape[1]
+        gmin = np.int64(bits[lo, 0])
+        gmax = np.int64(bits[lo, 0])
+        off = 0
+        for i in range(lo, hi):
+            s = 0.0
+            key = np.int64(-1) << 62
+            mn = bits[i, 0]
+            for j in range(k):
+                s += p[i, j]
+                b = bits[i, j]
+                key = max(key, (np.int64(b) << 32) | np.int64(k - 1 - j))
+                mn = min(mn, b)
+            idx = k - 1 - (key & 0xFFFFFFFF)
+            conf[i] = p[i, idx]
+            pred[i] = idx
+            if not abs(s - 1.0) <= tol:  # written so that a NaN sum counts as off
+                off += 1
+            gmin = min(gmin, np.int64(mn))
+            gmax = max(gmax, key >> 32)
+        return gmin, gmax, off
+
+    def hist(values, bounds, groups, num_sub, flags, counts, sums, flag_sums, lo, hi):
+        nb = bounds.shape[0]
+        grouped = groups.shape[0] > 0
+        flagged = flags.shape[0] > 0
+        for i in range(lo, hi):
+            v = values[i]
+            slot = 0
+            for b in range(nb):  # number of boundaries <= v (bucketize right=True); branch-free
+                slot += bounds[b] <= v
+            if grouped:
+                slot += groups[i] * num_sub
+            counts[slot] += 1.0
+            sums[slot] += v
+            if flagged:
+                flag_sums[slot] += flags[i]
+        return 0
+
+    return {"scan64": _njit(scan_search, fastmath=fast), "scan32": _njit(scan_key32, fastmath=fast),
+            "hist": _njit(hist)}
+
+
+def _get() -> dict[str, Callable] | None:
+    global _kernels
+    if _kernels is None:
+        _kernels = _build() or {}
+    return _kernels or None
+
+
+def usable(t: Tensor, min_elements: int | None = None) -> bool:
+    """True when ``t`` has at least ``min_elements`` values (default :data:`FAST_MIN_ELEMENTS`),
+    is a contiguous float32/float64 CPU tensor, and the kernels exist."""
+    least = FAST_MIN_ELEMENTS if min_elements is None else min_elements
+    return (_enabled and t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+            and t.numel() >= least and t.is_contiguous() and _get() is not None)
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _split(kernel: Callable, n: int, args: Callable[[int], tuple]) -> list:
+    """Run ``kernel(*args(t), lo, hi)`` on consecutive row ranges, one per thread, in parallel.
+
+    ``args(t)`` gives the arguments of the t-th range (so each can write its own partial
+    results). Ranges follow ``torch.get_num_threads()``; results come back in range order.
+    """
+    global _pool
+    threads = max(1, min(torch.get_num_threads(), n // _MIN_ROWS_PER_THREAD))
+    cuts = [n * t // threads for t in range(threads + 1)]
+    if threads == 1:
+        return [kernel(*args(0), 0, n)]
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < threads:
+            _pool = ThreadPoolExecutor(max(threads, 2), thread_name_prefix="calib-metrics")
+        pool = _pool
+    futures = [pool.submit(kernel, *args(t), cuts[t], cuts[t + 1]) for t in range(threads)]
+    return [f.result() for f in futures]
+
+
+@dataclass
+class RowScan:
+    """One read of an (N, K) matrix: the top label of each row and whether the matrix is a
+    valid probability matrix (every value a non-negative float <= 1, so no -0.0, NaN or inf,
+    and every row sum, accumulated in float64, within the tolerance of 1)."""
+
+    conf: Tensor
+    pred: Tensor
+    valid: bool
+
+
+def scan_rows(p: Tensor, row_sum_tol: float) -> RowScan:
+    """Confidence and first argmax of each row, and the validity check, in one pass."""
+    arr = p.numpy()
+    scan = _get()["scan32" if arr.dtype == np.float32 else "scan64"]
+    n = arr.shape[0]
+    bits = arr.view(_BITS[arr.dtype])
+    conf = np.empty(n, dtype=arr.dtype)
+    pred = np.empty(n, dtype=np.int64)
+    parts = _split(scan, n, lambda t: (arr, bits, row_sum_tol, conf, pred))
+    lo = min(int(part[0]) for part in parts)
+    hi = max(int(part[1]) for part in parts)
+    rows_off = sum(int(part[2]) for part in parts)
+    valid = lo >= 0 and hi <= _ONE_BITS[arr.dtype] and rows_off == 0
+    return RowScan(torch.from_numpy(conf), torch.from_numpy(pred), valid)
+
+
+def even_histogram(values: Tensor, boundaries: Tensor, groups: Tensor | None, num_groups: int,
+                   flags: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Per-(group, sub-bin) counts, value sums and flag sums (float64, shape (G, S)), where a
+    value's sub-bin is the number of ``boundaries`` <= it. Same numbers as bucketize + bincount
+    up to the order of float64 additions (each thread sums its own range, then ranges add up)."""
+    hist = _get()["hist"]
+    num_sub = boundaries.numel() + 1
+    size = num_groups * num_sub
+    threads = max(1, torch.get_num_threads())
+    counts = np.zeros((threads, size), dtype=np.float64)
+    sums = np.zeros((threads, size), dtype=np.float64)
+    flag_sums = np.zeros((threads, size if flags is not None else 0), dtype=np.float64)
+    g = groups.numpy().astype(np.int64, copy=False) if groups is not None else np.empty(0, dtype=np.int64)
+    f = flags.numpy().view(np.uint8) if flags is not None else np.empty(0, dtype=np.uint8)
+    v, b = values.numpy(), boundaries.numpy()
+    _split(hist, v.shape[0], lambda t: (v, b, g, num_sub, f, counts[t], sums[t], flag_sums[t]))
+    view = (num_groups, num_sub)
+    out_flags = torch.from_numpy(flag_sums.sum(axis=0)).view(view) if flags is not None else None
+    return torch.from_numpy(counts.sum(axis=0)).view(view), torch.from_numpy(sums.sum(axis=0)).view(view), out_flags
