@@ -27,8 +27,8 @@ def calls(monkeypatch):
     assert _fast._get() is not None, "numba is a dependency; the compiled kernels must build"
     monkeypatch.setattr(_fast, "FAST_MIN_ELEMENTS", 1)
     monkeypatch.setattr(_fast, "FAST_MIN_VALUES", 1)
-    counts = {"scan": 0, "hist": 0}
-    scan, hist = _fast.scan_rows, _fast.even_histogram
+    counts = {"scan": 0, "hist": 0, "hist2d": 0}
+    scan, hist, hist2d = _fast.scan_rows, _fast.even_histogram, _fast.even_histogram_2d
 
     def counted_scan(*a, **k):
         counts["scan"] += 1
@@ -38,8 +38,13 @@ def calls(monkeypatch):
         counts["hist"] += 1
         return hist(*a, **k)
 
+    def counted_hist2d(*a, **k):
+        counts["hist2d"] += 1
+        return hist2d(*a, **k)
+
     monkeypatch.setattr(_fast, "scan_rows", counted_scan)
     monkeypatch.setattr(_fast, "even_histogram", counted_hist)
+    monkeypatch.setattr(_fast, "even_histogram_2d", counted_hist2d)
     return counts
 
 
@@ -62,7 +67,19 @@ def test_compiled_path_matches_reference_every_knob(name, calls):
                                    threshold=thr)
         assert abs(ours - _ref(p, y, b, binning, top, cc, thr)) <= ATOL, (name, binning, top, cc, thr)
     assert calls["scan"] == len(KNOBS)
-    assert calls["hist"] > 0
+    assert calls["hist"] > 0 and calls["hist2d"] > 0
+
+
+def test_compiled_streaming_equals_reference(calls):
+    p, y, b = _case("ones_and_zeros")
+    acc = M.CalibrationAccumulator(p.shape[1], b)
+    for r0 in range(0, len(y), 70):
+        acc.update(p[r0:r0 + 70], y[r0:r0 + 70])
+    got = acc.compute()
+    for key, (top, cc, thr) in {"ece": (True, False, 0.0), "sce": (False, True, 0.0),
+                                "classwise_ece": (False, True, None)}.items():
+        assert abs(got[key] - _ref(p, y, b, "even", top, cc, thr)) <= ATOL, key
+    assert calls["hist2d"] > 0
 
 
 @pytest.mark.parametrize("name", ["dirichlet_k10", "ties_quantized", "on_bin_edges", "ones_and_zeros"])

@@ -13,9 +13,10 @@ numbers are the same either way (tests/test_metrics_fast.py checks both paths ag
   non-negative floats the integer order is the float order, integer max/min vectorise, and
   any negative number, -0.0, NaN or inf shows up as a bit pattern outside
   ``[0, bits(1.0)]``, which sends the input to the torch path (which names the problem).
-* :func:`even_histogram` is the bucketize + bincount of even binning in one loop. Values
-  are added to their bins in input order, the same order as ``np.bincount``, so the float64
-  sums are bit-identical to the torch path's.
+* :func:`even_histogram` (1-D values) and :func:`even_histogram_2d` (every entry of a
+  matrix, per column or pooled) are the bucketize + bincount of even binning in one loop,
+  each thread filling its own partial bins; the float64 sums equal the torch path's up to
+  the order of additions.
 
 Parallelism: the row range is split over ``torch.get_num_threads()`` Python threads (the
 kernels release the GIL), not numba's own thread pool, so concurrent callers are safe and
@@ -144,8 +145,23 @@ def _build() -> dict[str, Callable] | None:
                 flag_sums[slot] += flags[i]
         return 0
 
+    def hist2d(p, bounds, num_sub, columns, counts, sums, lo, hi):
+        k = p.shape[1]
+        nb = bounds.shape[0]
+        for i in range(lo, hi):
+            for j in range(k):
+                v = p[i, j]
+                slot = 0
+                for b in range(nb):
+                    slot += bounds[b] <= v
+                if columns:
+                    slot += j * num_sub
+                counts[slot] += 1.0
+                sums[slot] += v
+        return 0
+
     return {"scan64": _njit(scan_search, fastmath=fast), "scan32": _njit(scan_key32, fastmath=fast),
-            "hist": _njit(hist)}
+            "hist": _njit(hist), "hist2d": _njit(hist2d)}
 
 
 def _get() -> dict[str, Callable] | None:
@@ -232,3 +248,19 @@ def even_histogram(values: Tensor, boundaries: Tensor, groups: Tensor | None, nu
     view = (num_groups, num_sub)
     out_flags = torch.from_numpy(flag_sums.sum(axis=0)).view(view) if flags is not None else None
     return torch.from_numpy(counts.sum(axis=0)).view(view), torch.from_numpy(sums.sum(axis=0)).view(view), out_flags
+
+
+def even_histogram_2d(probs: Tensor, boundaries: Tensor, columns: bool) -> tuple[Tensor, Tensor]:
+    """Counts and value sums per (column or pooled group, sub-bin) over every entry of an
+    (N, K) matrix, float64, shape (K or 1, S). Same numbers as the torch path's chunked
+    bucketize + bincount up to the order of float64 additions."""
+    hist2d = _get()["hist2d"]
+    arr, b = probs.numpy(), boundaries.numpy()
+    num_sub = b.shape[0] + 1
+    groups = arr.shape[1] if columns else 1
+    threads = max(1, torch.get_num_threads())
+    counts = np.zeros((threads, groups * num_sub), dtype=np.float64)
+    sums = np.zeros((threads, groups * num_sub), dtype=np.float64)
+    _split(hist2d, arr.shape[0], lambda t: (arr, b, num_sub, columns, counts[t], sums[t]))
+    view = (groups, num_sub)
+    return torch.from_numpy(counts.sum(axis=0)).view(view), torch.from_numpy(sums.sum(axis=0)).view(view)

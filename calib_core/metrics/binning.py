@@ -184,6 +184,8 @@ def even_sub_stats_2d(binner: EvenBinner, probs: Tensor, *, columns: bool) -> tu
 
     ``columns=True``: one group per column -> (K, num_sub); else one pooled group -> (1, num_sub).
     """
+    if _fast.usable(probs):
+        return _fast.even_histogram_2d(probs, binner.boundaries, columns)
     n, k = probs.shape
     s = binner.num_sub
     g = k if columns else 1
