@@ -114,6 +114,7 @@ def test_first_argmax_among_ties(dtype, calls):
 
 def _large(dtype: torch.dtype, seed: int = 0, n: int = 12_000, k: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
     """A matrix above the real thresholds, with ties, exact 1.0 rows, zeros and quantised rows."""
+    assert n >= 2000 and k > 50, "the special rows need n >= 2000 and k > 50"
     g = torch.Generator().manual_seed(seed)
     p = torch.softmax(torch.randn(n, k, generator=g, dtype=torch.float64) * 3, dim=1)
     p[:500] = torch.nn.functional.one_hot(torch.randint(0, k, (500,), generator=g), k).double()
@@ -254,3 +255,25 @@ def test_read_only_cache_falls_back_to_uncached_compilation(monkeypatch):
         return a + b
 
     assert _fast._njit(add)(2, 3) == 5
+
+
+def test_forked_child_scans_with_a_fresh_thread_pool():
+    # (torch's own OpenMP ops hang in a child forked after the parent used them, so the child
+    # calls only the compiled scan, which needs our thread pool and no torch parallelism)
+    import multiprocessing as mp
+
+    p, _ = _large(torch.float32, seed=4, n=40_000, k=60)  # >= 2 x 16384 rows: two threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert _fast.scan_rows(p, 1e-4).valid  # the parent's pool now exists
+        with mp.get_context("fork").Pool(1) as pool:
+            pred = pool.apply_async(_scan_in_child, (p.numpy(),)).get(timeout=60)
+    finally:
+        torch.set_num_threads(before)
+    assert np.array_equal(pred, np.argmax(p.numpy(), axis=1))
+
+
+def _scan_in_child(p: np.ndarray) -> np.ndarray:
+    torch.set_num_threads(2)  # the split over two threads needs the pool
+    return _fast.scan_rows(torch.from_numpy(p), 1e-4).pred.numpy()

@@ -25,6 +25,7 @@ the thread budget a trial sets for torch also bounds these kernels.
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -164,10 +165,15 @@ def _build() -> dict[str, Callable] | None:
             "hist": _njit(hist), "hist2d": _njit(hist2d)}
 
 
+_build_lock = threading.Lock()
+
+
 def _get() -> dict[str, Callable] | None:
     global _kernels
     if _kernels is None:
-        _kernels = _build() or {}
+        with _build_lock:
+            if _kernels is None:
+                _kernels = _build() or {}
     return _kernels or None
 
 
@@ -180,6 +186,7 @@ def usable(t: Tensor, min_elements: int | None = None) -> bool:
 
 
 _pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
 _pool_lock = threading.Lock()
 
 
@@ -189,14 +196,16 @@ def _split(kernel: Callable, n: int, args: Callable[[int], tuple]) -> list:
     ``args(t)`` gives the arguments of the t-th range (so each can write its own partial
     results). Ranges follow ``torch.get_num_threads()``; results come back in range order.
     """
-    global _pool
+    global _pool, _pool_pid
     threads = max(1, min(torch.get_num_threads(), n // _MIN_ROWS_PER_THREAD))
     cuts = [n * t // threads for t in range(threads + 1)]
     if threads == 1:
         return [kernel(*args(0), 0, n)]
     with _pool_lock:
-        if _pool is None or _pool._max_workers < threads:
+        # a forked child inherits the pool object but not its threads: make a new one there
+        if _pool is None or _pool_pid != os.getpid() or _pool._max_workers < threads:
             _pool = ThreadPoolExecutor(max(threads, 2), thread_name_prefix="calib-metrics")
+            _pool_pid = os.getpid()
         pool = _pool
     futures = [pool.submit(kernel, *args(t), cuts[t], cuts[t + 1]) for t in range(threads)]
     return [f.result() for f in futures]
