@@ -43,6 +43,7 @@ from torchvision.datasets import CelebA
 from torchvision.datasets.utils import calculate_md5
 
 from calib_core.config import DataConfig
+from calib_core.data.fetch import ensure_files
 from calib_core.data.multitask import Task
 from calib_core.data.splits import DataSplits, Split, channel_stats, standardize
 
@@ -144,22 +145,18 @@ def load_celeba_splits(
     if image_size < 1:
         raise ValueError(f"image_size must be >= 1, got {image_size}")
     root = Path(root).expanduser().absolute()
-    missing = missing_files(root)
-    if missing and not download:
+
+    def not_found(missing: list[Path]) -> str:
         where = "does not exist" if not root.is_dir() else f"lacks {', '.join(map(str, missing))}"
-        raise FileNotFoundError(
+        return (
             f"{NAME}: dataset files not found: data.root={root} {where}. Place torchvision's CelebA files there "
             f"(celeba/{IMAGE_DIR}/*.jpg, " + ", ".join(f"celeba/{f}" for f in LIST_FILES) + "), "
             "or set data.download=true on a machine with internet access."
         )
-    if missing:
-        try:
-            CelebA(str(root), split="train", target_type="attr", download=True)
-        except Exception as exc:  # network / gdown errors come in many types
-            raise RuntimeError(f"{NAME}: download to {root} failed: {exc}") from exc
-        missing = missing_files(root)
-        if missing:
-            raise FileNotFoundError(f"{NAME}: still missing after download: {', '.join(map(str, missing))}")
+
+    ensure_files(NAME, root, lambda: missing_files(root),
+                 lambda: CelebA(str(root), split="train", target_type="attr", download=True),
+                 allowed=download, not_found=not_found)
     if verify_checksums:
         verify_list_checksums(root)
     parts = {

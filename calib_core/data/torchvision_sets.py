@@ -37,6 +37,7 @@ from torchvision.datasets import CIFAR10, CIFAR100, MNIST, SVHN, FashionMNIST
 from torchvision.datasets.utils import calculate_md5
 
 from calib_core.config import DataConfig
+from calib_core.data.fetch import ensure_files
 from calib_core.data.splits import CropFlip, DataSplits, Split, channel_stats, split_indices, standardize
 
 RawArrays = tuple[Tensor, Tensor, Tensor, Tensor]  # x_train uint8 NCHW, y_train, x_test, y_test
@@ -160,22 +161,17 @@ def read_raw(cfg: DataConfig) -> RawArrays:
     """The official train and test arrays (uint8 images NCHW, int64 labels), checked."""
     spec = SPECS[cfg.name]
     root = dataset_root(cfg)
-    missing = missing_files(spec, root)
-    if missing and not cfg.download:
+
+    def not_found(missing: list[Path]) -> str:
         where = "does not exist" if not root.is_dir() else f"lacks {_some([str(p) for p in missing])}"
-        raise FileNotFoundError(
+        return (
             f"{spec.name}: dataset files not found: data.root={root} {where}. Place torchvision's "
             f"{spec.name} files there ({', '.join(spec.files[:2])}, ...), or set data.download=true "
             "on a machine with internet access."
         )
-    if missing:
-        try:
-            spec.read(root, True)
-        except Exception as exc:  # network errors come in many types (URLError, RuntimeError, OSError)
-            raise RuntimeError(f"{spec.name}: download to {root} failed: {exc}") from exc
-        missing = missing_files(spec, root)
-        if missing:
-            raise FileNotFoundError(f"{spec.name}: still missing after download: {', '.join(map(str, missing))}")
+
+    ensure_files(spec.name, root, lambda: missing_files(spec, root), lambda: spec.read(root, True),
+                 allowed=cfg.download, not_found=not_found)
     if cfg.verify_checksums:
         verify_checksums(spec, root)
     x_tr, y_tr, x_te, y_te = spec.read(root, False)
