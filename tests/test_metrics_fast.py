@@ -7,6 +7,7 @@ a test cannot pass by silently taking the torch path.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -277,3 +278,15 @@ def test_forked_child_scans_with_a_fresh_thread_pool():
 def _scan_in_child(p: np.ndarray) -> np.ndarray:
     torch.set_num_threads(2)  # the split over two threads needs the pool
     return _fast.scan_rows(torch.from_numpy(p), 1e-4).pred.numpy()
+
+
+def test_environment_variable_turns_the_kernels_off():
+    import subprocess
+    import sys
+
+    code = ("import torch; from calib_core.metrics import _fast; "
+            "print(_fast.usable(torch.rand(2048, 1024)))")
+    for value, expected in (("1", "False"), ("", "True")):
+        env = {**os.environ, _fast.DISABLE_ENV: value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == expected, (value, out.stderr)

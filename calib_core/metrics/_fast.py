@@ -47,8 +47,11 @@ _BITS = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
 _ONE_BITS = {np.dtype(np.float32): int(np.float32(1.0).view(np.int32)),
              np.dtype(np.float64): int(np.float64(1.0).view(np.int64))}
 
+#: Set to 1 to keep every input on the torch path (e.g. to rule the kernels out when debugging).
+DISABLE_ENV = "CALIB_METRICS_NO_JIT"
+
 _kernels: dict[str, Callable] | None = None
-_enabled = True
+_enabled = os.environ.get(DISABLE_ENV, "").strip().lower() not in ("1", "true", "yes")
 
 
 def set_enabled(flag: bool) -> bool:
