@@ -63,6 +63,10 @@ class TrainConfig(_Strict):
     weight_decay: float = Field(default=0.0, ge=0.0)
     lr_schedule: Literal["none", "cosine", "step"] = "cosine"
     max_grad_norm: float | None = Field(default=None, gt=0.0)
+    head_lr: float | None = Field(
+        default=None, gt=0.0,
+        description="learning rate of the model's head (its last linear layer) in the backbone optimizer; None = lr",
+    )
 
     calibrator: CalibratorName = "temperature"
     calibrator_lr: float = Field(default=1e-2, gt=0.0)
@@ -100,6 +104,9 @@ class TrainConfig(_Strict):
             raise ValueError("method 'posthoc' fits on held-out data: calibrator_data must be 'holdout:f'")
         if self.method == "onego" and self.calibrator == "none":
             raise ValueError("method 'onego' needs a calibrator (not 'none'); use method 'ce' for plain CE")
+        if self.head_lr is not None and self.method == "onego" and self.calibrator == "last_layer" and not self.warmup_epochs:
+            raise ValueError("train.head_lr has no effect with method 'onego' and calibrator 'last_layer' (the head "
+                             "is the calibrator, trained at calibrator_lr) unless warmup_epochs > 0")
         if self.hypergradient == "unrolled" and self.calibrator in ("last_layer", "mlp"):
             raise ValueError("hypergradient 'unrolled' supports temperature, vector, matrix and dirichlet calibrators")
         return self

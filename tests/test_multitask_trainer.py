@@ -259,3 +259,13 @@ def test_registered_multitask_dataset_trains_end_to_end():
     res = make_trainer(cfg, d).fit()
     assert res.status == "completed"
     assert {"val_ece", "val_digit_ece", "val_prime_accuracy"} <= set(res.history[0])
+
+
+def test_head_lr_applies_to_every_task_head(data):
+    cfg = _cfg(method="ce", optimizer="sgd", momentum=0.0, lr=0.1, lr_schedule="none", epochs=1, head_lr=1e-10)
+    t = make_trainer(cfg, data)
+    heads0 = [p.detach().clone() for p in t.model.heads.parameters()]
+    t.fit()
+    moved = max(float((p.detach() - q).abs().max()) for p, q in zip(t.model.heads.parameters(), heads0))
+    assert moved < 1e-8
+    assert [g["lr"] for g in t.backbone_opt.param_groups] == [0.1, 1e-10]

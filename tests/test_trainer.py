@@ -276,3 +276,38 @@ def test_train_result_and_epoch_reports(data):
     assert len(res.epoch_times) == 2 and res.wall_time >= sum(res.epoch_times) * 0.99
     assert set(res.test_metrics) >= {"accuracy", "nll", "ece"}
     assert res.calibrator_info["temperature"] != 1.0
+
+
+# ---------------------------------------------------------------------------- head_lr
+def _sgd(**train) -> RunConfig:
+    return _cfg(method="ce", optimizer="sgd", momentum=0.0, lr=0.1, epochs=1, **train)
+
+
+def test_head_lr_moves_the_head_at_its_own_rate(data):
+    # plain SGD: each step moves a parameter by -lr * grad, so a head at 1e-9 x the rate stays put
+    t = Trainer(_sgd(head_lr=1e-10), data)
+    head0 = [p.detach().clone() for p in t.model.head.parameters()]
+    feat0 = [p.detach().clone() for n, p in t.model.named_parameters() if not n.startswith("head.")]
+    t.fit()
+    head_moves = max(float((p.detach() - q).abs().max()) for p, q in zip(t.model.head.parameters(), head0))
+    feat_moves = max(float((p.detach() - q).abs().max()) for (n, p), q in
+                     zip([(n, p) for n, p in t.model.named_parameters() if not n.startswith("head.")], feat0))
+    assert head_moves < 1e-8 < 1e-3 < feat_moves
+    groups = t.backbone_opt.param_groups
+    assert [g["lr"] for g in groups] == [0.1, 1e-10]
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in t.model.head.parameters()}
+
+
+def test_head_lr_equal_to_lr_changes_nothing(data):
+    a = Trainer(_sgd(), data)
+    a.fit()
+    b = Trainer(_sgd(head_lr=0.1), data)
+    b.fit()
+    for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values()):
+        assert torch.equal(p, q)
+
+
+def test_head_lr_with_last_layer_calibrator_is_refused_without_warmup():
+    with pytest.raises(ValueError, match="head_lr has no effect.*last_layer"):
+        _cfg(calibrator="last_layer", head_lr=1e-3)
+    _cfg(calibrator="last_layer", head_lr=1e-3, warmup_epochs=1)  # the warm-up trains the head

@@ -50,7 +50,7 @@ from calib_core.config import RunConfig
 from .calibrator_batches import HoldoutCycler
 from .hypergradient import lookahead_params
 from .result import TrainResult
-from .schedule import backbone_optimizer, calibrator_optimizer, lr_scheduler
+from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
 from .trainer import EVAL_BATCH, Diverged, Trainer, _cpu_copy
 
 MISSING = -1
@@ -200,7 +200,7 @@ class MultiTaskTrainer(Trainer):
         if not self.feature_params:
             raise ValueError("the backbone has no parameters besides the heads: nothing for the backbone player to train")
         self.head_warmup = last_layer and tc.warmup_epochs > 0
-        groups = [{"params": self.feature_params}] + ([{"params": self.head_params}] if self.head_warmup else [])
+        groups = backbone_param_groups(self.feature_params, self.model.heads, self.head_params if self.head_warmup else [], tc)
         self.backbone_opt = backbone_optimizer(groups, tc)
         self.scheduler = lr_scheduler(self.backbone_opt, tc)
         self.task_cal_params: list[list[nn.Parameter]] = (

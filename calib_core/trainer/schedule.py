@@ -10,6 +10,24 @@ from torch import nn
 from calib_core.config import TrainConfig
 
 
+def backbone_param_groups(feature_params: list[nn.Parameter], head: nn.Module, warmup_head_params: list[nn.Parameter],
+                          cfg: TrainConfig) -> list[dict]:
+    """The backbone optimizer's parameter groups.
+
+    ``feature_params`` are what the backbone player trains (the model's own head included
+    unless the head is the calibrator); ``warmup_head_params`` join only for a last-layer
+    warm-up. With ``cfg.head_lr`` the parameters of ``head`` found among them form their own
+    group at that learning rate (the schedule scales both groups alike).
+    """
+    trained = feature_params + warmup_head_params
+    if cfg.head_lr is None:
+        return [{"params": feature_params}] + ([{"params": warmup_head_params}] if warmup_head_params else [])
+    head_ids = {id(p) for p in head.parameters()}
+    rest = [p for p in trained if id(p) not in head_ids]
+    heads = [p for p in trained if id(p) in head_ids]
+    return [{"params": rest}] + ([{"params": heads, "lr": cfg.head_lr}] if heads else [])
+
+
 def backbone_optimizer(param_groups: list[dict], cfg: TrainConfig) -> torch.optim.Optimizer:
     """The backbone's optimizer (cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum)."""
     if cfg.optimizer == "sgd":

@@ -31,7 +31,7 @@ from calib_core.losses import make_loss
 from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, holdout_split
 from .hypergradient import unrolled_loss
 from .result import CalibratedModel, EpochReport, TrainResult
-from .schedule import backbone_optimizer, calibrator_optimizer, lr_scheduler
+from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
 
 STATE_VERSION = 1
 EVAL_BATCH = 1024
@@ -139,7 +139,7 @@ class Trainer:
         if not self.feature_params:
             raise ValueError("the backbone has no parameters besides the head: nothing for the backbone player to train")
         self.head_warmup = last_layer and tc.warmup_epochs > 0
-        groups = [{"params": self.feature_params}] + ([{"params": self.head_params}] if self.head_warmup else [])
+        groups = backbone_param_groups(self.feature_params, self.model.head, self.head_params if self.head_warmup else [], tc)
         self.backbone_opt = backbone_optimizer(groups, tc)
         self.scheduler = lr_scheduler(self.backbone_opt, tc)
         self.cal_params = [p for p in self.calibrator.parameters() if p.requires_grad] if self.train_calibrator is not None else []
