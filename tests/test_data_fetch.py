@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
-import threading
 import time
 from pathlib import Path
 
@@ -16,8 +15,10 @@ from calib_core.data.fetch import LOCK_NAME, ensure_files
 from calib_core.data.torchvision_sets import SPECS
 
 try:
+    from concurrency import run_on_threads
     from fixtures_fabricate import fabricate_cifar10
 except ImportError:  # tests/ imported as a package
+    from tests.concurrency import run_on_threads
     from tests.fixtures_fabricate import fabricate_cifar10
 
 
@@ -55,12 +56,7 @@ def test_processes_download_once_and_all_see_complete_files(tmp_path):
 
 def test_threads_download_once(tmp_path):
     root, log = tmp_path / "data", tmp_path / "log.txt"
-    out: list[bytes] = []
-    threads = [threading.Thread(target=lambda: out.append(_fetch_in_process(str(root), str(log)))) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = run_on_threads(lambda: _fetch_in_process(str(root), str(log)), 4)
     assert log.read_text().splitlines() == ["download"]
     assert out == [b"halfhalf"] * 4
 
@@ -108,20 +104,6 @@ def test_cifar_trials_starting_together_download_once(tmp_path, monkeypatch):
 
     monkeypatch.setitem(SPECS, "cifar10", dataclasses.replace(spec, read=fake_read))
     cfg = DataConfig(name="cifar10", root=str(tmp_path), download=True, verify_checksums=False)
-    sizes: list[int] = []
-    errors: list[BaseException] = []
-
-    def trial():
-        try:
-            sizes.append(len(load_dataset(cfg, 0).train))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=trial) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    sizes = run_on_threads(lambda: len(load_dataset(cfg, 0).train), 3)
     assert len(calls) == 1
     assert len(set(sizes)) == 1 and sizes[0] > 0

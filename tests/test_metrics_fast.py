@@ -8,7 +8,6 @@ a test cannot pass by silently taking the torch path.
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 import calib_core.metrics as M
 from calib_core.metrics import _fast
+from concurrency import run_on_threads
 from reference.uncertainty_metrics_ref import reference_gce
 from test_metrics_reference import CASES, KNOBS, _case, _ref
 
@@ -166,23 +166,8 @@ def test_thread_count_does_not_change_results():
 def test_concurrent_callers_get_the_same_numbers():
     p, y = _large(torch.float32, seed=2)
     expected = float(M.ece(p, y))
-    results: list[float] = []
-    errors: list[BaseException] = []
-
-    def work():
-        try:
-            for _ in range(3):
-                results.append(float(M.ece(p, y)))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-    assert results == [expected] * 12
+    results = run_on_threads(lambda: [float(M.ece(p, y)) for _ in range(3)], 4)
+    assert results == [[expected] * 3] * 4
 
 
 BAD = {
