@@ -40,10 +40,9 @@ import torch
 from PIL import Image
 from torch import Tensor
 from torchvision.datasets import CelebA
-from torchvision.datasets.utils import calculate_md5
 
 from calib_core.config import DataConfig
-from calib_core.data.fetch import ensure_files
+from calib_core.data.fetch import ensure_files, verify_md5
 from calib_core.data.multitask import Task
 from calib_core.data.splits import DataSplits, Split, channel_stats, standardize
 
@@ -80,16 +79,7 @@ def missing_files(root: Path) -> list[Path]:
 def verify_list_checksums(root: Path) -> None:
     """ValueError naming every list file whose md5 differs from the official one."""
     base = Path(root) / CelebA.base_folder
-    bad = []
-    for fname, md5 in OFFICIAL_MD5.items():
-        got = calculate_md5(base / fname)
-        if got != md5:
-            bad.append(f"{base / fname} (md5 {got}, official {md5})")
-    if bad:
-        raise ValueError(
-            f"{NAME}: files differ from the official release: {', '.join(bad)}. "
-            "Re-download them, or set data.verify_checksums=false to use this copy as it is."
-        )
+    verify_md5(NAME, {base / fname: md5 for fname, md5 in OFFICIAL_MD5.items()})
 
 
 def _load_image(path: Path, size: int) -> np.ndarray:

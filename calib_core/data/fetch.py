@@ -5,6 +5,7 @@ would otherwise all find the files missing and download into the same folder at 
 overwriting each other's half-written archives. The download therefore runs under an
 exclusive file lock ``<root>/.calib-download.lock`` (``flock``, released by the kernel if the
 holder dies); whoever waited re-checks the files and downloads only if they are still missing.
+:func:`verify_md5` compares files with their official checksums for every loader.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+from torchvision.datasets.utils import calculate_md5
 
 LOCK_NAME = ".calib-download.lock"
 
@@ -53,3 +55,19 @@ def ensure_files(name: str, root: Path, missing: Callable[[], list[Path]], downl
             raise FileNotFoundError(f"{name}: still missing after download: {', '.join(map(str, gone))}")
     finally:
         lock.release()
+
+
+def some(items: list[str], k: int = 3) -> str:
+    """The first ``k`` items joined, and how many more there are."""
+    return ", ".join(items[:k]) + (f" and {len(items) - k} more" if len(items) > k else "")
+
+
+def verify_md5(name: str, official: dict[Path, str]) -> None:
+    """ValueError naming every file whose md5 differs from its official one."""
+    bad = [f"{path} (md5 {got}, official {md5})" for path, md5 in official.items()
+           if (got := calculate_md5(path)) != md5]
+    if bad:
+        raise ValueError(
+            f"{name}: files differ from the official release: {some(bad)}. "
+            "Re-download them, or set data.verify_checksums=false to use this copy as it is."
+        )

@@ -34,10 +34,9 @@ import numpy as np
 import torch
 from torch import Tensor
 from torchvision.datasets import CIFAR10, CIFAR100, MNIST, SVHN, FashionMNIST
-from torchvision.datasets.utils import calculate_md5
 
 from calib_core.config import DataConfig
-from calib_core.data.fetch import ensure_files
+from calib_core.data.fetch import ensure_files, some, verify_md5
 from calib_core.data.splits import CropFlip, DataSplits, Split, channel_stats, split_indices, standardize
 
 RawArrays = tuple[Tensor, Tensor, Tensor, Tensor]  # x_train uint8 NCHW, y_train, x_test, y_test
@@ -141,20 +140,7 @@ def missing_files(spec: TorchvisionSpec, root: Path) -> list[Path]:
 
 def verify_checksums(spec: TorchvisionSpec, root: Path) -> None:
     """ValueError naming every file whose md5 differs from the official one."""
-    bad = []
-    for rel, md5 in spec.checksums.items():
-        got = calculate_md5(root / rel)
-        if got != md5:
-            bad.append(f"{root / rel} (md5 {got}, official {md5})")
-    if bad:
-        raise ValueError(
-            f"{spec.name}: files differ from the official release: {_some(bad)}. "
-            "Re-download them, or set data.verify_checksums=false to use this copy as it is."
-        )
-
-
-def _some(items: list[str], k: int = 3) -> str:
-    return ", ".join(items[:k]) + (f" and {len(items) - k} more" if len(items) > k else "")
+    verify_md5(spec.name, {root / rel: md5 for rel, md5 in spec.checksums.items()})
 
 
 def read_raw(cfg: DataConfig) -> RawArrays:
@@ -163,7 +149,7 @@ def read_raw(cfg: DataConfig) -> RawArrays:
     root = dataset_root(cfg)
 
     def not_found(missing: list[Path]) -> str:
-        where = "does not exist" if not root.is_dir() else f"lacks {_some([str(p) for p in missing])}"
+        where = "does not exist" if not root.is_dir() else f"lacks {some([str(p) for p in missing])}"
         return (
             f"{spec.name}: dataset files not found: data.root={root} {where}. Place torchvision's "
             f"{spec.name} files there ({', '.join(spec.files[:2])}, ...), or set data.download=true "

@@ -241,38 +241,40 @@ def scan_rows(p: Tensor, row_sum_tol: float) -> RowScan:
     return RowScan(torch.from_numpy(conf), torch.from_numpy(pred), valid)
 
 
+def _threaded_sums(kernel: Callable, n: int, sizes: list[int], args: Callable[[int], tuple]) -> list[np.ndarray]:
+    """Run ``kernel(*args(t), *partials_t, lo, hi)`` over row ranges, each thread adding into
+    its own zeroed float64 arrays of the given sizes; return those arrays summed over threads."""
+    threads = max(1, torch.get_num_threads())
+    partials = [np.zeros((threads, size), dtype=np.float64) for size in sizes]
+    _split(kernel, n, lambda t: (*args(t), *(a[t] for a in partials)))
+    return [a.sum(axis=0) for a in partials]
+
+
 def even_histogram(values: Tensor, boundaries: Tensor, groups: Tensor | None, num_groups: int,
                    flags: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per-(group, sub-bin) counts, value sums and flag sums (float64, shape (G, S)), where a
     value's sub-bin is the number of ``boundaries`` <= it. Same numbers as bucketize + bincount
     up to the order of float64 additions (each thread sums its own range, then ranges add up)."""
-    hist = _get()["hist"]
     num_sub = boundaries.numel() + 1
     size = num_groups * num_sub
-    threads = max(1, torch.get_num_threads())
-    counts = np.zeros((threads, size), dtype=np.float64)
-    sums = np.zeros((threads, size), dtype=np.float64)
-    flag_sums = np.zeros((threads, size if flags is not None else 0), dtype=np.float64)
     g = groups.numpy().astype(np.int64, copy=False) if groups is not None else np.empty(0, dtype=np.int64)
     f = flags.numpy().view(np.uint8) if flags is not None else np.empty(0, dtype=np.uint8)
     v, b = values.numpy(), boundaries.numpy()
-    _split(hist, v.shape[0], lambda t: (v, b, g, num_sub, f, counts[t], sums[t], flag_sums[t]))
+    counts, sums, flag_sums = _threaded_sums(_get()["hist"], v.shape[0], [size, size, size if flags is not None else 0],
+                                             lambda t: (v, b, g, num_sub, f))
     view = (num_groups, num_sub)
-    out_flags = torch.from_numpy(flag_sums.sum(axis=0)).view(view) if flags is not None else None
-    return torch.from_numpy(counts.sum(axis=0)).view(view), torch.from_numpy(sums.sum(axis=0)).view(view), out_flags
+    out_flags = torch.from_numpy(flag_sums).view(view) if flags is not None else None
+    return torch.from_numpy(counts).view(view), torch.from_numpy(sums).view(view), out_flags
 
 
 def even_histogram_2d(probs: Tensor, boundaries: Tensor, columns: bool) -> tuple[Tensor, Tensor]:
     """Counts and value sums per (column or pooled group, sub-bin) over every entry of an
     (N, K) matrix, float64, shape (K or 1, S). Same numbers as the torch path's chunked
     bucketize + bincount up to the order of float64 additions."""
-    hist2d = _get()["hist2d"]
     arr, b = probs.numpy(), boundaries.numpy()
     num_sub = b.shape[0] + 1
     groups = arr.shape[1] if columns else 1
-    threads = max(1, torch.get_num_threads())
-    counts = np.zeros((threads, groups * num_sub), dtype=np.float64)
-    sums = np.zeros((threads, groups * num_sub), dtype=np.float64)
-    _split(hist2d, arr.shape[0], lambda t: (arr, b, num_sub, columns, counts[t], sums[t]))
+    counts, sums = _threaded_sums(_get()["hist2d"], arr.shape[0], [groups * num_sub] * 2,
+                                  lambda t: (arr, b, num_sub, columns))
     view = (groups, num_sub)
-    return torch.from_numpy(counts.sum(axis=0)).view(view), torch.from_numpy(sums.sum(axis=0)).view(view)
+    return torch.from_numpy(counts).view(view), torch.from_numpy(sums).view(view)

@@ -219,10 +219,11 @@ def prepare(probs: Any, labels: Any, *, from_logits: bool = False) -> MetricInpu
             f"(K = {num_classes} classes), found {bad}"
         )
 
+    tol = ROW_SUM_ATOL + 4 * num_classes * torch.finfo(p.dtype).eps  # for rows of probabilities
     if not from_logits and not binary and _fast.usable(p):
         # one compiled pass validates and finds the top labels; anything odd falls through
         # to the checks below, which name the problem
-        scan = _fast.scan_rows(p, ROW_SUM_ATOL + 4 * num_classes * torch.finfo(p.dtype).eps)
+        scan = _fast.scan_rows(p, tol)
         if scan.valid:
             out = MetricInputs(probs=p, labels=y, from_torch=p_torch)
             out._cache["top"] = (scan.conf, scan.pred)
@@ -249,7 +250,6 @@ def prepare(probs: Any, labels: Any, *, from_logits: bool = False) -> MetricInpu
     else:
         sums = p.sum(dim=1, dtype=torch.float64)  # float64 accumulation, as the compiled scan does
         lo_sum, hi_sum = (float(v) for v in torch.aminmax(sums))
-        tol = ROW_SUM_ATOL + 4 * num_classes * torch.finfo(p.dtype).eps
         if not (abs(lo_sum - 1.0) <= tol and abs(hi_sum - 1.0) <= tol):
             worst = int(torch.argmax((sums - 1.0).abs()))
             raise ValueError(

@@ -19,9 +19,9 @@ def backbone_param_groups(feature_params: list[nn.Parameter], head: nn.Module, w
     warm-up. With ``cfg.head_lr`` the parameters of ``head`` found among them form their own
     group at that learning rate (the schedule scales both groups alike).
     """
-    trained = feature_params + warmup_head_params
     if cfg.head_lr is None:
         return [{"params": feature_params}] + ([{"params": warmup_head_params}] if warmup_head_params else [])
+    trained = feature_params + warmup_head_params
     head_ids = {id(p) for p in head.parameters()}
     rest = [p for p in trained if id(p) not in head_ids]
     heads = [p for p in trained if id(p) in head_ids]
