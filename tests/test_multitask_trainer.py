@@ -5,6 +5,8 @@ per task, and the dispatch picks the multi-task trainer for multi-task data."""
 from __future__ import annotations
 
 
+import copy
+
 import pytest
 import torch
 
@@ -269,3 +271,44 @@ def test_head_lr_applies_to_every_task_head(data):
     moved = max(float((p.detach() - q).abs().max()) for p, q in zip(t.model.heads.parameters(), heads0))
     assert moved < 1e-8
     assert [g["lr"] for g in t.backbone_opt.param_groups] == [0.1, 1e-10]
+
+
+# ---------------------------------------------------------------------------- last_layer after warm-up
+@pytest.mark.parametrize("warmup", [0, 1])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_last_layer_heads_move_only_by_the_calibrator_step_after_warmup(data, warmup, optimizer):
+    """With `last_layer` each task's head IS its calibrator: after warm-up only the calibrator
+    optimizer may move the heads, never the backbone optimizer (which held them for the
+    warm-up) with the calibrators' stale gradients. One batch per epoch and K_c = 1: a copy
+    of the trainer that takes the epoch's calibrator step alone ends with the same heads."""
+    t = MultiTaskTrainer(_cfg(calibrator="last_layer", calibrator_data="holdout:0.2", warmup_epochs=warmup, epochs=warmup + 1,
+                              batch_size=512, optimizer=optimizer, momentum=0.9, calibrator_optimizer=optimizer), data)
+    for e in range(warmup):
+        t._train_epoch(e)
+    alone = copy.deepcopy(t)
+    feat0 = [p.detach().clone() for p in t.feature_params]
+    heads0 = _state(t.model.heads)
+    t.trace = []
+    t._train_epoch(warmup)
+    (cal_idx,) = [i for kind, i in t.trace if kind == "calibrator"]
+    assert len([k for k, _ in t.trace if k == "backbone"]) == 1
+    alone._calibrator_step(cal_idx, warmup, 0)
+    assert not _same(feat0, [p.detach().clone() for p in t.feature_params])  # the backbone stepped
+    assert not _same(heads0, _state(t.model.heads))  # the calibrators stepped
+    for p, q in zip(t.model.heads.parameters(), alone.model.heads.parameters()):
+        assert torch.equal(p, q), float((p - q).detach().abs().max())
+
+
+def test_last_layer_heads_are_frozen_after_warmup_with_zero_calibrator_lr(data):
+    t = MultiTaskTrainer(_cfg(calibrator="last_layer", warmup_epochs=1, epochs=3), data)
+    heads0 = _state(t.model.heads)
+    t._train_epoch(0)
+    heads1 = _state(t.model.heads)
+    assert not _same(heads0, heads1)  # warm-up: the backbone step trains the heads
+    for g in t.calibrator_opt.param_groups:
+        g["lr"] = 0.0
+    feat1 = [p.detach().clone() for p in t.feature_params]
+    t._train_epoch(1)
+    t._train_epoch(2)
+    assert _same(heads1, _state(t.model.heads))
+    assert not _same(feat1, [p.detach().clone() for p in t.feature_params])

@@ -3,6 +3,7 @@ hypergradient, bit-for-bit resume, divergence, the calibrator data sources, hold
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import pytest
@@ -311,3 +312,47 @@ def test_head_lr_with_last_layer_calibrator_is_refused_without_warmup():
     with pytest.raises(ValueError, match="head_lr has no effect.*last_layer"):
         _cfg(calibrator="last_layer", head_lr=1e-3)
     _cfg(calibrator="last_layer", head_lr=1e-3, warmup_epochs=1)  # the warm-up trains the head
+
+
+# ---------------------------------------------------------------------------- last_layer after warm-up
+@pytest.mark.parametrize("warmup", [0, 1])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_last_layer_head_moves_only_by_the_calibrator_step_after_warmup(data, warmup, optimizer):
+    """With `last_layer` the head IS the calibrator: after warm-up only the calibrator's
+    optimizer may move it (the backbone optimizer, which held the head for the warm-up, must
+    not step it again with the calibrator's stale gradient). One batch per epoch and K_c = 1,
+    so the post-warm-up epoch is one calibrator step + one backbone step; a copy of the
+    trainer that takes that calibrator step alone must end with the very same head."""
+    t = Trainer(_cfg(calibrator="last_layer", calibrator_data="holdout:0.2", warmup_epochs=warmup, epochs=warmup + 1,
+                     batch_size=512, optimizer=optimizer, momentum=0.9, calibrator_optimizer=optimizer), data)
+    for e in range(warmup):
+        t._train_epoch(e)
+    alone = copy.deepcopy(t)
+    feat0 = [p.detach().clone() for p in t.feature_params]
+    head0 = [p.detach().clone() for p in t.model.head.parameters()]
+    t.trace = []
+    t._train_epoch(warmup)
+    (cal_idx,) = [i for kind, i in t.trace if kind == "calibrator"]
+    assert len([k for k, _ in t.trace if k == "backbone"]) == 1
+    alone._calibrator_step(cal_idx, warmup, 0)
+    assert any(not torch.equal(p, q) for p, q in zip(t.feature_params, feat0))  # the backbone stepped
+    assert any(not torch.equal(p, q) for p, q in zip(t.model.head.parameters(), head0))  # the calibrator stepped
+    for p, q in zip(t.model.head.parameters(), alone.model.head.parameters()):
+        assert torch.equal(p, q), float((p - q).detach().abs().max())
+
+
+def test_last_layer_head_is_frozen_after_warmup_with_zero_calibrator_lr(data):
+    """Whole epochs after warm-up with the calibrator's learning rate at 0: the head stays put
+    (the backbone still trains); in the warm-up itself the head trains with the backbone."""
+    t = Trainer(_cfg(calibrator="last_layer", warmup_epochs=1, epochs=3), data)
+    head0 = [p.detach().clone() for p in t.model.head.parameters()]
+    t._train_epoch(0)
+    head1 = [p.detach().clone() for p in t.model.head.parameters()]
+    assert any(not torch.equal(p, q) for p, q in zip(head1, head0))  # warm-up: the backbone step trains the head
+    for g in t.calibrator_opt.param_groups:
+        g["lr"] = 0.0
+    feat1 = [p.detach().clone() for p in t.feature_params]
+    t._train_epoch(1)
+    t._train_epoch(2)
+    assert all(torch.equal(p, q) for p, q in zip(t.model.head.parameters(), head1))
+    assert any(not torch.equal(p, q) for p, q in zip(t.feature_params, feat1))

@@ -259,6 +259,8 @@ class MultiTaskTrainer(Trainer):
             for p, g in zip(params, grads):
                 p.grad = g
             self.calibrator_opt.step()
+            for p in params:
+                p.grad = None  # spent (with last_layer these are the heads': see Trainer._apply_backbone_step)
         if self.trace is not None:
             self.trace.append(("calibrator", idx.cpu()))
         return inp

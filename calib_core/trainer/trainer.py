@@ -6,6 +6,8 @@ the calibrator phi (with `last_layer`: the model's head). Each has its own optim
      detached and computed in eval mode, i.e. on the model as it is evaluated;
   2. the backbone takes one step of its loss through the frozen calibrator on its own batch
      (`unrolled`: through the calibrator's one-step look-ahead, see hypergradient.py).
+With `last_layer` and `warmup_epochs > 0` the head trains with the backbone (in the backbone
+optimizer) during the warm-up and only through the calibrator's optimizer after it.
 Baselines share the loop: `ce`, `label_smoothing`, `focal` (no calibrator, full train split)
 and `posthoc` (CE on the non-holdout part; the calibrator is refitted from the identity with
 LBFGS on the holdout's cached logits after every epoch, so each epoch's val metrics are those
@@ -193,6 +195,8 @@ class Trainer:
         for p, g in zip(self.cal_params, grads):
             p.grad = g
         self.calibrator_opt.step()
+        for p in self.cal_params:
+            p.grad = None  # spent (with last_layer these are the head's: see _apply_backbone_step)
         if self.trace is not None:
             self.trace.append(("calibrator", idx.cpu()))
         return inp
@@ -218,7 +222,14 @@ class Trainer:
     def _apply_backbone_step(self, loss: Tensor, epoch: int, step: int, calibrating: bool, idx: Tensor) -> Tensor:
         """Check the loss, then one optimizer step of the backbone's parameters on it."""
         self._check(loss, "backbone loss", epoch, step)
-        params = self.feature_params + (self.head_params if (self.head_warmup and not calibrating) else [])
+        head_in_warmup = self.head_warmup and not calibrating
+        params = self.feature_params + (self.head_params if head_in_warmup else [])
+        if self.head_warmup and not head_in_warmup:
+            # after a last-layer warm-up the backbone optimizer still holds the head, which is
+            # now the calibrator's alone: any gradient left on it (the calibrator's, from its
+            # own step) must not make the backbone optimizer step it a second time
+            for p in self.head_params:
+                p.grad = None
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         for p, g in zip(params, grads):
             p.grad = g
