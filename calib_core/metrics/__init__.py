@@ -9,12 +9,15 @@ Public API (docs/interfaces.md):
   of them at once (shared work; what the trainer calls every epoch).
 * :class:`CalibrationAccumulator` - streaming, mergeable even-binned statistics, O(bins x K).
 * :func:`reliability_diagram` - PNG reliability diagram with a confidence histogram.
+* :func:`resample_counts`, :func:`bootstrap_metrics` - paired bootstrap replicates of every
+  metric of ``compute_all`` (same counts for every model on a split), :func:`percentile_interval`.
 
 Modules: ``_inputs`` (validation, conversion), ``binning`` (the one binning core),
 ``calibration_error`` (GCE + presets), ``scores`` (non-binned scores, compute_all),
 ``streaming`` (accumulator), ``reliability`` (diagram).
 """
 
+from .bootstrap import bootstrap_metrics, percentile_interval, prob_not_greater, resample_counts
 from .calibration_error import ace, calibration_error, classwise_ece, ece, mce, rmsce, sce, tace
 from .reliability import reliability_diagram
 from .scores import METRIC_NAMES, accuracy, aurc, brier, compute_all, nll
@@ -37,4 +40,8 @@ __all__ = [
     "METRIC_NAMES",
     "CalibrationAccumulator",
     "reliability_diagram",
+    "resample_counts",
+    "bootstrap_metrics",
+    "percentile_interval",
+    "prob_not_greater",
 ]

@@ -1,0 +1,206 @@
+"""Paired bootstrap over examples for every metric of :func:`compute_all`.
+
+A resample is a vector of multinomial counts ``w`` (how often each example is drawn), so a
+statistic of the resample is a *weighted* statistic of the original data. Drawing the counts
+once per split (:func:`resample_counts`) and evaluating every trial on the same counts makes
+the bootstrap *paired*: the difference of two trials' replicates is a replicate of their
+difference, with its own confidence interval.
+
+Everything goes through the binning core, without a Python loop over resamples:
+
+* per-row scores (accuracy, NLL, Brier) and even-binned statistics (ECE, MCE, SCE,
+  classwise-ECE) are the counts matrix times a design matrix of per-example bin memberships,
+  one matrix product (column blocks bound its memory);
+* adaptive (equal-mass) bins are re-derived in every resample, as the estimator would do on
+  that data: along the sorted values, cumulative counts locate each resample's edge
+  positions (``round(linspace(0, n, B))`` of the resample's kept values), and cumulative
+  weighted sums give the bin statistics (RMSCE, ACE, TACE);
+* AURC keeps the confidence order; tie blocks get the resample's risk of their block.
+
+Replicates are accumulated in float32 (counts are exact integers there; sums carry a relative
+error of ~1e-6), which is ample for confidence intervals; point estimates come from
+:func:`compute_all` itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import binning as _binning
+from ._inputs import MetricInputs, check_num_bins, prepare
+from .binning import EvenBinner, adaptive_edge_offsets, argsort_1d, combine, floor_threshold, group_errors
+from .scores import METRIC_NAMES, brier_per_row
+
+__all__ = ["resample_counts", "bootstrap_metrics", "percentile_interval", "prob_not_greater"]
+
+_WORK = torch.float32
+
+
+def resample_counts(n: int, num_resamples: int = 1000, *, seed: int = 0, device: Any = "cpu") -> Tensor:
+    """(B, n) multinomial counts of a seeded bootstrap: the same seed and n give the same resamples."""
+    if int(n) < 1:
+        raise ValueError(f"resample_counts: n must be >= 1, got {n}")
+    if int(num_resamples) < 1:
+        raise ValueError(f"resample_counts: num_resamples must be >= 1, got {num_resamples}")
+    if n >= 1 << 24:
+        raise ValueError(f"resample_counts: n = {n} is too large for exact float32 counts (max 2^24 - 1)")
+    b, n = int(num_resamples), int(n)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), n, b]))
+    draws = rng.integers(0, n, size=(b, n), dtype=np.int64)
+    draws += (np.arange(b, dtype=np.int64) * n)[:, None]
+    counts = np.bincount(draws.reshape(-1), minlength=b * n).reshape(b, n).astype(np.float32)
+    return torch.from_numpy(counts).to(device)
+
+
+def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Tensor) -> list[tuple[Tensor, ...]]:
+    """Even-bin (counts, value sums, correctness sums) per resample and column of ``values`` (N, C),
+    each column its own group: (B * C, B_bins + 1) per threshold of ``binner``.
+
+    Column j's sub-bins occupy slots [j * S, (j + 1) * S) of a (N, C * S) design matrix per
+    statistic, multiplied by the counts; column blocks keep each design matrix within the chunk
+    budget."""
+    n, c = values.shape
+    s = binner.num_sub
+    b = w.shape[0]
+    sub = binner.sub_index(values.contiguous())
+    stats = [torch.empty(b, c * s, dtype=_WORK, device=w.device) for _ in range(3)]
+    rows = torch.arange(n, device=w.device).unsqueeze(1)
+    block = max(1, _binning.CHUNK_ELEMENTS // max(n * s, 1))
+    for c0 in range(0, c, block):
+        c1 = min(c, c0 + block)
+        slot = sub[:, c0:c1] + torch.arange(c1 - c0, device=w.device) * s
+        srcs = (torch.ones(n, c1 - c0, dtype=_WORK, device=w.device), values[:, c0:c1].to(_WORK),
+                correct[:, c0:c1].to(_WORK))
+        for out, src in zip(stats, srcs, strict=True):
+            design = torch.zeros(n, (c1 - c0) * s, dtype=_WORK, device=w.device)
+            design.index_put_((rows.expand_as(slot), slot), src, accumulate=True)
+            out[:, c0 * s:c1 * s] = w @ design
+    return [tuple(binner.collapse(t.reshape(b * c, s), i) for t in stats) for i in range(len(binner.thresholds))]
+
+
+def _adaptive_replicates(w: Tensor, values: Tensor, correct: Tensor, thresholds: Sequence[float | None],
+                         num_bins: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Adaptive-bin (counts, value sums, correctness sums), (B, bins), of one group of N values
+    per resample, each resample's edges derived from its own kept values."""
+    order = argsort_1d(values)
+    v = values[order]
+    c = correct[order].to(_WORK)
+    wv = w[:, order]  # (B, N)
+    cw = torch.nn.functional.pad(torch.cumsum(wv, dim=1), (1, 0))  # resample positions before each entry
+    cs = torch.nn.functional.pad(torch.cumsum(wv * v.to(_WORK), dim=1), (1, 0))
+    cc = torch.nn.functional.pad(torch.cumsum(wv * c, dim=1), (1, 0))
+    n = v.numel()
+    total = cw[:, -1]
+    tie_start = torch.searchsorted(v, v, right=False)  # first sorted index of each value's tie block
+    out = []
+    for t in thresholds:
+        tf = floor_threshold(t, v.dtype)
+        s0 = 0 if tf == -np.inf else int(torch.searchsorted(v, torch.tensor(tf, dtype=v.dtype, device=v.device),
+                                                           right=True))
+        before = cw[:, s0]
+        kept = (total - before).round().to(torch.int64)
+        pos = before.unsqueeze(1) + adaptive_edge_offsets(kept, num_bins)[:, 1:].to(_WORK)  # (B, bins - 1)
+        # the entry holding resample position q is the first whose cumulative count exceeds q
+        src = torch.searchsorted(cw[:, 1:].contiguous(), pos.contiguous(), right=True).clamp_max(n - 1)
+        inner = tie_start[src]  # values equal to an edge belong to the bin above it
+        b = w.shape[0]
+        bounds = torch.cat((torch.full((b, 1), s0, dtype=torch.int64, device=w.device), inner,
+                            torch.full((b, 1), n, dtype=torch.int64, device=w.device)), dim=1)
+        bounds = torch.where((kept > 0).unsqueeze(1), bounds, n)
+        stats = tuple((cum.gather(1, bounds[:, 1:]) - cum.gather(1, bounds[:, :-1])).double() for cum in (cw, cs, cc))
+        out.append(stats)
+    return out
+
+
+def _aurc_replicates(w: Tensor, x: MetricInputs) -> Tensor:
+    conf_sorted, order = x.sorted_conf()  # ascending
+    err = (~x.correct())[order].to(_WORK)
+    wv = w[:, order]
+    cw = torch.nn.functional.pad(torch.cumsum(wv, dim=1), (1, 0))
+    ce = torch.nn.functional.pad(torch.cumsum(wv * err, dim=1), (1, 0))
+    first = torch.searchsorted(conf_sorted, conf_sorted, right=False)
+    accepted = cw[:, -1:] - cw[:, first]  # weight of rows at least as confident as the block
+    risk = (ce[:, -1:] - ce[:, first]) / accepted.clamp_min(1.0)
+    return ((wv * risk).sum(dim=1) / cw[:, -1]).double()
+
+
+def _replicates_from_inputs(x: MetricInputs, w: Tensor, num_bins: int, names: Sequence[str]) -> dict[str, Tensor]:
+    k, b = x.num_classes, w.shape[0]
+    w = w.to(device=x.device, dtype=_WORK)
+    total = w.sum(dim=1).double()
+    out: dict[str, Tensor] = {}
+    want = set(names)
+    rows = {"accuracy": lambda: x.correct().to(_WORK), "nll": lambda: x.nll_per_row().to(_WORK),
+            "brier": lambda: brier_per_row(x).to(_WORK)}
+    for name, fn in rows.items():
+        if name in want:
+            v = fn()
+            finite = torch.isfinite(v)
+            out[name] = (w @ torch.where(finite, v, 0.0)).double() / total
+            if not bool(finite.all()):  # -log 0 = inf in every resample that draws such a row
+                out[name][w[:, ~finite].sum(dim=1) > 0] = torch.inf
+    conf, _ = x.top()
+    correct = x.correct()
+    if want & {"ece", "mce"}:
+        binner = EvenBinner(num_bins, [0.0], x.dtype, x.device)
+        ((cnt, sums, corr),) = _even_replicates(w, binner, conf.unsqueeze(1), correct.unsqueeze(1))
+        for name, norm in (("ece", "l1"), ("mce", "max")):
+            if name in want:
+                out[name] = group_errors(cnt, sums, corr, norm)
+    if want & {"sce", "classwise_ece"}:
+        binner = EvenBinner(num_bins, [0.0, None], x.dtype, x.device)
+        onehot = x.labels.unsqueeze(1) == torch.arange(k, device=x.device)
+        stats = _even_replicates(w, binner, x.probs, onehot)
+        for name, st in zip(("sce", "classwise_ece"), stats, strict=True):
+            if name in want:
+                out[name] = group_errors(*st, "l1").view(b, k).sum(dim=1) / k
+    if "rmsce" in want:
+        ((cnt, sums, corr),) = _adaptive_replicates(w, conf, correct, [0.0], num_bins)
+        out["rmsce"] = group_errors(cnt, sums, corr, "l2").sqrt()
+    if want & {"ace", "tace"}:
+        acc = {"ace": torch.zeros(b, dtype=torch.float64, device=x.device),
+               "tace": torch.zeros(b, dtype=torch.float64, device=x.device)}
+        for cls in range(k):
+            col = x.probs[:, cls].contiguous()
+            stats = _adaptive_replicates(w, col, x.labels == cls, [0.0, 0.01], num_bins)
+            for name, st in zip(("ace", "tace"), stats, strict=True):
+                acc[name] += group_errors(*st, "l1")
+        for name in ("ace", "tace"):
+            if name in want:
+                out[name] = acc[name] / k
+    if "aurc" in want:
+        out["aurc"] = _aurc_replicates(w, x)
+    return {name: out[name] for name in names}
+
+
+def bootstrap_metrics(probs: Any, labels: Any, counts: Tensor, *, num_bins: int = 15, from_logits: bool = False,
+                      names: Sequence[str] = METRIC_NAMES) -> dict[str, Tensor]:
+    """Bootstrap replicates (B,) float64 of each metric in ``names`` under the resample ``counts`` (B, N)."""
+    num_bins = check_num_bins(num_bins)
+    unknown = [m for m in names if m not in METRIC_NAMES]
+    if unknown:
+        raise ValueError(f"bootstrap_metrics: unknown metric {unknown[0]!r}; allowed: {', '.join(METRIC_NAMES)}")
+    x = prepare(probs, labels, from_logits=from_logits)
+    if counts.ndim != 2 or counts.shape[1] != x.n:
+        raise ValueError(f"bootstrap_metrics: counts must have shape (B, {x.n}) for {x.n} examples; "
+                         f"got {tuple(counts.shape)}")
+    return _replicates_from_inputs(x, counts, num_bins, names)
+
+
+def percentile_interval(replicates: Tensor, level: float = 0.95) -> tuple[float, float]:
+    """Two-sided percentile interval of bootstrap replicates at ``level``."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    a = (1.0 - level) / 2.0
+    q = torch.quantile(replicates.double().cpu(), torch.tensor([a, 1.0 - a], dtype=torch.float64))
+    return float(q[0]), float(q[1])
+
+
+def prob_not_greater(replicates: Tensor) -> float:
+    """Bootstrap p-value of the one-sided claim "the quantity is > 0": the share of replicates <= 0."""
+    return float((replicates <= 0).double().mean())
