@@ -1,4 +1,11 @@
-"""A small Kustomize renderer for the features deploy/ uses, so tests need no kubectl/kustomize.
+"""Kustomize rendering for the deploy tests: `render(DIR)` runs the real `kubectl kustomize DIR`
+when a kubectl with kustomize >= v5 is on PATH, and falls back to the small Python renderer
+below (`build(DIR)`) only when it is not, so the tests also run where kubectl is missing.
+`CALIB_KUSTOMIZE=kubectl` requires kubectl (an error without it), `CALIB_KUSTOMIZE=python`
+forces the fallback. Where the two disagree, kubectl is right (tests/test_deploy_render.py
+checks they agree on every overlay and on its own cases).
+
+The Python renderer implements the features deploy/ uses.
 
 Supported in kustomization.yaml (anything else raises ``UnsupportedKustomization``):
   resources (files with one or more YAML documents, or directories with a kustomization),
@@ -9,16 +16,20 @@ Supported in kustomization.yaml (anything else raises ``UnsupportedKustomization
   ``patch``; JSON6902 operation lists or strategic-merge patches; ``target`` by group / version /
   kind / name (regex) / namespace / labelSelector).
 
-Transformers run in kustomize's order: patches, namespace, labels, annotations, images.
+Transformers run in kustomize's order: patches, namespace, labels, annotations, images; the
+output is sorted in kustomize's legacy order (by kind: Namespace, ConfigMap, Secret, Service,
+Deployment, StatefulSet, ..., other kinds by group_version_kind, then namespace and name).
 Strategic merge follows kustomize: built-in kinds merge lists by their merge keys (containers,
-env, volumes by name, volumeMounts by mountPath, ports by containerPort / port) and understand
-``$patch: delete`` and ``null``; custom resources (e.g. ray.io RayJob) get a JSON merge patch
+env, volumes by name, volumeMounts by mountPath, ports by containerPort / port; the patch's
+items come first, in the patch's order, then the other items of the base, as kustomize orders
+them) and understand ``$patch: delete`` and ``null``; custom resources (e.g. ray.io RayJob) get a JSON merge patch
 (RFC 7386: maps merge, lists are replaced), as kustomize does for kinds it has no schema for.
 Generated ConfigMaps/Secrets get kustomize's content-hash suffix unless disabled, and references
 to them in built-in pod templates are renamed (as kustomize does; custom resources are not
 touched, which is why deploy/ disables the suffix for what the RayJob reads).
 
-CLI: ``python tests/deploy_render.py deploy/overlays/dev`` prints the rendered YAML stream.
+CLI: ``python tests/deploy_render.py deploy/overlays/dev`` prints the rendered YAML stream (the
+Python renderer's; ``kubectl kustomize deploy/overlays/dev`` prints the real one).
 """
 
 from __future__ import annotations
@@ -28,7 +39,10 @@ import copy
 import functools
 import hashlib
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -133,19 +147,19 @@ def strategic_merge(base: Any, patch: Any, field: str | None = None, builtin: bo
             key = "containerPort" if any("containerPort" in p for p in base + patch) else "port"
         if key is None:
             return _strip_directives(patch)
-        out = copy.deepcopy(base)
+        # kustomize's order: the patch's items (merged into their base items) in the patch's order,
+        # then the base items the patch does not name, in the base's order.
+        rest = copy.deepcopy(base)
+        head = []
         for item in patch:
             if not isinstance(item, dict) or key not in item:
                 raise UnsupportedKustomization(f"list item of {field!r} without merge key {key!r}: {item}")
-            idx = next((i for i, b in enumerate(out) if isinstance(b, dict) and b.get(key) == item[key]), None)
+            idx = next((i for i, b in enumerate(rest) if isinstance(b, dict) and b.get(key) == item[key]), None)
+            old = rest.pop(idx) if idx is not None else None
             if item.get("$patch") == "delete":
-                if idx is not None:
-                    out.pop(idx)
-            elif idx is None:
-                out.append(_strip_directives(item))
-            else:
-                out[idx] = strategic_merge(out[idx], item, None, builtin)
-        return out
+                continue
+            head.append(_strip_directives(item) if old is None else strategic_merge(old, item, None, builtin))
+        return head + rest
     return _strip_directives(patch)
 
 
@@ -228,14 +242,17 @@ def json6902(doc: dict, ops: list[dict]) -> dict:
 # ------------------------------------------------------------------------------------ generators
 
 def _hash_suffix(obj: dict) -> str:
-    """kustomize's content hash (api/hasher): sha256 of the sorted JSON, first 10 hex, re-lettered."""
+    """kustomize's content hash (api/hasher): sha256 of the sorted JSON, first 10 hex, re-lettered.
+
+    As kustomize v5 computes it, the "name" it hashes is always empty (its lookup of the path
+    "metadata/name" finds no field of that name), and a missing data map hashes as "".
+    """
     if obj["kind"] == "ConfigMap":
-        enc = {"kind": "ConfigMap", "name": obj["metadata"]["name"], "data": obj.get("data", {})}
+        enc = {"kind": "ConfigMap", "name": "", "data": obj.get("data", "")}
         if obj.get("binaryData"):
             enc["binaryData"] = obj["binaryData"]
     else:
-        enc = {"kind": "Secret", "type": obj.get("type", "Opaque"), "name": obj["metadata"]["name"],
-               "data": obj.get("data", {})}
+        enc = {"kind": "Secret", "type": obj.get("type", "Opaque"), "name": "", "data": obj.get("data", "")}
     raw = json.dumps(enc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     raw = raw.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     hexed = hashlib.sha256(raw.encode()).hexdigest()[:10]
@@ -346,19 +363,29 @@ def _apply_patch(resources: list[dict], entry: dict, root: Path) -> list[dict]:
     return resources
 
 
-def _set_path_labels(obj: dict, path: tuple[str, ...], labels: dict) -> None:
+def _set_path_labels(obj: dict, path: tuple[str, ...], labels: dict, field: str = "labels") -> None:
     node = obj
     for p in path:
         node = node.setdefault(p, {})
-    node.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+    node.setdefault("metadata", {}).setdefault(field, {}).update(labels)
+
+
+def _template_paths(obj: dict) -> list[tuple[str, ...]]:
+    """Where a built-in workload carries object metadata besides its own: its pod template (and a
+    CronJob's job template), as kustomize's label / annotation field specs name them."""
+    kind = obj["kind"]
+    if kind not in WORKLOAD_TEMPLATE_PATHS or not is_builtin(obj):
+        return []
+    return [("spec", "jobTemplate")] * (kind == "CronJob") + [WORKLOAD_TEMPLATE_PATHS[kind]]
 
 
 def _apply_labels(resources: list[dict], labels: dict, selectors: bool, templates: bool) -> None:
     for r in resources:
         r.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
         kind = r["kind"]
-        if (templates or selectors) and kind in WORKLOAD_TEMPLATE_PATHS and is_builtin(r):
-            _set_path_labels(r, WORKLOAD_TEMPLATE_PATHS[kind], labels)
+        if templates or selectors:
+            for path in _template_paths(r):
+                _set_path_labels(r, path, labels)
         if selectors and is_builtin(r):
             if kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"):
                 r.setdefault("spec", {}).setdefault("selector", {}).setdefault("matchLabels", {}).update(labels)
@@ -482,6 +509,8 @@ def _render(root: Path) -> list[dict]:
     if k.get("commonAnnotations"):
         for r in resources:
             r.setdefault("metadata", {}).setdefault("annotations", {}).update(k["commonAnnotations"])
+            for path in _template_paths(r):
+                _set_path_labels(r, path, k["commonAnnotations"], "annotations")
 
     if k.get("images"):
         for r in resources:
@@ -512,14 +541,100 @@ def _finish(resources: list[dict]) -> list[dict]:
     return resources
 
 
-@functools.lru_cache(maxsize=None)
+# kustomize's legacy output order (api/resid/gvk.go): these kinds first, in this order, these last,
+# every other kind in between; ties by "group_version_kind" ("~G" / "~V" when empty), namespace, name.
+_ORDER_FIRST = (
+    "Namespace", "ResourceQuota", "StorageClass", "CustomResourceDefinition", "ServiceAccount",
+    "PodSecurityPolicy", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ConfigMap", "Secret",
+    "Endpoints", "Service", "LimitRange", "PriorityClass", "PersistentVolume", "PersistentVolumeClaim",
+    "Deployment", "StatefulSet", "CronJob", "PodDisruptionBudget",
+)
+_ORDER_LAST = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+_TYPE_ORDER = {**{k: i - len(_ORDER_FIRST) for i, k in enumerate(_ORDER_FIRST)},
+               **{k: i + 1 for i, k in enumerate(_ORDER_LAST)}}
+
+
+def _legacy_order(obj: dict) -> tuple[int, str, str, str]:
+    group, version = group_version(obj)
+    gvk = "_".join((group or "~G", version or "~V", obj["kind"]))
+    meta = obj.get("metadata", {})
+    return _TYPE_ORDER.get(obj["kind"], 0), gvk, meta.get("namespace", ""), meta.get("name", "")
+
+
+@functools.cache
 def _build_cached(root: str) -> str:
-    return json.dumps(_finish(_render(Path(root))))
+    return json.dumps(sorted(_finish(_render(Path(root))), key=_legacy_order))
 
 
 def build(directory: str | Path) -> list[dict]:
-    """Render a kustomization as `kustomize build DIR` would; returns fresh copies (cached)."""
+    """Render a kustomization with the Python renderer, as `kustomize build DIR` would; returns fresh
+    copies (cached). The tests call :func:`render`, which prefers the real kubectl."""
     return json.loads(_build_cached(str(Path(directory).resolve())))
+
+
+# ------------------------------------------------------------------------- kubectl kustomize
+
+KUSTOMIZE_ENV = "CALIB_KUSTOMIZE"  # unset: kubectl if usable, else Python; "kubectl" / "python": that one
+MIN_KUSTOMIZE = (5, 0)  # deploy/ uses `labels` with includeTemplates and `patches` with targets
+
+
+class KustomizeError(RuntimeError):
+    """`kubectl kustomize` failed (its message included), or kubectl was required and is unusable."""
+
+
+@functools.cache
+def find_kubectl() -> tuple[str | None, str]:
+    """(path of a kubectl whose embedded kustomize is >= v5, or None; a sentence saying why)."""
+    exe = shutil.which("kubectl")
+    if exe is None:
+        return None, "kubectl not found on PATH"
+    try:
+        proc = subprocess.run([exe, "version", "--client", "-o", "json"], capture_output=True, text=True,
+                              timeout=60)
+        version = str(json.loads(proc.stdout).get("kustomizeVersion", ""))
+    except (OSError, subprocess.SubprocessError, ValueError, AttributeError):
+        version = ""
+    m = re.match(r"v?(\d+)\.(\d+)", version)
+    if not m or (int(m[1]), int(m[2])) < MIN_KUSTOMIZE:
+        return None, f"{exe} embeds kustomize {version or '(version unknown)'}, older than v5.0"
+    return exe, f"kubectl kustomize ({exe}, kustomize {version})"
+
+
+def renderer() -> str:
+    """Which renderer :func:`render` uses, in words (for the pytest header and messages)."""
+    choice = os.environ.get(KUSTOMIZE_ENV, "").strip().lower()
+    if choice == "python":
+        return f"tests/deploy_render.py (Python fallback; {KUSTOMIZE_ENV}=python)"
+    exe, why = find_kubectl()
+    if exe is not None:
+        return why
+    if choice == "kubectl":
+        raise KustomizeError(f"{KUSTOMIZE_ENV}=kubectl but {why}")
+    return f"tests/deploy_render.py (Python fallback: {why})"
+
+
+@functools.cache
+def _kubectl_cached(exe: str, root: str) -> str:
+    proc = subprocess.run([exe, "kustomize", root], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise KustomizeError(f"kubectl kustomize {root} failed: {proc.stderr.strip()}")
+    return json.dumps([d for d in yaml.safe_load_all(proc.stdout) if d is not None])
+
+
+def kubectl_build(directory: str | Path) -> list[dict]:
+    """`kubectl kustomize DIR`, its multi-document YAML parsed; fresh copies (cached)."""
+    exe, why = find_kubectl()
+    if exe is None:
+        raise KustomizeError(why)
+    return json.loads(_kubectl_cached(exe, str(Path(directory).resolve())))
+
+
+def render(directory: str | Path) -> list[dict]:
+    """Render a kustomization directory for the tests: the real `kubectl kustomize` when available
+    (kustomize >= v5), else the Python renderer (:func:`build`). See :data:`KUSTOMIZE_ENV`."""
+    if renderer().startswith("kubectl"):
+        return kubectl_build(directory)
+    return build(directory)
 
 
 def main(argv: list[str] | None = None) -> int:

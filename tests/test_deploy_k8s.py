@@ -16,8 +16,8 @@ import yaml
 from kubernetes_validate import utils as kv_utils
 from referencing import Registry, Resource
 
+from tests import deploy_render as dr
 
-from tests import deploy_render as dr  # noqa: E402
 REPO, DEPLOY = dr.REPO_ROOT, dr.DEPLOY
 OVERLAYS = dr.overlay_dirs()
 OVERLAY_IDS = [p.name for p in OVERLAYS]
@@ -44,7 +44,7 @@ def test_kubernetes_validate_ships_a_current_version():
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
 def test_builtin_resources_validate_strictly(overlay, version):
-    resources = dr.build(overlay)
+    resources = dr.render(overlay)
     builtin = [r for r in resources if dr.is_builtin(r)]
     assert builtin, "overlay rendered no built-in resources"
     for r in builtin:
@@ -59,12 +59,12 @@ def test_builtin_resources_validate_strictly(overlay, version):
 
 def test_only_ray_custom_resources_are_used():
     for overlay in OVERLAYS:
-        custom = {(r["apiVersion"], r["kind"]) for r in dr.build(overlay) if not dr.is_builtin(r)}
+        custom = {(r["apiVersion"], r["kind"]) for r in dr.render(overlay) if not dr.is_builtin(r)}
         assert custom <= {("ray.io/v1", "RayJob"), ("ray.io/v1", "RayCluster")}, custom
 
 
 def test_strict_mode_rejects_a_misspelled_builtin_field():
-    dep = next(r for r in dr.build(OVERLAYS[0]) if r["kind"] == "Deployment")
+    dep = next(r for r in dr.render(OVERLAYS[0]) if r["kind"] == "Deployment")
     dep["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(dep, K8S_LATEST, strict=True)
@@ -107,7 +107,7 @@ def test_our_kuberay_schema_is_a_valid_schema_with_closed_objects():
 def _ray_objects():
     out = []
     for overlay in [DEPLOY / "base", *OVERLAYS]:
-        for r in dr.build(overlay):
+        for r in dr.render(overlay):
             if r["kind"] in RAY_KINDS:
                 out.append(pytest.param(r, id=f"{overlay.name}-{r['kind']}-{r['metadata']['name']}"))
     return out
@@ -142,16 +142,17 @@ MISSPELLINGS = [
 
 @pytest.mark.parametrize("path,new_key", MISSPELLINGS, ids=[m[1] for m in MISSPELLINGS])
 def test_kuberay_schema_rejects_misspelled_fields(path, new_key):
-    job = next(r for r in dr.build(OVERLAYS[0]) if r["kind"] == "RayJob")
+    job = next(r for r in dr.render(OVERLAYS[0]) if r["kind"] == "RayJob")
     assert _ray_errors(job) == []
     errors = _ray_errors(_misspell(job, path, new_key))
     assert errors, f"misspelled {new_key!r} was accepted"
 
 
 def test_kuberay_schema_rejects_bad_values():
-    job = next(r for r in dr.build(OVERLAYS[0]) if r["kind"] == "RayJob")
+    job = next(r for r in dr.render(OVERLAYS[0]) if r["kind"] == "RayJob")
     cases = [
-        ("rayStartParams value must be a string", ["spec", "rayClusterSpec", "headGroupSpec", "rayStartParams", "num-gpus"], 0),
+        ("rayStartParams value must be a string",
+         ["spec", "rayClusterSpec", "headGroupSpec", "rayStartParams", "num-gpus"], 0),
         ("submissionMode enum", ["spec", "submissionMode"], "K8sJob"),
         ("rayVersion x.y.z", ["spec", "rayClusterSpec", "rayVersion"], "2.60"),
         ("negative backoffLimit", ["spec", "backoffLimit"], -1),
@@ -220,7 +221,7 @@ def secret_refs(resources: list[dict]) -> set[tuple[str, str | None, str]]:
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
 def test_every_referenced_secret_has_a_template(overlay):
-    resources = dr.build(overlay)
+    resources = dr.render(overlay)
     templates = _secret_templates(overlay)
     refs = secret_refs(resources)
     assert refs, "no Secret references found"
@@ -237,7 +238,7 @@ def test_every_referenced_secret_has_a_template(overlay):
 def test_rendered_overlays_contain_no_secrets(overlay):
     # Secrets are applied from the filled templates, never by `kubectl apply -k` (re-applying the
     # manifests must not reset credentials, and git must never hold them).
-    assert not [r for r in dr.build(overlay) if r["kind"] == "Secret"]
+    assert not [r for r in dr.render(overlay) if r["kind"] == "Secret"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
@@ -262,13 +263,14 @@ def test_render_secrets_fills_placeholders_consistently():
     rs = _render_secrets_module()
     filled = rs.fill((OVERLAYS[OVERLAY_IDS.index("dev")] / SECRET_TEMPLATE).read_text(), {})
     docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(filled) if d}
-    assert "CHANGE_ME" not in "".join(l for l in filled.splitlines() if not l.lstrip().startswith("#"))
+    assert "CHANGE_ME" not in "".join(line for line in filled.splitlines() if not line.lstrip().startswith("#"))
     pg = docs["postgres-credentials"]["stringData"]["password"]
     assert len(pg) >= 32
     assert docs["mlflow-db"]["stringData"]["backend-store-uri"] == f"postgresql://mlflow:{pg}@postgres:5432/mlflow"
     assert docs["mlflow-tracking"]["stringData"]["password"] == docs["mlflow-auth"]["stringData"]["admin-password"]
     assert docs["tune-storage-s3"]["stringData"] == docs["mlflow-artifacts-s3"]["stringData"]
-    assert docs["minio-credentials"]["stringData"]["root-password"] == docs["tune-storage-s3"]["stringData"]["secret-access-key"]
+    tune_s3 = docs["tune-storage-s3"]["stringData"]
+    assert docs["minio-credentials"]["stringData"]["root-password"] == tune_s3["secret-access-key"]
     assert docs["ray-auth-token"]["stringData"]["auth_token"] != pg
     for d in docs.values():
         kubernetes_validate.validate(d, K8S_LATEST, strict=True)
@@ -299,6 +301,8 @@ NON_SECRET_KEYS = {"admin-username", "username"}
 SECRET_WORDS = re.compile(r"pass(word|wd)?|secret|token|api[-_]?key|access[-_]?key|private[-_]?key|credential", re.I)
 # A value that is clearly not a literal credential: placeholder, reference, variable, template.
 SAFE_VALUE = re.compile(r"^(CHANGE_ME_[A-Z0-9_]+|\$\(?\{?[A-Za-z_].*|<[^>]+>|\{\{.*\}\}|\.\.\.|\*+|)$")
+# YAML block markers and plain scalars that are not literal values either.
+YAML_NON_LITERALS = ("|", ">-", ">", "|-", "{}", "[]", "null", "true", "false")
 URI_CREDENTIAL = re.compile(r"[a-z][a-z0-9+.-]*://([^/\s:@'\"]+):([^@\s/'\"]+)@")
 KEY_VALUE = re.compile(r"""^\s*-?\s*["']?([A-Za-z0-9_.-]+)["']?\s*[:=]\s*["']?([^\s"'#]+)""")
 LONG_RANDOM = re.compile(r"(?<![A-Za-z0-9/+_-])(?:[0-9a-f]{32,}|[A-Za-z0-9+/]{40,}={0,2})(?![A-Za-z0-9/+_-])")
@@ -332,7 +336,7 @@ def scan_text(text: str, is_template: bool) -> list[str]:
             if SECRET_WORDS.search(key) and not _is_reference_key(key) and key not in NON_SECRET_KEYS:
                 if value.startswith("CHANGE_ME") and not is_template:
                     findings.append(f"{no}: placeholder outside a *.example* template")
-                elif not SAFE_VALUE.match(value) and value not in ("|", ">-", ">", "|-", "{}", "[]", "null", "true", "false"):
+                elif not SAFE_VALUE.match(value) and value not in YAML_NON_LITERALS:
                     findings.append(f"{no}: literal value for {key!r}")
         for m in LONG_RANDOM.finditer(line):
             # Image digests and absolute paths (JSON pointers) are not secrets.
@@ -360,7 +364,7 @@ def test_no_plaintext_credentials_in_deploy_or_docker():
 
 def test_env_credentials_are_never_literal_values():
     for overlay in [DEPLOY / "base", *OVERLAYS]:
-        for r in dr.build(overlay):
+        for r in dr.render(overlay):
             for where, spec in dr.pod_specs(r):
                 for c in spec.get("containers", []) + spec.get("initContainers", []):
                     for e in c.get("env", []):

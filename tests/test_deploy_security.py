@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
+from tests import deploy_render as dr
 
-from tests import deploy_render as dr  # noqa: E402
 OVERLAYS = dr.overlay_dirs()
 OVERLAY_IDS = [p.name for p in OVERLAYS]
 RAY_TOKEN_SECRET = ("ray-auth-token", "auth_token")
@@ -90,7 +90,7 @@ def all_pod_specs(resources: list[dict]):
 
 
 def _resources():
-    return [pytest.param(dr.build(o), id=o.name) for o in OVERLAYS]
+    return [pytest.param(dr.render(o), id=o.name) for o in OVERLAYS]
 
 
 @pytest.mark.parametrize("resources", _resources())
@@ -121,7 +121,7 @@ def test_autoscaler_sidecar_is_hardened(resources):
 
 
 def test_the_hardening_check_is_not_vacuous():
-    resources = dr.build(OVERLAYS[0])
+    resources = dr.render(OVERLAYS[0])
     dep = copy.deepcopy(next(r for r in resources if r["kind"] == "Deployment"))
     spec = dep["spec"]["template"]["spec"]
     assert pod_violations("Deployment/x", spec) == []
@@ -259,13 +259,14 @@ def _template_labels(resources: list[dict], kind: str, name: str, role: str | No
 def test_network_policies(resources):
     ns = next(r["metadata"]["name"] for r in resources if r["kind"] == "Namespace")
     policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
-    assert any(p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Ingress"] and not p["spec"].get("ingress")
-               for p in policies), "no default-deny ingress policy"
+    assert any(p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Ingress"]
+               and not p["spec"].get("ingress") for p in policies), "no default-deny ingress policy"
     head = _template_labels(resources, "RayJob", "calib-sweep", "head")
     worker = _template_labels(resources, "RayJob", "calib-sweep", "worker")
     interactive_head = _template_labels(resources, "RayCluster", "calib-interactive", "head")
     mlflow = _template_labels(resources, "Deployment", "mlflow")
-    submitter = next(r for r in resources if r["kind"] == "RayJob")["spec"]["submitterPodTemplate"]["metadata"]["labels"]
+    rayjob = next(r for r in resources if r["kind"] == "RayJob")
+    submitter = rayjob["spec"]["submitterPodTemplate"]["metadata"]["labels"]
     operator = {"app.kubernetes.io/name": "kuberay-operator"}
     stranger_here = {"app": "something-else"}
     outside = ("other-team", {"calib-sweeps/ray-node": "true", "calib-sweeps/mlflow-client": "true"})
