@@ -4,9 +4,7 @@ loaders on fabricated files in the official on-disk formats, augmentation, batch
 from __future__ import annotations
 
 import random
-import socket
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -38,26 +36,6 @@ TV_SETS = ["cifar10", "cifar100", "svhn", "mnist", "fashionmnist"]
 def _assert_partition(parts, n):
     allidx = torch.cat(parts)
     assert len(allidx) == n and torch.equal(allidx.sort().values, torch.arange(n))  # disjoint and covering
-
-
-@pytest.fixture()
-def no_network(monkeypatch):
-    """Any attempt to open a connection raises (sockets, urllib, requests)."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("network access attempted")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(urllib.request, "urlopen", refuse)
-    try:
-        import requests
-
-        monkeypatch.setattr(requests, "get", refuse)
-        monkeypatch.setattr(requests.Session, "request", refuse)
-    except ImportError:
-        pass
 
 
 # --- split helper --------------------------------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +22,6 @@ ATTRS = (
     "Receding_Hairline Rosy_Cheeks Sideburns Smiling Straight_Hair Wavy_Hair Wearing_Earrings Wearing_Hat "
     "Wearing_Lipstick Wearing_Necklace Wearing_Necktie Young"
 ).split()
-
-
-@pytest.fixture()
-def no_network(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("network access attempted")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(urllib.request, "urlopen", refuse)
 
 
 # --- label functions and masking ------------------------------------------------------------

@@ -22,6 +22,7 @@ from tests.resume_harness import crash_then_resume
 
 TASKS = (("a", 3), ("b", 2), ("c", 4))  # K >= 3, a binary task, and no sample count is a K
 D = 8
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _split(n: int, seed: int, missing: float = 0.0) -> Split:
@@ -35,14 +36,6 @@ def _split(n: int, seed: int, missing: float = 0.0) -> Split:
     if missing:
         y[torch.rand(n, 3, generator=g) < missing] = -1
     return Split(x, y)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _data(missing: float = 0.0) -> DataSplits:

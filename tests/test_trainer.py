@@ -19,6 +19,7 @@ from tests.resume_harness import crash_then_resume
 
 K = 3  # classes; sample counts are never K
 D = 10
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _blobs(n: int, seed: int, noise: float = 0.3) -> Split:
@@ -30,15 +31,6 @@ def _blobs(n: int, seed: int, noise: float = 0.3) -> Split:
     flip = torch.rand(n, generator=g) < noise
     y = torch.where(flip, torch.randint(0, K, (n,), generator=g), y)
     return Split(x, y)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny problems: one thread is faster and steadier on a shared machine (restored after)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
