@@ -19,6 +19,7 @@ Modules: ``_inputs`` (validation, conversion), ``binning`` (the one binning core
 
 from .bootstrap import bootstrap_metrics, percentile_interval, prob_not_greater, resample_counts
 from .calibration_error import ace, calibration_error, classwise_ece, ece, mce, rmsce, sce, tace
+from .debiased import debiased_l2_ce, ece_sweep, smooth_ece
 from .reliability import reliability_diagram
 from .scores import METRIC_NAMES, accuracy, aurc, brier, compute_all, nll
 from .streaming import CalibrationAccumulator
@@ -32,6 +33,9 @@ __all__ = [
     "ace",
     "tace",
     "classwise_ece",
+    "debiased_l2_ce",
+    "ece_sweep",
+    "smooth_ece",
     "accuracy",
     "nll",
     "brier",
