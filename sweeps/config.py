@@ -144,10 +144,14 @@ class TrackingConfig(_Strict):
 class SelectionConfig(_Strict):
     """How the champion is chosen from validation metrics."""
 
-    rule: Literal["pareto_min_ece_near_best_accuracy", "min_metric"] = "pareto_min_ece_near_best_accuracy"
-    accuracy_tolerance: float = Field(default=0.005, ge=0.0, le=1.0, description="0.005 = 0.5 points")
+    # noise_aware: among trials whose val accuracy is not significantly below the most accurate
+    # (one-sided paired bootstrap at `confidence`), the best `metric`; ties broken by val NLL.
+    rule: Literal["noise_aware", "pareto_min_ece_near_best_accuracy", "min_metric"] = "noise_aware"
+    accuracy_tolerance: float = Field(default=0.005, ge=0.0, le=1.0, description="0.005 = 0.5 points (pareto rule)")
     metric: str = "val_ece"
     mode: Literal["min", "max"] = "min"
+    confidence: float = Field(default=0.95, ge=0.5, le=0.999, description="level of tests and intervals")
+    num_resamples: int = Field(default=1000, ge=100, le=20000, description="bootstrap resamples per split")
 
 
 class EvaluationConfig(_Strict):

@@ -11,6 +11,9 @@ from sweeps.config import SelectionConfig
 from sweeps.selection import TrialRecord, leaderboard, pareto_front, pareto_plot, rank_agreement, select
 
 
+PARETO = "pareto_min_ece_near_best_accuracy"
+
+
 def rec(tid, acc, ece, status="completed", **extra):
     return TrialRecord(trial_id=tid, label=tid, status=status,
                        metrics={"val_accuracy": acc, "val_ece": ece, **extra}, params={"calibrator": "t"})
@@ -24,21 +27,21 @@ def test_pareto_front_hand_computed():
 
 def test_default_rule_lowest_ece_within_tolerance_of_best_accuracy():
     rs = [rec("a", 0.916, 0.030), rec("b", 0.920, 0.050), rec("e", 0.850, 0.010)]
-    chosen, why = select(rs, SelectionConfig(accuracy_tolerance=0.005))
+    chosen, why = select(rs, SelectionConfig(rule=PARETO, accuracy_tolerance=0.005))
     assert chosen.trial_id == "a"            # 0.916 >= 0.920 - 0.005, lower ECE than b
     assert "Pareto" in why and "0.9200" in why
-    chosen, _ = select(rs, SelectionConfig(accuracy_tolerance=0.0))
+    chosen, _ = select(rs, SelectionConfig(rule=PARETO, accuracy_tolerance=0.0))
     assert chosen.trial_id == "b"
-    chosen, _ = select(rs, SelectionConfig(accuracy_tolerance=0.1))
+    chosen, _ = select(rs, SelectionConfig(rule=PARETO, accuracy_tolerance=0.1))
     assert chosen.trial_id == "e"
 
 
 def test_failed_and_nan_trials_never_selected():
     rs = [rec("x", 0.99, 0.001, status="diverged"), rec("y", math.nan, math.nan), rec("z", 0.5, 0.2)]
-    chosen, _ = select(rs, SelectionConfig())
+    chosen, _ = select(rs, SelectionConfig(rule=PARETO))
     assert chosen.trial_id == "z"
     with pytest.raises(ValueError, match="nothing to select"):
-        select(rs[:2], SelectionConfig())
+        select(rs[:2], SelectionConfig(rule=PARETO))
 
 
 def test_min_metric_rule_and_missing_metric():
@@ -51,8 +54,8 @@ def test_min_metric_rule_and_missing_metric():
 
 def test_selection_independent_of_input_order():
     rs = [rec(t, a, e) for t, a, e in [("a", 0.9, 0.05), ("b", 0.9, 0.05), ("c", 0.88, 0.01)]]
-    first = select(rs, SelectionConfig())[0].trial_id
-    assert select(list(reversed(rs)), SelectionConfig())[0].trial_id == first == "a"
+    first = select(rs, SelectionConfig(rule=PARETO))[0].trial_id
+    assert select(list(reversed(rs)), SelectionConfig(rule=PARETO))[0].trial_id == first == "a"
 
 
 def test_rank_agreement_matches_scipy_and_is_symmetric():

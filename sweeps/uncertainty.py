@@ -1,0 +1,130 @@
+"""Paired bootstrap intervals for a sweep's trials, from the predictions each trial stored.
+
+Every trial of a sweep is evaluated on the same validation and test rows, so one set of
+resample counts per split (seeded by the sweep) serves every trial: differences between
+trials' replicates are replicates of their difference (calib_core.metrics.bootstrap).
+Multi-task trials get per-task replicates on each task's labelled rows (the same counts,
+restricted) and their means over tasks, which is what `val_<metric>` means for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calib_core.metrics import METRIC_NAMES, bootstrap_metrics, percentile_interval, resample_counts
+
+SPLITS = ("val", "test")
+
+
+def load_predictions(path: str | Path) -> dict[str, list[tuple[str | None, np.ndarray, np.ndarray]]]:
+    """Per split, a list of (task name or None, probabilities (N, K), labels (N,) with -1 = missing)."""
+    with np.load(path, allow_pickle=False) as z:
+        files = set(z.files)
+        tasks = [str(t) for t in z["tasks"]] if "tasks" in files else None
+        out: dict[str, list[tuple[str | None, np.ndarray, np.ndarray]]] = {}
+        for split in SPLITS:
+            if tasks:
+                labels = z[f"{split}_task_labels"]
+                out[split] = [(name, z[f"{split}_task{t}_probs"], labels[:, t]) for t, name in enumerate(tasks)]
+            else:
+                out[split] = [(None, z[f"{split}_probs"], z[f"{split}_labels"])]
+    return out
+
+
+def _fingerprint(labels: Iterable[np.ndarray]) -> str:
+    h = hashlib.sha1()
+    for y in labels:
+        h.update(np.ascontiguousarray(y, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Replicates:
+    """Bootstrap replicates per trial and metric key (e.g. 'val_ece', 'test_task0_accuracy')."""
+
+    level: float
+    num_resamples: int
+    values: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    # trials whose splits hold the same rows share resamples; a difference across groups is unpaired
+    groups: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def has(self, trial_id: str, key: str) -> bool:
+        """True when the trial has replicates of `key`."""
+        return key in self.values.get(trial_id, {})
+
+    def interval(self, trial_id: str, key: str) -> tuple[float, float]:
+        """Percentile interval of one trial's metric at the configured level."""
+        return percentile_interval(_tensor(self.values[trial_id][key]), self.level)
+
+    def difference(self, a: str, b: str, key: str) -> np.ndarray:
+        """Replicates of metric(a) - metric(b), paired when the two trials share their split."""
+        return self.values[a][key] - self.values[b][key]
+
+    def difference_interval(self, a: str, b: str, key: str) -> tuple[float, float]:
+        """Percentile interval of metric(a) - metric(b)."""
+        return percentile_interval(_tensor(self.difference(a, b, key)), self.level)
+
+    def significantly_greater(self, a: str, b: str, key: str) -> tuple[bool, float]:
+        """One-sided test of metric(a) > metric(b) at the configured level: (significant, p-value),
+        p = the share of replicates in which the difference is <= 0."""
+        d = self.difference(a, b, key)
+        p = float(np.mean(d <= 0.0))
+        return p < 1.0 - self.level, p
+
+
+def _tensor(a: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(np.asarray(a, dtype=np.float64))
+
+
+def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, np.ndarray, np.ndarray]]]], *,
+                       num_bins: int, num_resamples: int = 1000, level: float = 0.95, seed: int = 0,
+                       names: tuple[str, ...] = METRIC_NAMES) -> Replicates:
+    """Replicates of every metric on every split for each trial (keyed by trial id)."""
+    reps = Replicates(level=level, num_resamples=num_resamples)
+    counts_cache: dict[tuple[int, int], Any] = {}
+    for trial_id, splits in predictions.items():
+        values: dict[str, np.ndarray] = {}
+        groups: dict[str, str] = {}
+        for s_idx, split in enumerate(SPLITS):
+            parts = splits.get(split)
+            if not parts:
+                continue
+            n = len(parts[0][2])
+            key = (s_idx, n)
+            if key not in counts_cache:
+                counts_cache[key] = resample_counts(n, num_resamples, seed=seed * 2 + s_idx)
+            counts = counts_cache[key]
+            groups[split] = _fingerprint(y for _, _, y in parts)
+            per_task = []
+            for task, probs, labels in parts:
+                keep = labels >= 0
+                if not keep.any():
+                    continue
+                r = bootstrap_metrics(probs[keep], labels[keep], counts[:, np.flatnonzero(keep)],
+                                      num_bins=num_bins, names=names)
+                r = {m: v.numpy() for m, v in r.items()}
+                per_task.append(r)
+                if task is not None:
+                    values.update({f"{split}_{task}_{m}": v for m, v in r.items()})
+            for m in names:
+                values[f"{split}_{m}"] = np.mean([r[m] for r in per_task], axis=0)
+        reps.values[trial_id] = values
+        reps.groups[trial_id] = groups
+    return reps
+
+
+def interval_metrics(reps: Replicates, trial_id: str) -> dict[str, float]:
+    """`<key>_ci_low` / `<key>_ci_high` for every replicated key of a trial (for MLflow and tables)."""
+    out = {}
+    for key in reps.values.get(trial_id, {}):
+        lo, hi = reps.interval(trial_id, key)
+        out[f"{key}_ci_low"], out[f"{key}_ci_high"] = lo, hi
+    return out
