@@ -4,7 +4,6 @@ per task, and the dispatch picks the multi-task trainer for multi-task data."""
 
 from __future__ import annotations
 
-
 import copy
 
 import pytest
@@ -274,8 +273,9 @@ def test_last_layer_heads_move_only_by_the_calibrator_step_after_warmup(data, wa
     optimizer may move the heads, never the backbone optimizer (which held them for the
     warm-up) with the calibrators' stale gradients. One batch per epoch and K_c = 1: a copy
     of the trainer that takes the epoch's calibrator step alone ends with the same heads."""
-    t = MultiTaskTrainer(_cfg(calibrator="last_layer", calibrator_data="holdout:0.2", warmup_epochs=warmup, epochs=warmup + 1,
-                              batch_size=512, optimizer=optimizer, momentum=0.9, calibrator_optimizer=optimizer), data)
+    cfg = _cfg(calibrator="last_layer", calibrator_data="holdout:0.2", warmup_epochs=warmup, epochs=warmup + 1,
+               batch_size=512, optimizer=optimizer, momentum=0.9, calibrator_optimizer=optimizer)
+    t = MultiTaskTrainer(cfg, data)
     for e in range(warmup):
         t._train_epoch(e)
     alone = copy.deepcopy(t)
@@ -305,3 +305,16 @@ def test_last_layer_heads_are_frozen_after_warmup_with_zero_calibrator_lr(data):
     t._train_epoch(2)
     assert _same(heads1, _state(t.model.heads))
     assert not _same(feat1, [p.detach().clone() for p in t.feature_params])
+
+
+# ---------------------------------------------------------------------------- divergence of a task's calibrator
+def test_a_task_with_infinite_temperature_makes_the_run_diverge(data):
+    """T = exp(log T) = inf with a finite log T: task b's predictions are uniform with finite
+    losses; the calibrator's own check ends the run and names the task."""
+    t = MultiTaskTrainer(_cfg(calibrator="temperature", warmup_epochs=2, epochs=2), data)
+    with torch.no_grad():
+        t.calibrator[1].log_t.fill_(200.0)
+    res = t.fit()
+    assert res.status == "diverged"
+    assert "task 'b'" in res.reason and "temperature overflowed to inf" in res.reason, res.reason
+    assert res.val_metrics == {} and res.task_val_probs is None

@@ -348,3 +348,46 @@ def test_last_layer_head_is_frozen_after_warmup_with_zero_calibrator_lr(data):
     t._train_epoch(2)
     assert all(torch.equal(p, q) for p, q in zip(t.model.head.parameters(), head1))
     assert any(not torch.equal(p, q) for p, q in zip(t.feature_params, feat1))
+
+
+# ---------------------------------------------------------------------------- the calibrator's effective parameters
+def test_infinite_temperature_is_divergence_although_log_t_is_finite(data):
+    """T = exp(log T) overflows to inf for log T > ~88.7 while log T itself is finite: the
+    calibrated logits are then all 0 (uniform probabilities, finite losses and metrics), so only
+    a check of the effective temperature sees it. The warm-up keeps the calibrator from
+    stepping (its gradient would be NaN), so nothing else stops the run."""
+    t = Trainer(_cfg(calibrator="temperature", warmup_epochs=2, epochs=2), data)
+    with torch.no_grad():
+        t.calibrator.log_t.fill_(200.0)
+    res = t.fit()
+    assert res.status == "diverged"
+    assert "temperature" in res.reason and "inf" in res.reason and "epoch 1" in res.reason, res.reason
+    assert res.val_metrics == {} and res.test_metrics == {} and res.epochs_run == 0
+
+
+def test_zero_temperature_is_divergence(data):
+    t = Trainer(_cfg(calibrator="temperature", warmup_epochs=1, epochs=1), data)
+    with torch.no_grad():
+        t.calibrator.log_t.fill_(-200.0)  # T = exp(-200) underflows to 0
+    res = t.fit()
+    assert res.status == "diverged" and "temperature" in res.reason, res.reason
+
+
+def test_huge_calibrator_lr_drives_temperature_to_inf_and_the_run_diverges():
+    """calibrator_lr=1e3 with Adam: after one warm-up epoch the (over-confident) model makes
+    the single calibrator step of the last epoch (one batch per epoch) push log T up by ~1000,
+    T = inf. That run used to end "completed" with uniform predictions and temperature inf."""
+    from calib_core.data import load_dataset
+
+    cfg = RunConfig.model_validate({
+        "seed": 3, "device": "cpu", "num_threads": 1, "data": {"name": "mnist1d", "num_samples": 600},
+        "model": {"name": "mlp", "kwargs": {"hidden_dims": [32]}},
+        "train": {"epochs": 2, "warmup_epochs": 1, "batch_size": 4096, "lr": 0.003, "calibrator": "temperature",
+                  "calibrator_data": "holdout:0.1", "calibrator_lr": 1e3},
+    })
+    t = Trainer(cfg, load_dataset(cfg.data, cfg.seed))
+    res = t.fit()
+    assert float(t.calibrator.log_t.detach()) > 88  # the scenario: a finite log T, an infinite T
+    assert res.status == "diverged"
+    assert "temperature" in res.reason and "inf" in res.reason and "epoch 2" in res.reason, res.reason
+    assert res.epochs_run == 1 and res.val_metrics == {} and res.test_probs is None

@@ -1,7 +1,8 @@
 """The calibrator base class: an nn.Module mapping logits (or features) to calibrated logits.
 
-Every calibrator starts at the identity, reports what it learned through `describe()` and
-adds its own penalty (0 unless it has one) through `regularization()`.
+Every calibrator starts at the identity, reports what it learned through `describe()`, adds
+its own penalty (0 unless it has one) through `regularization()`, and says through
+`divergence()` when its (effective) parameters stopped being usable (None while they are).
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ class Calibrator(nn.Module):
     def describe(self) -> dict:
         """What the calibrator learned, as plain Python values (for logs and reports)."""
         return {"calibrator": self.name, "num_params": self.num_params()}
+
+    def divergence(self) -> str | None:
+        """Why this calibrator no longer gives a usable map, or None while it does. The base
+        check: every parameter finite. Subclasses whose effective parameters are functions of
+        the stored ones (temperature = exp(log T)) also check those, which can overflow or
+        underflow while the stored ones stay finite. One host sync per parameter."""
+        for n, p in self.named_parameters():
+            if not bool(torch.isfinite(p).all()):
+                return f"non-finite {self.name} calibrator parameter {n!r}"
+        return None
 
     def regularization(self) -> Tensor:
         """Penalty added to the calibrator's loss (0 unless the calibrator defines one)."""

@@ -6,6 +6,8 @@ monotone, so the argmax of the logits never changes.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -29,6 +31,20 @@ class TemperatureScaling(Calibrator):
     def forward(self, logits: Tensor) -> Tensor:
         self._check_input(logits)
         return logits / self.log_t.exp().to(logits.dtype)
+
+    def divergence(self) -> str | None:
+        """Also T itself: exp(log T) overflows to inf (log T > ~88.7 in float32; the calibrated
+        logits are then all 0, i.e. uniform predictions with finite losses) or underflows to
+        0 (logits / 0 = inf/NaN) while log T is still finite."""
+        reason = super().divergence()
+        if reason is not None:
+            return reason
+        t = float(self.temperature.detach())
+        if math.isinf(t):
+            return f"temperature overflowed to inf at log T = {float(self.log_t.detach()):.4g}"
+        if t == 0.0:
+            return f"temperature underflowed to 0 at log T = {float(self.log_t.detach()):.4g}"
+        return None
 
     def describe(self) -> dict:
         return {**super().describe(), "temperature": float(self.temperature.detach())}

@@ -314,6 +314,16 @@ class MultiTaskTrainer(Trainer):
                 raise Diverged(f"non-finite logits of task {self.tasks[t][0]!r} on the post-hoc holdout")
             fit_posthoc(self.calibrator[t], inp_t, y[keep, t])
 
+    def _calibrator_problem(self) -> str | None:
+        """The first task's calibrator whose `divergence()` reports a problem, named."""
+        if self.calibrator is None:
+            return None
+        for (name, _), cal in zip(self.tasks, self.calibrator):
+            problem = cal.divergence()
+            if problem is not None:
+                return f"task {name!r}: {problem}"
+        return None
+
     # ------------------------------------------------------------------ evaluation
     @property
     def calibrated_model(self) -> MultiTaskCalibratedModel:  # type: ignore[override]

@@ -291,6 +291,19 @@ class Trainer:
             raise Diverged("non-finite logits on the post-hoc holdout")
         fit_posthoc(cal, inp, y)
 
+    def _calibrator_problem(self) -> str | None:
+        """The calibrator's own divergence check (`Calibrator.divergence()`: its parameters and
+        its effective parameters, e.g. temperature = exp(log T) overflowing to inf, which
+        makes every prediction uniform while every loss stays finite); None when healthy."""
+        if self.calibrator is None:
+            return None
+        return self.calibrator.divergence()
+
+    def _check_calibrator(self, when: str) -> None:
+        problem = self._calibrator_problem()
+        if problem is not None:
+            raise Diverged(f"calibrator diverged: {problem} {when}")
+
     # ------------------------------------------------------------------ evaluation
     @property
     def calibrated_model(self) -> CalibratedModel:
@@ -394,9 +407,10 @@ class Trainer:
                 self.scheduler.step()
                 if self.method == "posthoc":
                     self._fit_posthoc()
+                self._check_calibrator(f"after epoch {e + 1}")
                 val, _, _ = self._evaluate(self.val_split, "validation")
             except Diverged as exc:
-                status, reason = "diverged", str(exc)
+                status, reason = "diverged", self._with_calibrator_problem(str(exc))
                 break
             dt = time.perf_counter() - t0
             self.epoch = e + 1
@@ -413,12 +427,21 @@ class Trainer:
                 on_epoch(EpochReport(epoch=self.epoch, metrics=dict(metrics), _state_fn=self.state_dict))
         return self._finish(status, reason)
 
+    def _with_calibrator_problem(self, reason: str) -> str:
+        """A divergence reason plus what became of the calibrator, when that is the cause
+        (e.g. a NaN loss after the temperature underflowed to 0)."""
+        if reason.startswith("calibrator diverged:"):
+            return reason
+        problem = self._calibrator_problem()
+        return f"{reason}; calibrator diverged: {problem}" if problem is not None else reason
+
     def _finish(self, status: str, reason: str | None) -> TrainResult:
         val_m: dict[str, float] = {}
         test_m: dict[str, float] = {}
         vp = vl = tp = tl = None
         if status == "completed":
             try:
+                self._check_calibrator("at the end of the run")
                 val_m, vp, vl = self._evaluate(self.val_split, "validation")
                 test_m, tp, tl = self._evaluate(self.test_split, "test")  # reported, never used to decide
             except Diverged as exc:
