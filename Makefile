@@ -1,11 +1,12 @@
-# One entry point. `make sweep` runs the main job, `make test` runs the tests; both set up
+# One entry point. `make sweep` runs the main job, `make test` runs the tests, `make lint` runs
+# ruff (lint only, no format check yet) and mypy (pyproject.toml configures both); all set up
 # .venv first from constraints.txt (torch 2.14.1 / torchvision 0.29.1 are pinned there).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sweep test test-slow bench clean
+.PHONY: setup sweep test test-slow lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,8 +27,12 @@ test: setup
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
 
+# Both linters run, and the target fails if either found something.
+lint: setup
+	@rc=0; $(BIN)/ruff check . || rc=1; $(BIN)/mypy || rc=1; exit $$rc
+
 bench: setup
 	$(BIN)/python benchmarks/bench_metrics.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache mlruns mlflow.db ray_results
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache mlruns mlflow.db ray_results
