@@ -482,10 +482,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"Metrics of the final-epoch model on the test split (15 even bins for ECE/SCE, adaptive for ACE), mean ± std over seeds. "
                 f"Calibrator lr per one-go variant chosen from {{{', '.join(f'{x:g}' for x in cal_lrs)}}} by the mean VALIDATION ECE over seeds "
                 f"{select_seeds[0]}..{select_seeds[-1]} (never by test metrics)"
-                + (f"; the grid ran on those seeds only, the other seeds ran the chosen lr alone" if len(select_seeds) < len(seeds) else "")
-                + f"; the other columns are test metrics of that choice. Δ columns are paired by seed (same split): "
-                f"Δacc = method − plain CE, ΔECE = method − post-hoc TS; the reading calls a difference only when |mean| > its std over seeds. "
-                f"'final T' is the learned temperature (temperature calibrators) or the mean 1/scale (vector). Rows: baselines, then one-go by validation ECE.",
+                + ("; the grid ran on those seeds only, the other seeds ran the chosen lr alone" if len(select_seeds) < len(seeds) else "")
+                + "; the other columns are test metrics of that choice. Δ columns are paired by seed (same split): "
+                "Δacc = method − plain CE, ΔECE = method − post-hoc TS; the reading calls a difference only when |mean| > its std over seeds. "
+                "'final T' is the learned temperature (temperature calibrators) or the mean 1/scale (vector). Rows: baselines, then one-go by validation ECE.",
             ]
             text = table_md(agg, header)
             (out_dir / f"reproduce_{ds}.md").write_text(text)

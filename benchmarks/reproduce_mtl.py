@@ -54,7 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from reproduce import SETTINGS as ST_SETTINGS, _fmt, _ms, merge  # noqa: E402  (same settings and helpers)
+from reproduce import SETTINGS as ST_SETTINGS  # noqa: E402  (same settings and helpers)
+from reproduce import _fmt, _ms, merge  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 TASKS = ["digit", "parity", "ge5", "prime"]
@@ -252,8 +253,9 @@ def build_tables(raw: dict[str, Any]) -> str:
             lr = next(iter(rs.values())).get("cal_lr")
             acc = _ms([r["test"][acc_k] for r in rs.values()])
             ec = _ms([r["test"][ece_k] for r in rs.values()])
-            da_ce, de_ce = _paired(rs, ce, lambda r: r["test"][acc_k]), _paired(rs, ce, lambda r: r["test"][ece_k])
-            da_ts, de_ts = _paired(rs, ts, lambda r: r["test"][acc_k]), _paired(rs, ts, lambda r: r["test"][ece_k])
+            test_acc, test_ece = (lambda r, k=acc_k: r["test"][k]), (lambda r, k=ece_k: r["test"][k])
+            da_ce, de_ce = _paired(rs, ce, test_acc), _paired(rs, ce, test_ece)
+            da_ts, de_ts = _paired(rs, ts, test_acc), _paired(rs, ts, test_ece)
             rd_ce = "(reference)" if g == "ce" else f"{_call(da_ce, False)} / {_call(de_ce, True)}"
             rd_ts = "(reference)" if g == "posthoc_ts" else f"{_call(da_ts, False)} / {_call(de_ts, True)}"
             name = f"**{task}**" if task == "mean" else task
@@ -331,7 +333,7 @@ def build_tables(raw: dict[str, Any]) -> str:
               "|---|" + "---|" * len(rows_spec)]
         for c in CORRUPTIONS:
             cells = []
-            for g, k in rows_spec:
+            for _, k in rows_spec:
                 vals = [statistics.fmean(row["ece"] for row in r["shift"] if row["corruption"] == c) for r in by[k].values() if r.get("shift")]
                 cells.append(_fmt(*_ms(vals), 100))
             L.append(f"| {c} | " + " | ".join(cells) + " |")

@@ -79,7 +79,9 @@ def shift_metrics(
     for name, sev, split_x in shift_suite(source, seed, names=names, severities=severities, stats=data.stats):
         probs = predict_proba(split_x.x)
         n = len(_as_list(probs))
-        rows.append({"corruption": name, "severity": int(sev), **_scores(probs, split_x.y, _task_names(data, n), num_bins)})
+        rows.append(
+            {"corruption": name, "severity": int(sev), **_scores(probs, split_x.y, _task_names(data, n), num_bins)}
+        )
     return rows
 
 
@@ -90,7 +92,9 @@ def mean_shift_ece(rows: Sequence[dict[str, Any]]) -> float:
     return float(sum(float(r["ece"]) for r in rows) / len(rows))
 
 
-def ood_metrics(predict_proba: ProbaFn, data_in: DataSplits | Split | Tensor, x_out: Tensor, *, tpr: float = 0.95) -> dict[str, float]:
+def ood_metrics(
+    predict_proba: ProbaFn, data_in: DataSplits | Split | Tensor, x_out: Tensor, *, tpr: float = 0.95
+) -> dict[str, float]:
     """`ood_report` of the in-distribution inputs (a DataSplits' test split, a Split, or a
     tensor) against `x_out`. Multi-task: per task (`<task>_msp_auroc`, ...) and the means."""
     if isinstance(data_in, DataSplits):

@@ -7,7 +7,7 @@ prediction. All losses take logits (N, K) and integer labels (N,) and return the
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

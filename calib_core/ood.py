@@ -65,7 +65,9 @@ def _check_probs(probs: Any, name: str = "probs") -> tuple[Tensor, bool]:
     tol = ROW_SUM_ATOL + 4 * p.shape[1] * torch.finfo(p.dtype).eps
     worst = (p.sum(dim=1, dtype=torch.float64) - 1).abs().max()
     if worst > tol:
-        raise ValueError(f"{name}: rows must sum to 1 (worst deviation {float(worst):.3g}); pass softmax outputs, not logits")
+        raise ValueError(
+            f"{name}: rows must sum to 1 (worst deviation {float(worst):.3g}); pass softmax outputs, not logits"
+        )
     return p, from_torch
 
 
@@ -92,10 +94,10 @@ def _check_scores(scores: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be a 1-D array of scores, got shape {tuple(s.shape)}")
     if s.shape[0] == 0:
         raise ValueError(f"{name} is empty")
-    s = s.to("cpu", torch.float64).numpy()
-    if np.isnan(s).any():
+    values = s.to("cpu", torch.float64).numpy()
+    if np.isnan(values).any():
         raise ValueError(f"{name} contains NaN")
-    return s
+    return values
 
 
 def auroc(scores_in: Any, scores_out: Any) -> float:

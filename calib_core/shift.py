@@ -100,7 +100,8 @@ def _gen_device(generator: torch.Generator | None) -> torch.device:
 
 
 def _randn(shape: Sequence[int], generator: torch.Generator | None, like: Tensor) -> Tensor:
-    return torch.randn(tuple(shape), generator=generator, device=_gen_device(generator), dtype=like.dtype).to(like.device)
+    noise = torch.randn(tuple(shape), generator=generator, device=_gen_device(generator), dtype=like.dtype)
+    return noise.to(like.device)
 
 
 def _signs(n: int, generator: torch.Generator | None, like: Tensor) -> Tensor:
@@ -114,7 +115,9 @@ def _stats_tensors(stats: Mapping[str, Any] | None, x: Tensor) -> tuple[Tensor, 
     if stats is None:
         return None
     if not isinstance(stats, Mapping):
-        raise ValueError(f"stats must be a mapping like DataSplits.stats (keys 'mean', 'std') or None, got {type(stats).__name__}")
+        raise ValueError(
+            f"stats must be a mapping like DataSplits.stats (keys 'mean', 'std') or None, got {type(stats).__name__}"
+        )
     has_mean, has_std = "mean" in stats, "std" in stats
     if has_mean != has_std:
         raise ValueError("stats needs both 'mean' and 'std' (or neither)")
@@ -156,7 +159,9 @@ def _shot_noise(p: Tensor, c: float, generator: torch.Generator | None, severity
     return (counts / c).clamp_(0.0, 1.0)
 
 
-def gaussian_kernel1d(sigma: float, *, truncate: float = 4.0, dtype: torch.dtype = torch.float32, device: Any = None) -> Tensor:
+def gaussian_kernel1d(
+    sigma: float, *, truncate: float = 4.0, dtype: torch.dtype = torch.float32, device: Any = None
+) -> Tensor:
     """Normalised 1-D Gaussian of radius int(truncate * sigma + 0.5), as scipy.ndimage builds it."""
     radius = int(truncate * float(sigma) + 0.5)
     t = torch.arange(-radius, radius + 1, dtype=torch.float64)
@@ -226,7 +231,8 @@ def _jpeg_quantization(p: Tensor, quality: int, generator: torch.Generator | Non
         cb = -0.168736 * r - 0.331264 * g + 0.5 * b + 128.0
         cr = 0.5 * r - 0.418688 * g - 0.081312 * b + 128.0
         planes = torch.stack([y, cb, cr], 1)
-        tables = [jpeg_quant_table(quality), jpeg_quant_table(quality, chroma=True), jpeg_quant_table(quality, chroma=True)]
+        chroma = jpeg_quant_table(quality, chroma=True)
+        tables = [jpeg_quant_table(quality), chroma, chroma]
     else:
         planes = v
         tables = [jpeg_quant_table(quality)] * c
@@ -263,7 +269,8 @@ def area_resample_matrix(size: int, cells: int) -> Tensor:
     """(cells, size) float64: cell i's exact area average of pixels [0, size) cut in `cells` equal parts."""
     edges = torch.linspace(0.0, float(size), cells + 1, dtype=torch.float64)
     j = torch.arange(size, dtype=torch.float64)
-    overlap = (torch.minimum(edges[1:, None], j[None, :] + 1) - torch.maximum(edges[:-1, None], j[None, :])).clamp_(min=0.0)
+    overlap = torch.minimum(edges[1:, None], j[None, :] + 1) - torch.maximum(edges[:-1, None], j[None, :])
+    overlap = overlap.clamp_(min=0.0)
     return overlap / (size / cells)
 
 
@@ -309,7 +316,8 @@ def _time_shift(x: Tensor, f: float, generator: torch.Generator | None, severity
 
 
 def _amplitude_scale(x: Tensor, d: float, generator: torch.Generator | None, severity: int) -> Tensor:
-    a = torch.pow(torch.as_tensor(1.0 + d, dtype=x.dtype, device=x.device), _signs(x.shape[0], generator, x)).view(-1, 1, 1)
+    base = torch.as_tensor(1.0 + d, dtype=x.dtype, device=x.device)
+    a = torch.pow(base, _signs(x.shape[0], generator, x)).view(-1, 1, 1)
     m = x.mean(dim=2, keepdim=True)
     return m + a * (x - m)
 
@@ -425,7 +433,9 @@ def corrupt_with_param(
     return _apply(x, _lookup(kind, name), param, 0, generator, stats)
 
 
-def _apply(x: Tensor, corr: Corruption, param: Any, severity: int, generator: torch.Generator | None, stats: Any) -> Tensor:
+def _apply(
+    x: Tensor, corr: Corruption, param: Any, severity: int, generator: torch.Generator | None, stats: Any
+) -> Tensor:
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise ValueError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
     if x.shape[0] == 0:
@@ -443,7 +453,8 @@ def _apply(x: Tensor, corr: Corruption, param: Any, severity: int, generator: to
     lo, hi = torch.aminmax(p)
     if not (torch.isfinite(lo) and torch.isfinite(hi)) or lo < -_RANGE_ATOL or hi > 1 + _RANGE_ATOL:
         raise ValueError(
-            f"images un-standardised with stats={None if stats is None else dict(stats)} span [{float(lo):.4g}, {float(hi):.4g}], "
+            f"images un-standardised with stats={None if stats is None else dict(stats)} "
+            f"span [{float(lo):.4g}, {float(hi):.4g}], "
             "not [0, 1]: pass the data's stats (DataSplits.stats) or pixels in [0, 1]"
         )
     out = corr.fn(p.clamp_(0.0, 1.0), param, generator, severity)

@@ -65,7 +65,9 @@ class _CelebAFiles(CelebA):
 
     def _check_integrity(self) -> bool:
         base = os.path.join(self.root, self.base_folder)
-        return all(os.path.isfile(os.path.join(base, f)) for f in LIST_FILES) and os.path.isdir(os.path.join(base, IMAGE_DIR))
+        return all(os.path.isfile(os.path.join(base, f)) for f in LIST_FILES) and os.path.isdir(
+            os.path.join(base, IMAGE_DIR)
+        )
 
 
 def missing_files(root: Path) -> list[Path]:
@@ -83,8 +85,8 @@ def verify_list_checksums(root: Path) -> None:
 
 
 def _load_image(path: Path, size: int) -> np.ndarray:
-    with Image.open(path) as im:
-        im = im.convert("RGB")
+    with Image.open(path) as src:
+        im: Image.Image = src.convert("RGB")
         w, h = im.size
         side = min(w, h)
         left, top = (w - side) // 2, (h - side) // 2
@@ -105,7 +107,9 @@ def read_split(
     if max_samples is not None:
         files, attr = files[:max_samples], attr[:max_samples]
     if attr.dim() != 2 or attr.shape[1] != len(names):
-        raise ValueError(f"{NAME}: list_attr_celeba.txt names {len(names)} attributes but rows hold {tuple(attr.shape)[1:]}")
+        raise ValueError(
+            f"{NAME}: list_attr_celeba.txt names {len(names)} attributes but rows hold {tuple(attr.shape)[1:]}"
+        )
     if attr.numel() and not bool(((attr == 0) | (attr == 1)).all()):
         raise ValueError(f"{NAME}: attribute values must be -1 or 1 in list_attr_celeba.txt")
     img_dir = Path(root) / CelebA.base_folder / IMAGE_DIR
@@ -113,7 +117,9 @@ def read_split(
     absent = [str(p) for p in paths if not p.is_file()]
     if absent:
         more = f" and {len(absent) - 3} more" if len(absent) > 3 else ""
-        raise FileNotFoundError(f"{NAME}: {len(absent)} image(s) listed for split {split!r} are missing: {', '.join(absent[:3])}{more}")
+        raise FileNotFoundError(
+            f"{NAME}: {len(absent)} image(s) listed for split {split!r} are missing: {', '.join(absent[:3])}{more}"
+        )
     x = np.empty((len(paths), image_size, image_size, 3), dtype=np.uint8)
     workers = num_workers or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:  # PIL releases the GIL while decoding

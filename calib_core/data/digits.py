@@ -24,8 +24,11 @@ def load_digits_splits(cfg: DataConfig, seed: int) -> DataSplits:
     tr, va, te = train_val_test_indices(
         len(y), val_fraction=cfg.val_fraction, test_fraction=cfg.test_fraction, seed=seed, labels=y
     )
+    train, val, test = (Split(x[idx], y[idx]) for idx in (tr, va, te))
     return DataSplits(
-        *(Split(x[idx], y[idx]) for idx in (tr, va, te)),
+        train,
+        val,
+        test,
         num_classes=NUM_CLASSES,
         input_shape=(1, 8, 8),
         name="digits",

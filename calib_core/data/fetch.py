@@ -22,7 +22,7 @@ LOCK_NAME = ".calib-download.lock"
 log = logging.getLogger(__name__)
 
 
-def ensure_files(name: str, root: Path, missing: Callable[[], list[Path]], download: Callable[[], None], *,
+def ensure_files(name: str, root: Path, missing: Callable[[], list[Path]], download: Callable[[], object], *,
                  allowed: bool, not_found: Callable[[list[Path]], str]) -> None:
     """Return when ``missing()`` is empty, downloading first (under the lock) if ``allowed``.
 

@@ -68,9 +68,11 @@ def load_mnist1d(cfg: DataConfig, seed: int) -> DataSplits:
         len(y), val_fraction=cfg.val_fraction, test_fraction=cfg.test_fraction, seed=seed, labels=y
     )
     mean, std = channel_stats(x[tr])
-    splits = [Split(standardize(x[idx], mean, std), y[idx]) for idx in (tr, va, te)]
+    train, val, test = (Split(standardize(x[idx], mean, std), y[idx]) for idx in (tr, va, te))
     return DataSplits(
-        *splits,
+        train,
+        val,
+        test,
         num_classes=NUM_CLASSES,
         input_shape=(SEQ_LEN,),
         name="mnist1d",

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from calib_core.config import DataConfig
+from calib_core.config import DataConfig, DatasetName
 from calib_core.data.digits import load_digits_splits
 from calib_core.data.mnist1d import load_mnist1d
 from calib_core.data.splits import DataSplits, Split
@@ -51,7 +51,7 @@ class Task(NamedTuple):
 
 DIGIT_TASKS: tuple[Task, ...] = (Task("digit", 10), Task("parity", 2), Task("ge5", 2), Task("prime", 2))
 
-_BASES: dict[str, tuple[str, Callable[[DataConfig, int], DataSplits]]] = {
+_BASES: dict[str, tuple[DatasetName, Callable[[DataConfig, int], DataSplits]]] = {
     "digits_mtl": ("digits", load_digits_splits),
     "mnist1d_mtl": ("mnist1d", load_mnist1d),
 }
@@ -133,7 +133,8 @@ def load_multitask(
         if split_name in missing_splits:
             y = mask_labels(y, missing_fraction, seed=_mask_seed(seed, split_name))
         splits[split_name] = Split(split.x, y)
-    return replace(base, **splits, num_classes=DIGIT_TASKS[0].num_classes, name=name, tasks=DIGIT_TASKS)
+    return replace(base, train=splits["train"], val=splits["val"], test=splits["test"],
+                   num_classes=DIGIT_TASKS[0].num_classes, name=name, tasks=DIGIT_TASKS)
 
 
 def _config_loader(name: str) -> Callable[[DataConfig, int], DataSplits]:

@@ -40,7 +40,11 @@ def load_dataset(cfg: DataConfig | dict[str, Any], seed: int) -> DataSplits:
     if cfg.name not in _LOADERS:
         raise ValueError(f"unknown dataset {cfg.name!r}; allowed: {', '.join(list_datasets())}")
     if cfg.num_samples is not None and cfg.name not in _GENERATED:
-        raise ValueError(f"data.num_samples applies to generated datasets (mnist1d) only, not {cfg.name!r}; leave it unset")
+        raise ValueError(
+            f"data.num_samples applies to generated datasets (mnist1d) only, not {cfg.name!r}; leave it unset"
+        )
     if cfg.augment and cfg.name not in _AUGMENTABLE:
-        raise ValueError(f"data.augment: no augmentation is defined for {cfg.name!r}; defined for {', '.join(_AUGMENTABLE)}")
+        raise ValueError(
+            f"data.augment: no augmentation is defined for {cfg.name!r}; defined for {', '.join(_AUGMENTABLE)}"
+        )
     return _LOADERS[cfg.name](cfg, int(seed))

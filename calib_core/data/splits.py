@@ -28,7 +28,9 @@ class Split:
         if not isinstance(self.x, Tensor) or not isinstance(self.y, Tensor):
             raise TypeError(f"Split needs tensors, got x={type(self.x).__name__}, y={type(self.y).__name__}")
         if self.x.dim() < 1 or self.y.dim() < 1 or self.x.shape[0] != self.y.shape[0]:
-            raise ValueError(f"Split: x and y need the same first dimension, got {tuple(self.x.shape)} and {tuple(self.y.shape)}")
+            raise ValueError(
+                f"Split: x and y need the same first dimension, got {tuple(self.x.shape)} and {tuple(self.y.shape)}"
+            )
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -37,14 +39,14 @@ class Split:
     def device(self) -> torch.device:
         return self.x.device
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Split":
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Split:
         """A Split on `device` (self when already there)."""
         device = torch.device(device)
         if self.x.device == device and self.y.device == device:
             return self
         return Split(self.x.to(device, non_blocking=non_blocking), self.y.to(device, non_blocking=non_blocking))
 
-    def subset(self, idx: IndexLike) -> "Split":
+    def subset(self, idx: IndexLike) -> Split:
         """Rows `idx` (index tensor, sequence, numpy array, boolean mask or slice)."""
         if isinstance(idx, slice):
             return Split(self.x[idx], self.y[idx])
@@ -125,7 +127,7 @@ class DataSplits:
             return x
         return self.augmentation(x, generator)
 
-    def to(self, device: torch.device | str) -> "DataSplits":
+    def to(self, device: torch.device | str) -> DataSplits:
         return replace(self, train=self.train.to(device), val=self.val.to(device), test=self.test.to(device))
 
     def describe(self) -> dict[str, Any]:
@@ -183,7 +185,9 @@ def train_val_test_indices(
     n: int, *, val_fraction: float, test_fraction: float, seed: int, labels: Tensor | np.ndarray | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Seeded disjoint train / val / test indices for a dataset without an official test split."""
-    train, val, test = split_indices(n, [1.0 - val_fraction - test_fraction, val_fraction, test_fraction], seed=seed, labels=labels)
+    train, val, test = split_indices(
+        n, [1.0 - val_fraction - test_fraction, val_fraction, test_fraction], seed=seed, labels=labels
+    )
     return train, val, test
 
 

@@ -124,7 +124,9 @@ SPECS: dict[str, TorchvisionSpec] = {
         False,
     ),
     "mnist": TorchvisionSpec("mnist", 10, _mnist_files(MNIST), {}, _read_mnist(MNIST), 2, False),
-    "fashionmnist": TorchvisionSpec("fashionmnist", 10, _mnist_files(FashionMNIST), {}, _read_mnist(FashionMNIST), 2, True),
+    "fashionmnist": TorchvisionSpec(
+        "fashionmnist", 10, _mnist_files(FashionMNIST), {}, _read_mnist(FashionMNIST), 2, True
+    ),
 }
 
 

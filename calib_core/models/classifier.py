@@ -9,6 +9,7 @@ calibrator *is* `head` (an `nn.Linear(feature_dim, num_classes)`).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,10 +22,12 @@ def check_num_classes(num_classes: object) -> int:
     return int(num_classes)
 
 
-def check_input_shape(input_shape: object, *, ndims: tuple[int, ...] | None = None, model: str = "model") -> tuple[int, ...]:
+def check_input_shape(
+    input_shape: object, *, ndims: tuple[int, ...] | None = None, model: str = "model"
+) -> tuple[int, ...]:
     """Return `input_shape` as a tuple of positive ints (length in `ndims` when given), else ValueError."""
     try:
-        shape = tuple(input_shape)  # type: ignore[arg-type]
+        shape: tuple[Any, ...] = tuple(input_shape)  # type: ignore[arg-type]
     except TypeError:
         raise ValueError(f"input_shape must be a tuple of positive ints, got {input_shape!r}") from None
     if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):

@@ -33,7 +33,9 @@ class CNN1D(Classifier):
             raise ValueError(f"cnn1d needs input_shape (L,) or (C, L), got {input_shape!r}")
         channels, kernel_sizes = tuple(channels), tuple(kernel_sizes)
         if not channels or len(channels) != len(kernel_sizes):
-            raise ValueError(f"cnn1d: channels {channels!r} and kernel_sizes {kernel_sizes!r} must be non-empty and of equal length")
+            raise ValueError(
+                f"cnn1d: channels {channels!r} and kernel_sizes {kernel_sizes!r} must be non-empty and of equal length"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"cnn1d: dropout must be in [0, 1), got {dropout!r}")
         self.in_channels = 1 if len(self.input_shape) == 1 else self.input_shape[0]
@@ -42,7 +44,11 @@ class CNN1D(Classifier):
         c_in = self.in_channels
         for c_out, k in zip(channels, kernel_sizes):
             pad = k // 2
-            layers += [nn.Conv1d(c_in, c_out, k, stride=2, padding=pad, bias=False), nn.BatchNorm1d(c_out), nn.ReLU(inplace=True)]
+            layers += [
+                nn.Conv1d(c_in, c_out, k, stride=2, padding=pad, bias=False),
+                nn.BatchNorm1d(c_out),
+                nn.ReLU(inplace=True),
+            ]
             length = (length + 2 * pad - k) // 2 + 1  # >= 1 for any length >= 1
             c_in = c_out
         layers.append(nn.Flatten(1))

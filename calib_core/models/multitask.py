@@ -46,12 +46,14 @@ class MultiTaskClassifier(nn.Module):
             first = old  # same init as the single-task model of task 0
         else:
             first = nn.Linear(self.feature_dim, k0)
-        backbone.head = nn.Identity()  # the backbone's forward now returns features
+        backbone.head = nn.Identity()  # type: ignore[assignment]  # the backbone's forward now returns features
         self.backbone = backbone
         self.heads = nn.ModuleList([first] + [nn.Linear(self.feature_dim, k) for _, k in self.tasks[1:]])
 
     @classmethod
-    def create(cls, name: str, tasks: Sequence[Sequence[Any]], input_shape: Sequence[int], **kwargs: Any) -> "MultiTaskClassifier":
+    def create(
+        cls, name: str, tasks: Sequence[Sequence[Any]], input_shape: Sequence[int], **kwargs: Any
+    ) -> MultiTaskClassifier:
         """Backbone `name` from the model registry (built for the first task's classes)."""
         from calib_core.models.registry import create_model
 
@@ -77,7 +79,9 @@ class MultiTaskClassifier(nn.Module):
         return f"tasks={list(self.tasks)}, feature_dim={self.feature_dim}"
 
 
-def create_multitask_model(name: str, tasks: Sequence[Sequence[Any]], input_shape: Sequence[int], **kwargs: Any) -> MultiTaskClassifier:
+def create_multitask_model(
+    name: str, tasks: Sequence[Sequence[Any]], input_shape: Sequence[int], **kwargs: Any
+) -> MultiTaskClassifier:
     """`MultiTaskClassifier.create` as a function."""
     return MultiTaskClassifier.create(name, tasks, input_shape, **kwargs)
 

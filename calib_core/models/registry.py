@@ -8,7 +8,8 @@ works. The family modules register themselves when `calib_core.models` is import
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from calib_core.models.classifier import Classifier, check_input_shape, check_num_classes
 
@@ -59,7 +60,8 @@ def create_model(name: str, num_classes: int, input_shape: tuple[int, ...] | lis
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
         raise ValueError(
-            f"model {name!r} got unknown keyword argument(s) {unknown}; accepted: {', '.join(sorted(accepted)) or 'none'}"
+            f"model {name!r} got unknown keyword argument(s) {unknown}; "
+            f"accepted: {', '.join(sorted(accepted)) or 'none'}"
         )
     return cls(num_classes=num_classes, input_shape=input_shape, **kwargs)
 
@@ -67,5 +69,5 @@ def create_model(name: str, num_classes: int, input_shape: tuple[int, ...] | lis
 def _accepted_kwargs(cls: type) -> set[str]:
     """Names the model's constructor accepts besides num_classes and input_shape."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    params = inspect.signature(cls.__init__).parameters
+    params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]  # the class's own __init__
     return {n for n, p in params.items() if p.kind in kinds and n not in ("self", "num_classes", "input_shape")}

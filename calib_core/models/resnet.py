@@ -72,7 +72,9 @@ class ResNet(Classifier):
             raise ValueError(f"{name}: base_width must be a positive int, got {base_width!r}")
         c = base_width
         self.stem = nn.Sequential(
-            nn.Conv2d(self.input_shape[0], c, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(inplace=True)
+            nn.Conv2d(self.input_shape[0], c, 3, stride=1, padding=1, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(inplace=True),
         )
         stages = []
         c_in = c
