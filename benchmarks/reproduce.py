@@ -13,12 +13,12 @@ a pool of `--workers` processes). The matrix per dataset and seed:
 * one-go: calibrator in {temperature, vector, matrix, dirichlet, mlp, last_layer} x
   calibrator_data in {holdout:0.1, lookahead, same} x calibrator_lr in `--cal-lrs`.
 
-Selection hygiene (DESIGN.md section 5): for every one-go variant (calibrator, calibrator_data)
+Selection hygiene (docs/design.md section 5): for every one-go variant (calibrator, calibrator_data)
 one calibrator lr is chosen by the MEAN VALIDATION ECE over seeds (final-epoch model); test
 metrics are only reported. Tables: mean +- std over seeds of test accuracy, ECE, ACE, SCE, NLL,
 paired (same seed) differences to plain CE (accuracy) and post-hoc TS (ECE), final temperature.
 
-Overhead (DESIGN.md section 9): in one process, one thread, trainers for plain CE and the
+Overhead (docs/design.md section 9): in one process, one thread, trainers for plain CE and the
 one-go variants are built on the same data and seed and their epochs are run round-robin
 (CE, variant 1, variant 2, ..., CE, ...), after one untimed warm-up epoch each; ratio = median
 one-go epoch time / median CE epoch time. Two timings per epoch: the training loop alone

@@ -4,7 +4,7 @@
   l1 configuration, to 1e-9 in float64 (required: 1e-6). Fetched by
   tests/reference/fetch_uncertainty_metrics.py; if it cannot be had these tests FAIL unless
   CALIB_ALLOW_NO_REFERENCE=1.
-* tests/reference/brute.py, a plain loop implementation of DESIGN.md s.4, for norm="l2" (the
+* tests/reference/brute.py, a plain loop implementation of docs/design.md section 4, for norm="l2" (the
   PyPI reference predates its L2 fix) and norm="max" (the reference has none).
 * hand-computed values for l1, l2 and max.
 * torchmetrics' multiclass_calibration_error where its semantics match ours.

@@ -1,6 +1,6 @@
 """The one binning core behind every binned metric (one-shot, streaming and diagrams).
 
-Numerical conventions (DESIGN.md section 4), those of the reference library
+Numerical conventions (docs/design.md section 4), those of the reference library
 google/uncertainty-metrics (numpy ``gce``):
 
 * **Even bins.** Upper edges ``np.histogram_bin_edges([], bins=B, range=(0, 1))[1:]`` (float64

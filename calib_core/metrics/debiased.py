@@ -1,4 +1,4 @@
-"""Calibration-error estimators with less bias than plug-in binned ECE (DESIGN.md section 10).
+"""Calibration-error estimators with less bias than plug-in binned ECE (docs/design.md section 10).
 
 * :func:`debiased_l2_ce` - Kumar, Liang & Ma 2019 ("Verified Uncertainty Calibration"): the
   debiased L2 calibration error over equal-mass bins, numbers of PyPI

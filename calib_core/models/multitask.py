@@ -1,4 +1,4 @@
-"""A shared backbone with one linear head per task (DESIGN.md section 3, multi-task).
+"""A shared backbone with one linear head per task (docs/design.md section 3, multi-task).
 
 `MultiTaskClassifier(backbone, tasks)`: `backbone` is any registry `Classifier`; only its
 `features` are used (its own head is taken over as task 0's head, so a one-task model starts

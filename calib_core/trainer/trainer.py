@@ -1,4 +1,4 @@
-"""The one-go trainer (DESIGN.md section 3) and its baselines, in one step loop.
+"""The one-go trainer (docs/design.md section 3) and its baselines, in one step loop.
 
 Players: the backbone theta (the whole model; with `last_layer` everything but the head) and
 the calibrator phi (with `last_layer`: the model's head). Each has its own optimizer. Per step:

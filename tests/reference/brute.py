@@ -1,4 +1,4 @@
-"""A deliberately plain, loop-based general calibration error, written from DESIGN.md s.4.
+"""A deliberately plain, loop-based general calibration error, written from docs/design.md section 4.
 
 It shares no code with ``calib_core.metrics``. It exists to check the knobs the PyPI
 reference cannot (norm="l2" after the reference's L2 fix, norm="max") and as a second
