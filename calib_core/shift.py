@@ -193,6 +193,7 @@ def _brightness(p: Tensor, c: float, generator: torch.Generator | None, severity
 
 
 # JPEG (ITU T.81 Annex K) quantisation tables, row-major over (vertical, horizontal) frequency
+# fmt: off
 _JPEG_LUMA = (
     16, 11, 10, 16, 24, 40, 51, 61, 12, 12, 14, 19, 26, 58, 60, 55,
     14, 13, 16, 24, 40, 57, 69, 56, 14, 17, 22, 29, 51, 87, 80, 62,
@@ -205,6 +206,7 @@ _JPEG_CHROMA = (
     99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99,
     99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99,
 )
+# fmt: on
 
 
 def jpeg_quant_table(quality: int, *, chroma: bool = False) -> Tensor:
