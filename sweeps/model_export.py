@@ -1,8 +1,36 @@
-"""Package the champion as an MLflow pyfunc model that returns calibrated probabilities."""
+"""Package the champion as a portable MLflow pyfunc model that returns calibrated probabilities.
+
+What gets logged (a models-from-code pyfunc; no pickled Python object anywhere):
+
+- `champion_pyfunc.py` (this package's `sweeps/champion_pyfunc.py`), the model's code, which
+  `mlflow.pyfunc.load_model` runs; it imports mlflow, torch and calib_core only;
+- artifacts `spec` (JSON, `calib_core.export.model_spec`: backbone name and kwargs,
+  calibrator kind, classes or tasks, input shape) and `weights` (the calibrated module's
+  state_dict, tensors only, loaded with `torch.load(weights_only=True)`);
+- `code/calib_core/`, the calib_core package (`code_paths`), so the model loads where
+  neither this repository nor `sweeps` is importable;
+- exact pip requirements (torch, numpy, pydantic, pyyaml, mlflow pinned to the versions
+  installed here), a tensor signature (input float32 (-1, *input_shape); output float64
+  (-1, K) probabilities, or one (-1, K_t) output per task) and an input example.
+
+Before logging, the module rebuilt from the spec and the weights is checked against the
+trained one on the input example. The registered version gets a description (dataset,
+calibrator, calibrator lr, validation metrics) and the alias `champion`.
+
+Registration is idempotent: when the run already has a version of the registered model, that
+version is reused (only the alias and tags are set); when an earlier attempt logged the
+model but died before registering it, that logged model is registered instead of logging a
+second one.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import shutil
+import sys
+import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -10,22 +38,34 @@ import mlflow
 import numpy as np
 import torch
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.types import Schema, TensorSpec
 
 CHAMPION_ALIAS = "champion"
+LOGGED_MODEL_NAME = "model"
+MODEL_CODE = Path(__file__).with_name("champion_pyfunc.py")
+# distributions the model imports when it loads (calib_core.trainer needs pydantic and pyyaml)
+REQUIRED_DISTRIBUTIONS = ("torch", "numpy", "pydantic", "pyyaml", "mlflow")
+EXPORT_FORMAT = "mlflow-models-from-code/calib_core-spec-v1"
+TAG_EXPORT_FORMAT = "calib.export_format"
+TAG_EXPORT_COMPLETE = "calib.export_complete"
+TAG_SOURCE_RUN = "source_run_id"
+VAL_METRICS = (("accuracy", "accuracy"), ("ece", "ECE"), ("sce", "SCE"), ("ace", "ACE"), ("tace", "TACE"),
+               ("mce", "MCE"), ("rmsce", "RMSCE"), ("nll", "NLL"), ("brier", "Brier"), ("aurc", "AURC"),
+               ("shift_ece", "ECE under shift"))
 
 
 class CalibratedClassifierModel(mlflow.pyfunc.PythonModel):
-    """Backbone + calibrator; `predict` maps inputs (N, ...) to calibrated probabilities (N, K)."""
+    """Legacy (CloudPickled) model class: versions registered before the portable format
+    reference it by name, so it stays importable for them. New versions never use it."""
 
     def load_context(self, context: Any) -> None:
-        """Load the pickled torch module and the input shape it expects."""
         self.model = torch.load(context.artifacts["model"], map_location="cpu", weights_only=False).eval()
         summary = json.loads(Path(context.artifacts["summary"]).read_text())
         self.input_shape = tuple(summary["input_shape"])
 
-    def predict(self, context: Any, model_input: Any, params: dict | None = None) -> Any:
-        """Calibrated class probabilities (N, K) for a batch of inputs (flat rows are reshaped);
-        a multi-task model gives a dict {task index: (N, K_t) probabilities}."""
+    def predict(self, context: Any, model_input: np.ndarray, params: dict | None = None) -> Any:
         x = np.asarray(model_input, dtype=np.float32)
         if x.ndim == 2 and len(self.input_shape) > 1:
             x = x.reshape((x.shape[0], *self.input_shape))
@@ -36,31 +76,204 @@ class CalibratedClassifierModel(mlflow.pyfunc.PythonModel):
         return torch.softmax(logits.double(), dim=-1).numpy()
 
 
-def log_and_register(run_id: str, checkpoint_dir: str | Path, input_shape: tuple[int, ...],
-                     model_name: str, tracking_uri: str) -> str:
-    """Log the champion's model on its run, register it, and point alias `champion` at it."""
+# ---------------------------------------------------------------------------- pieces
+def pip_requirements() -> list[str]:
+    """`name==version` for every distribution the model needs, as installed here."""
+    out = []
+    for dist in REQUIRED_DISTRIBUTIONS:
+        version = metadata.version(dist).split("+")[0]  # torch's local tag (+cpu, +cu12x) is not on PyPI
+        out.append(f"{dist}=={version}")
+    return out
+
+
+def model_signature(spec: dict[str, Any]) -> ModelSignature:
+    """Input float32 (-1, *input_shape); output float64 (-1, K), or one named (-1, K_t) per task."""
+    from calib_core.export import output_classes
+
+    inputs = Schema([TensorSpec(np.dtype(np.float32), (-1, *spec["input_shape"]))])
+    outs = output_classes(spec)
+    if outs[0][0] is None:
+        outputs = Schema([TensorSpec(np.dtype(np.float64), (-1, outs[0][1]))])
+    else:
+        outputs = Schema([TensorSpec(np.dtype(np.float64), (-1, k), name=name) for name, k in outs])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def input_example(input_shape: tuple[int, ...]) -> np.ndarray:
+    """A small float32 batch shaped like the data (standardised inputs, so N(0, 1) values)."""
+    rows = 2 if math.prod(input_shape) <= 10_000 else 1
+    return np.random.default_rng(0).standard_normal((rows, *input_shape)).astype(np.float32)
+
+
+def _fmt_metric(key: str, value: float) -> str:
+    return f"{value:.4f}" if key != "nll" else f"{value:.4g}"
+
+
+def default_description(summary: dict[str, Any], metrics: dict[str, Any], spec: dict[str, Any], run_id: str) -> str:
+    """Markdown for the model version: dataset, model, calibrator and its lr, validation metrics."""
+    from calib_core.export import output_classes
+
+    rc = summary.get("run_config") or {}
+    train = rc.get("train") or {}
+    method = train.get("method", "?")
+    if method == "onego":
+        cal = (f"{train.get('calibrator')}, trained one-go with the backbone, calibrator lr "
+               f"{float(train.get('calibrator_lr', float('nan'))):.4g}, calibrator data {train.get('calibrator_data')}")
+    elif method == "posthoc":
+        cal = f"{train.get('posthoc_calibrator')}, fitted post hoc on {train.get('calibrator_data')}"
+    else:
+        cal = f"none (method {method})"
+    vals = []
+    for key, label in VAL_METRICS:
+        v = metrics.get(f"val_{key}")
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            vals.append(f"{label} {_fmt_metric(key, float(v))}")
+    outs = output_classes(spec)
+    if outs[0][0] is None:
+        output = f"(N, {outs[0][1]}) calibrated class probabilities"
+    else:
+        output = "{" + ", ".join(f"{n}: (N, {k})" for n, k in outs) + "} calibrated probabilities per task"
+    model = rc.get("model") or {}
+    lines = [
+        f"Calibrated classifier, the sweep's champion (MLflow run `{run_id}`).",
+        "",
+        f"- dataset: {(rc.get('data') or {}).get('name', '?')} (seed {rc.get('seed', '?')})",
+        f"- model: {model.get('name', spec['model']['name'])} {json.dumps(model.get('kwargs') or {})}",
+        f"- calibrator: {cal}",
+        f"- validation{' (means over the tasks)' if spec.get('tasks') else ''}: "
+        f"{', '.join(vals) if vals else 'no metrics recorded'}",
+        f"- input: float32 array (N, {', '.join(str(s) for s in spec['input_shape'])}), finite values",
+        f"- output: {output}",
+    ]
+    return "\n".join(lines)
+
+
+def _read_metrics(client: MlflowClient, run_id: str, ckpt: Path) -> dict[str, Any]:
+    from sweeps.trainable import FINAL_FILE
+
+    metrics: dict[str, Any] = dict(client.get_run(run_id).data.metrics)
+    if (ckpt / FINAL_FILE).is_file():
+        metrics.update(json.loads((ckpt / FINAL_FILE).read_text()))
+    return metrics
+
+
+def _versions_of_run(client: MlflowClient, model_name: str, run_id: str) -> list[Any]:
+    """The registered model's versions created from `run_id`, oldest first."""
+    found = client.search_model_versions(f"run_id = '{run_id}'")
+    return sorted((v for v in found if v.name == model_name), key=lambda v: int(v.version))
+
+
+def _completed_export(client: MlflowClient, run_id: str) -> str | None:
+    """Id of a portable model an earlier call logged on `run_id` completely, if any."""
+    experiment_id = client.get_run(run_id).info.experiment_id
+    models = client.search_logged_models(experiment_ids=[experiment_id], filter_string=f"source_run_id = '{run_id}'")
+    done = [m for m in models if m.tags.get(TAG_EXPORT_COMPLETE) == "true" and m.tags.get(TAG_EXPORT_FORMAT) == EXPORT_FORMAT]
+    return max(done, key=lambda m: m.creation_timestamp).model_id if done else None
+
+
+def _load_trained(ckpt: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The trial's calibrated module and summary from its final checkpoint (sweeps.trainable)."""
     from sweeps.trainable import MODEL_FILE, SUMMARY_FILE
 
-    mlflow.set_tracking_uri(tracking_uri)
-    ckpt = Path(checkpoint_dir)
     summary = json.loads((ckpt / SUMMARY_FILE).read_text())
-    summary["input_shape"] = list(input_shape)
-    summary_path = ckpt / "export_summary.json"
-    summary_path.write_text(json.dumps(summary, default=str))
+    if not (ckpt / MODEL_FILE).is_file():
+        raise FileNotFoundError(f"{ckpt / MODEL_FILE} is missing: the trial did not complete "
+                                f"(status {summary.get('status')!r}), so there is no model to register")
+    # The checkpoint the trial wrote holds the whole module, pickled; it is read only here.
+    module = torch.load(ckpt / MODEL_FILE, map_location="cpu", weights_only=False).eval()
+    return module, summary
+
+
+def _stage(module: torch.nn.Module, spec: dict[str, Any], out: Path) -> None:
+    """Write weights.pt, spec.json and a clean copy of calib_core under `out`, then check that
+    the module rebuilt from them computes what the trained one computes."""
+    import calib_core
+    from calib_core.export import load_calibrated_model, state_dict_for_export
+
+    torch.save(state_dict_for_export(module), out / "weights.pt")
+    (out / "spec.json").write_text(json.dumps(spec, indent=1))
+    shutil.copytree(Path(calib_core.__file__).parent, out / "code" / "calib_core",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo"))
+
+    rebuilt = load_calibrated_model(json.loads((out / "spec.json").read_text()), out / "weights.pt")
+    x = torch.from_numpy(input_example(tuple(spec["input_shape"])))
+    with torch.no_grad():
+        want, got = module(x), rebuilt(x)
+    want = want if isinstance(want, (list, tuple)) else [want]
+    got = got if isinstance(got, (list, tuple)) else [got]
+    if len(want) != len(got) or not all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(want, got)):
+        raise RuntimeError(f"the module rebuilt from spec {spec} differs from the trained one; not registering it")
+
+
+def _log_portable_model(client: MlflowClient, run_id: str, module: torch.nn.Module, spec: dict[str, Any]) -> str:
+    """Log the portable model on `run_id` (its status and end time unchanged); return its model id."""
+    with tempfile.TemporaryDirectory(prefix="calib-export-") as tmp:
+        out = Path(tmp)
+        _stage(module, spec, out)
+        before = client.get_run(run_id).info
+        saved_path = list(sys.path)
+        try:
+            with mlflow.start_run(run_id=run_id, nested=False):
+                info = mlflow.pyfunc.log_model(
+                    name=LOGGED_MODEL_NAME,
+                    python_model=str(MODEL_CODE),
+                    artifacts={"spec": str(out / "spec.json"), "weights": str(out / "weights.pt")},
+                    code_paths=[str(out / "code" / "calib_core")],
+                    pip_requirements=pip_requirements(),
+                    signature=model_signature(spec),
+                    input_example=input_example(tuple(spec["input_shape"])),
+                    metadata={"calib_core_spec": spec},
+                    tags={TAG_EXPORT_FORMAT: EXPORT_FORMAT},
+                )
+        finally:
+            # MLflow validates the input example by loading the model here, which prepends the
+            # model's (temporary) code directory to sys.path.
+            sys.path[:] = saved_path
+            # start_run/end_run stamps a new end time; the trial's run keeps its own status and end time.
+            client.set_terminated(run_id, status=before.status, end_time=before.end_time)
+    client.set_logged_model_tags(info.model_id, {TAG_EXPORT_COMPLETE: "true"})
+    return info.model_id
+
+
+def _register(client: MlflowClient, model_name: str, model_id: str, run_id: str, description: str) -> str:
+    try:
+        client.create_registered_model(model_name)
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+    mv = client.create_model_version(model_name, source=f"models:/{model_id}", run_id=run_id, model_id=model_id,
+                                     description=description, tags={TAG_SOURCE_RUN: run_id, TAG_EXPORT_FORMAT: EXPORT_FORMAT})
+    return str(mv.version)
+
+
+# ---------------------------------------------------------------------------- entry point
+def log_and_register(run_id: str, checkpoint_dir: str | Path, input_shape: tuple[int, ...],
+                     model_name: str, tracking_uri: str, *, description: str | None = None,
+                     alias: str = CHAMPION_ALIAS) -> str:
+    """Log the champion's portable model on its run, register it, point `alias` at it; return
+    the version. Idempotent: a version already registered from `run_id` is reused (only the
+    alias, tags and, when given, the description are set), so a resumed sweep never adds a
+    second one. `description` replaces the default one built from the run's summary."""
+    from calib_core.export import model_spec
+
+    mlflow.set_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri)
-    before = client.get_run(run_id).info
-    with mlflow.start_run(run_id=run_id, nested=False):
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=CalibratedClassifierModel(),
-            artifacts={"model": str(ckpt / MODEL_FILE), "summary": str(summary_path)},
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}",
-                              f"mlflow=={mlflow.__version__}", "calib-sweep"],
-            registered_model_name=model_name,
-        )
-    # start_run/end_run stamps a new end time; the trial's run keeps its own status and end time.
-    client.set_terminated(run_id, status=before.status, end_time=before.end_time)
-    version = str(info.registered_model_version)
-    client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
-    client.set_model_version_tag(model_name, version, "source_run_id", run_id)
+    ckpt = Path(checkpoint_dir)
+    input_shape = tuple(int(s) for s in input_shape)
+    existing = _versions_of_run(client, model_name, run_id)
+    if existing:
+        mv = next((v for v in reversed(existing) if v.tags.get(TAG_EXPORT_FORMAT) == EXPORT_FORMAT), existing[-1])
+        version = str(mv.version)
+        if description is not None and description != mv.description:
+            client.update_model_version(model_name, version, description=description)
+    else:
+        module, summary = _load_trained(ckpt)
+        spec = model_spec(module, summary["run_config"], input_shape)
+        # an earlier call that died between logging and registering left a complete model: reuse it
+        model_id = _completed_export(client, run_id) or _log_portable_model(client, run_id, module, spec)
+        if description is None:
+            description = default_description(summary, _read_metrics(client, run_id, ckpt), spec, run_id)
+        version = _register(client, model_name, model_id, run_id, description)
+    client.set_registered_model_alias(model_name, alias, version)
+    client.set_model_version_tag(model_name, version, TAG_SOURCE_RUN, run_id)
     return version
