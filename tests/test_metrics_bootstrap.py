@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from calib_core.metrics import METRIC_NAMES, accuracy, compute_all, ece
+from calib_core.metrics import METRIC_NAMES, _fast, accuracy, compute_all, ece
 from calib_core.metrics.bootstrap import bootstrap_metrics, percentile_interval, prob_not_greater, resample_counts
 
 
@@ -22,8 +22,18 @@ def _probs(rng: np.random.Generator, n: int, k: int, round_to: int | None = None
     return p, rng.integers(0, k, n)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "torch"])
 @pytest.mark.parametrize("n,k,round_to", [(37, 2, None), (50, 3, 2), (400, 10, 2), (1000, 5, None), (9, 4, 1)])
-def test_replicates_equal_metrics_of_materialised_resamples(n: int, k: int, round_to: int | None) -> None:
+def test_replicates_equal_metrics_of_materialised_resamples(n: int, k: int, round_to: int | None,
+                                                            compiled: bool) -> None:
+    previous = _fast.set_enabled(compiled)
+    try:
+        _check_against_materialised(n, k, round_to)
+    finally:
+        _fast.set_enabled(previous)
+
+
+def _check_against_materialised(n: int, k: int, round_to: int | None) -> None:
     rng = np.random.default_rng(n * 31 + k)
     p, y = _probs(rng, n, k, round_to)
     counts = resample_counts(n, 12, seed=3)

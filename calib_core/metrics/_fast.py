@@ -164,8 +164,65 @@ def _build() -> dict[str, Callable] | None:
                 sums[slot] += v
         return 0
 
+    def adaptive_reps(w, order, v, c, tie_start, starts, nb, out_cnt, out_sum, out_cor, lo, hi):
+        # per resample b: the resample's equal-mass edges over the sorted values, then bin sums
+        n = order.shape[0]
+        cum = np.empty(n + 1)
+        wo = np.empty(n)
+        bounds = np.empty(nb + 1, np.int64)
+        for b in range(lo, hi):
+            cum[0] = 0.0
+            for i in range(n):
+                wo[i] = w[b, order[i]]
+                cum[i + 1] = cum[i] + wo[i]
+            for t in range(starts.shape[0]):
+                s0 = starts[t]
+                before = cum[s0]
+                kept = cum[n] - before
+                if kept <= 0.0:
+                    continue
+                step = kept / nb
+                bounds[0] = s0
+                src = s0
+                for j in range(1, nb):
+                    q = min(np.round(j * step), kept - 1.0) + before  # round half to even, as numpy
+                    while cum[src + 1] <= q:  # the entry holding resample position q
+                        src += 1
+                    bounds[j] = tie_start[src]
+                bounds[nb] = n
+                for j in range(nb):
+                    sm = 0.0
+                    cr = 0.0
+                    for i in range(bounds[j], bounds[j + 1]):
+                        sm += wo[i] * v[i]
+                        cr += wo[i] * c[i]
+                    out_cnt[t, b, j] = cum[bounds[j + 1]] - cum[bounds[j]]
+                    out_sum[t, b, j] = sm
+                    out_cor[t, b, j] = cr
+        return 0
+
+    def aurc_reps(w, order, err, first, out, lo, hi):
+        n = order.shape[0]
+        cw = np.empty(n + 1)
+        ce = np.empty(n + 1)
+        for b in range(lo, hi):
+            cw[0] = 0.0
+            ce[0] = 0.0
+            for i in range(n):
+                wi = w[b, order[i]]
+                cw[i + 1] = cw[i] + wi
+                ce[i + 1] = ce[i] + wi * err[i]
+            total = 0.0
+            for i in range(n):
+                wi = cw[i + 1] - cw[i]
+                if wi > 0.0:  # rows at least as confident as this one's tie block are accepted
+                    total += wi * (ce[n] - ce[first[i]]) / max(cw[n] - cw[first[i]], 1.0)
+            out[b] = total / cw[n]
+        return 0
+
     return {"scan64": _njit(scan_search, fastmath=fast), "scan32": _njit(scan_key32, fastmath=fast),
-            "hist": _njit(hist), "hist2d": _njit(hist2d)}
+            "hist": _njit(hist), "hist2d": _njit(hist2d), "adaptive_reps": _njit(adaptive_reps),
+            "aurc_reps": _njit(aurc_reps)}
 
 
 _build_lock = threading.Lock()
@@ -193,14 +250,14 @@ _pool_pid = 0
 _pool_lock = threading.Lock()
 
 
-def _split(kernel: Callable, n: int, args: Callable[[int], tuple]) -> list:
+def _split(kernel: Callable, n: int, args: Callable[[int], tuple], min_rows: int = _MIN_ROWS_PER_THREAD) -> list:
     """Run ``kernel(*args(t), lo, hi)`` on consecutive row ranges, one per thread, in parallel.
 
     ``args(t)`` gives the arguments of the t-th range (so each can write its own partial
     results). Ranges follow ``torch.get_num_threads()``; results come back in range order.
     """
     global _pool, _pool_pid
-    threads = max(1, min(torch.get_num_threads(), n // _MIN_ROWS_PER_THREAD))
+    threads = max(1, min(torch.get_num_threads(), n // min_rows))
     cuts = [n * t // threads for t in range(threads + 1)]
     if threads == 1:
         return [kernel(*args(0), 0, n)]
@@ -278,3 +335,26 @@ def even_histogram_2d(probs: Tensor, boundaries: Tensor, columns: bool) -> tuple
                                   lambda t: (arr, b, num_sub, columns))
     view = (groups, num_sub)
     return torch.from_numpy(counts).view(view), torch.from_numpy(sums).view(view)
+
+
+def adaptive_replicates(w: Tensor, order: Tensor, v: Tensor, c: Tensor, tie_start: Tensor, starts: list[int],
+                        num_bins: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Bootstrap replicates of one group's adaptive-bin statistics (calib_core.metrics.bootstrap):
+    for each threshold start, (counts, value sums, correctness sums), each (B, num_bins) float64."""
+    wn = w.numpy()
+    b = wn.shape[0]
+    st = np.asarray(starts, dtype=np.int64)
+    out = [np.zeros((len(starts), b, num_bins)) for _ in range(3)]
+    args = (wn, order.numpy(), v.numpy().astype(np.float64), c.numpy().astype(np.float64), tie_start.numpy(), st,
+            num_bins, *out)
+    _split(_get()["adaptive_reps"], b, lambda t: args, min_rows=8)
+    return [tuple(torch.from_numpy(o[t]) for o in out) for t in range(len(starts))]
+
+
+def aurc_replicates(w: Tensor, order: Tensor, err: Tensor, first: Tensor) -> Tensor:
+    """Bootstrap replicates (B,) of AURC from confidence order, errors and tie-block starts."""
+    wn = w.numpy()
+    out = np.zeros(wn.shape[0])
+    args = (wn, order.numpy(), err.numpy().astype(np.float64), first.numpy(), out)
+    _split(_get()["aurc_reps"], wn.shape[0], lambda t: args, min_rows=8)
+    return torch.from_numpy(out)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import _fast
 from . import binning as _binning
 from ._inputs import MetricInputs, check_num_bins, prepare
 from .binning import EvenBinner, adaptive_edge_offsets, argsort_1d, combine, floor_threshold, group_errors
@@ -89,19 +90,23 @@ def _adaptive_replicates(w: Tensor, values: Tensor, correct: Tensor, thresholds:
     per resample, each resample's edges derived from its own kept values."""
     order = argsort_1d(values)
     v = values[order]
+    n = v.numel()
+    tie_start = torch.searchsorted(v, v, right=False)  # first sorted index of each value's tie block
+    starts = []
+    for t in thresholds:
+        tf = floor_threshold(t, v.dtype)
+        starts.append(0 if tf == -np.inf else
+                      int(torch.searchsorted(v, torch.tensor(tf, dtype=v.dtype, device=v.device), right=True)))
+    if _fast.usable(w, min_elements=1):
+        return _fast.adaptive_replicates(w, order, v, correct[order], tie_start, starts, num_bins)
     c = correct[order].to(_WORK)
     wv = w[:, order]  # (B, N)
     cw = torch.nn.functional.pad(torch.cumsum(wv, dim=1), (1, 0))  # resample positions before each entry
     cs = torch.nn.functional.pad(torch.cumsum(wv * v.to(_WORK), dim=1), (1, 0))
     cc = torch.nn.functional.pad(torch.cumsum(wv * c, dim=1), (1, 0))
-    n = v.numel()
     total = cw[:, -1]
-    tie_start = torch.searchsorted(v, v, right=False)  # first sorted index of each value's tie block
     out = []
-    for t in thresholds:
-        tf = floor_threshold(t, v.dtype)
-        s0 = 0 if tf == -np.inf else int(torch.searchsorted(v, torch.tensor(tf, dtype=v.dtype, device=v.device),
-                                                           right=True))
+    for s0 in starts:
         before = cw[:, s0]
         kept = (total - before).round().to(torch.int64)
         pos = before.unsqueeze(1) + adaptive_edge_offsets(kept, num_bins)[:, 1:].to(_WORK)  # (B, bins - 1)
@@ -120,6 +125,8 @@ def _adaptive_replicates(w: Tensor, values: Tensor, correct: Tensor, thresholds:
 def _aurc_replicates(w: Tensor, x: MetricInputs) -> Tensor:
     conf_sorted, order = x.sorted_conf()  # ascending
     err = (~x.correct())[order].to(_WORK)
+    if _fast.usable(w, min_elements=1):
+        return _fast.aurc_replicates(w, order, err, torch.searchsorted(conf_sorted, conf_sorted, right=False))
     wv = w[:, order]
     cw = torch.nn.functional.pad(torch.cumsum(wv, dim=1), (1, 0))
     ce = torch.nn.functional.pad(torch.cumsum(wv * err, dim=1), (1, 0))
