@@ -15,9 +15,14 @@ SEARCHABLE_CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp",
 BASELINE_CHOICES = ("none", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")
 ALLOWED_CHOICES = SEARCHABLE_CALIBRATORS + BASELINE_CHOICES
 OOD_METRICS = ("ood_msp_auroc", "ood_entropy_auroc", "ood_msp_fpr95", "ood_entropy_fpr95")
-# Measured once after training (not per epoch) when `evaluation` switches them on.
-FINAL_ONLY_METRICS = ("shift_ece",) + OOD_METRICS
-METRIC_NAMES = ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce", "rmsce", "aurc") + FINAL_ONLY_METRICS
+# Less biased calibration estimators (calib_core.metrics.debiased), measured after training.
+DEBIASED_METRICS = ("debiased_l2_ce", "ece_sweep", "smooth_ece")
+# Measured once after training (not per epoch); shift and OOD only when `evaluation` switches them on.
+FINAL_ONLY_METRICS = ("shift_ece",) + OOD_METRICS + DEBIASED_METRICS
+# calib_core.metrics.METRIC_NAMES, spelled out so that validating a config imports no torch
+# (tests/test_sweep_config.py checks the two agree).
+PER_EPOCH_METRICS = ("accuracy", "nll", "brier", "ece", "mce", "rmsce", "sce", "ace", "tace", "classwise_ece", "aurc")
+METRIC_NAMES = PER_EPOCH_METRICS + FINAL_ONLY_METRICS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "mnist1d_demo.yaml"
 
@@ -152,6 +157,14 @@ class SelectionConfig(_Strict):
     mode: Literal["min", "max"] = "min"
     confidence: float = Field(default=0.95, ge=0.5, le=0.999, description="level of tests and intervals")
     num_resamples: int = Field(default=1000, ge=100, le=20000, description="bootstrap resamples per split")
+    # The most accurate trial is the maximum of noisy estimates; Bonferroni over the M - 1
+    # comparisons with it keeps the chance of wrongly excluding any trial below 1 - confidence.
+    multiple_comparisons: Literal["none", "bonferroni"] = "none"
+
+    @field_validator("metric")
+    @classmethod
+    def _val_metric(cls, v: str) -> str:
+        return SearchConfig._val_metric(v)  # selection sees validation metrics only, never test
 
 
 class EvaluationConfig(_Strict):

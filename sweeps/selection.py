@@ -92,6 +92,8 @@ def _select_noise_aware(ok: list[TrialRecord], cfg: SelectionConfig,
     if missing:
         raise ValueError(f"selection.metric {cfg.metric!r} missing from trials {missing}")
     alpha = 1.0 - cfg.confidence
+    if cfg.multiple_comparisons == "bonferroni" and len(ok) > 1:
+        alpha /= len(ok) - 1
     best_acc, pvals = accuracy_candidates(ok, reps)
     near = [r for r in ok if pvals[r.trial_id] >= alpha]
     sign = 1.0 if cfg.mode == "min" else -1.0
@@ -100,9 +102,12 @@ def _select_noise_aware(ok: list[TrialRecord], cfg: SelectionConfig,
     head = (f"{best.label}: val {_metric_name(m)} {_fmt_metric(m, best.metrics[m])}{_ci(reps, best, m)}, "
             f"val acc {_pct(best.metrics['val_accuracy'])}{_ci(reps, best, 'val_accuracy')}")
     level = f"{100 * cfg.confidence:.0f} %"
+    test = f"one-sided paired bootstrap, {level}"
+    if cfg.multiple_comparisons == "bonferroni" and len(ok) > 1:
+        test += f", Bonferroni over {len(ok) - 1} comparisons"
     pool = (f"chosen for the {'lowest' if cfg.mode == 'min' else 'highest'} val {_metric_name(m)} among the "
             f"{len(near)} of {len(ok)} completed trials not significantly less accurate than the most accurate "
-            f"(one-sided paired bootstrap, {level}, {reps.num_resamples} resamples)")
+            f"({test}, {reps.num_resamples} resamples)")
     if best is best_acc:
         return best, f"{head}; it is also the most accurate trial; {pool}"
     lo, hi = reps.difference_interval(best_acc.trial_id, best.trial_id, "val_accuracy")

@@ -132,3 +132,17 @@ def test_stored_multitask_predictions_give_per_task_and_mean_replicates(tmp_path
     point = compute_all(probs[1].numpy()[keep], labels[keep, 1])["ece"]
     lo, hi = reps.interval("t", "val_hair_ece")
     assert lo <= point <= hi
+
+
+def test_bonferroni_keeps_more_trials_than_the_plain_test() -> None:
+    """With the M - 1 comparisons adjusted, a trial excluded at p < 0.05 but kept at p >= 0.05/(M-1)
+    becomes a candidate; the rule never keeps fewer trials."""
+    for seed in range(4):
+        records, reps = _sweep(900, {"A": (0.91, 0.06), "B": (0.875, 0.0), "C": (0.90, 0.08), "D": (0.6, 0.0)},
+                               seed=seed)
+        plain, why_plain = select(records, SelectionConfig(), reps)
+        adj, why_adj = select(records, SelectionConfig(multiple_comparisons="bonferroni"), reps)
+        n_plain = int(why_plain.split(" among the ")[1].split(" of ")[0])
+        n_adj = int(why_adj.split(" among the ")[1].split(" of ")[0])
+        assert n_adj >= n_plain and "Bonferroni over 3 comparisons" in why_adj
+        assert adj.metrics["val_ece"] <= plain.metrics["val_ece"]

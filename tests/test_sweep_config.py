@@ -148,3 +148,24 @@ def test_yaml_config_file_roundtrip(tmp_path):
     cfg = load_sweep_config(tmp_path / "c.yaml", ["search.calibrator_lr.high=0.5"])
     assert (cfg.name, cfg.run.train.epochs, cfg.search.calibrators, cfg.search.calibrator_lr.high) == (
         "t1", 3, ["matrix"], 0.5)
+
+
+def test_searchable_metric_names_follow_calib_core() -> None:
+    from calib_core.metrics import METRIC_NAMES as CORE
+    from sweeps.config import PER_EPOCH_METRICS, SweepConfig
+
+    assert set(PER_EPOCH_METRICS) == set(CORE)
+    for name in ("val_classwise_ece", "val_smooth_ece", "val_ece_sweep", "val_debiased_l2_ce"):
+        cfg = SweepConfig.model_validate({"search": {"objective": "single", "metric": name},
+                                          "selection": {"metric": name}})
+        assert cfg.search.metric == name
+
+
+def test_selection_never_uses_a_test_metric() -> None:
+    from pydantic import ValidationError
+
+    from sweeps.config import SweepConfig
+
+    for bad in ("test_ece", "ece", "val_nope"):
+        with pytest.raises(ValidationError, match="must be a validation metric"):
+            SweepConfig.model_validate({"selection": {"metric": bad}})

@@ -1,0 +1,248 @@
+"""Which champion rule picks models that are well calibrated *on test*?
+
+    python benchmarks/bench_selection.py                 # 10 sweeps x (mnist1d, digits), 8 trials each
+    python benchmarks/bench_selection.py --quick         # smoke run: 2 tiny sweeps per dataset
+
+Phase 1 (cached, resumable): for each dataset and seed, a sweep as the service runs it but
+without Ray or MLflow: the demo config of sweeps/configs/ (mnist1d_demo.yaml; digits_demo.yaml
+with the service's default multi-objective search instead of ASHA), Optuna's seeded
+multi-objective TPE over the same search space (sweeps.search_space.SearchSpace), 8 trials,
+each trained by calib_core's trainer with the sweep's seed. Each trial's validation and test
+predictions are stored under --cache (npz, one file per sweep); a second run reuses them.
+
+Phase 2 (seconds): every rule of sweeps.selection picks a champion from validation data only,
+with the service's paired bootstrap; we then look at the champion on *test*:
+mean test ECE and accuracy over sweeps, and how often the champion is a "good pick": within 1 pt
+of the best test accuracy of the sweep and with a test ECE inside the 95 % CI of the best test
+ECE among those trials. Writes benchmarks/results/selection.md and selection.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DATASETS = {"mnist1d": "mnist1d_demo.yaml", "digits": "digits_demo.yaml"}
+RULES = {
+    "noise_aware (default)": {"rule": "noise_aware"},
+    "noise_aware, 99 %": {"rule": "noise_aware", "confidence": 0.99},
+    "noise_aware, Bonferroni": {"rule": "noise_aware", "multiple_comparisons": "bonferroni"},
+    "old: Pareto, 0.5 pt of best acc": {"rule": "pareto_min_ece_near_best_accuracy", "accuracy_tolerance": 0.005},
+    "min val ECE": {"rule": "min_metric", "metric": "val_ece", "mode": "min"},
+    "max val accuracy": {"rule": "min_metric", "metric": "val_accuracy", "mode": "max"},
+}
+
+
+def _sweep_config(dataset: str, seed: int, quick: bool) -> Any:
+    from sweeps.config import load_sweep_config
+
+    sets = [f"run.seed={seed}", f"search.seed={seed}", "search.objective=multi", "search.scheduler=none"]
+    if quick:
+        sets += ["run.train.epochs=2", "search.num_samples=3"]
+        if dataset == "mnist1d":
+            sets += ["run.data.num_samples=1200"]
+    return load_sweep_config(ROOT / "sweeps" / "configs" / DATASETS[dataset], sets)
+
+
+def run_sweep_offline(dataset: str, seed: int, quick: bool, threads: int) -> dict[str, Any]:
+    """One sweep's trials (Optuna TPE as the service samples them), trained in this process."""
+    import optuna
+    import torch
+
+    from calib_core.data import load_dataset
+    from calib_core.trainer import make_trainer
+    from sweeps.search_space import SearchSpace, resolve_run_config
+
+    torch.set_num_threads(threads)
+    cfg = _sweep_config(dataset, seed, quick)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["maximize", "minimize"],
+                                sampler=optuna.samplers.TPESampler(seed=cfg.search.seed))
+    space = SearchSpace(cfg.search)
+    data = load_dataset(cfg.run.data, cfg.run.seed)
+    trials = []
+    for _ in range(cfg.search.num_samples):
+        ot = study.ask()
+        space(ot)
+        run_cfg = resolve_run_config(cfg.run, ot.params).model_copy(update={"device": "cpu", "num_threads": threads})
+        t0 = time.perf_counter()
+        result = make_trainer(run_cfg, data, "cpu").fit()
+        entry = {"params": dict(ot.params), "status": result.status, "seconds": time.perf_counter() - t0}
+        if result.status == "completed":
+            entry.update(val_probs=result.val_probs.numpy(), val_labels=result.val_labels.numpy(),
+                         test_probs=result.test_probs.numpy(), test_labels=result.test_labels.numpy())
+            study.tell(ot, [float(result.val_metrics["accuracy"]), float(result.val_metrics["ece"])])
+        else:
+            study.tell(ot, state=optuna.trial.TrialState.FAIL)
+        trials.append(entry)
+    return {"dataset": dataset, "seed": seed, "trials": trials}
+
+
+def _save(path: Path, sweep: dict[str, Any]) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    meta = []
+    for i, t in enumerate(sweep["trials"]):
+        meta.append({k: t[k] for k in ("params", "status", "seconds")})
+        for k in ("val_probs", "val_labels", "test_probs", "test_labels"):
+            if k in t:
+                arrays[f"t{i}_{k}"] = t[k]
+    arrays["meta"] = np.array(json.dumps({"dataset": sweep["dataset"], "seed": sweep["seed"], "trials": meta}))
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    tmp.replace(path)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        for i, t in enumerate(meta["trials"]):
+            for k in ("val_probs", "val_labels", "test_probs", "test_labels"):
+                if f"t{i}_{k}" in z.files:
+                    t[k] = z[f"t{i}_{k}"]
+    return meta
+
+
+def evaluate_sweep(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
+    """Apply every rule to one sweep; return each rule's champion and its test numbers."""
+    from calib_core.metrics import compute_all
+    from sweeps.config import SelectionConfig
+    from sweeps.search_space import describe_params
+    from sweeps.selection import TrialRecord, select
+    from sweeps.uncertainty import compute_replicates
+
+    records, preds = [], {}
+    for i, t in enumerate(sweep["trials"]):
+        metrics: dict[str, float] = {}
+        if t["status"] == "completed":
+            for split in ("val", "test"):
+                metrics.update({f"{split}_{k}": v for k, v in
+                                compute_all(t[f"{split}_probs"], t[f"{split}_labels"]).items()})
+            preds[str(i)] = {s: [(None, t[f"{s}_probs"], t[f"{s}_labels"])] for s in ("val", "test")}
+        records.append(TrialRecord(trial_id=str(i), label=describe_params(t["params"]), status=t["status"],
+                                   metrics=metrics, params=t["params"]))
+    reps = compute_replicates(preds, num_bins=15, num_resamples=num_resamples, seed=sweep["seed"],
+                              names=("accuracy", "ece", "nll"))
+    ok = [r for r in records if r.ok]
+    best_test_acc = max(r.metrics["test_accuracy"] for r in ok)
+    near = [r for r in ok if r.metrics["test_accuracy"] >= best_test_acc - 0.01]
+    target = min(near, key=lambda r: r.metrics["test_ece"])
+    target_hi = reps.interval(target.trial_id, "test_ece")[1]
+    out = {"dataset": sweep["dataset"], "seed": sweep["seed"], "n_val": len(ok[0].metrics) and
+           int(len(sweep["trials"][int(ok[0].trial_id)]["val_labels"])), "trials": len(records), "rules": {}}
+    for name, kw in RULES.items():
+        chosen, _ = select(records, SelectionConfig(**kw), reps)
+        m = chosen.metrics
+        out["rules"][name] = {
+            "trial": chosen.label, "test_ece": m["test_ece"], "test_accuracy": m["test_accuracy"],
+            "val_ece": m["val_ece"], "val_accuracy": m["val_accuracy"],
+            "acc_gap_to_best_test": best_test_acc - m["test_accuracy"],
+            "good_pick": bool(chosen in near and m["test_ece"] <= target_hi)}
+    return out
+
+
+def _ci_mean(values: list[float]) -> tuple[float, float, float]:
+    """Mean and a 95 % bootstrap CI of the mean over sweeps."""
+    a = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    means = a[rng.integers(0, len(a), (5000, len(a)))].mean(axis=1)
+    return float(a.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per rule: mean test ECE/accuracy over sweeps with CIs, paired differences to the old rule, good picks."""
+    old = "old: Pareto, 0.5 pt of best acc"
+    table: dict[str, Any] = {}
+    for name in RULES:
+        rows = [r["rules"][name] for r in results]
+        ece_m = _ci_mean([x["test_ece"] for x in rows])
+        acc_m = _ci_mean([x["test_accuracy"] for x in rows])
+        d_ece = _ci_mean([x["test_ece"] - r["rules"][old]["test_ece"] for x, r in zip(rows, results)])
+        d_acc = _ci_mean([x["test_accuracy"] - r["rules"][old]["test_accuracy"] for x, r in zip(rows, results)])
+        table[name] = {"test_ece": ece_m, "test_accuracy": acc_m, "ece_vs_old": d_ece, "acc_vs_old": d_acc,
+                       "ece_ratio_to_old": ece_m[0] / _ci_mean([r["rules"][old]["test_ece"] for r in results])[0],
+                       "good_picks": sum(x["good_pick"] for x in rows), "sweeps": len(rows)}
+    return table
+
+
+def markdown(summary: dict[str, Any], results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The results table as markdown."""
+    counts = ", ".join(f"{d}: {sum(r['dataset'] == d for r in results)}" for d in DATASETS)
+    pct = lambda t: f"{100 * t[0]:.2f} [{100 * t[1]:.2f}, {100 * t[2]:.2f}]"  # noqa: E731
+    lines = ["# Champion rules compared on test (benchmarks/bench_selection.py)", "",
+             f"Command: `{meta['command']}`  ", f"Generated {meta['date']} in {meta['seconds']:.0f} s "
+             f"(trial training {meta['train_seconds']:.0f} s, cached under {meta['cache']}).", "",
+             f"{len(results)} sweeps ({counts})"
+             f", {results[0]['trials']} trials each, Optuna multi-objective TPE over the demo search spaces; every rule sees validation "
+             f"data only. Test numbers: mean over sweeps [95 % bootstrap CI of the mean, over sweeps]; "
+             f"differences are paired by sweep. A *good pick* is within 1 pt of the sweep's best test accuracy "
+             f"with a test ECE inside the 95 % CI of the best test ECE among those trials.", "",
+             "| rule | test ECE % | test acc % | ECE vs old rule, pt | acc vs old rule, pt | ECE ratio to old | good picks |",
+             "|---|---|---|---|---|---|---|"]
+    for name, row in summary.items():
+        lines.append(f"| {name} | {pct(row['test_ece'])} | {pct(row['test_accuracy'])} | {pct(row['ece_vs_old'])} | "
+                     f"{pct(row['acc_vs_old'])} | {row['ece_ratio_to_old']:.2f} | {row['good_picks']}/{row['sweeps']} |")
+    for ds in DATASETS:
+        sub = [r for r in results if r["dataset"] == ds]
+        if not sub:
+            continue
+        lines += ["", f"## {ds} only ({len(sub)} sweeps, validation n = {sub[0]['n_val']})", "",
+                  "| rule | test ECE % | test acc % | good picks |", "|---|---|---|---|"]
+        for name, row in summarise(sub).items():
+            lines.append(f"| {name} | {pct(row['test_ece'])} | {pct(row['test_accuracy'])} | "
+                         f"{row['good_picks']}/{row['sweeps']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Generate (or reuse) the sweeps' predictions, compare the rules, write the report."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=10, help="sweeps per dataset")
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--cache", default=str(ROOT / "benchmarks" / ".cache" / "selection"))
+    p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--resamples", type=int, default=1000)
+    p.add_argument("--quick", action="store_true", help="tiny sweeps (smoke test)")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    cache = Path(args.cache) / ("quick" if args.quick else "full")
+    cache.mkdir(parents=True, exist_ok=True)
+    results, train_seconds = [], 0.0
+    for ds in args.datasets.split(","):
+        for seed in range(args.seeds):
+            path = cache / f"{ds}_seed{seed}.npz"
+            if not path.is_file():
+                t = time.perf_counter()
+                _save(path, run_sweep_offline(ds, seed, args.quick, args.threads))
+                print(f"{ds} seed {seed}: trials trained in {time.perf_counter() - t:.0f} s", flush=True)
+            sweep = _load(path)
+            train_seconds += sum(t["seconds"] for t in sweep["trials"])
+            results.append(evaluate_sweep(sweep, args.resamples))
+    summary = summarise(results)
+    meta = {"command": "python benchmarks/bench_selection.py" + (" --quick" if args.quick else ""),
+            "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - t0,
+            "train_seconds": train_seconds, "cache": str(Path(args.cache).relative_to(ROOT))
+            if Path(args.cache).is_relative_to(ROOT) else args.cache}
+    text = markdown(summary, results, meta)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "_quick" if args.quick else ""
+    (out / f"selection{suffix}.md").write_text(text)
+    (out / f"selection{suffix}.json").write_text(json.dumps({"meta": meta, "summary": summary, "sweeps": results},
+                                                            indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
