@@ -72,15 +72,29 @@ def _searcher(cfg: SweepConfig) -> OptunaSearch:
     return OptunaSearch(space=SearchSpace(s), metric=metric, mode=mode, seed=s.seed, study_name=cfg.name)
 
 
+def _scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
+    """ASHA over epochs for a single objective with `search.scheduler: asha`, else None.
+
+    A trial ends itself after its last epoch, whose report is its final report (done=True, with
+    test metrics and the model), and Tune ends a trial on a done report without asking the
+    scheduler; so ASHA only stops trials at its rungs before their last epoch, and
+    `stop_last_trials=False` keeps it from stopping a trial for reaching max_t (which would
+    come before the final report, e.g. if train.epochs is searched past the base value).
+    """
+    s = cfg.search
+    if s.objective != "single" or s.scheduler != "asha":
+        return None
+    epochs = cfg.run.train.epochs
+    return ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=min(s.grace_period, epochs),
+                         stop_last_trials=False)
+
+
 def _build_tuner(cfg: SweepConfig, callbacks: list, trainable: Any) -> tune.Tuner:
     s, r = cfg.search, cfg.resources
-    scheduler = None
+    scheduler = _scheduler(cfg)
     metric = mode = None
     if s.objective == "single":
         metric, mode = s.metric, s.mode
-        if s.scheduler == "asha":
-            scheduler = ASHAScheduler(time_attr="epoch", max_t=cfg.run.train.epochs,
-                                      grace_period=min(s.grace_period, cfg.run.train.epochs))
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(search_alg=_searcher(cfg), scheduler=scheduler, metric=metric, mode=mode,
@@ -172,7 +186,7 @@ def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool) -> int:
     callback = MLflowTrackingCallback(
         cfg.tracking.uri, experiment_id, parent_id, cfg.name,
         base_tags={"calib.git_commit": git_commit()}, trial_params=TrialParams(base, cfg.run.data.name),
-        num_bins=cfg.run.train.num_bins)
+        num_bins=cfg.run.train.num_bins, scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler")
     r = cfg.resources
     trainable = tune.with_resources(tune.with_parameters(train_trial, base=base,
                                                          evaluation=cfg.evaluation.model_dump(mode="json")),

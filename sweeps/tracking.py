@@ -26,6 +26,10 @@ TAG_SWEEP = "calib.sweep"
 TAG_ROLE = "calib.role"
 TAG_TRIAL = "calib.trial_id"
 TAG_REASON = "calib.failure_reason"
+TAG_STATUS = "calib.status"  # completed | stopped_early | diverged | errored
+TAG_STOP_REASON = "calib.stop_reason"
+# The status of a trial the scheduler (ASHA) stopped at a rung: a normal end, not a failure.
+STOPPED_EARLY = "stopped_early"
 PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
 MAX_BATCH = 900  # MLflow log_batch takes at most 1000 metrics
@@ -91,7 +95,8 @@ class MLflowTrackingCallback(tune.Callback):
     """Tune callback mirroring trials into MLflow child runs (single writer: the driver)."""
 
     def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str, sweep: str,
-                 base_tags: dict[str, str], trial_params: Any, num_bins: int = 15) -> None:
+                 base_tags: dict[str, str], trial_params: Any, num_bins: int = 15,
+                 scheduler: str = "the scheduler") -> None:
         self.tracking_uri = tracking_uri
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
@@ -99,6 +104,7 @@ class MLflowTrackingCallback(tune.Callback):
         self.base_tags = dict(base_tags)
         self.trial_params = trial_params  # callable: trial config -> (flat params, tags)
         self.num_bins = num_bins
+        self.scheduler = scheduler  # named in the reason of trials it stops early
         self._client: MlflowClient | None = None
         self._runs: dict[str, str] = {}
         self._logged: dict[str, set[tuple[str, int]]] = {}
@@ -169,25 +175,36 @@ class MLflowTrackingCallback(tune.Callback):
         self.run_id_for(trial)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        """Per-epoch metrics with step=epoch (final metrics are logged on completion)."""
-        if result.get("done"):
-            return
+        """Per-epoch metrics with step=epoch, the last epoch's from the final report (test metrics
+        and artifacts are logged on completion). A per-epoch result Tune marked done was stopped
+        by the scheduler: it gets status `stopped_early` and a reason, in place, so the trial's
+        last result (leaderboard, progress line, this run's tags) says why it ended."""
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
+        if result.get("done") and "status" not in result:
+            result["status"] = STOPPED_EARLY
+            result["reason"] = f"stopped early by {self.scheduler} at epoch {epoch}"
         keep = {k: v for k, v in result.items() if k.startswith(("val_", "train_")) or k == "epoch_time"}
         self.log_metrics(self.run_id_for(trial), keep, step=epoch)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        """Final metrics, reliability diagrams, and the terminal status (diverged -> FAILED)."""
+        """Final metrics, reliability diagrams, and the terminal status: completed -> FINISHED,
+        stopped early by the scheduler -> FINISHED with calib.status=stopped_early and its reason,
+        diverged -> FAILED with the reason."""
         rid = self.run_id_for(trial)
         if rid in self._finished:
             return
         result = trial.last_result or {}
         status = result.get("status")
-        if status is None:
-            # Tune stopped the trial (ASHA/stop criterion) before its own final report.
-            self._terminate(rid, "KILLED", "stopped early by the scheduler")
-            return
         step = int(result.get("epoch", 0))
+        if status in (None, STOPPED_EARLY):
+            # The scheduler stopped the trial at a rung, before its final report: it ran the
+            # epochs it was given, so the run is FINISHED; its status tag and reason say how.
+            reason = result.get("reason") or f"stopped early by {self.scheduler} at epoch {step}"
+            self.client.set_tag(rid, TAG_STATUS, STOPPED_EARLY)
+            self.client.set_tag(rid, TAG_STOP_REASON, reason)
+            self._terminate(rid, "FINISHED")
+            return
+        self.client.set_tag(rid, TAG_STATUS, str(status))
         if result.get("node_id"):
             self.client.set_tag(rid, "calib.node_id", str(result["node_id"]))
         final = {k: v for k, v in result.items()
@@ -205,6 +222,7 @@ class MLflowTrackingCallback(tune.Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """A trial that exhausted its retries: FAILED with the error's first line."""
         rid = self.run_id_for(trial)
+        self.client.set_tag(rid, TAG_STATUS, "errored")
         reason = "trial errored"
         err = trial.error_file
         if err and Path(err).is_file():

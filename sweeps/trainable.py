@@ -106,19 +106,28 @@ def train_trial(config: dict[str, Any], base: dict[str, Any], evaluation: dict[s
                 return
             resume_state = torch.load(Path(d) / STATE_FILE, map_location="cpu", weights_only=False)
 
+    last_epoch: dict[str, float] = {}
+
     def on_epoch(report: Any) -> None:
-        with tempfile.TemporaryDirectory() as d:
-            torch.save(report.state(), Path(d) / STATE_FILE)
-            metrics = _finite({k: float(v) for k, v in report.metrics.items()})
-            # Measured once, after training; Tune and Optuna need the keys in every result.
-            for key in _final_only_keys(evaluation or {}):
-                metrics[key] = float("nan")
-            tune.report(_lead_columns({**metrics, "epoch": report.epoch, "done": False}),
-                        checkpoint=tune.Checkpoint.from_directory(d))
+        metrics = _finite({k: float(v) for k, v in report.metrics.items()})
+        if report.epoch >= run_cfg.train.epochs:
+            # The last epoch is reported by the final report (_report_final), never on its own:
+            # a scheduler stops a trial whose report reaches max_t (ASHA: time_attr=epoch,
+            # max_t=epochs), which would end it before its test metrics and model are reported.
+            last_epoch.update(metrics)
+        else:
+            with tempfile.TemporaryDirectory() as d:
+                torch.save(report.state(), Path(d) / STATE_FILE)
+                # Measured once, after training; Tune and Optuna need the keys in every result.
+                for key in _final_only_keys(evaluation or {}):
+                    metrics[key] = float("nan")
+                tune.report(_lead_columns({**metrics, "epoch": report.epoch, "done": False}),
+                            checkpoint=tune.Checkpoint.from_directory(d))
         _maybe_inject_fault(report.epoch)
 
     result = trainer.fit(on_epoch=on_epoch, resume_state=resume_state)
-    _report_final(trainer, result, run_cfg, data, evaluation or {})
+    _report_final(trainer, result, run_cfg, data, evaluation or {}, last_epoch)
+
 
 
 def _final_only_keys(evaluation: dict[str, Any]) -> list[str]:
@@ -157,10 +166,18 @@ def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: dict[s
                 for split in ("val", "test")}
 
 
-def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, evaluation: dict[str, Any]) -> None:
-    """Last report: final val/test metrics plus the model and predictions for the driver."""
+def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, evaluation: dict[str, Any],
+                  last_epoch: dict[str, float] | None = None) -> None:
+    """Last report: final val/test metrics plus the model and predictions for the driver.
+
+    It is also the report of the last epoch (`last_epoch`: its train loss, epoch time, lr; the
+    validation metrics are the final ones), so a trial that trains all its epochs has exactly
+    one report per epoch and the last one is final (done=True: Tune ends the trial on it without
+    asking the scheduler).
+    """
     input_shape = tuple(data.input_shape)
     final: dict[str, Any] = {
+        **{k: v for k, v in (last_epoch or {}).items() if not k.startswith("val_")},
         "epoch": int(result.epochs_run),
         "done": True,
         "status": result.status,
