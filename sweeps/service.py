@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -12,6 +13,7 @@ from typing import Any
 
 import ray
 from mlflow import MlflowClient
+from mlflow.entities import Metric
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
@@ -20,11 +22,12 @@ from calib_core.config import RunConfig
 from sweeps.config import SweepConfig
 from sweeps.progress import ProgressCallback
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
-from sweeps.selection import TrialRecord, leaderboard, pareto_plot, rank_agreement, select
+from sweeps.selection import TrialRecord, format_leaderboard, leaderboard, pareto_plot, rank_agreement, select
 from sweeps.tracking import (TAG_ROLE, TAG_SWEEP, TAG_TRIAL, MLflowTrackingCallback, close_open_runs,
                              drop_orphan_runs, ensure_experiment, find_or_create_parent, find_run, flatten,
                              git_commit)
 from sweeps.trainable import SUMMARY_FILE, train_trial
+from sweeps.uncertainty import Replicates, compute_replicates, interval_metrics, load_predictions
 
 
 class SweepError(RuntimeError):
@@ -125,21 +128,52 @@ def _records(results: Any, client: MlflowClient, experiment_id: str, sweep: str)
     return records
 
 
+def _replicates(records: list[TrialRecord], cfg: SweepConfig) -> Replicates:
+    """Paired bootstrap replicates of every completed trial, from the predictions in its final checkpoint."""
+    from sweeps.trainable import PREDICTIONS_FILE
+
+    predictions = {}
+    for rec in records:
+        if rec.ok and rec.checkpoint is not None:
+            with rec.checkpoint.as_directory() as d:
+                predictions[rec.trial_id] = load_predictions(Path(d) / PREDICTIONS_FILE)
+    return compute_replicates(predictions, num_bins=cfg.run.train.num_bins, num_resamples=cfg.selection.num_resamples,
+                              level=cfg.selection.confidence, seed=cfg.search.seed)
+
+
+def _log_intervals(client: MlflowClient, records: list[TrialRecord], reps: Replicates) -> None:
+    """`<metric>_ci_low/high` on each trial's run (once: a resumed sweep finds them there)."""
+    for rec in records:
+        if rec.run_id is None or rec.trial_id not in reps.values:
+            continue
+        have = client.get_run(rec.run_id).data.metrics
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, float(v), ts, 0) for k, v in interval_metrics(reps, rec.trial_id).items()
+                 if k not in have and math.isfinite(v)]
+        for i in range(0, len(batch), 900):
+            client.log_batch(rec.run_id, metrics=batch[i:i + 900])
+
+
 def _log_sweep_artifacts(client: MlflowClient, parent_id: str, records: list[TrialRecord],
-                         chosen: TrialRecord, why: str) -> Any:
-    board = leaderboard(records)
+                         chosen: TrialRecord, why: str, reps: Replicates, cfg: SweepConfig) -> Any:
+    board = leaderboard(records, chosen, reps, cfg.selection)
     ranks = rank_agreement(records)
+    champion_ci = {k: list(reps.interval(chosen.trial_id, k)) for k in reps.values.get(chosen.trial_id, {})}
     with tempfile.TemporaryDirectory() as d:
         board.to_csv(Path(d) / "leaderboard.csv", index=False)
         ranks.to_csv(Path(d) / "rank_agreement_spearman.csv")
-        pareto_plot(records, chosen, Path(d) / "pareto.png")
+        pareto_plot(records, chosen, Path(d) / "pareto.png", reps)
         (Path(d) / "selection.json").write_text(json.dumps(
             {"champion_trial": chosen.trial_id, "champion_run": chosen.run_id, "label": chosen.label,
-             "rule": why, "val_metrics": {k: v for k, v in chosen.metrics.items() if k.startswith("val_")}},
-            indent=1))
+             "rule": cfg.selection.rule, "why": why, "confidence": reps.level, "num_resamples": reps.num_resamples,
+             "val_metrics": {k: v for k, v in chosen.metrics.items() if k.startswith("val_")},
+             "intervals": champion_ci}, indent=1))
         for name in ("leaderboard.csv", "rank_agreement_spearman.csv", "pareto.png", "selection.json"):
             client.log_artifact(parent_id, str(Path(d) / name), artifact_path="sweep")
+    _log_intervals(client, records, reps)
     client.set_tag(parent_id, "calib.champion_trial", chosen.trial_id)
+    if chosen.run_id:
+        client.set_tag(parent_id, "calib.champion_run", chosen.run_id)
     client.set_tag(parent_id, "calib.selection_rule", why[:5000])
     for k, v in chosen.metrics.items():
         client.log_metric(parent_id, f"champion_{k}", v)
@@ -147,10 +181,10 @@ def _log_sweep_artifacts(client: MlflowClient, parent_id: str, records: list[Tri
 
 
 def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: str) -> None:
-    cols = [c for c in ("label", "status", "pareto", "val_accuracy", "val_ece", "val_ace", "val_nll",
-                        "test_accuracy", "test_ece") if c in board]
-    print("\nLeaderboard (validation metrics decide; test shown for reference):")
-    print(board[cols].head(15).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    level = f"{100 * cfg.selection.confidence:.0f} %"
+    print(f"\nLeaderboard (validation decides; test for reference; [{level} bootstrap CI]; "
+          "tied = not significantly worse than the champion):")
+    print(format_leaderboard(board))
     print("\nRank agreement between metrics over trials (Spearman):")
     print(ranks.to_string(float_format=lambda v: f"{v:+.2f}"))
     print(f"\nSelection: {why}")
@@ -221,10 +255,11 @@ def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool) -> int:
                   file=sys.stderr)
             return 130
         try:
-            chosen, why = select(records, cfg.selection)
+            reps = _replicates(records, cfg)
+            chosen, why = select(records, cfg.selection, reps)
         except ValueError as exc:
             raise SweepError(str(exc)) from None
-        board, ranks = _log_sweep_artifacts(client, parent_id, records, chosen, why)
+        board, ranks = _log_sweep_artifacts(client, parent_id, records, chosen, why, reps, cfg)
         with chosen.checkpoint.as_directory() as d:
             summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
             version = log_and_register(chosen.run_id, d, tuple(summary["input_shape"]),

@@ -246,6 +246,8 @@ class MLflowTrackingCallback(tune.Callback):
             return
         with ckpt.as_directory() as d, tempfile.TemporaryDirectory() as out:
             preds = np.load(Path(d) / PREDICTIONS_FILE)
+            # kept with the run so paired statistics and any metric can be recomputed later
+            self.client.log_artifact(run_id, str(Path(d) / PREDICTIONS_FILE), artifact_path="predictions")
             for split in ("val", "test"):
                 path = Path(out) / f"reliability_{split}.png"
                 reliability_diagram(preds[f"{split}_probs"], preds[f"{split}_labels"], path,

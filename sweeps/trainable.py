@@ -129,12 +129,14 @@ def train_trial(config: dict[str, Any], base: dict[str, Any], evaluation: dict[s
     _report_final(trainer, result, run_cfg, data, evaluation or {}, last_epoch)
 
 
-
 def _final_only_keys(evaluation: dict[str, Any]) -> list[str]:
     """Validation metrics that exist only in the final report under this evaluation config."""
     from sweeps.config import OOD_METRICS
 
-    keys = ["val_shift_ece"] if evaluation.get("shift") else []
+    from sweeps.config import DEBIASED_METRICS
+
+    keys = [f"val_{m}" for m in DEBIASED_METRICS]
+    keys += ["val_shift_ece"] if evaluation.get("shift") else []
     if evaluation.get("ood", "none") != "none":
         keys += [f"val_{m}" for m in OOD_METRICS]
     return keys
@@ -166,6 +168,40 @@ def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: dict[s
                 for split in ("val", "test")}
 
 
+def _prediction_arrays(result: Any, data: Any) -> dict[str, np.ndarray]:
+    """Validation and test predictions (sweeps.uncertainty.load_predictions reads them); for
+    multi-task runs every task's probabilities over all rows and the (N, T) labels, -1 = missing."""
+    arrays = {f"{split}_{what}": getattr(result, f"{split}_{what}").numpy()
+              for split in ("val", "test") for what in ("probs", "labels")}
+    if getattr(result, "task_val_probs", None) is not None:
+        arrays["tasks"] = np.array([str(t[0]) for t in data.tasks])
+        for split in ("val", "test"):
+            arrays[f"{split}_task_labels"] = getattr(result, f"task_{split}_labels").numpy()
+            for t, probs in enumerate(getattr(result, f"task_{split}_probs")):
+                arrays[f"{split}_task{t}_probs"] = probs.numpy()
+    return arrays
+
+
+def _debiased_metrics(arrays: dict[str, np.ndarray]) -> dict[str, float]:
+    """Less biased calibration estimators (calib_core.metrics.debiased) on val and test; for
+    multi-task runs the mean over tasks of each task's value on its labelled rows."""
+    from calib_core import metrics
+    from sweeps.config import DEBIASED_METRICS
+
+    out = {}
+    for split in ("val", "test"):
+        if "tasks" in arrays:
+            labels = arrays[f"{split}_task_labels"]
+            parts = [(arrays[f"{split}_task{t}_probs"], labels[:, t]) for t in range(labels.shape[1])]
+        else:
+            parts = [(arrays[f"{split}_probs"], arrays[f"{split}_labels"])]
+        parts = [(p[y >= 0], y[y >= 0]) for p, y in parts if (y >= 0).any()]
+        for name in DEBIASED_METRICS:
+            fn = getattr(metrics, name)
+            out[f"{split}_{name}"] = float(np.mean([float(fn(p.astype(np.float64), y)) for p, y in parts]))
+    return out
+
+
 def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, evaluation: dict[str, Any],
                   last_epoch: dict[str, float] | None = None) -> None:
     """Last report: final val/test metrics plus the model and predictions for the driver.
@@ -188,6 +224,7 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, 
     if result.status == "completed":
         final.update({f"val_{k.removeprefix('val_')}": float(v) for k, v in result.val_metrics.items()})
         final.update({f"test_{k.removeprefix('test_')}": float(v) for k, v in result.test_metrics.items()})
+        final.update(_debiased_metrics(_prediction_arrays(result, data)))
     else:
         # Optuna records NaN objectives as failed trials, so a diverged run never ranks.
         final["val_ece"] = float("nan")
@@ -207,11 +244,7 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, 
         torch.save(trainer.state_dict(), Path(d) / STATE_FILE)
         if result.status == "completed":
             torch.save(result.model.cpu().eval(), Path(d) / MODEL_FILE)
-            np.savez_compressed(
-                Path(d) / PREDICTIONS_FILE,
-                val_probs=result.val_probs.numpy(), val_labels=result.val_labels.numpy(),
-                test_probs=result.test_probs.numpy(), test_labels=result.test_labels.numpy(),
-            )
+            np.savez_compressed(Path(d) / PREDICTIONS_FILE, **_prediction_arrays(result, data))
         if shift:
             (Path(d) / SHIFT_FILE).write_text(json.dumps(shift))
         (Path(d) / SUMMARY_FILE).write_text(json.dumps({

@@ -61,7 +61,35 @@ def test_champion_registered_and_printed(sweep_dir):
     assert mv.tags.get("source_run_id") == champion.info.run_id
     out = (sweep_dir / "stdout.txt").read_text()
     assert "Leaderboard" in out and "mlflow ui --backend-store-uri sqlite:///" in out
-    assert "Selection: Pareto front" in out
+    assert "Selection: " in out and "not significantly less accurate than the most accurate" in out
+    assert "val ECE" in out.split("Selection: ")[1] and "[" in out.split("Selection: ")[1]
+
+
+def test_intervals_predictions_and_selection_record(sweep_dir):
+    """Each child keeps its predictions and CI bounds; the parent's selection.json and leaderboard carry them."""
+    import numpy as np
+    import pandas as pd
+
+    client = store(sweep_dir)
+    parents, children = sweep_runs(client, "e2e")
+    for run in children:
+        m = run.data.metrics
+        for key in ("val_ece", "val_accuracy", "test_ece", "val_ace", "val_aurc"):
+            assert m[f"{key}_ci_low"] <= m[key] + 1e-9 and m[key] <= m[f"{key}_ci_high"] + 1e-9, key
+        for key in ("val_smooth_ece", "val_ece_sweep", "val_debiased_l2_ce", "test_smooth_ece"):
+            assert key in m, key
+        preds = client.download_artifacts(run.info.run_id, "predictions/predictions.npz", str(sweep_dir))
+        with np.load(preds) as z:
+            assert z["val_probs"].shape[0] == z["val_labels"].shape[0]
+            np.testing.assert_allclose(z["val_probs"].sum(1), 1.0, atol=1e-5)
+    pid = parents[0].info.run_id
+    sel = json.loads(Path(client.download_artifacts(pid, "sweep/selection.json", str(sweep_dir))).read_text())
+    assert sel["rule"] == "noise_aware" and sel["champion_run"] == parents[0].data.tags["calib.champion_run"]
+    lo, hi = sel["intervals"]["val_ece"]
+    assert lo <= sel["val_metrics"]["val_ece"] <= hi
+    board = pd.read_csv(client.download_artifacts(pid, "sweep/leaderboard.csv", str(sweep_dir)))
+    assert {"calibrator", "calibrator_lr", "champion", "not_worse_than_champion", "val_ece_ci_low"} <= set(board)
+    assert board["champion"].sum() == 1
 
 
 def test_champion_loads_in_fresh_process_and_matches_logged_test_ece(sweep_dir):
