@@ -1,6 +1,7 @@
 """Cost of the paired bootstrap: B resamples of N x K for every metric of compute_all.
 
     python benchmarks/bench_bootstrap.py            # B=1000, N=10^4, K=10, 8 trials, 3 repeats
+    python benchmarks/bench_bootstrap.py --coverage # plus interval coverage by simulation
 
 Prints a table (seconds per trial per metric group, medians of the repeats, compiled kernels
 and the torch path side by side, with compute_all's own time for scale) and writes
@@ -41,6 +42,31 @@ def _time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def coverage(reps: int = 200, n: int = 1000, resamples: int = 500) -> list[dict[str, float]]:
+    """How often 95 % intervals of ECE cover the true ECE of simulated models (known gap between
+    confidence and accuracy; the true ECE equals the gap): plain percentile vs centred."""
+    from calib_core.metrics import centered_interval, ece, percentile_interval
+
+    counts = resample_counts(n, resamples, seed=7)
+    rows = []
+    for gap in (0.0, 0.02, 0.05, 0.08):
+        rng = np.random.default_rng(11)
+        hits = {"percentile": 0, "centered": 0}
+        for _ in range(reps):
+            conf = rng.uniform(0.35, 1.0, n)
+            pred = rng.integers(0, 10, n)
+            p = np.tile(((1 - conf) / 9)[:, None], (1, 10))
+            p[np.arange(n), pred] = conf
+            y = np.where(rng.random(n) < conf - gap, pred, (pred + rng.integers(1, 10, n)) % 10)
+            r = bootstrap_metrics(p, y, counts, names=("ece",))["ece"]
+            lo, hi = percentile_interval(r)
+            hits["percentile"] += lo <= gap <= hi
+            lo, hi = centered_interval(r, float(ece(p, y)))
+            hits["centered"] += lo <= gap <= hi
+        rows.append({"true_ece": gap, **{k: v / reps for k, v in hits.items()}})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure and print the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,7 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_bootstrap.json"))
+    p.add_argument("--coverage", action="store_true", help="also simulate interval coverage (about a minute)")
     args = p.parse_args(argv)
+    cover = coverage() if args.coverage else None
+    if cover:
+        print("Coverage of 95 % ECE intervals, 200 simulated sets of n=1000 (K=10), B=500:")
+        print(f"{'true ECE':>9}{'percentile':>12}{'centred':>10}")
+        for row in cover:
+            print(f"{row['true_ece']:>9.2f}{row['percentile']:>12.3f}{row['centered']:>10.3f}")
     rng = np.random.default_rng(0)
     probs = torch.softmax(torch.tensor(rng.normal(size=(args.n, args.k)) * 2), 1).float()
     labels = torch.tensor(rng.integers(0, args.k, args.n))
@@ -79,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.trials} trials, all metrics: compiled {total['compiled']:.2f} s, torch {total['torch']:.2f} s "
           f"(aim < 2 s)")
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "counts_s": counts_s, "point_s": point_s,
-                                          "total_s": total, "threads": torch.get_num_threads(),
+                                          "total_s": total, "threads": torch.get_num_threads(), "coverage": cover,
                                           "date": time.strftime("%Y-%m-%d")}, indent=1))
     return 0
 

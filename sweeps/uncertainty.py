@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from calib_core.metrics import METRIC_NAMES, bootstrap_metrics, percentile_interval, resample_counts
+import torch
+
+from calib_core.metrics import METRIC_NAMES, bootstrap_metrics, centered_interval, percentile_interval, resample_counts
 
 SPLITS = ("val", "test")
 
@@ -51,6 +53,7 @@ class Replicates:
     level: float
     num_resamples: int
     values: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    points: dict[str, dict[str, float]] = field(default_factory=dict)  # the estimates on the full split
     # trials whose splits hold the same rows share resamples; a difference across groups is unpaired
     groups: dict[str, dict[str, str]] = field(default_factory=dict)
 
@@ -59,28 +62,28 @@ class Replicates:
         return key in self.values.get(trial_id, {})
 
     def interval(self, trial_id: str, key: str) -> tuple[float, float]:
-        """Percentile interval of one trial's metric at the configured level."""
-        return percentile_interval(_tensor(self.values[trial_id][key]), self.level)
+        """Interval of one trial's metric at the configured level (centred on its estimate)."""
+        return centered_interval(_tensor(self.values[trial_id][key]), self.points[trial_id][key], self.level)
 
     def difference(self, a: str, b: str, key: str) -> np.ndarray:
-        """Replicates of metric(a) - metric(b), paired when the two trials share their split."""
-        return self.values[a][key] - self.values[b][key]
+        """Replicates of metric(a) - metric(b), paired when the two trials share their split,
+        centred on the observed difference."""
+        d = self.values[a][key] - self.values[b][key]
+        return d - (d.mean() - (self.points[a][key] - self.points[b][key]))
 
     def difference_interval(self, a: str, b: str, key: str) -> tuple[float, float]:
-        """Percentile interval of metric(a) - metric(b)."""
+        """Interval of metric(a) - metric(b)."""
         return percentile_interval(_tensor(self.difference(a, b, key)), self.level)
 
     def significantly_greater(self, a: str, b: str, key: str) -> tuple[bool, float]:
         """One-sided test of metric(a) > metric(b) at the configured level: (significant, p-value),
-        p = the share of replicates in which the difference is <= 0."""
+        p = the share of (centred) replicates in which the difference is <= 0."""
         d = self.difference(a, b, key)
         p = float(np.mean(d <= 0.0))
         return p < 1.0 - self.level, p
 
 
 def _tensor(a: np.ndarray) -> Any:
-    import torch
-
     return torch.from_numpy(np.asarray(a, dtype=np.float64))
 
 
@@ -100,7 +103,9 @@ def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, n
             n = len(parts[0][2])
             key = (s_idx, n)
             if key not in counts_cache:
-                counts_cache[key] = resample_counts(n, num_resamples, seed=seed * 2 + s_idx)
+                # row 0 weighs every example once: the estimate itself, from the same code path
+                counts_cache[key] = torch.cat((torch.ones(1, n), resample_counts(n, num_resamples,
+                                                                                  seed=seed * 2 + s_idx)))
             counts = counts_cache[key]
             groups[split] = _fingerprint(y for _, _, y in parts)
             per_task = []
@@ -116,7 +121,8 @@ def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, n
                     values.update({f"{split}_{task}_{m}": v for m, v in r.items()})
             for m in names:
                 values[f"{split}_{m}"] = np.mean([r[m] for r in per_task], axis=0)
-        reps.values[trial_id] = values
+        reps.values[trial_id] = {k: v[1:] for k, v in values.items()}
+        reps.points[trial_id] = {k: float(v[0]) for k, v in values.items()}
         reps.groups[trial_id] = groups
     return reps
 

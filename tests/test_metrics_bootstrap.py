@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from calib_core.metrics import METRIC_NAMES, _fast, accuracy, compute_all, ece
-from calib_core.metrics.bootstrap import bootstrap_metrics, percentile_interval, prob_not_greater, resample_counts
+from calib_core.metrics.bootstrap import (bootstrap_metrics, centered_interval, percentile_interval, prob_not_greater,
+                                          resample_counts)
 
 
 def _probs(rng: np.random.Generator, n: int, k: int, round_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -83,7 +84,8 @@ def _miscalibrated(rng: np.random.Generator, n: int, k: int = 10, gap: float = 0
 
 
 def test_percentile_intervals_cover_the_true_ece_and_accuracy() -> None:
-    """95 % intervals cover the known truth in 90-98 % of 200 simulated validation sets."""
+    """95 % intervals cover the known truth in 90-98 % of 200 simulated validation sets (a clearly
+    miscalibrated model: near ECE 0 the plug-in estimator's bias dominates, see bench_bootstrap --coverage)."""
     rng = np.random.default_rng(11)
     gap, n, reps = 0.08, 1000, 200
     true_acc = (0.35 + 1.0) / 2 - gap
@@ -92,8 +94,9 @@ def test_percentile_intervals_cover_the_true_ece_and_accuracy() -> None:
     for _ in range(reps):
         p, y = _miscalibrated(rng, n, gap=gap)
         r = bootstrap_metrics(p, y, counts, names=("accuracy", "ece"))
+        points = {"ece": float(ece(p, y)), "accuracy": float(accuracy(p, y))}
         for name, truth in (("ece", gap), ("accuracy", true_acc)):
-            lo, hi = percentile_interval(r[name])
+            lo, hi = centered_interval(r[name], points[name])
             hits[name] += lo <= truth <= hi
     for name, h in hits.items():
         assert 0.90 <= h / reps <= 0.98, (name, h / reps)
@@ -141,3 +144,13 @@ def test_bad_input_is_named() -> None:
         resample_counts(0, 10)
     with pytest.raises(ValueError, match="level must be in"):
         percentile_interval(torch.zeros(3), level=1.5)
+
+
+def test_centered_interval_contains_the_estimate_and_keeps_the_spread() -> None:
+    r = torch.tensor([0.05, 0.06, 0.07, 0.08, 0.09] * 40, dtype=torch.float64)
+    lo, hi = centered_interval(r, 0.03)
+    plo, phi = percentile_interval(r)
+    assert lo <= 0.03 <= hi
+    assert hi - lo == pytest.approx(phi - plo)
+    assert lo == pytest.approx(plo - 0.04)
+    assert centered_interval(torch.tensor([float("nan")]), 0.1) == (0.1, 0.1)

@@ -10,14 +10,15 @@ Public API (docs/interfaces.md):
 * :class:`CalibrationAccumulator` - streaming, mergeable even-binned statistics, O(bins x K).
 * :func:`reliability_diagram` - PNG reliability diagram with a confidence histogram.
 * :func:`resample_counts`, :func:`bootstrap_metrics` - paired bootstrap replicates of every
-  metric of ``compute_all`` (same counts for every model on a split), :func:`percentile_interval`.
+  metric of ``compute_all`` (same counts for every model on a split), :func:`centered_interval`
+  (the intervals the service reports), :func:`percentile_interval`.
 
 Modules: ``_inputs`` (validation, conversion), ``binning`` (the one binning core),
 ``calibration_error`` (GCE + presets), ``scores`` (non-binned scores, compute_all),
 ``streaming`` (accumulator), ``reliability`` (diagram).
 """
 
-from .bootstrap import bootstrap_metrics, percentile_interval, prob_not_greater, resample_counts
+from .bootstrap import bootstrap_metrics, centered_interval, percentile_interval, prob_not_greater, resample_counts
 from .calibration_error import ace, calibration_error, classwise_ece, ece, mce, rmsce, sce, tace
 from .debiased import debiased_l2_ce, ece_sweep, smooth_ece
 from .reliability import reliability_diagram
@@ -47,5 +48,6 @@ __all__ = [
     "resample_counts",
     "bootstrap_metrics",
     "percentile_interval",
+    "centered_interval",
     "prob_not_greater",
 ]

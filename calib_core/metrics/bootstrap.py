@@ -37,7 +37,7 @@ from ._inputs import MetricInputs, check_num_bins, prepare
 from .binning import EvenBinner, adaptive_edge_offsets, argsort_1d, combine, floor_threshold, group_errors
 from .scores import METRIC_NAMES, brier_per_row
 
-__all__ = ["resample_counts", "bootstrap_metrics", "percentile_interval", "prob_not_greater"]
+__all__ = ["resample_counts", "bootstrap_metrics", "percentile_interval", "centered_interval", "prob_not_greater"]
 
 _WORK = torch.float32
 
@@ -206,6 +206,22 @@ def percentile_interval(replicates: Tensor, level: float = 0.95) -> tuple[float,
     a = (1.0 - level) / 2.0
     q = torch.quantile(replicates.double().cpu(), torch.tensor([a, 1.0 - a], dtype=torch.float64))
     return float(q[0]), float(q[1])
+
+
+def centered_interval(replicates: Tensor, point: float, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the replicates shifted so that their mean is the point estimate.
+
+    Binned calibration errors are biased upwards, and more so on resamples (duplicated rows),
+    so plain percentile intervals of a well-calibrated model's ECE can lie entirely above its
+    estimate. Removing the bootstrap's bias keeps the spread and centres it on the estimate;
+    by simulation (benchmarks/bench_bootstrap.py --coverage) it covers a known ECE at least as
+    often as the plain interval, and identically for unbiased metrics such as accuracy.
+    """
+    r = replicates.double()
+    finite = r[torch.isfinite(r)]
+    if finite.numel() == 0 or not np.isfinite(point):
+        return float(point), float(point)
+    return percentile_interval(finite - (finite.mean() - point), level)
 
 
 def prob_not_greater(replicates: Tensor) -> float:
