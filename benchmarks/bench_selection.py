@@ -1,6 +1,6 @@
 """Which champion rule picks models that are well calibrated *on test*?
 
-    python benchmarks/bench_selection.py                 # 10 sweeps x (mnist1d, digits), 8 trials each
+    python benchmarks/bench_selection.py                 # 20 sweeps x (mnist1d, digits), 8 trials each
     python benchmarks/bench_selection.py --quick         # smoke run: 2 tiny sweeps per dataset
 
 Phase 1 (cached, resumable): for each dataset and seed, a sweep as the service runs it but
@@ -34,9 +34,13 @@ if str(ROOT) not in sys.path:
 
 DATASETS = {"mnist1d": "mnist1d_demo.yaml", "digits": "digits_demo.yaml"}
 RULES = {
-    "noise_aware (default)": {"rule": "noise_aware"},
-    "noise_aware, 99 %": {"rule": "noise_aware", "confidence": 0.99},
-    "noise_aware, Bonferroni": {"rule": "noise_aware", "multiple_comparisons": "bonferroni"},
+    "noise_aware, Bonferroni (default)": {"rule": "noise_aware", "multiple_comparisons": "bonferroni"},
+    "noise_aware, no adjustment": {"rule": "noise_aware", "multiple_comparisons": "none"},
+    "noise_aware, no adjustment, 99 %": {"rule": "noise_aware", "multiple_comparisons": "none", "confidence": 0.99},
+    "noise_aware, Bonferroni, smooth ECE": {"rule": "noise_aware", "multiple_comparisons": "bonferroni",
+                                            "metric": "val_smooth_ece"},
+    "noise_aware, Bonferroni, debiased L2": {"rule": "noise_aware", "multiple_comparisons": "bonferroni",
+                                             "metric": "val_debiased_l2_ce"},
     "old: Pareto, 0.5 pt of best acc": {"rule": "pareto_min_ece_near_best_accuracy", "accuracy_tolerance": 0.005},
     "min val ECE": {"rule": "min_metric", "metric": "val_ece", "mode": "min"},
     "max val accuracy": {"rule": "min_metric", "metric": "val_accuracy", "mode": "max"},
@@ -114,8 +118,9 @@ def _load(path: Path) -> dict[str, Any]:
 
 def evaluate_sweep(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
     """Apply every rule to one sweep; return each rule's champion and its test numbers."""
+    from calib_core import metrics as calib_metrics
     from calib_core.metrics import compute_all
-    from sweeps.config import SelectionConfig
+    from sweeps.config import DEBIASED_METRICS, SelectionConfig
     from sweeps.search_space import describe_params
     from sweeps.selection import TrialRecord, select
     from sweeps.uncertainty import compute_replicates
@@ -127,6 +132,9 @@ def evaluate_sweep(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
             for split in ("val", "test"):
                 metrics.update({f"{split}_{k}": v for k, v in
                                 compute_all(t[f"{split}_probs"], t[f"{split}_labels"]).items()})
+            for name in DEBIASED_METRICS:
+                metrics[f"val_{name}"] = float(getattr(calib_metrics, name)(t["val_probs"].astype(np.float64),
+                                                                            t["val_labels"]))
             preds[str(i)] = {s: [(None, t[f"{s}_probs"], t[f"{s}_labels"])] for s in ("val", "test")}
         records.append(TrialRecord(trial_id=str(i), label=describe_params(t["params"]), status=t["status"],
                                    metrics=metrics, params=t["params"]))
@@ -206,7 +214,7 @@ def markdown(summary: dict[str, Any], results: list[dict[str, Any]], meta: dict[
 def main(argv: list[str] | None = None) -> int:
     """Generate (or reuse) the sweeps' predictions, compare the rules, write the report."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=10, help="sweeps per dataset")
+    p.add_argument("--seeds", type=int, default=20, help="sweeps per dataset")
     p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--cache", default=str(ROOT / "benchmarks" / ".cache" / "selection"))
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
@@ -229,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             train_seconds += sum(t["seconds"] for t in sweep["trials"])
             results.append(evaluate_sweep(sweep, args.resamples))
     summary = summarise(results)
-    meta = {"command": "python benchmarks/bench_selection.py" + (" --quick" if args.quick else ""),
+    meta = {"command": " ".join(["python benchmarks/bench_selection.py", *(argv if argv is not None else sys.argv[1:])]),
             "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - t0,
             "train_seconds": train_seconds, "cache": str(Path(args.cache).relative_to(ROOT))
             if Path(args.cache).is_relative_to(ROOT) else args.cache}
