@@ -2,7 +2,8 @@
 #
 # MLflow tracking server for the sweep service: PostgreSQL backend store (psycopg2), S3 / MinIO
 # artifacts proxied by the server (boto3, --serve-artifacts), and the basic-auth app
-# (mlflow[auth] -> Flask-WTF). Runs as a non-root user.
+# (mlflow[auth] -> Flask-WTF). Runs as a non-root user. `mlflow-db-upgrade` (the Deployment's init
+# containers) waits for the database and migrates both schemas before the server starts.
 #
 #   docker build -f docker/mlflow.Dockerfile -t REGISTRY/calib-sweeps/mlflow:0.1.0 .
 #
@@ -13,10 +14,13 @@ FROM python:3.11.13-slim-bookworm
 LABEL org.opencontainers.image.title="calib-sweeps-mlflow" \
       org.opencontainers.image.description="MLflow tracking server (PostgreSQL, S3 artifacts, basic auth)"
 
+# MLFLOW_DISABLE_TELEMETRY / DO_NOT_TRACK: MLflow 3 sends usage telemetry unless one is set.
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    MLFLOW_AUTH_CONFIG_PATH=/tmp/mlflow/basic_auth.ini
+    MLFLOW_AUTH_CONFIG_PATH=/tmp/mlflow/basic_auth.ini \
+    MLFLOW_DISABLE_TELEMETRY=true \
+    DO_NOT_TRACK=true
 
 RUN groupadd --system --gid 10001 mlflow \
  && useradd --system --uid 10001 --gid mlflow --home-dir /home/mlflow --create-home --shell /usr/sbin/nologin mlflow
@@ -28,9 +32,11 @@ RUN pip install --no-cache-dir -c /tmp/constraints.txt \
         "boto3==1.44.8" \
         "Flask-WTF==1.3.0" \
  && rm /tmp/constraints.txt \
- && python -c "import mlflow, psycopg2, boto3, flask_wtf; print('mlflow', mlflow.__version__)"
+ && python -c "import mlflow, mlflow.db, mlflow.server.auth.db.cli as a, psycopg2, boto3, flask_wtf; assert callable(mlflow.db.upgrade.callback) and callable(a.upgrade.callback); print('mlflow', mlflow.__version__)"
 
 COPY --chmod=0755 docker/mlflow-entrypoint.sh /usr/local/bin/mlflow-entrypoint.sh
+# Init containers: wait for the database, then `mlflow db upgrade` (tracking and basic-auth schemas).
+COPY --chmod=0755 docker/mlflow-db-upgrade /usr/local/bin/mlflow-db-upgrade
 
 USER 10001:10001
 WORKDIR /home/mlflow

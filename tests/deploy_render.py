@@ -691,3 +691,17 @@ def ray_cluster_spec(obj: dict) -> dict | None:
     if obj["kind"] == "RayCluster":
         return obj["spec"]
     return None
+
+
+def namespace_of(resources: list[dict]) -> str:
+    """The one namespace an overlay's namespaced objects are rendered into."""
+    namespaces = {r["metadata"].get("namespace") for r in resources if r["kind"] not in CLUSTER_SCOPED}
+    namespaces.discard(None)
+    if len(namespaces) != 1:
+        raise ValueError(f"expected one namespace, got {sorted(namespaces)}")
+    return namespaces.pop()
+
+
+def persistent_dir(overlay: Path) -> Path:
+    """The overlay's persistent/ kustomization (Namespace, dataset cache), applied once."""
+    return overlay / "persistent"

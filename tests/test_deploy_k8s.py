@@ -4,8 +4,10 @@ every credential comes from a Secret whose template exists and holds placeholder
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
+import os
 import re
 from pathlib import Path
 
@@ -96,6 +98,69 @@ def _ray_errors(obj: dict) -> list[str]:
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
 
 
+# The real KubeRay CRDs (v1.7.0, ray-operator/config/crd/bases of ray-project/kuberay at the tag's
+# commit below). They are third-party files and not committed: put them into KUBERAY_CRD_DIR
+# (default deploy/schemas/kuberay-v1.7.0/, git-ignored). Where they are, every Ray object is also
+# validated against them, strictly (unknown fields rejected, as `kubectl apply` does with
+# server-side field validation); where they are not, the hand-written schema above stands in.
+KUBERAY_VERSION, KUBERAY_COMMIT = "v1.7.0", "59d663aeec13760646da3db9c1cf8cfe883e30b7"
+KUBERAY_CRD_DIR = Path(os.environ.get("KUBERAY_CRD_DIR", DEPLOY / "schemas" / f"kuberay-{KUBERAY_VERSION}"))
+CRD_FILES = {"RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml"}
+
+
+def _strict(node):
+    """An OpenAPI v3 CRD schema as a JSON schema that rejects unknown fields."""
+    if isinstance(node, list):
+        return [_strict(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _strict(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if node.get("type") == "object" and "properties" in node and "additionalProperties" not in node \
+            and not node.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def _crd_schema(kind: str) -> dict:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd = yaml.load((KUBERAY_CRD_DIR / CRD_FILES[kind]).read_text(), Loader=loader)
+    return next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
+
+
+@functools.cache
+def real_crd_validator(kind: str):
+    path = KUBERAY_CRD_DIR / CRD_FILES[kind]
+    if not path.is_file():
+        return None
+    schema = _strict(_crd_schema(kind))
+    return jsonschema.Draft7Validator(schema)
+
+
+def real_crd_errors(obj: dict) -> list[str] | None:
+    """Errors against the real KubeRay CRD, or None where the CRD files are not present."""
+    validator = real_crd_validator(obj["kind"])
+    if validator is None:
+        return None
+    errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
+
+
+def kuberay_errors(obj: dict) -> list[str]:
+    """Schema errors of a RayJob / RayCluster: the real CRD where present, and always ours."""
+    return (real_crd_errors(obj) or []) + _ray_errors(obj)
+
+
+def _need_real_crds():
+    if real_crd_validator("RayJob") is None or real_crd_validator("RayCluster") is None:
+        pytest.skip(f"KubeRay {KUBERAY_VERSION} CRDs not in {KUBERAY_CRD_DIR} (third-party files, not committed)")
+
+
 def test_our_kuberay_schema_is_a_valid_schema_with_closed_objects():
     schema = json.loads(SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -117,6 +182,52 @@ def _ray_objects():
 def test_ray_resources_validate_against_our_kuberay_schema(obj):
     assert obj["apiVersion"] == "ray.io/v1"
     assert _ray_errors(obj) == []
+
+
+@pytest.mark.parametrize("obj", _ray_objects())
+def test_ray_resources_validate_against_the_real_kuberay_crd(obj):
+    _need_real_crds()
+    assert real_crd_errors(obj) == []
+
+
+@pytest.mark.parametrize("path,new_key", [
+    (["spec", "rayClusterSpec", "authOptions", "secretName"], "secretname"),
+    (["spec", "rayClusterSpec", "workerGroupSpecs", 0, "maxReplicas"], "maxReplica"),
+    (["spec", "submitterPodTemplate", "spec", "containers", 0, "securityContext"], "securitycontext"),
+], ids=["authOptions", "workerGroup", "podTemplate"])
+def test_real_crd_rejects_misspelled_fields(path, new_key):
+    _need_real_crds()
+    job = next(r for r in dr.render(OVERLAYS[0]) if r["kind"] == "RayJob")
+    assert real_crd_errors(_misspell(job, path, new_key))
+
+
+def test_our_schema_allows_nothing_the_real_crd_refuses():
+    """Every field our hand-written schema knows exists in the real CRD at the same place."""
+    _need_real_crds()
+    ours = json.loads(SCHEMA_PATH.read_text())
+    missing: list[str] = []
+
+    def walk(node, real_node, path):
+        node = _resolve(ours, node)
+        for key, sub in node.get("properties", {}).items():
+            real_sub = real_node.get("properties", {}).get(key)
+            if real_sub is None:
+                missing.append("/".join(path + [key]))
+            elif not (isinstance(sub, dict) and "_definitions" in sub.get("$ref", "")):  # not a built-in type
+                walk(sub, real_sub, path + [key])
+        items = node.get("items")
+        if isinstance(items, dict) and "items" in real_node:
+            walk(items, real_node["items"], path + ["[]"])
+
+    for kind in RAY_KINDS:
+        walk(ours["$defs"][kind], _crd_schema(kind), [kind])
+        assert not missing, f"fields our schema allows that KubeRay {KUBERAY_VERSION} does not know: {missing}"
+
+
+def _resolve(root: dict, node: dict) -> dict:
+    while isinstance(node, dict) and "$ref" in node and node["$ref"].startswith("#/$defs/"):
+        node = root["$defs"][node["$ref"].split("/")[-1]]
+    return node
 
 
 def _misspell(obj: dict, path: list, new_key: str) -> dict:
@@ -348,7 +459,8 @@ def scan_text(text: str, is_template: bool) -> list[str]:
 def _scanned_files() -> list[Path]:
     files = [REPO / ".dockerignore"]
     for root in (DEPLOY, REPO / "docker"):
-        files += [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+        files += [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                  and not any(d.name.startswith("kuberay-v") for d in p.parents)]  # third-party CRDs
     return [p for p in files if p.exists()]
 
 
