@@ -25,7 +25,8 @@ _CALIB_DATA = re.compile(r"^(same|lookahead|holdout:(0?\.\d+|1e-\d+))$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: `lr: .inf` or `--set train.lr=nan` is refused here, naming the field.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class DataConfig(_Strict):
@@ -115,7 +116,7 @@ class TrainConfig(_Strict):
 class RunConfig(_Strict):
     """Everything one training run needs: seed, device, data, model and trainer."""
 
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="numpy's seeds are 0 .. 2**32 - 1")
     device: str = "auto"
     num_threads: int | None = Field(default=None, ge=1)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -191,22 +192,75 @@ def _deepcopy(d: Any) -> Any:
     return d
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {seen[key].line + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_error_line(p: Path, text: str, exc: yaml.YAMLError) -> str:
+    """A YAML error as one line: 'FILE:LINE:COLUMN: problem (context)'."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}"
+        problem = exc.problem or "invalid YAML"
+        if exc.context:
+            ctx = exc.context
+            if exc.context_mark is not None and exc.context_mark.line != mark.line:
+                ctx += f" on line {exc.context_mark.line + 1}"
+            problem += f" ({ctx})"
+        return f"{where}: not valid YAML: {problem}"
+    if isinstance(exc, yaml.reader.ReaderError):  # a control character, e.g. a stray NUL byte
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        return f"{p}:{line}:{column}: not valid YAML: control character U+{code:04X} is not allowed"
+    return f"{p}: not valid YAML: {' '.join(str(exc).split())}"
+
+
 def read_yaml(path: str | Path | None) -> dict[str, Any]:
-    """Read a YAML mapping from a file (empty mapping when path is None)."""
+    """Read a YAML mapping from a file (empty mapping when path is None).
+
+    Every problem is one line naming the file: missing, a directory, unreadable, not UTF-8,
+    YAML syntax (with line and column), a key given twice, empty, or not a mapping.
+    """
     if path is None:
         return {}
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"config file not found: {p}")
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory, not a config file")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the config file ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        start = exc.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
+        line = data.count(b"\n", 0, start) + 1
+        column = start - (data.rfind(b"\n", 0, start) + 1) + 1
+        raise ConfigError(f"{p}:{line}:{column}: not UTF-8 text (byte 0x{data[start]:02x}); "
+                          "save the config as UTF-8") from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
-    return data
+        raise ConfigError(_yaml_error_line(p, text, exc)) from None
+    if raw is None:
+        raise ConfigError(f"{p}: the config file is empty (it should be a YAML mapping of settings)")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: top level must be a mapping, got {type(raw).__name__}")
+    return raw
 
 
 def build_model(cls: type[BaseModel], raw: dict[str, Any]) -> Any:
