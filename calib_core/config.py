@@ -79,6 +79,24 @@ class TrainConfig(_Strict):
     calibrator_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     posthoc_calibrator: PosthocName = "temperature"
+    posthoc_split: Literal["holdout", "val"] = Field(
+        default="holdout",
+        description="where method 'posthoc' fits its calibrator: the training holdout (calibrator_data), or the "
+                    "validation split (the backbone then trains on the whole training split; validation metrics are "
+                    "k-fold cross-fitted, see posthoc_folds)",
+    )
+    posthoc_folds: int = Field(default=5, ge=2,
+                               description="k of the cross-fitted validation metrics with posthoc_split 'val'")
+    posthoc_refit: Literal["every_epoch", "end"] = Field(
+        default="every_epoch",
+        description="method 'posthoc': refit after every epoch (every epoch's validation metrics are calibrated) or "
+                    "once after training (one calibration stage; per-epoch validation metrics are uncalibrated)",
+    )
+    early_stopping_patience: int | None = Field(
+        default=None, ge=1,
+        description="stop after this many epochs without a lower validation NLL and return the model of the "
+                    "best epoch (None: train every epoch, return the last one)",
+    )
     label_smoothing: float = Field(default=0.1, ge=0.0, lt=1.0)
     focal_gamma: float | None = Field(default=None, ge=0.0, description="None = FLSD-53 schedule")
 
@@ -101,8 +119,10 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "TrainConfig":
-        if self.method == "posthoc" and not self.calibrator_data.startswith("holdout:"):
-            raise ValueError("method 'posthoc' fits on held-out data: calibrator_data must be 'holdout:f'")
+        holdout = self.calibrator_data.startswith("holdout:")
+        if self.method == "posthoc" and self.posthoc_split == "holdout" and not holdout:
+            raise ValueError("method 'posthoc' fits on held-out data: calibrator_data must be 'holdout:f' "
+                             "(or posthoc_split 'val')")
         if self.method == "onego" and self.calibrator == "none":
             raise ValueError("method 'onego' needs a calibrator (not 'none'); use method 'ce' for plain CE")
         if self.head_lr is not None and self.method == "onego" and self.calibrator == "last_layer" and not self.warmup_epochs:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-_STREAMS = {"holdout": 1, "epoch": 2, "calibrator": 3, "augment": 4, "global": 5}
+_STREAMS = {"holdout": 1, "epoch": 2, "calibrator": 3, "augment": 4, "global": 5, "folds": 6}
 
 
 def derive_seed(seed: int, stream: str, index: int = 0) -> int:
@@ -37,6 +37,14 @@ def holdout_split(n: int, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
     k = min(max(1, round(fraction * n)), n - 1)
     perm = torch.randperm(n, generator=generator(seed, "holdout"))
     return perm[k:].sort().values, perm[:k].sort().values
+
+
+def kfold_indices(n: int, k: int, seed: int) -> list[Tensor]:
+    """k disjoint, sorted folds covering range(n), sizes differing by at most 1, fixed by seed."""
+    if not 2 <= k <= n:
+        raise ValueError(f"cannot cut {n} sample(s) into {k} folds (need 2 <= k <= n)")
+    perm = torch.randperm(n, generator=generator(seed, "folds"))
+    return [f.sort().values for f in perm.tensor_split(k)]
 
 
 def epoch_batches(pool: Tensor, batch_size: int, seed: int, epoch: int) -> list[Tensor]:

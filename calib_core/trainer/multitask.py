@@ -22,7 +22,8 @@ Methods: `onego`, `ce` (no calibrator), `label_smoothing` (CE with smoothing per
 `posthoc` (one post-hoc stage per task: LBFGS on task t's labelled holdout rows of the cached
 logits, refitted from the identity after every epoch; `calibrator_info["calibration_stages"]`
 counts the stages a final model needs: one per task with labelled holdout rows, 0 for
-one-go). `focal` is refused.
+one-go; `posthoc_split: val` fits on each task's labelled validation rows instead, with
+cross-fitted validation metrics as in `Trainer`). `focal` is refused.
 
 Metrics: `calib_core.metrics.compute_all` per task on the labelled rows, keyed
 `<task>_<metric>`, plus `<metric>` = the mean over the tasks that have labelled rows, so
@@ -47,11 +48,11 @@ from torch.func import functional_call
 from calib_core.calibrators import create_calibrator, fit_posthoc
 from calib_core.config import RunConfig
 
-from .calibrator_batches import HoldoutCycler
+from .calibrator_batches import HoldoutCycler, kfold_indices
 from .hypergradient import lookahead_params
 from .result import TrainResult
 from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
-from .trainer import EVAL_BATCH, Diverged, Trainer, _cpu_copy
+from .trainer import EVAL_BATCH, Diverged, Trainer, _cpu_copy, crossfit_posthoc
 
 MISSING = -1
 
@@ -189,8 +190,8 @@ class MultiTaskTrainer(Trainer):
         self.train_calibrator = self.calibrator if self.method == "onego" else None
         self._posthoc_tasks: list[int] = []
         if self.method == "posthoc":
-            y_hold = self.train_split.y[self.holdout_idx.to(self.device)]
-            self._posthoc_tasks = [t for t in range(T) if bool((y_hold[:, t] >= 0).any())]
+            y_fit = self.val_split.y if tc.posthoc_split == "val" else self.train_split.y[self.holdout_idx.to(self.device)]
+            self._posthoc_tasks = [t for t in range(T) if bool((y_fit[:, t] >= 0).any())]
 
         # the players' parameters and optimizers
         last_layer = self.method == "onego" and tc.calibrator == "last_layer"
@@ -303,6 +304,9 @@ class MultiTaskTrainer(Trainer):
         """One post-hoc stage per task: refit task t's calibrator from the identity on its
         labelled holdout rows of the cached inputs."""
         self.calibrator.load_state_dict(self._cal_init)
+        if self.tc.posthoc_split == "val":
+            self._fit_posthoc_val()
+            return
         hold = self.holdout_idx.to(self.device)
         x, y = self.train_split.x[hold], self.train_split.y[hold]
         chunks = [self._cal_inputs(xb) for xb in x.split(EVAL_BATCH)]
@@ -313,6 +317,30 @@ class MultiTaskTrainer(Trainer):
             if not bool(torch.isfinite(inp_t).all()):
                 raise Diverged(f"non-finite logits of task {self.tasks[t][0]!r} on the post-hoc holdout")
             fit_posthoc(self.calibrator[t], inp_t, y[keep, t])
+
+    def _fit_posthoc_val(self) -> None:
+        """posthoc_split 'val': task t's calibrator on its labelled validation rows; the cross-fitted
+        (out-of-fold) logits of those rows are what the validation metrics see."""
+        val = self.val_split
+        chunks = [self._cal_inputs(xb) for xb in val.x.split(EVAL_BATCH)]
+        out: list[Tensor] = []
+        for t in range(len(self.tasks)):
+            inp = torch.cat([c[t] for c in chunks])
+            if t not in self._posthoc_tasks:
+                out.append(inp)
+                continue
+            keep = (val.y[:, t] >= 0).nonzero().squeeze(1)
+            if not bool(torch.isfinite(inp[keep]).all()):
+                raise Diverged(f"non-finite logits of task {self.tasks[t][0]!r} on the validation split (post-hoc fit)")
+            cal = self.calibrator[t]
+            init = _cpu_copy(cal.state_dict())
+            folds = [f.to(self.device) for f in kfold_indices(len(keep), self.tc.posthoc_folds, self.seed + 7919 * t)]
+            z_keep = crossfit_posthoc(cal, init, inp[keep], val.y[keep, t], folds)
+            with torch.no_grad():
+                z = cal(inp)  # unlabelled rows never enter a metric
+            z[keep] = z_keep
+            out.append(z)
+        self._crossfit_val = out
 
     def _calibrator_problem(self) -> str | None:
         """The first task's calibrator whose `divergence()` reports a problem, named."""
@@ -330,7 +358,10 @@ class MultiTaskTrainer(Trainer):
         return MultiTaskCalibratedModel(self.model, self.calibrator, self.tasks)
 
     def _evaluate(self, split: Any, where: str) -> tuple[dict[str, float], list[Tensor], Tensor]:  # type: ignore[override]
-        logits = [z.float() for z in self.calibrated_model.predict_logits(split.x, EVAL_BATCH)]
+        if split is self.val_split and self._crossfit_val is not None:
+            logits = [z.float() for z in self._crossfit_val]  # posthoc_split 'val': out-of-fold calibrated logits
+        else:
+            logits = [z.float() for z in self.calibrated_model.predict_logits(split.x, EVAL_BATCH)]
         if not all(bool(torch.isfinite(z).all()) for z in logits):
             raise Diverged(f"non-finite calibrated logits on the {where} split")
         metrics = multitask_metrics(logits, split.y, self.tasks, num_bins=self.tc.num_bins)

@@ -11,7 +11,14 @@ optimizer) during the warm-up and only through the calibrator's optimizer after 
 Baselines share the loop: `ce`, `label_smoothing`, `focal` (no calibrator, full train split)
 and `posthoc` (CE on the non-holdout part; the calibrator is refitted from the identity with
 LBFGS on the holdout's cached logits after every epoch, so each epoch's val metrics are those
-of the model one would get by stopping there).
+of the model one would get by stopping there). With `posthoc_split: val` the backbone trains
+on the whole training split and the calibrator is fitted on the validation split; the
+validation metrics are then k-fold cross-fitted (`crossfit_posthoc`: each validation example
+is calibrated by a calibrator fitted on the other folds), so that selecting on them stays
+honest, while the returned model's calibrator is fitted on the whole validation split.
+`posthoc_refit: end` fits once, after training, instead of after every epoch.
+`early_stopping_patience` stops after that many epochs without a lower validation NLL and
+returns the model (and calibrator) of the best epoch.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from calib_core.calibrators import Calibrator, create_calibrator, fit_posthoc
 from calib_core.config import RunConfig
 from calib_core.losses import make_loss
 
-from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, holdout_split
+from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, holdout_split, kfold_indices
 from .hypergradient import unrolled_loss
 from .result import CalibratedModel, EpochReport, TrainResult
 from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
@@ -79,6 +86,28 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def crossfit_posthoc(calibrator: Calibrator, init_state: dict[str, Any], inputs: Tensor, labels: Tensor,
+                     folds: list[Tensor]) -> Tensor:
+    """Out-of-fold calibrated logits of a post-hoc calibrator: the rows of each fold are calibrated
+    by the calibrator refitted from `init_state` on the other folds' rows. The calibrator is left
+    fitted on all rows (the one a final model uses)."""
+    out: Tensor | None = None
+    for fold in folds:
+        rest = torch.ones(len(inputs), dtype=torch.bool, device=inputs.device)
+        rest[fold] = False
+        calibrator.load_state_dict(init_state)
+        fit_posthoc(calibrator, inputs[rest], labels[rest])
+        with torch.no_grad():
+            z = calibrator(inputs[fold])
+        if out is None:
+            out = z.new_empty(len(inputs), z.shape[1])
+        out[fold] = z
+    calibrator.load_state_dict(init_state)
+    fit_posthoc(calibrator, inputs, labels)
+    assert out is not None
+    return out
+
+
 class Trainer:
     """`Trainer(cfg, data, device).fit(on_epoch=None, resume_state=None) -> TrainResult`.
 
@@ -86,11 +115,17 @@ class Trainer:
     `.feature_dim`) instead of `create_model(cfg.model.name, ...)`.
     """
 
+    # posthoc_split 'val': the cross-fitted validation logits of the current model (see _evaluate)
+    _crossfit_val: Any = None
+    # early_stopping_patience: the best epoch's model and calibrator states (CPU)
+    _best_weights: dict[str, Any] | None = None
+
     def _plan_data_and_calibrator(self, cfg: RunConfig) -> tuple[str | None, dict[str, Any]]:
         """Set which samples each player trains on; return the calibrator's (name, kwargs)."""
         tc = cfg.train
         self.method = tc.method
-        uses_holdout = self.method == "posthoc" or (self.method == "onego" and tc.calibrator_data.startswith("holdout:"))
+        uses_holdout = (self.method == "posthoc" and tc.posthoc_split == "holdout") or (
+            self.method == "onego" and tc.calibrator_data.startswith("holdout:"))
         self.cal_source = tc.calibrator_data.split(":")[0] if self.method == "onego" else None
         f = tc.holdout_fraction if uses_holdout else 0.0
         self.backbone_idx, self.holdout_idx = holdout_split(len(self.train_split), f, cfg.seed)
@@ -280,9 +315,20 @@ class Trainer:
                 raise Diverged(f"non-finite {where} parameters after epoch {epoch + 1}")
         return mean
 
+    def _val_folds(self) -> list[Tensor]:
+        return [f.to(self.device) for f in kfold_indices(len(self.val_split), self.tc.posthoc_folds, self.seed)]
+
     def _fit_posthoc(self) -> None:
-        """Refit the post-hoc calibrator from the identity on the holdout's cached inputs."""
+        """Refit the post-hoc calibrator from the identity on the holdout's cached inputs
+        (posthoc_split 'val': on the validation split's, with cross-fitted validation logits)."""
         cal = self.calibrator
+        if self.tc.posthoc_split == "val":
+            val = self.val_split
+            inp = torch.cat([self._cal_inputs(xb) for xb in val.x.split(EVAL_BATCH)])
+            if not bool(torch.isfinite(inp).all()):
+                raise Diverged("non-finite logits on the validation split (post-hoc fit)")
+            self._crossfit_val = crossfit_posthoc(cal, self._cal_init, inp, val.y, self._val_folds())
+            return
         cal.load_state_dict(self._cal_init)
         x = self.train_split.x[self.holdout_idx.to(self.device)]
         y = self.train_split.y[self.holdout_idx.to(self.device)]
@@ -312,7 +358,10 @@ class Trainer:
     def _evaluate(self, split: Any, where: str) -> tuple[dict[str, float], Tensor, Tensor]:
         from calib_core.metrics import compute_all
 
-        logits = self.calibrated_model.predict_logits(split.x, EVAL_BATCH).float()
+        if split is self.val_split and self._crossfit_val is not None:
+            logits = self._crossfit_val.float()  # posthoc_split 'val': out-of-fold calibrated logits
+        else:
+            logits = self.calibrated_model.predict_logits(split.x, EVAL_BATCH).float()
         if not bool(torch.isfinite(logits).all()):
             raise Diverged(f"non-finite calibrated logits on the {where} split")
         metrics = compute_all(logits, split.y, num_bins=self.tc.num_bins, from_logits=True)
@@ -355,6 +404,7 @@ class Trainer:
                 "epoch_times": self.epoch_times,
                 "wall_time": self.wall_time_before + self._running_time(),
                 "best": self.best,
+                "best_weights": self._best_weights,
             }
         )
 
@@ -391,6 +441,7 @@ class Trainer:
         self.epoch_times = list(state["epoch_times"])
         self.wall_time_before = float(state["wall_time"])
         self.best = copy.deepcopy(state["best"])
+        self._best_weights = state.get("best_weights")
 
     # ------------------------------------------------------------------ the loop
     def fit(self, on_epoch: Callable[[EpochReport], None] | None = None, resume_state: dict[str, Any] | None = None) -> TrainResult:
@@ -398,14 +449,14 @@ class Trainer:
             self.load_state_dict(resume_state)
         self._fit_start = time.perf_counter()
         status, reason = "completed", None
-        while self.epoch < self.tc.epochs:
+        while self.epoch < self.tc.epochs and not self._early_stop():
             e = self.epoch
             t0 = time.perf_counter()
             lr = float(self.backbone_opt.param_groups[0]["lr"])
             try:
                 train_loss = self._train_epoch(e)
                 self.scheduler.step()
-                if self.method == "posthoc":
+                if self.method == "posthoc" and self.tc.posthoc_refit == "every_epoch":
                     self._fit_posthoc()
                 self._check_calibrator(f"after epoch {e + 1}")
                 val, _, _ = self._evaluate(self.val_split, "validation")
@@ -423,9 +474,26 @@ class Trainer:
             self.epoch_times.append(dt)
             if not self.best or metrics["val_nll"] < self.best["val_nll"]:
                 self.best = {"epoch": self.epoch, "val_nll": metrics["val_nll"], "metrics": dict(metrics)}
+                if self.tc.early_stopping_patience is not None:
+                    cal_state = self.calibrator.state_dict() if self.calibrator is not None else None
+                    self._best_weights = _cpu_copy({"model": self.model.state_dict(), "calibrator": cal_state})
             if on_epoch is not None:
                 on_epoch(EpochReport(epoch=self.epoch, metrics=dict(metrics), _state_fn=self.state_dict))
         return self._finish(status, reason)
+
+    def _early_stop(self) -> bool:
+        """early_stopping_patience epochs have passed without a lower validation NLL."""
+        p = self.tc.early_stopping_patience
+        return p is not None and bool(self.best) and self.epoch - int(self.best["epoch"]) >= p
+
+    def _restore_best(self) -> bool:
+        """With early stopping, load the best epoch's model and calibrator; True if that changed them."""
+        if self.tc.early_stopping_patience is None or self._best_weights is None or self.best.get("epoch") == self.epoch:
+            return False
+        self.model.load_state_dict(self._best_weights["model"])
+        if self.calibrator is not None and self._best_weights["calibrator"] is not None:
+            self.calibrator.load_state_dict(self._best_weights["calibrator"])
+        return True
 
     def _with_calibrator_problem(self, reason: str) -> str:
         """A divergence reason plus what became of the calibrator, when that is the cause
@@ -441,6 +509,10 @@ class Trainer:
         vp = vl = tp = tl = None
         if status == "completed":
             try:
+                restored = self._restore_best()
+                if self.method == "posthoc" and (restored or self.tc.posthoc_refit == "end"
+                                                 or (self.tc.posthoc_split == "val" and self._crossfit_val is None)):
+                    self._fit_posthoc()  # the returned model's calibrator (and cross-fitted validation logits)
                 self._check_calibrator("at the end of the run")
                 val_m, vp, vl = self._evaluate(self.val_split, "validation")
                 test_m, tp, tl = self._evaluate(self.test_split, "test")  # reported, never used to decide
