@@ -113,9 +113,9 @@ def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, n
                 keep = labels >= 0
                 if not keep.any():
                     continue
-                r = bootstrap_metrics(probs[keep], labels[keep], counts[:, np.flatnonzero(keep)],
-                                      num_bins=num_bins, names=names)
-                r = {m: v.numpy() for m, v in r.items()}
+                reps_t = bootstrap_metrics(probs[keep], labels[keep], counts[:, np.flatnonzero(keep)],
+                                           num_bins=num_bins, names=names)
+                r = {m: v.numpy() for m, v in reps_t.items()}
                 per_task.append(r)
                 if task is not None:
                     values.update({f"{split}_{task}_{m}": v for m, v in r.items()})

@@ -40,6 +40,7 @@ from .scores import METRIC_NAMES, brier_per_row
 __all__ = ["resample_counts", "bootstrap_metrics", "percentile_interval", "centered_interval", "prob_not_greater"]
 
 _WORK = torch.float32
+BinStats = tuple[Tensor, Tensor, Tensor]  # (counts, value sums, correctness sums), float64
 
 
 def resample_counts(n: int, num_resamples: int = 1000, *, seed: int = 0, device: Any = "cpu") -> Tensor:
@@ -58,7 +59,7 @@ def resample_counts(n: int, num_resamples: int = 1000, *, seed: int = 0, device:
     return torch.from_numpy(counts).to(device)
 
 
-def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Tensor) -> list[tuple[Tensor, ...]]:
+def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Tensor) -> list[BinStats]:
     """Even-bin (counts, value sums, correctness sums) per resample and column of ``values`` (N, C),
     each column its own group: (B * C, B_bins + 1) per threshold of ``binner``.
 
@@ -81,11 +82,13 @@ def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Ten
             design = torch.zeros(n, (c1 - c0) * s, dtype=_WORK, device=w.device)
             design.index_put_((rows.expand_as(slot), slot), src, accumulate=True)
             out[:, c0 * s:c1 * s] = w @ design
-    return [tuple(binner.collapse(t.reshape(b * c, s), i) for t in stats) for i in range(len(binner.thresholds))]
+    flat = [t.reshape(b * c, s) for t in stats]
+    return [(binner.collapse(flat[0], i), binner.collapse(flat[1], i), binner.collapse(flat[2], i))
+            for i in range(len(binner.thresholds))]
 
 
 def _adaptive_replicates(w: Tensor, values: Tensor, correct: Tensor, thresholds: Sequence[float | None],
-                         num_bins: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+                         num_bins: int) -> list[BinStats]:
     """Adaptive-bin (counts, value sums, correctness sums), (B, bins), of one group of N values
     per resample, each resample's edges derived from its own kept values."""
     order = argsort_1d(values)
@@ -117,8 +120,8 @@ def _adaptive_replicates(w: Tensor, values: Tensor, correct: Tensor, thresholds:
         bounds = torch.cat((torch.full((b, 1), s0, dtype=torch.int64, device=w.device), inner,
                             torch.full((b, 1), n, dtype=torch.int64, device=w.device)), dim=1)
         bounds = torch.where((kept > 0).unsqueeze(1), bounds, n)
-        stats = tuple((cum.gather(1, bounds[:, 1:]) - cum.gather(1, bounds[:, :-1])).double() for cum in (cw, cs, cc))
-        out.append(stats)
+        cnt, sums, corr = ((cum.gather(1, bounds[:, 1:]) - cum.gather(1, bounds[:, :-1])).double() for cum in (cw, cs, cc))
+        out.append((cnt, sums, corr))
     return out
 
 
