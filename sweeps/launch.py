@@ -7,7 +7,7 @@ everything in ./mlflow.db; with --cluster it joins the running Ray cluster.
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import sys
 from pathlib import Path
 
@@ -18,7 +18,7 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(_root))
 
-from typing import TYPE_CHECKING  # noqa: E402
+from typing import TYPE_CHECKING, NoReturn  # noqa: E402
 
 from calib_core.config import ConfigError  # noqa: E402
 
@@ -28,9 +28,17 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 1, 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (`error: ...`), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {' '.join(message.split())} (see --help)", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface (every flag explained in --help)."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python sweeps/launch.py",
         description="Sweep calibrators and calibrator learning rates with Ray Tune + Optuna; "
                     "track in MLflow; select and register the best model (validation metrics only).",
@@ -52,9 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "s3://... or a shared mount with --cluster)")
     p.add_argument("--name", help="sweep name: Ray experiment name, MLflow parent run and Optuna study name")
     p.add_argument("--resume", action="store_true",
-                   help="continue the sweep NAME where it stopped (starts it if there is nothing to resume)")
+                   help="continue the sweep NAME where it stopped (starts it if there is nothing to resume; "
+                        "says so and changes nothing if it already finished)")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the resolved config and resource plan, then exit without running anything")
+                   help="print the resolved config and resource plan, then exit without running anything "
+                        "(checks values only: not paths, servers or resources)")
     p.add_argument("--seed", type=int, help="seed for data splits, training and the Optuna sampler")
     return p
 
@@ -72,7 +82,8 @@ def resolve_config(args: argparse.Namespace) -> "SweepConfig":
     for attr, key in flag_map.items():
         value = getattr(args, attr)
         if value is not None:
-            overrides.append(f"{key}={value}")
+            # strings exactly as given (a JSON string is YAML): --name 2024 stays a name, not a number
+            overrides.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
     if args.seed is not None:
         overrides += [f"run.seed={args.seed}", f"search.seed={args.seed}"]
     cfg = load_sweep_config(args.config, overrides)
@@ -84,24 +95,6 @@ def resolve_config(args: argparse.Namespace) -> "SweepConfig":
     elif cfg.storage_path and "://" not in cfg.storage_path:
         updates["storage_path"] = str(Path(cfg.storage_path).expanduser().resolve())
     return cfg.model_copy(update=updates) if updates else cfg
-
-
-def check_cluster_reachability(cfg: "SweepConfig") -> None:
-    """With --cluster, refuse stores other nodes could not reach."""
-    from sweeps.config import is_local_uri
-
-    if not cfg.tracking.uri:
-        raise ConfigError("tracking.uri: --cluster needs an MLflow server every node can reach "
-                          "(e.g. --tracking-uri http://mlflow:5000); none was given")
-    if is_local_uri(cfg.tracking.uri):
-        raise ConfigError(f"tracking.uri: {cfg.tracking.uri!r} is a local store; with --cluster use an "
-                          "MLflow server URL (http://...) reachable from every node")
-    if not cfg.storage_path:
-        raise ConfigError("storage_path: --cluster needs shared storage (s3://... or a shared mount); none was given")
-    if "://" not in cfg.storage_path and not os.environ.get("CALIB_SHARED_STORAGE"):
-        raise ConfigError(f"storage_path: {cfg.storage_path!r} is a local directory that other nodes cannot "
-                          "reach; use s3://... or gs://..., or set CALIB_SHARED_STORAGE=1 if it is a "
-                          "shared mount (NFS) at the same path on every node")
 
 
 def resource_plan(cfg: "SweepConfig") -> str:
@@ -116,15 +109,25 @@ def resource_plan(cfg: "SweepConfig") -> str:
             f"storage: {cfg.storage_path}\ntracking: {cfg.tracking.uri}")
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
+    """Entry point; returns the process exit code.
+
+    Every check that can run before anything is written does (sweeps/preflight.py): a bad
+    value, path, server or resource request is one `error:` line on stderr, exit 2, and
+    nothing is created (no mlflow.db, mlartifacts, ray_results, or run in an existing store).
+    """
     args = build_parser().parse_args(argv)
     try:
+        from sweeps.preflight import check_config
+
         cfg = resolve_config(args)
-        if args.cluster:
-            check_cluster_reachability(cfg)
+        check_config(cfg, cluster=args.cluster)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
     if args.dry_run:
         import yaml
@@ -133,12 +136,25 @@ def main(argv: list[str] | None = None) -> int:
         print("---")
         print(resource_plan(cfg))
         return EXIT_OK
+    from sweeps.preflight import ResourcesUnavailable, preflight
+
+    try:
+        nothing_to_do = preflight(cfg, cluster=args.cluster, resume=args.resume)
+    except ConfigError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        print("interrupted before the sweep started; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if nothing_to_do:
+        print(nothing_to_do)
+        return EXIT_OK
     from sweeps.service import SweepError, run_sweep
 
     try:
         return run_sweep(cfg, cluster=args.cluster, resume=args.resume)
-    except (ConfigError, SweepError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ConfigError, SweepError, ResourcesUnavailable) as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted: runs marked KILLED; continue with --resume", file=sys.stderr)

@@ -199,6 +199,7 @@ def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: 
 def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool) -> int:
     """Run (or resume) the sweep; return 0 when a champion was selected and registered."""
     from sweeps.model_export import log_and_register
+    from sweeps.resource_wait import PendingTimeout
 
     assert cfg.tracking.uri and cfg.storage_path
     exp_path = f"{cfg.storage_path.rstrip('/')}/{cfg.name}"
@@ -227,6 +228,7 @@ def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool) -> int:
                                     {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial})
 
     callbacks = [callback, ProgressCallback(cfg.search.num_samples, cfg.selection)]
+    callbacks.append(PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial))  # end a hopeless wait
     t_start = time.perf_counter()
     try:
         _connect_ray(cluster)

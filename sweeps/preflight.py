@@ -1,0 +1,634 @@
+"""Checks that run before a sweep writes anything: every problem is one `ConfigError` line.
+
+`launch.main` calls `check_config` (values only: no file system, no network; --dry-run runs
+these too) and then `preflight` (the environment: paths and their writability, the tracking
+server, the local machine's or the cluster's resources, and the MLflow store) before
+`run_sweep` creates a store, a Ray session or a run. Nothing here creates a file or directory.
+
+This module stays cheap to import (no ray, torch or mlflow at import time): a bad invocation
+fails in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import os
+import socket
+import ssl
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from calib_core.config import ConfigError
+
+if TYPE_CHECKING:
+    from sweeps.config import SweepConfig
+
+# Seconds to wait for a tracking server, a database or a Ray head to answer.
+TIMEOUT_S = float(os.environ.get("CALIB_PREFLIGHT_TIMEOUT_S", "3"))
+# sweeps.tracking's tags of the parent run (spelled out: importing sweeps.tracking imports Ray;
+# tests/test_cli_malformed.py checks they agree).
+TAG_SWEEP, TAG_ROLE = "calib.sweep", "calib.role"
+# Datasets read from torchvision's files under run.data.root (calib_core.data).
+ROOT_DATASETS = ("cifar10", "cifar100", "svhn", "mnist", "fashionmnist", "celeba")
+# File systems that cannot hold a store (kernel interfaces).
+PSEUDO_FS = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "devtmpfs", "securityfs", "debugfs", "tracefs",
+             "pstore", "bpf", "configfs", "fusectl", "mqueue", "binfmt_misc", "efivarfs", "autofs", "nsfs"}
+RESOURCE_UNIT = 1e-4  # Ray refuses fractional resources below 0.0001
+
+
+class ResourcesUnavailable(RuntimeError):
+    """Trials waited longer than resources.pending_timeout_s for resources (sweeps.resource_wait)."""
+
+
+# --------------------------------------------------------------------------- values only
+
+
+def check_config(cfg: SweepConfig, cluster: bool) -> None:
+    """Every check that needs neither the file system nor the network; all problems in one line."""
+    problems: list[str] = []
+    _non_finite(cfg.model_dump(), "", problems)
+    t = cfg.tracking
+    problems += _name_problems("tracking.experiment", t.experiment, 500, forbidden="")
+    problems += _name_problems("tracking.registered_model", t.registered_model, 256, forbidden="/:@")
+    if t.registered_model.strip() in (".", ".."):
+        problems.append(f"tracking.registered_model: {t.registered_model!r} is not a usable model name")
+    if cfg.storage_path is not None and not cfg.storage_path.strip():
+        problems.append("storage_path: must not be empty (a directory or s3://...; omit it for ./ray_results)")
+    if t.uri is not None and t.uri.startswith("sqlite:///"):
+        path = t.uri.removeprefix("sqlite:///")
+        if not path.startswith("/"):
+            problems.append(f"tracking.uri: {t.uri!r} is a relative SQLite path; give an absolute one: "
+                            f"sqlite:///{Path(path).absolute()} (four slashes)")
+    r = cfg.resources
+    for field, value in (("cpus_per_trial", r.cpus_per_trial), ("gpus_per_trial", r.gpus_per_trial)):
+        if 0 < value < RESOURCE_UNIT:
+            problems.append(f"resources.{field}: Ray counts resources in steps of {RESOURCE_UNIT:g} (got {value:g})")
+    if cfg.run.device.startswith("cuda") and r.gpus_per_trial == 0:
+        problems.append(f"run.device: {cfg.run.device!r} needs resources.gpus_per_trial > 0 "
+                        "(Ray hides every GPU from a trial that asks for none)")
+    if cfg.run.data.name in ROOT_DATASETS and cfg.run.data.root is None:
+        problems.append(f"run.data.root: {cfg.run.data.name} is read from torchvision's files; set the folder "
+                        "that holds them")
+    if cluster:
+        problems += _cluster_store_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _non_finite(value: Any, path: str, problems: list[str]) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(f"{path}: must be a finite number (got {value})")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _non_finite(v, f"{path}.{k}" if path else str(k), problems)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _non_finite(v, f"{path}[{i}]", problems)
+
+
+def _name_problems(field: str, name: str, max_len: int, forbidden: str) -> list[str]:
+    if not name.strip():
+        return [f"{field}: must not be empty"]
+    out = []
+    if name != name.strip():
+        out.append(f"{field}: {name!r} starts or ends with white space")
+    if len(name) > max_len:
+        out.append(f"{field}: at most {max_len} characters (got {len(name)})")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        out.append(f"{field}: {name!r} contains a control character")
+    bad = sorted({c for c in name if c in forbidden})
+    if bad:
+        out.append(f"{field}: {name!r} must not contain {' or '.join(repr(c) for c in bad)}")
+    return out
+
+
+def ray_address() -> str:
+    """The Ray cluster `--cluster` joins: RAY_ADDRESS, else 'auto' (the one `ray start` started here)."""
+    return os.environ.get("RAY_ADDRESS") or "auto"
+
+
+def _cluster_store_problems(cfg: SweepConfig) -> list[str]:
+    """With --cluster: stores every node can reach (a server, an object store, a shared mount)."""
+    uri, storage = cfg.tracking.uri, cfg.storage_path
+    problems = []
+    if not uri:
+        problems.append("tracking.uri: --cluster needs an MLflow server every node can reach "
+                        "(e.g. --tracking-uri http://mlflow:5000); none was given")
+    elif is_local_store(uri):
+        problems.append(f"tracking.uri: {uri!r} is a local store; with --cluster use an MLflow server URL "
+                        "(http://...) reachable from every node")
+    elif _is_loopback(_host(uri)) and not _is_loopback(_address_host(ray_address())):
+        problems.append(f"tracking.uri: {redact(uri)!r} is a loopback address, which is each node's own "
+                        "machine; with --cluster use a host name or address every node can reach")
+    if not storage:
+        problems.append("storage_path: --cluster needs shared storage (s3://... or a shared mount); none was given")
+    elif storage.startswith(("file://", "memory://")):
+        scheme = storage.split("://", 1)[0]
+        problems.append(f"storage_path: {storage!r} ({scheme}://) is local to each node; with --cluster use "
+                        "s3://... or gs://..., or the plain path of a shared mount with CALIB_SHARED_STORAGE=1")
+    elif "://" not in storage and not os.environ.get("CALIB_SHARED_STORAGE"):
+        problems.append(f"storage_path: {storage!r} is a local directory that other nodes cannot reach; use "
+                        "s3://... or gs://..., or set CALIB_SHARED_STORAGE=1 if it is a shared mount (NFS) at "
+                        "the same path on every node")
+    return problems
+
+
+def is_local_store(uri: str) -> bool:
+    """True for MLflow stores other nodes cannot reach (SQLite files, file paths)."""
+    return uri.startswith(("sqlite:", "file:", "/", ".")) or "://" not in uri
+
+
+def redact(uri: str) -> str:
+    """`uri` without a password in its user-info part."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = f"{parts.username}:***@{parts.netloc.rsplit('@', 1)[1]}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _host(uri: str) -> str:
+    try:
+        return urllib.parse.urlsplit(uri).hostname or ""
+    except ValueError:
+        return ""
+
+
+def _address_host(address: str) -> str:
+    """The host of a Ray address (host:port, ray://host:port, or 'auto')."""
+    if address == "auto":
+        return ""
+    if "://" in address:
+        return _host(address)
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+    return host.strip("[]")
+
+
+def _is_loopback(host: str) -> bool:
+    if not host:
+        return False
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost") or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------- the environment
+
+
+def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False) -> str | None:
+    """Check the environment before anything is written (raises ConfigError, one line).
+
+    Returns a one-line message when there is nothing to do (`--resume` of a sweep that already
+    finished and registered its champion), else None.
+    """
+    loopback_tracking = bool(cfg.tracking.uri) and _is_loopback(_host(cfg.tracking.uri or ""))
+    with _fs_errors("storage_path"):
+        check_storage(cfg.storage_path or "", cluster)
+    if cluster:
+        connect_cluster()
+        with _fs_errors("tracking.uri"):
+            check_tracking(cfg.tracking.uri or "", cluster)
+        check_cluster(cfg, loopback_tracking)
+    else:
+        with _fs_errors("tracking.uri"):
+            check_tracking(cfg.tracking.uri or "", cluster)
+        with _fs_errors("run.data.root"):
+            check_local_data(cfg)
+        check_local_resources(cfg)
+    with _fs_errors("tracking.uri"):
+        return check_store(cfg, resume)
+
+
+@contextmanager
+def _fs_errors(field: str) -> Iterator[None]:
+    """A file-system error while checking (e.g. a folder on the way this user may not enter) as one line."""
+    try:
+        yield
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ConfigError(f"{field}: {exc.strerror or exc}{where}") from None
+
+
+def check_tracking(uri: str, cluster: bool) -> None:
+    """The MLflow store: a SQLite file whose folder exists and is writable, or a server that answers."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///"))
+        parent = db.parent
+        if not parent.exists():
+            raise ConfigError(f"tracking.uri: the folder {parent} of the SQLite store does not exist "
+                              "(create it, or point the URI elsewhere)")
+        _check_writable_dir("tracking.uri", parent, what="the folder of the SQLite store")
+        if db.exists():
+            if not db.is_file():
+                raise ConfigError(f"tracking.uri: {db} is not a file")
+            if not os.access(db, os.R_OK | os.W_OK):
+                raise ConfigError(f"tracking.uri: {db} is not writable")
+            with open(db, "rb") as f:
+                head = f.read(16)
+            if head and head != b"SQLite format 3\x00":
+                raise ConfigError(f"tracking.uri: {db} is not a SQLite database")
+        artifacts = parent / "mlartifacts"  # sweeps.tracking.ensure_experiment keeps artifacts there
+        if artifacts.exists() and not artifacts.is_dir():
+            raise ConfigError(f"tracking.uri: {artifacts} (the artifact folder beside the store) is not a folder")
+    elif uri.startswith(("http://", "https://")):
+        reason = _probe_http(uri)
+        if reason:
+            raise ConfigError(f"tracking.uri: no MLflow server answers at {redact(uri)} ({reason}); start it or "
+                              "fix the URI")
+    elif uri.startswith(("postgresql", "mysql")):
+        parts = urllib.parse.urlsplit(uri)
+        if parts.hostname:
+            default = 5432 if uri.startswith("postgresql") else 3306
+            try:
+                port = parts.port or default
+            except ValueError:
+                raise ConfigError(f"tracking.uri: {redact(uri)!r} has an invalid port") from None
+            reason = _probe_tcp(parts.hostname, port)
+            if reason:
+                raise ConfigError(f"tracking.uri: no database answers at {parts.hostname}:{port} ({reason})")
+
+
+def check_storage(storage: str, cluster: bool) -> None:
+    """A local storage path (or file://) must be a folder this process can create or write into."""
+    if storage.startswith("file://"):
+        parts = urllib.parse.urlsplit(storage)
+        if parts.netloc not in ("", "localhost"):
+            raise ConfigError(f"storage_path: {storage!r}: a file:// URI names no host (file:///ABS/PATH)")
+        path = Path(urllib.parse.unquote(parts.path))
+    elif "://" in storage or (cluster and not os.environ.get("CALIB_SHARED_STORAGE")):
+        return  # an object store (checked by Ray when it starts), or nothing local to check
+    else:
+        path = Path(storage)
+    if not path.is_absolute():
+        raise ConfigError(f"storage_path: {storage!r} is not an absolute path")
+    _check_writable_dir("storage_path", path, what="the storage folder", may_create=True)
+
+
+def _check_writable_dir(field: str, path: Path, what: str, may_create: bool = False) -> None:
+    """`path` is a writable folder, or (may_create) could be created: no file in the way, the nearest
+    existing folder writable, not on a read-only or kernel file system. Creates nothing.
+
+    os.access cannot see permissions for root (it may write anywhere on a writable file system),
+    so the mount table (/proc/self/mountinfo) is checked too: read-only mounts and kernel file
+    systems (proc, sysfs, ...) are refused for everyone.
+    """
+    existing = path
+    while not existing.exists():
+        if existing.is_symlink():
+            raise ConfigError(f"{field}: {existing} is a broken symbolic link")
+        existing = existing.parent
+    if not existing.is_dir():
+        if existing == path:
+            raise ConfigError(f"{field}: {path} is a file, not a folder")
+        raise ConfigError(f"{field}: {existing} is a file, so {path} cannot be created under it")
+    if existing != path and not may_create:
+        raise ConfigError(f"{field}: {path} does not exist")
+    mount = _mount_of(existing)
+    if mount is not None:
+        point, fstype, options = mount
+        if fstype in PSEUDO_FS:
+            raise ConfigError(f"{field}: {path} is on {point}, a {fstype} file system that cannot hold {what}")
+        if "ro" in options:
+            raise ConfigError(f"{field}: {path} is on {point}, which is mounted read-only")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        action = "write into" if existing == path else f"create {path} under"
+        raise ConfigError(f"{field}: no permission to {action} {existing}")
+
+
+def _mount_of(path: Path) -> tuple[str, str, set[str]] | None:
+    """(mount point, file system type, mount options) of the mount holding `path` (Linux), else None."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    best: tuple[str, str, set[str]] | None = None
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 6 or not tail:
+            continue
+        point = fields[4].encode().decode("unicode_escape")  # \040 for a space
+        if real == point or real.startswith(point.rstrip("/") + "/"):
+            if best is None or len(point) >= len(best[0]):
+                opts = set(fields[5].split(",")) | (set(tail[2].split(",")) if len(tail) > 2 else set())
+                best = (point, tail[0], opts)
+    return best
+
+
+def _probe_tcp(host: str, port: int, timeout: float = TIMEOUT_S) -> str | None:
+    """None when something accepts a TCP connection at host:port within `timeout`, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except socket.gaierror:
+        return f"cannot resolve host {host!r}"
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _probe_http(uri: str, timeout: float = TIMEOUT_S) -> str | None:
+    """None when an MLflow server answers at `uri` (any status on /health but 404 or a gateway error),
+    else why not."""
+    parts = urllib.parse.urlsplit(uri)
+    host = parts.hostname or ""
+    try:
+        port = parts.port
+    except ValueError:
+        return "invalid port"
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # reachability only; nothing is sent
+    req = urllib.request.Request(url, headers={"User-Agent": "calib-sweep-preflight"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx):
+            return None
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if exc.code in (502, 503, 504):
+            return f"HTTP {exc.code} {exc.reason}"
+        if exc.code == 404:  # every MLflow server (3.x) serves /health
+            return f"HTTP 404 for {url}: something answers, but not an MLflow tracking server"
+        return None  # 401, 403...: a server answers, behind authentication
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+    except OSError as exc:
+        reason = exc
+    if isinstance(reason, socket.gaierror):
+        return f"cannot resolve host {host!r}"
+    if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+        return f"no answer within {timeout:g} s"
+    return getattr(reason, "strerror", None) or str(reason)
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def local_cpus() -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (as Ray counts them)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return min(n, max(1, int(quota))) if quota else n
+
+
+def _cgroup_cpu_quota() -> float | None:
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()  # cgroup v2
+        return float(quota) / float(period) if quota != "max" else None
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        q = float(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        p = float(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return q / p if q > 0 and p > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def local_gpus() -> int:
+    """CUDA devices torch sees (imports torch: call only when a trial asks for GPUs)."""
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def check_local_resources(cfg: SweepConfig) -> None:
+    """A single trial must fit on this machine, or Ray would keep it pending for ever."""
+    r = cfg.resources
+    cpus = local_cpus()
+    if r.cpus_per_trial > cpus:
+        raise ConfigError(f"resources.cpus_per_trial: a trial asks for {r.cpus_per_trial:g} CPUs but this machine "
+                          f"offers {cpus}; lower it (a trial runs on one machine) or use --cluster")
+    if r.gpus_per_trial > 0:
+        gpus = local_gpus()
+        if r.gpus_per_trial > gpus:
+            has = "no GPU (torch sees no CUDA device)" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
+            raise ConfigError(f"resources.gpus_per_trial: a trial asks for {r.gpus_per_trial:g} GPUs but this "
+                              f"machine has {has}; lower it or use --cluster")
+
+
+def check_local_data(cfg: SweepConfig) -> None:
+    """Datasets read from files: their folder must exist here unless they are to be downloaded."""
+    d = cfg.run.data
+    if d.name in ROOT_DATASETS and d.root is not None and not d.download:
+        root = Path(d.root).expanduser()
+        if not root.is_dir():
+            raise ConfigError(f"run.data.root: {root} is not a folder ({d.name} needs torchvision's files there, "
+                              "or run.data.download: true)")
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+@contextmanager
+def _stderr_captured() -> Iterator[list[str]]:
+    """Collect what is written to file descriptor 2 (Ray's C++ core logs there) meanwhile."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    out: list[str] = []
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(tmp.read().decode(errors="replace"))
+
+
+def connect_cluster() -> None:
+    """Join the Ray cluster (RAY_ADDRESS, else 'auto'), failing in one line when none answers.
+
+    ray.init against a closed port retries for minutes, so the head is probed first.
+    """
+    address = ray_address()
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address.startswith("ray://"):
+        host, port = _address_host(address), urllib.parse.urlsplit(address).port or 10001
+        where = address
+    else:
+        from ray._private import services
+
+        try:
+            where = services.canonicalize_bootstrap_address(address) or address
+        except ConnectionError:
+            raise ConfigError("--cluster: no running Ray cluster found (RAY_ADDRESS is not set and no `ray start` "
+                              "ran on this machine); start one or set RAY_ADDRESS=host:port") from None
+        except ValueError as exc:
+            raise ConfigError(f"--cluster: RAY_ADDRESS={address!r} is not host:port ({exc})") from None
+        host, _, port_s = where.rpartition(":")
+        port = int(port_s) if port_s.isdigit() else 6379
+    reason = _probe_tcp(host.strip("[]"), port)
+    if reason:
+        raise ConfigError(f"--cluster: no Ray cluster answers at {address} ({reason}); start it or fix RAY_ADDRESS")
+    try:
+        with _stderr_captured() as logged:
+            ray.init(address=address, logging_level=logging.WARNING)
+    except Exception as exc:  # ConnectionError, authentication, version mismatch...
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise ConfigError(f"--cluster: could not join the Ray cluster at {address}: {detail}") from None
+    if logged and logged[0].strip():
+        sys.stderr.write(logged[0])
+
+
+def _alive_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    try:
+        return [n for n in ray.nodes() if n.get("Alive")]
+    except Exception:  # Ray Client without the state API: one node with the cluster's totals
+        return [{"Resources": ray.cluster_resources(), "NodeManagerAddress": ""}]
+
+
+def _autoscaler(cpus: float, gpus: float) -> tuple[bool, str]:
+    """(whether the cluster can add a node that fits one trial, what says so)."""
+    if os.environ.get("CALIB_ASSUME_AUTOSCALING") == "1":
+        return True, "CALIB_ASSUME_AUTOSCALING=1"
+    try:
+        import ray._private.state
+
+        config = ray._private.state.state.get_cluster_config()
+    except Exception:
+        config = None
+    if config is not None and config.node_group_configs:
+        for group in config.node_group_configs:
+            res = dict(group.resources)
+            if group.max_count != 0 and res.get("CPU", 0) >= cpus and res.get("GPU", 0) >= gpus:
+                return True, f"the autoscaler can add node type {group.name!r}"
+        return False, "no node type the autoscaler can add is that large"
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        if _internal_kv_get("__autoscaling_status"):  # autoscaler v1 is running
+            return True, "an autoscaler is running"
+    except Exception:
+        pass
+    return False, "the cluster has no autoscaler"
+
+
+def check_cluster(cfg: SweepConfig, loopback_tracking: bool) -> None:
+    """After joining: a loopback tracking URI only if every node is this machine; one trial must fit
+    on one node, or the cluster must be able to add such a node (then resources.pending_timeout_s
+    bounds the wait)."""
+    import ray
+
+    nodes = _alive_nodes()
+    if loopback_tracking:
+        far = sorted({n.get("NodeManagerAddress", "") for n in nodes} - {""})
+        far = [a for a in far if not _is_loopback(a)]
+        if far or not nodes:
+            raise ConfigError(f"tracking.uri: {redact(cfg.tracking.uri or '')!r} is a loopback address but the "
+                              f"cluster has nodes at {', '.join(far) or 'unknown addresses'}; use an address "
+                              "every node can reach")
+    r = cfg.resources
+    cpus, gpus = r.cpus_per_trial, r.gpus_per_trial
+
+    def has(n: dict[str, Any], key: str) -> float:
+        return float(n.get("Resources", {}).get(key, 0.0))
+
+    if any(has(n, "CPU") >= cpus and has(n, "GPU") >= gpus for n in nodes):
+        total = ray.cluster_resources()
+        print(f"Ray cluster: {len(nodes)} node(s), {total.get('CPU', 0):g} CPU, {total.get('GPU', 0):g} GPU")
+        return
+    scales, why = _autoscaler(cpus, gpus)
+    cpu_short = not any(has(n, "CPU") >= cpus for n in nodes)
+    gpu_short = not any(has(n, "GPU") >= gpus for n in nodes)
+    field = ("resources.gpus_per_trial" if gpu_short and not cpu_short else
+             "resources.cpus_per_trial" if cpu_short and not gpu_short else
+             "resources.cpus_per_trial/gpus_per_trial")
+    big = max(nodes, key=lambda n: (has(n, "GPU"), has(n, "CPU")), default={})
+    total = ray.cluster_resources()
+    ask = f"a trial asks for {cpus:g} CPU and {gpus:g} GPU on one node"
+    have = (f"the largest node has {has(big, 'CPU'):g} CPU and {has(big, 'GPU'):g} GPU (cluster: {len(nodes)} "
+            f"node(s), {total.get('CPU', 0):g} CPU, {total.get('GPU', 0):g} GPU)")
+    if scales and r.pending_timeout_s is not None:
+        print(f"{field}: {ask}; {have}; {why}: waiting at most {r.pending_timeout_s:g} s for it "
+              "(resources.pending_timeout_s)")
+        return
+    if scales:
+        print(f"{field}: {ask}; {have}; {why}: waiting for it (resources.pending_timeout_s: null)")
+        return
+    raise ConfigError(f"{field}: {ask} but {have}, and {why}; lower the request or add a node "
+                      "(CALIB_ASSUME_AUTOSCALING=1 waits resources.pending_timeout_s for one)")
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def check_store(cfg: SweepConfig, resume: bool) -> str | None:
+    """Refuse to start a sweep whose name is taken (unless --resume); on --resume of a sweep that
+    finished and registered its champion, return the line saying there is nothing to do.
+    Reads only: a SQLite store that does not exist yet is not opened (that would create it)."""
+    storage = cfg.storage_path or ""
+    if not resume and storage and "://" not in storage:
+        exp_dir = Path(storage) / cfg.name
+        if (exp_dir / "tuner.pkl").exists():
+            raise ConfigError(f"name: sweep {cfg.name!r} already exists ({exp_dir}); pass --resume to continue it "
+                              "or --name for a new one")
+    uri = cfg.tracking.uri or ""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///"))
+        if not db.is_file() or db.stat().st_size == 0:
+            return None
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name(cfg.tracking.experiment)
+        if exp is None:
+            return None
+        flt = f"tags.`{TAG_SWEEP}` = '{cfg.name}' and tags.`{TAG_ROLE}` = 'parent'"
+        runs = client.search_runs([exp.experiment_id], filter_string=flt, max_results=2)
+    except MlflowException as exc:
+        raise ConfigError(f"tracking.uri: cannot read the MLflow store at {redact(uri)}: "
+                          f"{' '.join(str(exc).split())[:300]}") from None
+    if not runs:
+        return None
+    run = runs[0]
+    if not resume:
+        raise ConfigError(f"name: sweep {cfg.name!r} already exists (MLflow experiment {cfg.tracking.experiment!r}, "
+                          f"run {run.info.run_id}, {run.info.status}); pass --resume to continue it or --name "
+                          "for a new one")
+    tags = run.data.tags
+    champion_run = tags.get("calib.champion_run")
+    if run.info.status != "FINISHED" or "calib.champion_trial" not in tags or not champion_run:
+        return None
+    model = cfg.tracking.registered_model
+    try:  # as sweeps.model_export finds the versions registered from a run
+        versions = [v for v in client.search_model_versions(f"run_id = '{champion_run}'") if v.name == model]
+    except MlflowException:
+        return None
+    if not versions:
+        return None  # selection ran but registration did not: resume registers the champion
+    version = max(versions, key=lambda v: int(v.version))
+    try:
+        alias = " (alias champion)" if client.get_model_version_by_alias(model, "champion").version == \
+            version.version else ""
+    except MlflowException:
+        alias = ""
+    return (f"sweep {cfg.name!r} already finished: champion trial {tags['calib.champion_trial']} is registered "
+            f"as {model} version {version.version}{alias}; nothing to resume, nothing changed")
