@@ -12,6 +12,7 @@ fails in a fraction of a second.
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import math
 import os
@@ -519,30 +520,49 @@ def _autoscaler(cpus: float, gpus: float) -> tuple[bool, str]:
             if group.max_count != 0 and res.get("CPU", 0) >= cpus and res.get("GPU", 0) >= gpus:
                 return True, f"the autoscaler can add node type {group.name!r}"
         return False, "no node type the autoscaler can add is that large"
-    try:
+    try:  # autoscaler v1: its status; `ray start` clusters run it read-only (node types "node_<id>")
         from ray.experimental.internal_kv import _internal_kv_get
 
-        if _internal_kv_get("__autoscaling_status"):  # autoscaler v1 is running
+        status = json.loads(_internal_kv_get("__autoscaling_status") or b"{}")
+        mapping = (status.get("autoscaler_report") or {}).get("node_type_mapping") or {}
+        if any(kind != f"node_{node}" for node, kind in mapping.items()):
             return True, "an autoscaler is running"
     except Exception:
         pass
     return False, "the cluster has no autoscaler"
 
 
+def _this_machine() -> set[str]:
+    """This machine's addresses: the one Ray gives its nodes here, and its host name's."""
+    out: set[str] = set()
+    try:
+        from ray.util import get_node_ip_address
+
+        out.add(get_node_ip_address())
+    except Exception:
+        pass
+    try:
+        out.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return out
+
+
 def check_cluster(cfg: SweepConfig, loopback_tracking: bool) -> None:
-    """After joining: a loopback tracking URI only if every node is this machine; one trial must fit
+    """After joining: a loopback tracking URI only if every node runs on this machine; one trial must fit
     on one node, or the cluster must be able to add such a node (then resources.pending_timeout_s
     bounds the wait)."""
     import ray
 
     nodes = _alive_nodes()
     if loopback_tracking:
+        here = _this_machine()
         far = sorted({n.get("NodeManagerAddress", "") for n in nodes} - {""})
-        far = [a for a in far if not _is_loopback(a)]
+        far = [a for a in far if not _is_loopback(a) and a not in here]
         if far or not nodes:
             raise ConfigError(f"tracking.uri: {redact(cfg.tracking.uri or '')!r} is a loopback address but the "
-                              f"cluster has nodes at {', '.join(far) or 'unknown addresses'}; use an address "
-                              "every node can reach")
+                              f"cluster has nodes on other machines ({', '.join(far) or 'unknown addresses'}); use "
+                              "an address every node can reach")
     r = cfg.resources
     cpus, gpus = r.cpus_per_trial, r.gpus_per_trial
 

@@ -121,13 +121,16 @@ def test_cluster_that_autoscales_waits_with_the_timeout(fake_ray, capsys):
     assert "node type 'gpu-worker'" in out and "waiting at most 120 s for it (resources.pending_timeout_s)" in out
 
 
-def test_loopback_tracking_needs_every_node_on_loopback(fake_ray):
+def test_loopback_tracking_needs_every_node_on_this_machine(fake_ray, monkeypatch):
     cfg = _cfg("tracking.uri=http://127.0.0.1:5000")
     fake_ray.nodes = [("127.0.0.1", {"CPU": 2.0}), ("127.0.0.1", {"CPU": 2.0})]
     preflight.check_cluster(cfg, True)
+    monkeypatch.setattr(preflight, "_this_machine", lambda: {"192.0.2.9"})
+    fake_ray.nodes.append(("192.0.2.9", {"CPU": 2.0}))  # a node started here, with this machine's address
+    preflight.check_cluster(cfg, True)
     fake_ray.nodes.append(("10.0.0.7", {"CPU": 2.0}))
-    with pytest.raises(ConfigError, match="tracking.uri: 'http://127.0.0.1:5000' is a loopback address but the "
-                                          "cluster has nodes at 10.0.0.7"):
+    with pytest.raises(ConfigError, match=r"tracking.uri: 'http://127.0.0.1:5000' is a loopback address but the "
+                                          r"cluster has nodes on other machines \(10.0.0.7\)"):
         preflight.check_cluster(cfg, True)
 
 
@@ -144,6 +147,21 @@ def test_autoscaler_node_types(monkeypatch):
     assert preflight._autoscaler(4, 1)[0] is False  # the GPU group may not grow (max_count 0)
     monkeypatch.setenv("CALIB_ASSUME_AUTOSCALING", "1")
     assert preflight._autoscaler(4, 1)[0] is True
+
+
+@pytest.mark.parametrize("mapping,scales", [({"ab12": "node_ab12"}, False),  # `ray start`: read-only
+                                            ({"ab12": "ray.head.default", "cd34": "gpu-worker"}, True), ({}, False)])
+def test_autoscaler_v1_status(monkeypatch, mapping, scales):
+    import json
+
+    import ray._private.state
+    import ray.experimental.internal_kv as kv
+
+    monkeypatch.delenv("CALIB_ASSUME_AUTOSCALING", raising=False)
+    monkeypatch.setattr(ray._private.state.state, "get_cluster_config", lambda: None)
+    status = json.dumps({"autoscaler_report": {"node_type_mapping": mapping, "legacy": True}}).encode()
+    monkeypatch.setattr(kv, "_internal_kv_get", lambda key: status if key == "__autoscaling_status" else None)
+    assert preflight._autoscaler(2, 0)[0] is scales
 
 
 # --------------------------------------------------------------------------- the pending-resources timeout
