@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sweep test test-slow lint bench clean
+.PHONY: setup sweep test test-slow test-containers lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,13 @@ test: setup
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
+
+# The images built and run with podman (installed and configured by tests/containers/setup_podman.sh,
+# which needs root): stand-in bases, docker/ unchanged, the MLflow stack and a Ray cluster from the
+# rendered dev overlay. Minutes on a cold machine (the project image holds torch's CUDA wheels).
+test-containers: setup
+	bash tests/containers/setup_podman.sh
+	$(BIN)/python -m pytest -q -m container $(ARGS)
 
 # Both linters run, and the target fails if either found something.
 lint: setup

@@ -32,7 +32,7 @@ RUN pip install --no-cache-dir -c /tmp/constraints.txt \
         "boto3==1.44.8" \
         "Flask-WTF==1.3.0" \
  && rm /tmp/constraints.txt \
- && python -c "import mlflow, mlflow.db, mlflow.server.auth.db.cli as a, psycopg2, boto3, flask_wtf; assert callable(mlflow.db.upgrade.callback) and callable(a.upgrade.callback); print('mlflow', mlflow.__version__)"
+ && MLFLOW_AUTH_CONFIG_PATH="" python -c "import mlflow, mlflow.db, mlflow.server.auth.db.cli as a, psycopg2, boto3, flask_wtf; assert callable(mlflow.db.upgrade.callback) and callable(a.upgrade.callback); print('mlflow', mlflow.__version__)"
 
 COPY --chmod=0755 docker/mlflow-entrypoint.sh /usr/local/bin/mlflow-entrypoint.sh
 # Init containers: wait for the database, then `mlflow db upgrade` (tracking and basic-auth schemas).

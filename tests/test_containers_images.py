@@ -1,0 +1,88 @@
+"""The images, built for real with podman (`make test-containers`; marker `container`): the
+stand-ins keep the public images' contract, the project's Dockerfiles build unchanged on them
+with --pull=never, and the demo sweep runs inside the project image as the manifests run it
+(non-root user, read-only root filesystem, only the manifest's volumes writable)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import deploy_render as dr
+from tests.containers import images
+from tests.containers.fixtures import artifacts_dir, built_images, dev_secrets  # noqa: F401
+from tests.containers.harness import Cluster, podman
+
+pytestmark = pytest.mark.container
+
+
+def _sh(image: str, script: str, user: str | None = None) -> str:
+    args = ["run", "--rm"] + (["--user", user] if user else []) + ["--entrypoint", "/bin/sh", image, "-c", script]
+    proc = podman(*args)
+    return proc.stdout.strip()
+
+
+def test_everything_builds_and_is_measured(built_images):
+    for name in ("base", "ray-base", "python-base", "postgres", "s3", "ray", "mlflow"):
+        assert built_images[name]["bytes"] > 0, name
+    assert built_images["ray"]["image"] == images.RAY_IMAGE
+
+
+def test_ray_stand_in_keeps_the_official_contract(built_images):
+    out = _sh(built_images["ray-base"]["image"],
+              "id -u; id -g; id -un; echo $HOME; pwd; command -v python; command -v ray; "
+              "python -c 'import ray, sys; print(ray.__version__, sys.version_info[:2] == (3, 11))'; "
+              "test -x /bin/bash && echo bash; sudo -n true && echo sudo")
+    assert out.split("\n") == ["1000", "100", "ray", "/home/ray", "/home/ray", "/home/ray/anaconda3/bin/python",
+                               "/home/ray/anaconda3/bin/ray", "2.60.0 True", "bash", "sudo"]
+
+
+def test_python_stand_in_keeps_the_official_contract(built_images):
+    out = _sh(built_images["python-base"]["image"],
+              "id -u; command -v python; command -v pip; python -c 'import site; print(site.getsitepackages()[0])'")
+    assert out.split("\n") == ["0", "/usr/local/bin/python", "/usr/local/bin/pip",
+                               "/usr/local/lib/python3.11/site-packages"]
+
+
+def test_postgres_and_s3_stand_ins_keep_the_contract(built_images):
+    out = _sh(built_images["postgres"]["image"], "id -u postgres; id -g postgres; echo $PGDATA; command -v pg_isready")
+    assert out.split("\n")[:3] == ["999", "999", "/var/lib/postgresql/data"] and out.endswith("pg_isready")
+    entry = podman("image", "inspect", "--format", "{{json .Config.Entrypoint}}", built_images["s3"]["image"]).stdout
+    assert "docker-entrypoint.sh" in entry
+
+
+def test_project_images_run_as_their_users(built_images):
+    out = _sh(images.RAY_IMAGE, "id -u; id -g; pwd; python -c 'import ray, torch, calib_core, sweeps; "
+              "print(ray.__version__, torch.__version__.split(\"+\")[0])'; test -f README.md && echo readme; "
+              "echo $MLFLOW_DISABLE_TELEMETRY $DO_NOT_TRACK $RAY_USAGE_STATS_ENABLED")
+    assert out.split("\n") == ["1000", "100", "/home/ray/app", "2.60.0 2.14.1", "readme", "true true 0"]
+    out = _sh(images.MLFLOW_IMAGE, "id -u; command -v mlflow-db-upgrade mlflow-entrypoint.sh; "
+              "python -c 'import mlflow; print(mlflow.__version__)'; echo $MLFLOW_DISABLE_TELEMETRY")
+    lines = out.split("\n")
+    assert lines[0] == "10001" and lines[-2:] == ["3.17.2", "true"]
+    assert podman("run", "--rm", images.MLFLOW_IMAGE, check=False).returncode != 0  # no DSN: refuses
+
+
+def test_demo_sweep_runs_in_the_image_as_the_manifest_runs_it(built_images, tmp_path):
+    """The RayJob GPU worker's pod template (user, read-only root, volumes, memory limit, env,
+    token Secret; the worker is where trials run), running the embedded demo sweep locally in the
+    container to a registered champion."""
+    resources = dr.render(dr.DEPLOY / "overlays" / "dev")
+    job = next(r for r in resources if r["kind"] == "RayJob")
+    head = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
+    cluster = Cluster(resources, dev_secrets(), tmp_path)
+    try:
+        command = ["python", "/home/ray/app/sweeps/launch.py", "--config",
+                   "/home/ray/app/sweeps/configs/mnist1d_demo.yaml", "--num-samples", "2", "--max-concurrent", "2",
+                   "--set", "run.train.epochs=2", "--tracking-uri", "sqlite:////tmp/mlflow.db",
+                   "--storage-path", "/tmp/ray_results", "--name", "in-image"]
+        spec = head["spec"]
+        c = dict(spec["containers"][0])
+        proc = cluster.run_container("head", spec, c, labels={}, detach=False, command=command, timeout=900)
+        out = proc.stdout + proc.stderr
+        (artifacts_dir("demo") / "in-image.log").write_text(out)
+        assert proc.returncode == 0, out[-4000:]
+        assert "Registered: models:/calibrated-classifier@champion" in out
+        # Nothing was written outside the manifest's volumes: the root filesystem is read-only.
+        assert "Read-only file system" not in out
+    finally:
+        cluster.close()
