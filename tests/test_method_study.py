@@ -47,7 +47,8 @@ def test_tost_hand_computed_not_equivalent():
     assert r["p_lower"] == pytest.approx(0.022233, abs=1e-6)  # 1 - F(4.582576) = 0.5 - 4.582576 / (2 sqrt(23))
     assert r["p"] == pytest.approx(0.289958, abs=1e-6) and not r["equivalent"]
     se = math.sqrt(7.0 / 3.0)
-    assert r["lo"] == pytest.approx(3.0 - q2(0.95) * se, abs=1e-9) and r["hi"] == pytest.approx(3.0 + q2(0.95) * se, abs=1e-9)
+    assert r["lo"] == pytest.approx(3.0 - q2(0.95) * se, abs=1e-9)
+    assert r["hi"] == pytest.approx(3.0 + q2(0.95) * se, abs=1e-9)
 
 
 def test_tost_hand_computed_equivalent():
@@ -93,3 +94,25 @@ def test_overall_verdict():
     assert overall_verdict(["established", "not settled"]) == "not settled"
     assert overall_verdict(["established", "refuted"]) == "refuted"
     assert overall_verdict([]) == "not settled"
+
+
+@pytest.mark.parametrize("name", ["cpu", "cifar10_resnet18", "cifar100_wrn28_10"])
+def test_study_configs_generate_valid_sweep_configs(name, tmp_path):
+    """Every (regime, method) of every study config becomes a sweep config the service accepts."""
+    from benchmarks.method_study import CONFIG_DIR, load_spec, sweep_config
+    from sweeps.config import SweepConfig
+
+    spec = load_spec(CONFIG_DIR / f"{name}.yaml")
+    (tmp_path / "service").mkdir()
+    assert len(spec["evaluation"]["seeds"]) >= 10
+    n = 0
+    for regime, reg in spec["regimes"].items():
+        for method in reg["methods"]:
+            cfg = SweepConfig.model_validate(sweep_config(spec, regime, method, tmp_path))
+            assert cfg.search.num_samples == spec["tuning"]["trials"]  # the same budget for every method
+            assert cfg.search.metric == cfg.selection.metric == "val_nll" and cfg.selection.rule == "min_metric"
+            assert {"train.lr", "train.weight_decay"} <= set(cfg.search.params)
+            n += 1
+    assert n >= 7
+    for claim in spec["claims"].values():
+        assert set(claim["regimes"]) <= set(spec["regimes"])
