@@ -623,7 +623,7 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
             return None
         flt = f"tags.`{TAG_SWEEP}` = '{cfg.name}' and tags.`{TAG_ROLE}` = 'parent'"
         runs = client.search_runs([exp.experiment_id], filter_string=flt, max_results=2)
-    except MlflowException as exc:
+    except Exception as exc:  # MlflowException, or SQLAlchemy's own for a damaged SQLite file
         raise ConfigError(f"tracking.uri: cannot read the MLflow store at {redact(uri)}: "
                           f"{' '.join(str(exc).split())[:300]}") from None
     if not runs:

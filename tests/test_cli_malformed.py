@@ -157,6 +157,8 @@ CASES = [
          "tracking.uri: {cwd}/store.db is not a file", {"store.db": None}),
     case("tracking-sqlite-not-sqlite", ["--tracking-uri", "sqlite:///{cwd}/notes.db"],
          "tracking.uri: {cwd}/notes.db is not a SQLite database", {"notes.db": "my notes\n"}),
+    case("tracking-sqlite-damaged", [], "tracking.uri: cannot read the MLflow store at sqlite:///{cwd}/mlflow.db",
+         {"mlflow.db": b"SQLite format 3\x00" + bytes(range(256)) * 20}),
     case("tracking-artifacts-is-file", [], "tracking.uri: {cwd}/mlartifacts (the artifact folder beside the store)",
          {"mlartifacts": "x"}),
     case("tracking-sqlite-on-proc", ["--tracking-uri", "sqlite:////proc/self/mlflow.db"],
