@@ -34,13 +34,13 @@ if str(ROOT) not in sys.path:
 
 DATASETS = {"mnist1d": "mnist1d_demo.yaml", "digits": "digits_demo.yaml"}
 RULES = {
-    "noise_aware, Bonferroni (default)": {"rule": "noise_aware", "multiple_comparisons": "bonferroni"},
+    "noise_aware (default: Bonferroni, half-ECE dominance)": {"rule": "noise_aware"},
+    "noise_aware, Bonferroni, no dominance step": {"rule": "noise_aware", "dominance_factor": None},
     "noise_aware, no adjustment": {"rule": "noise_aware", "multiple_comparisons": "none"},
-    "noise_aware, no adjustment, 99 %": {"rule": "noise_aware", "multiple_comparisons": "none", "confidence": 0.99},
-    "noise_aware, Bonferroni, smooth ECE": {"rule": "noise_aware", "multiple_comparisons": "bonferroni",
-                                            "metric": "val_smooth_ece"},
-    "noise_aware, Bonferroni, debiased L2": {"rule": "noise_aware", "multiple_comparisons": "bonferroni",
-                                             "metric": "val_debiased_l2_ce"},
+    "noise_aware, no adjustment, no dominance step": {"rule": "noise_aware", "multiple_comparisons": "none",
+                                                      "dominance_factor": None},
+    "noise_aware, default on smooth ECE": {"rule": "noise_aware", "metric": "val_smooth_ece"},
+    "noise_aware, default on debiased L2": {"rule": "noise_aware", "metric": "val_debiased_l2_ce"},
     "old: Pareto, 0.5 pt of best acc": {"rule": "pareto_min_ece_near_best_accuracy", "accuracy_tolerance": 0.005},
     "min val ECE": {"rule": "min_metric", "metric": "val_ece", "mode": "min"},
     "max val accuracy": {"rule": "min_metric", "metric": "val_accuracy", "mode": "max"},

@@ -164,6 +164,9 @@ class SelectionConfig(_Strict):
     # comparisons with it keeps the chance of wrongly excluding any trial below 1 - confidence.
     # benchmarks/results/selection.md: the best test ECE without a significant accuracy loss.
     multiple_comparisons: Literal["none", "bonferroni"] = "bonferroni"
+    # noise_aware, mode min: a trial with less than this factor times the champion's metric and
+    # accuracy not significantly below the champion's replaces it (None: off).
+    dominance_factor: float | None = Field(default=0.5, gt=0.0, lt=1.0)
 
     @field_validator("metric")
     @classmethod

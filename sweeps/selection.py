@@ -92,28 +92,52 @@ def _select_noise_aware(ok: list[TrialRecord], cfg: SelectionConfig,
     if missing:
         raise ValueError(f"selection.metric {cfg.metric!r} missing from trials {missing}")
     alpha = 1.0 - cfg.confidence
-    if cfg.multiple_comparisons == "bonferroni" and len(ok) > 1:
+    adjusted = cfg.multiple_comparisons == "bonferroni" and len(ok) > 2
+    if adjusted:
         alpha /= len(ok) - 1
     best_acc, pvals = accuracy_candidates(ok, reps)
     near = [r for r in ok if pvals[r.trial_id] >= alpha]
     sign = 1.0 if cfg.mode == "min" else -1.0
-    best = min(near, key=lambda r: (sign * r.metrics[cfg.metric], r.metrics.get("val_nll", math.inf), r.trial_id))
     m = cfg.metric
+
+    def rank(r: TrialRecord) -> tuple[float, float, str]:
+        return sign * r.metrics[m], r.metrics.get("val_nll", math.inf), r.trial_id
+
+    best = first = min(near, key=rank)
+    # A trial outside the pool can still be tied with the chosen one on accuracy while far better
+    # calibrated (the most accurate trial's lead is partly luck): move to it, and repeat.
+    moves = []
+    while cfg.dominance_factor is not None and cfg.mode == "min":
+        better = [r for r in ok if r.metrics[m] < cfg.dominance_factor * best.metrics[m]
+                  and (r is best_acc or reps.significantly_greater(best.trial_id, r.trial_id, "val_accuracy")[1]
+                       >= alpha)]
+        if not better:
+            break
+        moves.append(best)
+        best = min(better, key=rank)
     head = (f"{best.label}: val {_metric_name(m)} {_fmt_metric(m, best.metrics[m])}{_ci(reps, best, m)}, "
             f"val acc {_pct(best.metrics['val_accuracy'])}{_ci(reps, best, 'val_accuracy')}")
     level = f"{100 * cfg.confidence:.0f} %"
-    test = f"one-sided paired bootstrap, {level}"
-    if cfg.multiple_comparisons == "bonferroni" and len(ok) > 1:
-        test += f", Bonferroni over {len(ok) - 1} comparisons"
-    pool = (f"chosen for the {'lowest' if cfg.mode == 'min' else 'highest'} val {_metric_name(m)} among the "
-            f"{len(near)} of {len(ok)} completed trials not significantly less accurate than the most accurate "
-            f"({test}, {reps.num_resamples} resamples)")
+    test = f"one-sided paired bootstrap at {level}"
+    if adjusted:
+        test += f", Bonferroni over {len(ok) - 1} comparisons (p < {alpha:.3f})"
+    pool = (f"{'lowest' if cfg.mode == 'min' else 'highest'} val {_metric_name(m)} among the {len(near)} of "
+            f"{len(ok)} completed trials not significantly less accurate than the most accurate ({test}, "
+            f"{reps.num_resamples} resamples)")
+    if moves:
+        pool = (f"{pool} was {first.label} (val {_metric_name(m)} {_fmt_metric(m, first.metrics[m])}); this trial "
+                f"has less than {cfg.dominance_factor:g}x its val {_metric_name(m)} with accuracy not "
+                f"significantly lower, so it was chosen instead")
+    else:
+        pool = f"chosen as the {pool}"
     if best is best_acc:
         return best, f"{head}; it is also the most accurate trial; {pool}"
-    lo, hi = reps.difference_interval(best_acc.trial_id, best.trial_id, "val_accuracy")
+    lo, hi = reps.difference_interval(best_acc.trial_id, best.trial_id, "val_accuracy", level=1.0 - 2.0 * alpha)
+    p = reps.significantly_greater(best_acc.trial_id, best.trial_id, "val_accuracy")[1]
     gap = best_acc.metrics["val_accuracy"] - best.metrics["val_accuracy"]
-    trade = (f"{100 * gap:.1f} pt below the most accurate trial {best_acc.label} (difference {level} CI "
-             f"[{100 * lo:.1f}, {100 * hi:.1f}], p = {pvals[best.trial_id]:.2f}, not significant), whose val "
+    trade = (f"{100 * gap:.1f} pt below the most accurate trial {best_acc.label} (difference "
+             f"{100 * (1 - 2 * alpha):.1f} % CI [{100 * lo:.1f}, {100 * hi:.1f}], p = {p:.3f}, "
+             f"{'not significant' if p >= alpha else 'significant'}), whose val "
              f"{_metric_name(m)} is {_fmt_metric(m, best_acc.metrics[m])}{_ci(reps, best_acc, m)}")
     return best, f"{head}; {trade}; {pool}"
 

@@ -71,9 +71,9 @@ class Replicates:
         d = self.values[a][key] - self.values[b][key]
         return d - (d.mean() - (self.points[a][key] - self.points[b][key]))
 
-    def difference_interval(self, a: str, b: str, key: str) -> tuple[float, float]:
-        """Interval of metric(a) - metric(b)."""
-        return percentile_interval(_tensor(self.difference(a, b, key)), self.level)
+    def difference_interval(self, a: str, b: str, key: str, level: float | None = None) -> tuple[float, float]:
+        """Interval of metric(a) - metric(b) (at `level`, default the configured one)."""
+        return percentile_interval(_tensor(self.difference(a, b, key)), self.level if level is None else level)
 
     def significantly_greater(self, a: str, b: str, key: str) -> tuple[bool, float]:
         """One-sided test of metric(a) > metric(b) at the configured level: (significant, p-value),
