@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 #
-# MLflow tracking server for the sweep service: PostgreSQL backend store (psycopg2), S3 / MinIO
+# MLflow tracking server for the sweep service: PostgreSQL backend store (psycopg 3: SQLAlchemy 2.1
+# maps postgresql:// DSNs to it; with psycopg2 alone the server fails to start), S3 / MinIO
 # artifacts proxied by the server (boto3, --serve-artifacts), and the basic-auth app
 # (mlflow[auth] -> Flask-WTF). Runs as a non-root user. `mlflow-db-upgrade` (the Deployment's init
 # containers) waits for the database and migrates both schemas before the server starts.
@@ -28,11 +29,11 @@ RUN groupadd --system --gid 10001 mlflow \
 COPY constraints.txt /tmp/constraints.txt
 RUN pip install --no-cache-dir -c /tmp/constraints.txt \
         "mlflow[auth]==3.17.2" \
-        "psycopg2-binary==2.9.13" \
+        "psycopg[binary]==3.3.9" \
         "boto3==1.44.8" \
         "Flask-WTF==1.3.0" \
  && rm /tmp/constraints.txt \
- && MLFLOW_AUTH_CONFIG_PATH="" python -c "import mlflow, mlflow.db, mlflow.server.auth.db.cli as a, psycopg2, boto3, flask_wtf; assert callable(mlflow.db.upgrade.callback) and callable(a.upgrade.callback); print('mlflow', mlflow.__version__)"
+ && MLFLOW_AUTH_CONFIG_PATH="" python -c "import mlflow, mlflow.db, mlflow.server.auth.db.cli as a, psycopg, boto3, flask_wtf, sqlalchemy.dialects.postgresql.psycopg; assert callable(mlflow.db.upgrade.callback) and callable(a.upgrade.callback); print('mlflow', mlflow.__version__)"
 
 COPY --chmod=0755 docker/mlflow-entrypoint.sh /usr/local/bin/mlflow-entrypoint.sh
 # Init containers: wait for the database, then `mlflow db upgrade` (tracking and basic-auth schemas).

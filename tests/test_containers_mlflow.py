@@ -127,7 +127,7 @@ def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):
     podman("exec", pg, "psql", "-U", "mlflow", "-d", "mlflow", "-c", "CREATE DATABASE mlflow_old")
     password = stack.secrets["postgres-credentials"]["password"]
     old_dsn = f"postgresql://mlflow:{password}@postgres:5432/mlflow_old"
-    script = (f"pip install -q 'mlflow=={PREVIOUS_MLFLOW}' psycopg2-binary && "
+    script = (f"pip install -q 'mlflow=={PREVIOUS_MLFLOW}' 'psycopg[binary]' && "
               "mlflow db upgrade \"$DSN\" && python -c \"import os, mlflow; "
               "mlflow.MlflowClient(os.environ['DSN']).create_experiment('made-by-previous-mlflow'); "
               "print('previous', mlflow.__version__)\"")

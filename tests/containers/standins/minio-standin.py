@@ -8,7 +8,7 @@ import re
 import sys
 from urllib.parse import parse_qs
 
-from moto.server import DomainDispatcherApplication, create_backend_app
+from moto.server import create_backend_app
 from werkzeug.serving import run_simple
 
 HEADER_KEY = re.compile(r"Credential=([^/,\s]+)/")
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
             f.write("ok")
         os.remove(probe)
     host, _, port = args.address.rpartition(":")
-    s3 = DomainDispatcherApplication(create_backend_app, service="s3")
+    s3 = create_backend_app("s3")  # path-style S3 only, as the clients here address it
 
     def app(environ, start_response):
         if environ.get("PATH_INFO") in ("/minio/health/live", "/minio/health/ready"):
