@@ -63,28 +63,30 @@ def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Ten
     """Even-bin (counts, value sums, correctness sums) per resample and column of ``values`` (N, C),
     each column its own group: (B * C, B_bins + 1) per threshold of ``binner``.
 
-    Column j's sub-bins occupy slots [j * S, (j + 1) * S) of a (N, C * S) design matrix per
-    statistic, multiplied by the counts; column blocks keep each design matrix within the chunk
-    budget."""
+    Per threshold, column j's bins occupy slots [j * (B_bins + 1), (j + 1) * (B_bins + 1)) of a
+    design matrix per statistic (entries the threshold drops weigh 0), multiplied by the counts;
+    column blocks keep each design matrix within the chunk budget."""
     n, c = values.shape
-    s = binner.num_sub
+    nb = binner.num_bins + 1
     b = w.shape[0]
     sub = binner.sub_index(values.contiguous())
-    stats = [torch.empty(b, c * s, dtype=_WORK, device=w.device) for _ in range(3)]
-    rows = torch.arange(n, device=w.device).unsqueeze(1)
-    block = max(1, _binning.CHUNK_ELEMENTS // max(n * s, 1))
-    for c0 in range(0, c, block):
-        c1 = min(c, c0 + block)
-        slot = sub[:, c0:c1] + torch.arange(c1 - c0, device=w.device) * s
-        srcs = (torch.ones(n, c1 - c0, dtype=_WORK, device=w.device), values[:, c0:c1].to(_WORK),
-                correct[:, c0:c1].to(_WORK))
-        for out, src in zip(stats, srcs, strict=True):
-            design = torch.zeros(n, (c1 - c0) * s, dtype=_WORK, device=w.device)
-            design.index_put_((rows.expand_as(slot), slot), src, accumulate=True)
-            out[:, c0 * s:c1 * s] = w @ design
-    flat = [t.reshape(b * c, s) for t in stats]
-    return [(binner.collapse(flat[0], i), binner.collapse(flat[1], i), binner.collapse(flat[2], i))
-            for i in range(len(binner.thresholds))]
+    bins = binner.sub_bin[sub]
+    out = []
+    for i in range(len(binner.thresholds)):
+        kept = binner.sub_kept[i][sub].to(_WORK)
+        stats = [torch.empty(b, c * nb, dtype=_WORK, device=w.device) for _ in range(3)]
+        block = max(1, _binning.CHUNK_ELEMENTS // max(n * nb, 1))
+        for c0 in range(0, c, block):
+            c1 = min(c, c0 + block)
+            slot = bins[:, c0:c1] + torch.arange(c1 - c0, device=w.device) * nb
+            k = kept[:, c0:c1]
+            srcs = (k, k * values[:, c0:c1].to(_WORK), k * correct[:, c0:c1].to(_WORK))
+            for stat, src in zip(stats, srcs, strict=True):
+                design = torch.zeros(n, (c1 - c0) * nb, dtype=_WORK, device=w.device).scatter_(1, slot, src)
+                stat[:, c0 * nb:c1 * nb] = w @ design
+        cnt, sums, corr = (t.reshape(b * c, nb).double() for t in stats)
+        out.append((cnt, sums, corr))
+    return out
 
 
 def _adaptive_replicates(w: Tensor, values: Tensor, correct: Tensor, thresholds: Sequence[float | None],
