@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _fast
-from .binning import argsort_1d
+from . import _backend, _fast
+from ._backend import argsort_1d
 
 BINNINGS = ("even", "adaptive")
 NORMS = ("l1", "l2", "max")
@@ -122,23 +122,12 @@ class MetricInputs:
     def top(self) -> tuple[Tensor, Tensor]:
         """(confidence, predicted class): max and first argmax of each row."""
         if "top" not in self._cache:
-            if self.probs.device.type == "cpu":
-                # numpy's argmax is 2-4x faster than torch.max(dim=1) on CPU; both return the
-                # first maximal index, as the reference's np.argmax does
-                pred = torch.from_numpy(np.argmax(self.probs.numpy(), axis=1).astype(np.int64, copy=False))
-                conf = self.probs.gather(1, pred.unsqueeze(1)).squeeze(1)
-            else:
-                conf, pred = self.probs.max(dim=1)
-            self._cache["top"] = (conf, pred)
+            self._cache["top"] = _backend.top_label(self.probs)
         return self._cache["top"]
 
     def correct(self) -> Tensor:
         if "correct" not in self._cache:
-            pred = self.top()[1]
-            if pred.device.type == "cpu":  # serial numpy: torch's pool would spin on and slow the next kernel
-                self._cache["correct"] = torch.from_numpy(pred.numpy() == self.labels.numpy())
-            else:
-                self._cache["correct"] = pred == self.labels
+            self._cache["correct"] = _backend.equal(self.top()[1], self.labels)
         return self._cache["correct"]
 
     def p_true(self) -> Tensor:
@@ -207,11 +196,7 @@ def prepare(probs: Any, labels: Any, *, from_logits: bool = False) -> MetricInpu
     if y.is_floating_point() or y.is_complex():
         raise ValueError(f"labels must be integers, got dtype {y.dtype}")
     y = y.to(device=p.device, dtype=torch.int64)
-    if y.device.type == "cpu":  # numpy's serial min/max: no wake-up of torch's thread pool
-        y_np = y.numpy()
-        lo, hi = int(y_np.min()), int(y_np.max())
-    else:
-        lo, hi = (int(v) for v in torch.aminmax(y))
+    lo, hi = _backend.int_range(y)
     if lo < 0 or hi >= num_classes:
         bad = lo if lo < 0 else hi
         raise ValueError(

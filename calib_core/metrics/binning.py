@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from . import _fast
+from ._backend import argsort_1d, bincount, sort_values  # noqa: F401  (re-exported for the metric modules)
 
 #: Element budget of one row chunk / column block (bounds temporaries to ~100 MB).
 CHUNK_ELEMENTS = 1 << 22
@@ -70,33 +71,6 @@ def floor_threshold(t: float | None, dtype: torch.dtype) -> float:
     if float(f) > t:
         f = np.nextafter(f, npd(-np.inf))
     return float(f)
-
-
-# ----------------------------------------------------------------------------------
-# sorting (numpy's SIMD sort on CPU is ~10x faster than torch.sort there; torch elsewhere)
-# ----------------------------------------------------------------------------------
-def sort_values(t: Tensor) -> Tensor:
-    """``t`` sorted ascending along its last dimension (values only)."""
-    if t.device.type == "cpu":
-        return torch.from_numpy(np.sort(t.numpy(), axis=-1))
-    return torch.sort(t, dim=-1).values
-
-
-def argsort_1d(t: Tensor, stable: bool = False) -> Tensor:
-    """Indices that sort a 1-D tensor ascending (int64, same device)."""
-    if t.device.type == "cpu":
-        return torch.from_numpy(np.argsort(t.numpy(), kind="stable" if stable else "quicksort"))
-    return torch.sort(t, stable=stable).indices
-
-
-def bincount(idx: Tensor, weights: Tensor | None = None, minlength: int = 0) -> Tensor:
-    """``torch.bincount`` with float64 output and float64 accumulation of any weights
-    (float32, bool, ...). On CPU tensors numpy's bincount does it, 2-4x faster there."""
-    if idx.device.type == "cpu":
-        w = None if weights is None else weights.numpy()
-        return torch.from_numpy(np.bincount(idx.numpy(), weights=w, minlength=minlength).astype(np.float64, copy=False))
-    w = None if weights is None else weights.to(torch.float64)
-    return torch.bincount(idx, weights=w, minlength=minlength).to(torch.float64)
 
 
 # ----------------------------------------------------------------------------------
