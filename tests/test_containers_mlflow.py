@@ -121,13 +121,14 @@ def test_sweep_from_outside_logs_to_the_stack_and_artifacts_land_in_s3(stack, tm
 
 
 def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):
-    """A database created by MLflow 3.1.0 (with an experiment in it): the server of this image
+    """A database created by MLflow 3.1.0 (with SQLAlchemy 2.0 and psycopg2, what it ran with; an
+    experiment in it): the server of this image
     refuses it without the migration step, and comes up with the data once db-upgrade ran."""
     pg = next(n for n in stack.cluster.containers if n.startswith("postgres-0"))
     podman("exec", pg, "psql", "-U", "mlflow", "-d", "mlflow", "-c", "CREATE DATABASE mlflow_old")
     password = stack.secrets["postgres-credentials"]["password"]
     old_dsn = f"postgresql://mlflow:{password}@postgres:5432/mlflow_old"
-    script = (f"pip install -q 'mlflow=={PREVIOUS_MLFLOW}' 'psycopg[binary]' && "
+    script = (f"pip install -q 'mlflow=={PREVIOUS_MLFLOW}' 'sqlalchemy<2.1' psycopg2-binary && "
               "mlflow db upgrade \"$DSN\" && python -c \"import os, mlflow; "
               "mlflow.MlflowClient(os.environ['DSN']).create_experiment('made-by-previous-mlflow'); "
               "print('previous', mlflow.__version__)\"")
