@@ -43,6 +43,29 @@ def bincount(idx: Tensor, weights: Tensor | None = None, minlength: int = 0) -> 
     return torch.bincount(idx, weights=w, minlength=minlength).to(torch.float64)
 
 
+def bucketize_right(values: Tensor, boundaries: Tensor) -> Tensor:
+    """Number of boundaries <= each value (``torch.bucketize(..., right=True)``), int64."""
+    if on_cpu(values):
+        return torch.from_numpy(np.searchsorted(boundaries.numpy(), values.numpy(), side="right").astype(np.int64))
+    return torch.bucketize(values, boundaries, right=True)
+
+
+def neg_log(p: Tensor) -> Tensor:
+    """-log p in float64 (inf where p == 0)."""
+    if on_cpu(p):
+        with np.errstate(divide="ignore"):
+            return torch.from_numpy(-np.log(p.numpy().astype(np.float64)))
+    return -torch.log(p.double())
+
+
+def row_norms(probs: Tensor) -> Tensor:
+    """Euclidean norm of each row, in the input's dtype."""
+    if on_cpu(probs):
+        a = probs.numpy()
+        return torch.from_numpy(np.sqrt(np.einsum("ij,ij->i", a, a)))
+    return torch.linalg.vector_norm(probs, ord=2, dim=1)
+
+
 def top_label(probs: Tensor) -> tuple[Tensor, Tensor]:
     """(max, first argmax) of each row, as the reference's np.argmax picks it."""
     if on_cpu(probs):

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 #: Matrices with fewer values than this use the torch path (no compile cost for small data).
-FAST_MIN_ELEMENTS = 1 << 20
+FAST_MIN_ELEMENTS = 1 << 18
 #: The same for the 1-D values of :func:`even_histogram`.
 FAST_MIN_VALUES = 1 << 16
 

@@ -155,7 +155,7 @@ class MetricInputs:
                 z_true = self.logits.gather(1, y.unsqueeze(1)).squeeze(1)
                 nll = self.logsumexp.double() - z_true.double()
             else:
-                nll = -torch.log(self.p_true().double())
+                nll = _backend.neg_log(self.p_true())
             self._cache["nll"] = nll
         return self._cache["nll"]
 

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from . import _fast
-from ._backend import argsort_1d, bincount, sort_values  # noqa: F401  (re-exported for the metric modules)
+from ._backend import argsort_1d, bincount, bucketize_right, sort_values  # noqa: F401  (re-exported)
 
 #: Element budget of one row chunk / column block (bounds temporaries to ~100 MB).
 CHUNK_ELEMENTS = 1 << 22
@@ -112,7 +112,7 @@ class EvenBinner:
 
     def sub_index(self, values: Tensor) -> Tensor:
         """Sub-bin index of each value (int64, same shape)."""
-        return torch.bucketize(values, self.boundaries, right=True)
+        return bucketize_right(values, self.boundaries)
 
     def collapse(self, sub: Tensor, threshold_index: int | None) -> Tensor:
         """(G, num_sub) per-sub-bin sums -> (G, B + 1) per-bin sums for one threshold.

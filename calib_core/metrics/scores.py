@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._backend import row_norms
 from ._inputs import MetricInputs, check_num_bins, prepare
 from .calibration_error import _error, binned_stats
 
@@ -34,7 +35,7 @@ def brier_per_row(x: MetricInputs) -> Tensor:
     """sum_k (p_k - onehot_k)^2 per row, float64; written as
     sum_k p_k^2 - p_y^2 + (1 - p_y)^2 to avoid an (N, K) one-hot temporary."""
     p_true = x.p_true().to(torch.float64)
-    sq = torch.linalg.vector_norm(x.probs, ord=2, dim=1).to(torch.float64).square()
+    sq = row_norms(x.probs).to(torch.float64).square()
     return sq - p_true.square() + (1.0 - p_true).square()
 
 
