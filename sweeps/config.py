@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from calib_core.config import RunConfig, apply_overrides, build_model, read_yaml
+from calib_core.config import ConfigError, RunConfig, apply_overrides, build_model, read_yaml
 
 SEARCHABLE_CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer")
 # Reference points a sweep may include beside the one-go calibrators.
@@ -78,6 +79,11 @@ class SearchConfig(_Strict):
     scheduler: Literal["none", "asha"] = "none"
     grace_period: int = Field(default=2, ge=1)
     seed: int = Field(default=0, ge=0, le=2**32 - 1)  # Optuna's samplers seed numpy: 0 .. 2**32 - 1
+    # Where the Optuna study lives, one study per sweep name (continued by --resume): an SQLAlchemy
+    # URL (sqlite:////ABS/optuna.db, postgresql://user:pw@host/db, mysql://...), or "memory" (only in
+    # Ray Tune's experiment state). None: $CALIB_OPTUNA_STORAGE, else optuna.db beside a SQLite
+    # MLflow store, else memory (default_study_storage).
+    storage: str | None = None
 
     @field_validator("calibrators")
     @classmethod
@@ -89,6 +95,15 @@ class SearchConfig(_Strict):
             raise ValueError(f"unknown calibrator {bad[0]!r}; allowed: {', '.join(ALLOWED_CHOICES)}")
         if len(set(v)) != len(v):
             raise ValueError("calibrators must not repeat")
+        return v
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_url(cls, v: str | None) -> str | None:
+        if v is None or v == "memory":
+            return v
+        if not re.match(r"^(sqlite:///.+|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+)$", v):
+            raise ValueError("must be sqlite:////ABS/PATH.db, postgresql://..., mysql://... or 'memory'")
         return v
 
     @field_validator("metric")
@@ -235,6 +250,45 @@ class SweepConfig(_Strict):
 def default_tracking_uri(workdir: str | Path = ".") -> str:
     """A SQLite store in the working directory, with an absolute path (trials run elsewhere)."""
     return f"sqlite:///{(Path(workdir).resolve() / 'mlflow.db')}"
+
+
+STUDY_STORAGE_ENV = "CALIB_OPTUNA_STORAGE"
+
+
+def default_study_storage(tracking_uri: str | None) -> str:
+    """The Optuna storage when `search.storage` is not set: $CALIB_OPTUNA_STORAGE (e.g. the cluster's
+    PostgreSQL), else `optuna.db` in the folder of a SQLite MLflow store, else 'memory'."""
+    env = os.environ.get(STUDY_STORAGE_ENV, "").strip()
+    if env:
+        return env
+    if tracking_uri and tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri.removeprefix("sqlite:///"))
+        return f"sqlite:///{db.parent / 'optuna.db'}"
+    return "memory"
+
+
+def with_defaults(cfg: SweepConfig, cluster: bool, workdir: str | Path = ".") -> SweepConfig:
+    """Fill what the config leaves open, made absolute: locally the MLflow store `workdir/mlflow.db`,
+    Tune's storage `workdir/ray_results`; the Optuna storage (default_study_storage)."""
+    updates: dict[str, Any] = {}
+    tracking = cfg.tracking
+    if tracking.uri is None and not cluster:
+        tracking = tracking.model_copy(update={"uri": default_tracking_uri(workdir)})
+        updates["tracking"] = tracking
+    if cfg.storage_path is None and not cluster:
+        updates["storage_path"] = str(Path(workdir).resolve() / "ray_results")
+    elif cfg.storage_path and "://" not in cfg.storage_path:
+        updates["storage_path"] = str(Path(cfg.storage_path).expanduser().resolve())
+    if cfg.search.storage is None:
+        url = default_study_storage(tracking.uri)
+        search = cfg.search.model_copy()
+        try:
+            search.storage = url  # validated: the environment variable may hold anything
+        except ValidationError:
+            raise ConfigError(f"{STUDY_STORAGE_ENV}: {url!r} must be sqlite:////ABS/PATH.db, postgresql://..., "
+                              "mysql://... or 'memory'") from None
+        updates["search"] = search
+    return cfg.model_copy(update=updates) if updates else cfg
 
 
 def is_local_uri(uri: str) -> bool:

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_config(args: argparse.Namespace) -> "SweepConfig":
     """Config file + --set overrides + CLI flags, validated; defaults made absolute."""
-    from sweeps.config import default_tracking_uri, load_sweep_config
+    from sweeps.config import load_sweep_config, with_defaults
 
     overrides = list(args.overrides)
     flag_map = {
@@ -87,18 +87,13 @@ def resolve_config(args: argparse.Namespace) -> "SweepConfig":
     if args.seed is not None:
         overrides += [f"run.seed={args.seed}", f"search.seed={args.seed}"]
     cfg = load_sweep_config(args.config, overrides)
-    updates = {}
-    if cfg.tracking.uri is None and not args.cluster:
-        cfg.tracking.uri = default_tracking_uri(Path.cwd())
-    if cfg.storage_path is None and not args.cluster:
-        updates["storage_path"] = str(Path.cwd().resolve() / "ray_results")
-    elif cfg.storage_path and "://" not in cfg.storage_path:
-        updates["storage_path"] = str(Path(cfg.storage_path).expanduser().resolve())
-    return cfg.model_copy(update=updates) if updates else cfg
+    return with_defaults(cfg, cluster=args.cluster, workdir=Path.cwd())
 
 
 def resource_plan(cfg: "SweepConfig") -> str:
     """A short human summary of what the sweep will ask Ray for."""
+    from sweeps.preflight import redact
+
     r, s = cfg.resources, cfg.search
     conc = min(r.max_concurrent, s.num_samples)
     return (f"trials: {s.num_samples} ({s.objective}-objective, metric {s.metric if s.objective == 'single' else 'val_accuracy max + val_ece min'}, "
@@ -106,7 +101,8 @@ def resource_plan(cfg: "SweepConfig") -> str:
             f"per trial: {r.cpus_per_trial:g} CPU, {r.gpus_per_trial:g} GPU; at most {conc} at once "
             f"-> peak {conc * r.cpus_per_trial:g} CPU, {conc * r.gpus_per_trial:g} GPU\n"
             f"retries per trial: {r.max_failures}; epochs per trial: {cfg.run.train.epochs}\n"
-            f"storage: {cfg.storage_path}\ntracking: {cfg.tracking.uri}")
+            f"storage: {cfg.storage_path}\ntracking: {cfg.tracking.uri}\n"
+            f"optuna study: {cfg.name} in {redact(cfg.search.storage or 'memory')}")
 
 
 def _one_line(exc: BaseException) -> str:

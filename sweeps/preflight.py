@@ -24,7 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,7 @@ def check_config(cfg: SweepConfig, cluster: bool) -> None:
         if not path.startswith("/"):
             problems.append(f"tracking.uri: {t.uri!r} is a relative SQLite path; give an absolute one: "
                             f"sqlite:///{Path(path).absolute()} (four slashes)")
+    problems += _study_storage_problems(cfg, cluster)
     r = cfg.resources
     for field, value in (("cpus_per_trial", r.cpus_per_trial), ("gpus_per_trial", r.gpus_per_trial)):
         if 0 < value < RESOURCE_UNIT:
@@ -83,6 +84,24 @@ def check_config(cfg: SweepConfig, cluster: bool) -> None:
         problems += _cluster_store_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def _study_storage_problems(cfg: SweepConfig, cluster: bool) -> list[str]:
+    """search.storage: an absolute SQLite path, never the MLflow database itself, a server with --cluster."""
+    url = cfg.search.storage
+    if not url or url == "memory":
+        return []
+    if url.startswith("sqlite:///") and not url.removeprefix("sqlite:///").startswith("/"):
+        return [f"search.storage: {url!r} is a relative SQLite path; give an absolute one: "
+                f"sqlite:///{Path(url.removeprefix('sqlite:///')).absolute()} (four slashes)"]
+    if url == cfg.tracking.uri:
+        # both keep an alembic_version table: one database cannot hold the two schemas
+        return [f"search.storage: {redact(url)!r} is the MLflow store itself; give the Optuna study its own "
+                "database (e.g. optuna.db beside mlflow.db, or a database 'optuna' on the same server)"]
+    if cluster and url.startswith("sqlite:"):
+        return [f"search.storage: {url!r} is a local SQLite file; with --cluster use a database every node "
+                "can reach (postgresql://..., e.g. via CALIB_OPTUNA_STORAGE) or 'memory'"]
+    return []
 
 
 def _non_finite(value: Any, path: str, problems: list[str]) -> None:
@@ -208,6 +227,8 @@ def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False) -> str | No
         with _fs_errors("run.data.root"):
             check_local_data(cfg)
         check_local_resources(cfg)
+    with _fs_errors("search.storage"):
+        check_study_storage(cfg.search.storage or "memory")
     with _fs_errors("tracking.uri"):
         return check_store(cfg, resume)
 
@@ -259,6 +280,36 @@ def check_tracking(uri: str, cluster: bool) -> None:
             reason = _probe_tcp(parts.hostname, port)
             if reason:
                 raise ConfigError(f"tracking.uri: no database answers at {parts.hostname}:{port} ({reason})")
+
+
+def check_study_storage(url: str) -> None:
+    """The Optuna storage: a SQLite file whose folder exists and is writable, or a database that answers."""
+    if url.startswith("sqlite:///"):
+        db = Path(url.removeprefix("sqlite:///"))
+        if not db.parent.exists():
+            raise ConfigError(f"search.storage: the folder {db.parent} of the SQLite study does not exist "
+                              "(create it, or point the URL elsewhere)")
+        _check_writable_dir("search.storage", db.parent, what="the folder of the SQLite study")
+        if db.exists():
+            if not db.is_file():
+                raise ConfigError(f"search.storage: {db} is not a file")
+            if not os.access(db, os.R_OK | os.W_OK):
+                raise ConfigError(f"search.storage: {db} is not writable")
+            with open(db, "rb") as f:
+                head = f.read(16)
+            if head and head != b"SQLite format 3\x00":
+                raise ConfigError(f"search.storage: {db} is not a SQLite database")
+    elif url.startswith(("postgresql", "mysql")):
+        parts = urllib.parse.urlsplit(url)
+        if parts.hostname:
+            default = 5432 if url.startswith("postgresql") else 3306
+            try:
+                port = parts.port or default
+            except ValueError:
+                raise ConfigError(f"search.storage: {redact(url)!r} has an invalid port") from None
+            reason = _probe_tcp(parts.hostname, port)
+            if reason:
+                raise ConfigError(f"search.storage: no database answers at {parts.hostname}:{port} ({reason})")
 
 
 def check_storage(storage: str, cluster: bool) -> None:
@@ -598,6 +649,40 @@ def check_cluster(cfg: SweepConfig, loopback_tracking: bool) -> None:
 # --------------------------------------------------------------------------- the store
 
 
+def _study_exists(url: str, name: str) -> bool:
+    """Whether the Optuna storage at `url` holds a study `name`, reading only (a SQLite file that does
+    not exist is not created, tables are never created)."""
+    if url == "memory":
+        return False
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        db = Path(url.removeprefix("sqlite:///"))
+        if not db.is_file() or db.stat().st_size == 0:
+            return False
+        try:
+            with closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)) as con:
+                row = con.execute("SELECT 1 FROM studies WHERE study_name = ?", (name,)).fetchone()
+        except sqlite3.OperationalError:
+            return False  # no Optuna tables in it (yet)
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"search.storage: cannot read the Optuna study database {db}: {exc}") from None
+        return row is not None
+    import optuna
+
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True, skip_compatibility_check=True)
+    except Exception as exc:
+        raise ConfigError(f"search.storage: cannot open the Optuna storage at {redact(url)}: "
+                          f"{' '.join(str(exc).split())[:300]}") from None
+    try:
+        return any(s.study_name == name for s in storage.get_all_studies())
+    except Exception:  # no Optuna tables in that database yet (the server answered the preflight probe)
+        return False
+    finally:
+        storage.remove_session()
+
+
 def check_store(cfg: SweepConfig, resume: bool) -> str | None:
     """Refuse to start a sweep whose name is taken (unless --resume); on --resume of a sweep that
     finished and registered its champion, return the line saying there is nothing to do.
@@ -608,6 +693,10 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
         if (exp_dir / "tuner.pkl").exists():
             raise ConfigError(f"name: sweep {cfg.name!r} already exists ({exp_dir}); pass --resume to continue it "
                               "or --name for a new one")
+    study_url = cfg.search.storage or "memory"
+    if not resume and _study_exists(study_url, cfg.name):
+        raise ConfigError(f"name: sweep {cfg.name!r} already exists (Optuna study in {redact(study_url)}); pass "
+                          "--resume to continue it or --name for a new one")
     uri = cfg.tracking.uri or ""
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))

@@ -16,13 +16,13 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
-from ray.tune.search.optuna import OptunaSearch
 
 from calib_core.config import RunConfig
 from sweeps.config import SweepConfig
 from sweeps.progress import ProgressCallback
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
 from sweeps.selection import TrialRecord, format_leaderboard, leaderboard, pareto_plot, rank_agreement, select
+from sweeps.study import MEMORY, SweepSearch, make_storage
 from sweeps.tracking import (TAG_ROLE, TAG_SWEEP, TAG_TRIAL, MLflowTrackingCallback, close_open_runs,
                              drop_orphan_runs, ensure_experiment, find_or_create_parent, find_run, flatten,
                              git_commit)
@@ -66,13 +66,15 @@ def _connect_ray(cluster: bool) -> None:
         ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")
 
 
-def _searcher(cfg: SweepConfig) -> OptunaSearch:
+def _searcher(cfg: SweepConfig) -> SweepSearch:
+    """Optuna's TPE through Ray Tune, the study named after the sweep in `search.storage` (sweeps/study.py)."""
     s = cfg.search
     if s.objective == "multi":
         metric, mode = ["val_accuracy", "val_ece"], ["max", "min"]
     else:
         metric, mode = s.metric, s.mode
-    return OptunaSearch(space=SearchSpace(s), metric=metric, mode=mode, seed=s.seed, study_name=cfg.name)
+    return SweepSearch(space=SearchSpace(s), metric=metric, mode=mode, seed=s.seed, study_name=cfg.name,
+                       storage=make_storage(s.storage or MEMORY), sweep=cfg.name)
 
 
 def _scheduler(cfg: SweepConfig) -> ASHAScheduler | None:

@@ -88,3 +88,59 @@ def chromium_paths() -> tuple[str, str] | None:
     browser = shutil.which("chromium")
     driver = shutil.which("chromedriver")
     return (browser, driver) if browser and driver else None
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log_name: str, timeout: float = 90) -> None:
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"{url} did not come up; see {log_name}")
+        time.sleep(0.5)
+
+
+@contextmanager
+def optuna_dashboard(storage_url: str, log_dir: Path) -> Iterator[str]:
+    """optuna-dashboard (the command the README shows) on loopback; yields its URL and stops it afterwards."""
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "optuna-dashboard"), storage_url, "--host", "127.0.0.1",
+           "--port", str(port)]
+    log = open(log_dir / f"optuna-dashboard-{port}.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{url}/api/meta", proc, log.name)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+        log.close()
+
+
+@contextmanager
+def headless_chromium(paths: tuple[str, str], window: str = "1600,3200") -> Iterator[object]:
+    """A selenium driver on Debian's headless Chromium."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = paths[0]
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 "--disable-dev-shm-usage", f"--window-size={window}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(paths[1]), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.sweep_helpers import ARTIFACTS, FAST, chromium_paths, launch, mlflow_server, store, sweep_runs
+from tests.sweep_helpers import (ARTIFACTS, FAST, chromium_paths, headless_chromium, launch, mlflow_server,
+                                 optuna_dashboard, store, sweep_runs)
 
 MODEL = "calibrated-classifier"
 
@@ -140,12 +141,84 @@ def test_same_name_without_resume_is_refused(sweep_dir):
     assert len(sweep_runs(store(sweep_dir), "e2e")[1]) == 4
 
 
-def test_mlflow_ui_compare_view_shows_the_sweep(sweep_dir):
+def _chromium() -> tuple[str, str]:
     paths = chromium_paths()
     if paths is None:
         if os.environ.get("CI"):
             pytest.fail("chromium/chromedriver missing in CI: .ci/run installs Debian's chromium packages")
         pytest.skip("Debian chromium + chromium-driver not installed")
+    return paths
+
+
+def test_optuna_study_in_sqlite_beside_mlflow_store(sweep_dir):
+    """One study per sweep name in ./optuna.db, every trial told, linked to its Tune trial and MLflow run."""
+    import optuna
+
+    study = optuna.load_study(study_name="e2e", storage=f"sqlite:///{sweep_dir}/optuna.db")
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert study.metric_names == ["val_accuracy", "val_ece"]
+    assert study.best_trials, "an empty Pareto front"
+    _, children = sweep_runs(store(sweep_dir), "e2e")
+    by_trial = {r.data.tags["calib.trial_id"]: r for r in children}
+    for t in trials:
+        run = by_trial[t.user_attrs["tune_trial_id"]]
+        assert t.values[0] == pytest.approx(run.data.metrics["val_accuracy"], abs=1e-9)
+        assert t.params["calibrator"] == run.data.tags["calib.calibrator"]
+
+
+def test_optuna_dashboard_shows_trials_and_pareto_front(sweep_dir):
+    """`optuna-dashboard sqlite:///.../optuna.db` (the README's command): the study page in headless Chromium
+    shows the Pareto front with one point per trial, the trials page lists every trial with its calibrator."""
+    import urllib.request
+
+    import optuna
+
+    paths = _chromium()
+    url = f"sqlite:///{sweep_dir}/optuna.db"
+    study = optuna.load_study(study_name="e2e", storage=url)
+    sid = study._study_id
+    front = {t.number for t in study.best_trials}
+    ARTIFACTS.mkdir(exist_ok=True)
+    with optuna_dashboard(url, sweep_dir) as base:
+        info = json.loads(urllib.request.urlopen(f"{base}/api/studies/{sid}", timeout=30).read())
+        assert len(info["trials"]) == 4
+        assert {t["number"] for t in info["best_trials"]} == front
+        with headless_chromium(paths, "1400,1800") as driver:
+            driver.get(f"{base}/dashboard/studies/{sid}")
+            deadline = time.time() + 90
+            points = 0
+            while time.time() < deadline:
+                text = driver.find_element("tag name", "body").text
+                plots = driver.find_elements("css selector", ".js-plotly-plot")
+                if "Pareto Front" in text and plots:  # the first plot on the study page is the front
+                    points = len(plots[0].find_elements("css selector", ".scatterlayer .point"))
+                    if points >= 4 and "val_ece" in text:
+                        break
+                time.sleep(0.5)
+            time.sleep(1)
+            shot = sweep_dir / "optuna_dashboard_pareto.png"
+            driver.save_screenshot(str(shot))
+            (ARTIFACTS / shot.name).write_bytes(shot.read_bytes())
+            assert "Pareto Front" in text and points >= 4, (points, text[:2000])
+            assert "val_accuracy" in text and "val_ece" in text  # the objectives' names, not "Objective 0"
+            driver.get(f"{base}/dashboard/studies/{sid}/trials")
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                text = driver.find_element("tag name", "body").text
+                if all(f"Trial {t.number}" in text for t in study.trials) and "calibrator" in text:
+                    break
+                time.sleep(0.5)
+            shot = sweep_dir / "optuna_dashboard_trials.png"
+            driver.save_screenshot(str(shot))
+            (ARTIFACTS / shot.name).write_bytes(shot.read_bytes())
+    for t in study.trials:
+        assert f"Trial {t.number}" in text, text[:2000]
+    assert "calibrator" in text and "Complete" in text
+
+
+def test_mlflow_ui_compare_view_shows_the_sweep(sweep_dir):
+    paths = _chromium()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
