@@ -31,6 +31,7 @@ PREVIOUS_MLFLOW = "3.1.0"
 
 
 def _http(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
+    """(status, body); status 0 while nothing answers yet."""
     req = urllib.request.Request(url)
     if auth:
         req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
@@ -39,6 +40,8 @@ def _http(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
 
 
 def start_mlflow(cluster: Cluster, resources, pod: str, port: int, with_init: bool = True):
@@ -129,7 +132,7 @@ def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):
     password = stack.secrets["postgres-credentials"]["password"]
     old_dsn = f"postgresql://mlflow:{password}@postgres:5432/mlflow_old"
     script = (f"pip install -q 'mlflow=={PREVIOUS_MLFLOW}' 'sqlalchemy<2.1' psycopg2-binary && "
-              "mlflow db upgrade \"$DSN\" && python -c \"import os, mlflow; "
+              "python -c \"import os, mlflow; "
               "mlflow.MlflowClient(os.environ['DSN']).create_experiment('made-by-previous-mlflow'); "
               "print('previous', mlflow.__version__)\"")
     proc = images.run_in_network(stack.cluster.network, images.qualify("python:3.11.13-slim-bookworm"),
@@ -143,11 +146,16 @@ def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):
     try:
         port = free_port()
         name, container = start_mlflow(cluster, stack.resources, "mlflow-old-noinit", port, with_init=False)
+        # The tracking store is opened at the first request: without the migration it fails there.
+        api = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=5"
         deadline = time.monotonic() + 180
-        while podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip() == "running":
-            assert time.monotonic() < deadline, "the server started on an out-of-date schema"
+        status = 0
+        while time.monotonic() < deadline and (status := _http(api, stack.auth)[0]) in (0, 502, 503):
+            if podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip() != "running":
+                break
             time.sleep(2)
-        assert "mlflow db upgrade" in cluster.logs(name)
+        refused = podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip() != "running" or status >= 500
+        assert refused and "mlflow db upgrade" in cluster.logs(name), (status, cluster.logs(name)[-3000:])
         cluster.stop(name)
         name, container = start_mlflow(cluster, stack.resources, "mlflow-old", port)
         cluster.wait_ready(name, container, timeout=300)
