@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the resolved config and resource plan, then exit without running anything "
                         "(checks values only: not paths, servers or resources)")
     p.add_argument("--seed", type=int, help="seed for data splits, training and the Optuna sampler")
+    p.add_argument("--verbose", action="store_true",
+                   help="Ray Tune's full output (every trial's config and result tables) and every library's "
+                        "log lines, instead of the status table and one progress line per trial")
     return p
 
 
@@ -148,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     from sweeps.service import SweepError, run_sweep
 
     try:
-        return run_sweep(cfg, cluster=args.cluster, resume=args.resume)
+        return run_sweep(cfg, cluster=args.cluster, resume=args.resume, verbose=args.verbose)
     except (ConfigError, SweepError, ResourcesUnavailable) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED

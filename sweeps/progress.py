@@ -1,10 +1,27 @@
-"""A one-line progress report each time a trial ends: counts and the best trial so far."""
+"""What the sweep prints while it runs, made for people.
+
+- `ProgressCallback`: one line each time a trial ends: trials done / total, time elapsed and an
+  estimate of the time left, the trial's headline metrics and the best trials so far.
+- `StatusReporter`: Ray Tune's status table every `every_s` seconds with the columns that matter
+  here (calibrator, its learning rate, epoch, validation accuracy and ECE); no table at the end
+  (the leaderboard follows). Ray 2.60's default ("new") output ignores a `progress_reporter` and
+  prints a box of every metric for each finished trial, so `quiet_output` switches Tune to its
+  classic engine (`RAY_AIR_NEW_OUTPUT=0`, as Ray's own custom-reporter examples do) for this one.
+- `quiet_output`: the third-party chatter fixed at its source for the duration of a sweep (see there).
+  `--verbose` skips it and keeps Tune's default output.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ray import tune
+from ray.tune import CLIReporter
 
 from sweeps.config import SelectionConfig
 from sweeps.search_space import describe_params
@@ -12,12 +29,38 @@ from sweeps.selection import TrialRecord, select
 from sweeps.tracking import STOPPED_EARLY
 
 
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
 class ProgressCallback(tune.Callback):
-    """Prints '[done/total] ... best so far: ...' using the sweep's own selection rule."""
+    """Prints '[done/total trials, elapsed, about T left] ... best so far: ...' (the sweep's own rule)."""
 
     def __init__(self, total: int, selection: SelectionConfig) -> None:
         self.total = total
         self.selection = selection
+        self._t0: float | None = None
+        self._done_at_start: int | None = None
+
+    def setup(self, **info: Any) -> None:
+        """The clock starts with the experiment (a resumed sweep's earlier trials do not count for the rate)."""
+        self._t0 = time.monotonic()
+
+    def timing(self, finished: int) -> str:
+        """'elapsed, about T left' from the rate of the trials finished in this session."""
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        if self._done_at_start is None:
+            self._done_at_start = finished - 1
+        elapsed = now - self._t0
+        here = finished - self._done_at_start
+        left = self.total - finished
+        if left <= 0:
+            return f"{_clock(elapsed)} elapsed"
+        return f"{_clock(elapsed)} elapsed, about {_clock(elapsed / max(here, 1) * left)} left"
 
     def _line(self, trials: list, trial: Any, what: str) -> None:
         records = []
@@ -28,10 +71,10 @@ class ProgressCallback(tune.Callback):
                     trial_id=t.trial_id, label=describe_params(t.config), status=str(r.get("status", "")),
                     metrics={k: float(v) for k, v in r.items()
                              if k.startswith("val_") and isinstance(v, (int, float)) and not isinstance(v, bool)}))
-        finished = sum(t.status in ("TERMINATED", "ERROR") for t in trials) + 1
+        finished = min(sum(t.status in ("TERMINATED", "ERROR") for t in trials) + 1, self.total)
         best_txt = self._best_text(records)
-        print(f"[{min(finished, self.total)}/{self.total} trials ended] {describe_params(trial.config)}: {what}; "
-              f"{best_txt}", flush=True)
+        print(f"[{finished}/{self.total} trials done, {self.timing(finished)}] {describe_params(trial.config)}: "
+              f"{what}; {best_txt}", flush=True)
 
     def _best_text(self, records: list[TrialRecord]) -> str:
         ok = [r for r in records if r.ok]
@@ -62,3 +105,76 @@ class ProgressCallback(tune.Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """Report a trial that failed after its retries."""
         self._line(trials, trial, "ERROR (retries exhausted)")
+
+
+STATUS_EVERY_ENV = "CALIB_SWEEP_STATUS_S"  # seconds between two status tables (default 30)
+
+
+class StatusReporter(CLIReporter):
+    """Tune's status table with calibrator / lr columns and the headline metrics, every `every_s` seconds."""
+
+    def __init__(self, extra_params: list[str] | tuple[str, ...] = (), every_s: float | None = None) -> None:
+        if every_s is None:
+            every_s = float(os.environ.get(STATUS_EVERY_ENV, "30"))
+        params = {"calibrator": "calibrator", "calibrator_lr": "lr"}
+        params.update({k: k.split(".")[-1] for k in extra_params})
+        super().__init__(parameter_columns=params,
+                         metric_columns={"epoch": "epoch", "val_accuracy": "val acc", "val_ece": "val ECE"},
+                         max_report_frequency=int(every_s), print_intermediate_tables=True, max_progress_rows=20,
+                         max_error_rows=5, max_column_length=24)
+        self._last_report_time = time.time()  # the first table after `every_s`, not a table of PENDING trials
+
+    def should_report(self, trials: list, done: bool = False) -> bool:
+        """Every `every_s` seconds while trials run; not at the end (the leaderboard says it better)."""
+        return not done and super().should_report(trials, done)
+
+    def report(self, trials: list, done: bool, *sys_info: str) -> None:
+        """The table and the resources in use; not the scheduler's name, nor Tune's driver staging folder
+        ("Result logdir", which is not where results are kept: the sweep names that folder at the start)."""
+        resources = [s for s in sys_info if s.startswith("Logical resource usage")]
+        text = self._progress_str(trials, done, *resources)
+        print("\n".join(ln for ln in text.rstrip().splitlines() if not ln.startswith("Result logdir:")), flush=True)
+
+
+# Loggers whose lines say nothing a person running a sweep needs (each silenced here by name, up to
+# WARNING, or ERROR for the last): MLflow creating its tables in a new store; MLflow checking the
+# champion's input example; Ray announcing that the local cluster it starts uses token
+# authentication (its default since 2.52; setting RAY_AUTH_MODE=token instead would silence it too,
+# but Ray reads that variable when it is imported); Ray Train's "Checkpoint successfully created"
+# (once per epoch per trial, in the trial processes: sweeps.trainable applies QUIET_WORKER_LOGGERS).
+QUIET_DRIVER_LOGGERS = {"mlflow.store.db.utils": logging.WARNING, "mlflow.pyfunc": logging.WARNING,
+                        "ray._private.authentication.authentication_token_setup": logging.ERROR}
+QUIET_WORKER_LOGGERS = ("ray.train._internal.storage",)
+
+
+@contextmanager
+def quiet_output(enabled: bool = True) -> Iterator[None]:
+    """For the duration of a sweep: Tune's classic output engine (so StatusReporter applies), MLflow's
+    artifact-download progress bars off (its documented MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR),
+    Optuna at WARNING (its documented set_verbosity: no "A new study created" line; the service says
+    where the study is), the loggers above. Everything is restored afterwards."""
+    if not enabled:
+        yield
+        return
+    import optuna
+
+    env = {"RAY_AIR_NEW_OUTPUT": "0", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    saved_env = {k: os.environ.get(k) for k in env}
+    loggers = {name: logging.getLogger(name) for name in QUIET_DRIVER_LOGGERS}
+    saved_levels = {name: lg.level for name, lg in loggers.items()}
+    saved_optuna = optuna.logging.get_verbosity()
+    os.environ.update(env)
+    for name, lg in loggers.items():
+        lg.setLevel(QUIET_DRIVER_LOGGERS[name])
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(saved_optuna)
+        for name, lg in loggers.items():
+            lg.setLevel(saved_levels[name])
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

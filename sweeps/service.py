@@ -19,7 +19,8 @@ from ray.tune.schedulers import ASHAScheduler
 
 from calib_core.config import RunConfig
 from sweeps.config import SweepConfig
-from sweeps.progress import ProgressCallback
+from sweeps.preflight import redact
+from sweeps.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
 from sweeps.selection import TrialRecord, format_leaderboard, leaderboard, pareto_plot, rank_agreement, select
 from sweeps.study import MEMORY, SweepSearch, make_storage
@@ -94,7 +95,7 @@ def _scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
                          stop_last_trials=False)
 
 
-def _build_tuner(cfg: SweepConfig, callbacks: list, trainable: Any) -> tune.Tuner:
+def _build_tuner(cfg: SweepConfig, callbacks: list, trainable: Any, reporter: Any = None) -> tune.Tuner:
     s, r = cfg.search, cfg.resources
     scheduler = _scheduler(cfg)
     metric = mode = None
@@ -110,6 +111,7 @@ def _build_tuner(cfg: SweepConfig, callbacks: list, trainable: Any) -> tune.Tune
             name=cfg.name, storage_path=cfg.storage_path, callbacks=callbacks,
             failure_config=tune.FailureConfig(max_failures=r.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=r.checkpoints_to_keep),
+            progress_reporter=reporter,  # None: Tune's default output (--verbose)
             verbose=1,
         ),
     )
@@ -193,13 +195,56 @@ def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: 
     print(f"Registered: models:/{cfg.tracking.registered_model}@champion (version {version})")
     uri = cfg.tracking.uri or ""
     if uri.startswith("sqlite:"):
-        print(f"Compare runs: mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)")
+        print(f"Compare runs: {_tool('mlflow')} ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)")
     else:
         print(f"Compare runs: open the MLflow UI at {uri}")
+    study = cfg.search.storage or MEMORY
+    if study != MEMORY:
+        print(f"Optuna study: {_tool('optuna-dashboard')} {redact(study)}   (then open http://127.0.0.1:8080)")
 
 
-def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool) -> int:
-    """Run (or resume) the sweep; return 0 when a champion was selected and registered."""
+def _tool(name: str) -> str:
+    """How to call a console script installed beside this Python (e.g. .venv/bin/mlflow from the checkout)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        return name
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _intro(cfg: SweepConfig, exp_path: str, parent_id: str, resumed: bool) -> str:
+    """What runs and where everything goes, before the trials start."""
+    s, r, run = cfg.search, cfg.resources, cfg.run
+    if s.objective == "multi":
+        goal = "val accuracy (max) and val ECE (min)"
+    else:
+        goal = f"{s.metric} ({s.mode})" + (" with ASHA early stopping" if s.scheduler == "asha" else "")
+    lr = f"{s.calibrator_lr.low:.0e}..{s.calibrator_lr.high:.0e}"
+    extra = "".join(f", {k}" for k in s.params)
+    study = s.storage or MEMORY
+    return "\n".join([
+        f"{'Resuming' if resumed else 'Sweep'} {cfg.name!r}: {s.num_samples} trials ({min(r.max_concurrent, s.num_samples)} "
+        f"at a time) of {run.model.name} on {run.data.name}, {run.train.epochs} epochs each",
+        f"Optuna TPE (seed {s.seed}) searches calibrator [{', '.join(s.calibrators)}], calibrator lr {lr}{extra}; "
+        f"objectives: {goal}",
+        f"Optuna study: {cfg.name!r} in {redact(study) if study != MEMORY else 'memory (Ray Tune state only)'}",
+        f"MLflow: experiment {cfg.tracking.experiment!r}, parent run {parent_id} in {redact(cfg.tracking.uri or '')}",
+        f"Ray Tune results and checkpoints: {exp_path}",
+    ])
+
+
+def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = False) -> int:
+    """Run (or resume) the sweep; return 0 when a champion was selected and registered.
+
+    Output is made for people (sweeps/progress.py) unless `verbose`, which keeps Ray Tune's default
+    output and every library's log lines."""
+    with quiet_output(not verbose):
+        return _run_sweep(cfg, cluster=cluster, resume=resume, verbose=verbose)
+
+
+def _run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) -> int:
     from sweeps.model_export import log_and_register
     from sweeps.resource_wait import PendingTimeout
 
@@ -226,22 +271,25 @@ def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool) -> int:
         num_bins=cfg.run.train.num_bins, scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler")
     r = cfg.resources
     trainable = tune.with_resources(tune.with_parameters(train_trial, base=base,
-                                                         evaluation=cfg.evaluation.model_dump(mode="json")),
+                                                         evaluation=cfg.evaluation.model_dump(mode="json"),
+                                                         quiet=not verbose),
                                     {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial})
+    reporter = None if verbose else StatusReporter(list(cfg.search.params))
 
     callbacks = [callback, ProgressCallback(cfg.search.num_samples, cfg.selection)]
     callbacks.append(PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial))  # end a hopeless wait
     t_start = time.perf_counter()
     try:
         _connect_ray(cluster)
+        print(_intro(cfg, exp_path, parent_id, resumed=resume and can_restore), flush=True)
         if resume and can_restore:
-            print(f"Resuming sweep {cfg.name!r} from {exp_path}")
             tuner = tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
             # Tune restores the callbacks pickled with the experiment; use this invocation's
-            # (same sweep, possibly a new tracking URI).
+            # (same sweep, possibly a new tracking URI) and its output settings.
             tuner._local_tuner.get_run_config().callbacks = callbacks
+            tuner._local_tuner.get_run_config().progress_reporter = reporter
         else:
-            tuner = _build_tuner(cfg, callbacks, trainable)
+            tuner = _build_tuner(cfg, callbacks, trainable, reporter)
         t_fit = time.perf_counter()
         results = tuner.fit()
         t_trials = time.perf_counter()

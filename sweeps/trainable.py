@@ -7,6 +7,7 @@ tracking callback is the single writer (SQLite stays safe, retries cannot duplic
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -86,8 +87,22 @@ def _finite(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in metrics.items()}
 
 
-def train_trial(config: dict[str, Any], base: dict[str, Any], evaluation: dict[str, Any] | None = None) -> None:
-    """Run one trial: resolve its config, resume from Tune's checkpoint if any, report per epoch."""
+def train_trial(config: dict[str, Any], base: dict[str, Any], evaluation: dict[str, Any] | None = None,
+                plugins: list[str] | None = None, quiet: bool = False) -> None:
+    """Run one trial: resolve its config, resume from Tune's checkpoint if any, report per epoch.
+
+    `plugins`: modules that register models, datasets or calibrators (imported here too: a trial
+    runs in its own process). `quiet`: Ray Train's per-checkpoint INFO line off (sweeps.progress).
+    """
+    if quiet:
+        from sweeps.progress import QUIET_WORKER_LOGGERS
+
+        for name in QUIET_WORKER_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+    if plugins:
+        from calib_core.plugins import load_plugins
+
+        load_plugins(plugins)
     cpus, gpus = _trial_resources()
     run_cfg = resolve_run_config(RunConfig.model_validate(base), config)
     run_cfg = run_cfg.model_copy(update={"device": _device_for(gpus), "num_threads": max(1, int(cpus))})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,10 +21,33 @@ MODEL = "calibrated-classifier"
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("sweep")
-    proc = launch(d, "--num-samples", "4", "--name", "e2e", "--seed", "0", *FAST)
+    # a status table every 3 s (30 s by default), so that this short sweep shows a few
+    proc = launch(d, "--num-samples", "4", "--name", "e2e", "--seed", "0", *FAST, env={"CALIB_SWEEP_STATUS_S": "3"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (d / "stdout.txt").write_text(proc.stdout)
+    (d / "stderr.txt").write_text(proc.stderr)
     return d
+
+
+def test_terminal_output_is_made_for_people(sweep_dir):
+    """The demo config (tiny settings) prints a short, plain report: no per-trial result boxes, no
+    TensorBoard hint, no checkpoint lines, no colour codes or progress bars, nothing on stderr."""
+    out, err = (sweep_dir / "stdout.txt").read_text(), (sweep_dir / "stderr.txt").read_text()
+    lines = (out + err).splitlines()
+    assert len(lines) < 120, len(lines)
+    assert not err.strip(), err[-3000:]
+    for line in lines:
+        assert not re.search("[\u2500-\u257f]", line), line  # box drawing (Tune's new-style tables)
+        for noise in ("TensorBoard", "Checkpoint successfully created", "\x1b[", "Downloading artifacts",
+                      "A new study created", "Token authentication"):
+            assert noise not in line, line
+    # Tune's status table with the calibrator, its lr and the headline metrics
+    assert re.search(r"\| calibrator\s+\|\s+lr\s+\|\s+epoch\s+\|\s+val acc\s+\|\s+val ECE\s+\|", out), out[:3000]
+    # one progress line per trial: done / total, elapsed, time left
+    assert re.search(r"^\[1/4 trials done, \d+:\d\d elapsed, about \d+:\d\d left\] ", out, re.M), out[:3000]
+    assert re.search(r"^\[4/4 trials done, \d+:\d\d elapsed\] ", out, re.M)
+    assert out.index("Leaderboard") < out.index("Selection: ") < out.index("Registered: ")
+    assert "optuna-dashboard sqlite:///" in out
 
 
 def test_store_holds_one_parent_and_four_children(sweep_dir):
