@@ -24,9 +24,9 @@ from sweeps.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
 from sweeps.selection import TrialRecord, format_leaderboard, leaderboard, pareto_plot, rank_agreement, select
 from sweeps.study import MEMORY, SweepSearch, make_storage
-from sweeps.tracking import (TAG_ROLE, TAG_SWEEP, TAG_TRIAL, MLflowTrackingCallback, close_open_runs,
+from sweeps.tracking import (NOTE_TAG, TAG_ROLE, TAG_SWEEP, TAG_TRIAL, MLflowTrackingCallback, close_open_runs,
                              drop_orphan_runs, ensure_experiment, find_or_create_parent, find_run, flatten,
-                             git_commit)
+                             run_link, source_tags)
 from sweeps.trainable import SUMMARY_FILE, train_trial
 from sweeps.uncertainty import Replicates, compute_replicates, interval_metrics, load_predictions
 
@@ -203,6 +203,27 @@ def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: 
         print(f"Optuna study: {_tool('optuna-dashboard')} {redact(study)}   (then open http://127.0.0.1:8080)")
 
 
+def _sweep_note(cfg: SweepConfig, experiment_id: str = "", chosen: TrialRecord | None = None, why: str = "",
+                version: str = "") -> str:
+    """The parent run's description (Markdown): what the sweep is; once selected, the champion and why."""
+    s, run = cfg.search, cfg.run
+    goal = ("validation accuracy (max) and validation ECE (min)" if s.objective == "multi"
+            else f"{s.metric} ({s.mode})")
+    lines = [f"Sweep **{cfg.name}**: {s.num_samples} trials of one-go calibrated training, {run.model.name} on "
+             f"{run.data.name} ({run.train.epochs} epochs each). Optuna's TPE sampler (seed {s.seed}) searches the "
+             f"calibrator ({', '.join(f'`{c}`' for c in s.calibrators)}) and its learning rate "
+             f"({s.calibrator_lr.low:g} to {s.calibrator_lr.high:g}, log scale) for {goal}; the Optuna study "
+             f"`{cfg.name}` is in `{redact(s.storage or MEMORY)}`.",
+             f"The champion is chosen on validation metrics only (rule `{cfg.selection.rule}`); each child run is "
+             "one trial."]
+    if chosen is not None:
+        link = run_link(experiment_id, chosen.run_id, chosen.label) if chosen.run_id else chosen.label
+        lines.append(f"**Champion:** {link} (run `{chosen.run_id}`, trial `{chosen.trial_id}`), registered as "
+                     f"`models:/{cfg.tracking.registered_model}@champion` (version {version}).")
+        lines.append(f"**Selection:** {why}")
+    return "\n\n".join(lines)
+
+
 def _tool(name: str) -> str:
     """How to call a console script installed beside this Python (e.g. .venv/bin/mlflow from the checkout)."""
     path = Path(sys.executable).parent / name
@@ -259,15 +280,17 @@ def _run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) 
                          f"{cfg.tracking.experiment!r}); pass --resume to continue it or --name for a new one")
 
     base = cfg.run.model_dump(mode="json")
-    parent_id = find_or_create_parent(client, experiment_id, cfg.name, {"calib.git_commit": git_commit(),
-                                                                        "calib.dataset": cfg.run.data.name})
+    sources = source_tags()
+    parent_id = find_or_create_parent(client, experiment_id, cfg.name, {**sources, "calib.dataset": cfg.run.data.name,
+                                                                        NOTE_TAG: _sweep_note(cfg)})
     if existing is None:
         flat = flatten(cfg.model_dump(mode="json"))
+        flat["search.storage"] = redact(str(flat.get("search.storage")))  # no database password in a param
         for k, v in flat.items():
             client.log_param(parent_id, k, str(v)[:6000])
     callback = MLflowTrackingCallback(
         cfg.tracking.uri, experiment_id, parent_id, cfg.name,
-        base_tags={"calib.git_commit": git_commit()}, trial_params=TrialParams(base, cfg.run.data.name),
+        base_tags=sources, trial_params=TrialParams(base, cfg.run.data.name),
         num_bins=cfg.run.train.num_bins, scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler")
     r = cfg.resources
     trainable = tune.with_resources(tune.with_parameters(train_trial, base=base,
@@ -316,6 +339,7 @@ def _run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) 
             summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
             version = log_and_register(chosen.run_id, d, tuple(summary["input_shape"]),
                                        cfg.tracking.registered_model, cfg.tracking.uri)
+        client.set_tag(parent_id, NOTE_TAG, _sweep_note(cfg, experiment_id, chosen, why, version))
         client.set_terminated(parent_id, status="FINISHED")
         t_end = time.perf_counter()
     except KeyboardInterrupt:

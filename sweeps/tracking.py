@@ -20,6 +20,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from ray import tune
 
+from sweeps.search_space import describe_params
+
 log = logging.getLogger(__name__)
 
 TAG_SWEEP = "calib.sweep"
@@ -32,6 +34,12 @@ TAG_STOP_REASON = "calib.stop_reason"
 STOPPED_EARLY = "stopped_early"
 PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
+# MLflow's own conventions: the run description the UI shows and edits, the source commit, and the
+# experiment kind (the UI's "machine learning" workflow rather than GenAI).
+NOTE_TAG = "mlflow.note.content"
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+CLASSIC_ML = "custom_model_development"
 MAX_BATCH = 900  # MLflow log_batch takes at most 1000 metrics
 
 
@@ -45,18 +53,40 @@ def git_commit() -> str:
         return "unknown"
 
 
+def source_tags() -> dict[str, str]:
+    """MLflow's standard source tags (user, entry point, type; as mlflow.start_run resolves them) with the
+    code's git commit, under MLflow's name and the service's own (`calib.git_commit`, kept for old queries)."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    tags = {k: str(v) for k, v in resolve_tags({}).items() if k.startswith(("mlflow.source.", "mlflow.user"))}
+    commit = git_commit()
+    tags["calib.git_commit"] = commit
+    if commit != "unknown":
+        tags[GIT_COMMIT_TAG] = commit
+    return tags
+
+
+def run_link(experiment_id: str, run_id: str, text: str) -> str:
+    """A Markdown link to a run, relative to the MLflow UI that shows it (run notes are Markdown)."""
+    return f"[{text}](#/experiments/{experiment_id}/runs/{run_id})"
+
+
 def ensure_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
-    """Return the experiment id, creating it (artifacts beside a local SQLite store) if needed."""
+    """Return the experiment id, creating it (artifacts beside a local SQLite store) if needed, tagged
+    as a classic ML experiment (`mlflow.experimentKind`) unless someone chose another kind."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp.experiment_id)
+        if EXPERIMENT_KIND_TAG not in exp.tags:
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_ML)
         return exp.experiment_id
     artifact_location = None
     if tracking_uri.startswith("sqlite:///"):
         db_path = Path(tracking_uri.removeprefix("sqlite:///"))
         artifact_location = (db_path.parent / "mlartifacts").as_uri()
-    return client.create_experiment(name, artifact_location=artifact_location)
+    return client.create_experiment(name, artifact_location=artifact_location,
+                                    tags={EXPERIMENT_KIND_TAG: CLASSIC_ML})
 
 
 def find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> Any | None:
@@ -131,9 +161,11 @@ class MLflowTrackingCallback(tune.Callback):
         run = find_run(self.client, self.experiment_id, {TAG_SWEEP: self.sweep, TAG_TRIAL: tid})
         if run is None:
             params, tags, run_config = self.trial_params(trial.config)
+            note = (f"Trial `{tid}` of sweep {run_link(self.experiment_id, self.parent_run_id, self.sweep)}: "
+                    f"{describe_run(run_config)}.")
             run = self.client.create_run(self.experiment_id, run_name=tags.get("calib.label", tid), tags={
                 **self.base_tags, **tags, TAG_SWEEP: self.sweep, TAG_ROLE: "trial", TAG_TRIAL: tid,
-                PARENT_TAG: self.parent_run_id,
+                PARENT_TAG: self.parent_run_id, NOTE_TAG: note,
             })
             items = [Param(k, str(v)[:6000]) for k, v in params.items()]
             for i in range(0, len(items), 90):
@@ -202,7 +234,7 @@ class MLflowTrackingCallback(tune.Callback):
             reason = result.get("reason") or f"stopped early by {self.scheduler} at epoch {step}"
             self.client.set_tag(rid, TAG_STATUS, STOPPED_EARLY)
             self.client.set_tag(rid, TAG_STOP_REASON, reason)
-            self._terminate(rid, "FINISHED")
+            self._terminate(rid, "FINISHED", outcome=f"**Ended:** {reason}.")
             return
         self.client.set_tag(rid, TAG_STATUS, str(status))
         if result.get("node_id"):
@@ -217,7 +249,7 @@ class MLflowTrackingCallback(tune.Callback):
             self._log_trial_artifacts(rid, trial)
         except Exception as exc:  # a missing artifact must not lose the run's status
             log.warning("could not log the report artifacts of %s: %s", trial.trial_id, exc)
-        self._terminate(rid, "FINISHED")
+        self._terminate(rid, "FINISHED", outcome=_outcome(result))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """A trial that exhausted its retries: FAILED with the error's first line."""
@@ -230,10 +262,19 @@ class MLflowTrackingCallback(tune.Callback):
             reason = lines[-1][:500] if lines else reason
         self._terminate(rid, "FAILED", reason)
 
-    def _terminate(self, run_id: str, status: str, reason: str | None = None) -> None:
+    def _terminate(self, run_id: str, status: str, reason: str | None = None, outcome: str | None = None) -> None:
         if reason:
             self.client.set_tag(run_id, TAG_REASON, reason[:5000])
+        self._add_to_note(run_id, outcome or (f"**Ended:** {reason}" if reason else None))
         self.client.set_terminated(run_id, status=status)
+
+    def _add_to_note(self, run_id: str, text: str | None) -> None:
+        """Append a paragraph to the run's description (once: a replayed result adds nothing)."""
+        if not text:
+            return
+        note = self.client.get_run(run_id).data.tags.get(NOTE_TAG, "")
+        if text not in note:
+            self.client.set_tag(run_id, NOTE_TAG, f"{note}\n\n{text}".strip())
 
     def _log_trial_artifacts(self, run_id: str, trial: Any) -> None:
         """Reliability diagrams; shift tables and ECE-vs-severity plots; the per-task table."""
@@ -250,8 +291,9 @@ class MLflowTrackingCallback(tune.Callback):
             self.client.log_artifact(run_id, str(Path(d) / PREDICTIONS_FILE), artifact_path="predictions")
             for split in ("val", "test"):
                 path = Path(out) / f"reliability_{split}.png"
+                what = "validation" if split == "val" else "test"
                 reliability_diagram(preds[f"{split}_probs"], preds[f"{split}_labels"], path,
-                                    num_bins=self.num_bins, title=f"{split} ({trial.trial_id})")
+                                    num_bins=self.num_bins, title=f"{describe_params(trial.config)} ({what})")
                 self.client.log_artifact(run_id, str(path), artifact_path="diagrams")
             if (Path(d) / SHIFT_FILE).is_file():
                 tables = json.loads((Path(d) / SHIFT_FILE).read_text())
@@ -264,6 +306,32 @@ class MLflowTrackingCallback(tune.Callback):
             if tasks:
                 table = per_task_table(trial.last_result or {}, tasks, Path(out) / "per_task.csv")
                 self.client.log_artifact(run_id, str(table), "tasks")
+
+
+def describe_run(run_config: dict[str, Any]) -> str:
+    """One sentence on what a trial trains, from its resolved run config (the run's description)."""
+    data, model, train = run_config["data"], run_config["model"], run_config["train"]
+    what = f"{model['name']} on {data['name']}, {train['epochs']} epochs, seed {run_config['seed']}"
+    method = train["method"]
+    if method == "onego":
+        return (f"one-go training of {what}, calibrator `{train['calibrator']}` trained with the backbone at "
+                f"calibrator lr {train['calibrator_lr']:.2e} on `{train['calibrator_data']}`")
+    if method == "posthoc":
+        return f"{what}, then post-hoc `{train['posthoc_calibrator']}` scaling (a reference point)"
+    if method == "ce":
+        return f"plain cross-entropy training of {what} (a reference point)"
+    return f"{method} training of {what}"
+
+
+def _outcome(result: dict[str, Any]) -> str:
+    """The headline numbers of a completed trial, for its description."""
+    def pct(key: str) -> str:
+        v = result.get(key)
+        return f"{100 * float(v):.1f} %" if isinstance(v, (int, float)) else "n/a"
+
+    return (f"**Result:** val accuracy {pct('val_accuracy')}, val ECE {pct('val_ece')}; test accuracy "
+            f"{pct('test_accuracy')}, test ECE {pct('test_ece')}; diagrams under `diagrams/`, predictions under "
+            "`predictions/`.")
 
 
 def drop_orphan_runs(client: MlflowClient, experiment_id: str, sweep: str, trial_ids: set[str]) -> list[str]:

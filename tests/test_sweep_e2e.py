@@ -67,6 +67,28 @@ def test_store_holds_one_parent_and_four_children(sweep_dir):
         assert sorted(m.step for m in history) == [1, 2]
 
 
+def test_mlflow_conventions(sweep_dir):
+    """Standard tags: source commit, run descriptions (parent: the sweep, the champion linked by run id and
+    the selection sentence; trials: what they train and their result); a classic-ML experiment."""
+    client = store(sweep_dir)
+    parents, children = sweep_runs(client, "e2e")
+    parent = parents[0]
+    exp = client.get_experiment(parent.info.experiment_id)
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"
+    for run in (parent, *children):
+        assert re.fullmatch("[0-9a-f]{40}", run.data.tags["mlflow.source.git.commit"])
+        assert run.data.tags["calib.git_commit"] == run.data.tags["mlflow.source.git.commit"]
+        assert run.data.tags.get("mlflow.user") and run.data.tags.get("mlflow.source.type") == "LOCAL"
+    note = parent.data.tags["mlflow.note.content"]
+    champion_run = parent.data.tags["calib.champion_run"]
+    assert "Sweep **e2e**" in note and "Selection:" in note
+    assert f"(#/experiments/{exp.experiment_id}/runs/{champion_run})" in note and "@champion" in note
+    for run in children:
+        text = run.data.tags["mlflow.note.content"]
+        assert f"of sweep [e2e](#/experiments/{exp.experiment_id}/runs/{parent.info.run_id})" in text
+        assert f"calibrator `{run.data.tags['calib.calibrator']}`" in text and "**Result:** val accuracy" in text
+
+
 def test_artifacts_on_runs(sweep_dir):
     client = store(sweep_dir)
     parents, children = sweep_runs(client, "e2e")
