@@ -17,11 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from calib_core.models.classifier import Classifier
 
 SPEC_FORMAT = "calib_core.calibrated_classifier"
 SPEC_VERSION = 1
@@ -61,7 +64,7 @@ def model_spec(module: nn.Module, run_config: Mapping[str, Any], input_shape: Se
     elif isinstance(module, CalibratedModel):
         cals = [module.calibrator] if module.calibrator is not None else []
         tasks = None
-        num_classes = int(module.model.num_classes)
+        num_classes = int(cast("Classifier", module.model).num_classes)  # the backbone is a Classifier
     else:
         raise TypeError(f"expected a CalibratedModel or MultiTaskCalibratedModel, got {type(module).__qualname__}")
     calibrator = None
@@ -99,8 +102,10 @@ def build_calibrated_model(spec: Mapping[str, Any]) -> nn.Module:
     from calib_core.trainer.result import CalibratedModel
 
     if spec.get("format") != SPEC_FORMAT or int(spec.get("format_version", -1)) > SPEC_VERSION:
-        raise ValueError(f"not a {SPEC_FORMAT} spec of version <= {SPEC_VERSION}: "
-                         f"format={spec.get('format')!r}, format_version={spec.get('format_version')!r}")
+        raise ValueError(
+            f"not a {SPEC_FORMAT} spec of version <= {SPEC_VERSION}: "
+            f"format={spec.get('format')!r}, format_version={spec.get('format_version')!r}"
+        )
     name, kwargs = spec["model"]["name"], dict(spec["model"].get("kwargs") or {})
     shape = tuple(int(s) for s in spec["input_shape"])
     cal = spec.get("calibrator")
@@ -109,17 +114,27 @@ def build_calibrated_model(spec: Mapping[str, Any]) -> nn.Module:
         backbone = MultiTaskClassifier.create(name, tasks, shape, **kwargs)
         cals = None
         if cal:
-            cals = nn.ModuleList([
-                create_calibrator(cal["name"], k, feature_dim=backbone.feature_dim, head=backbone.heads[t], **cal.get("kwargs", {}))
-                for t, (_, k) in enumerate(tasks)
-            ])
+            cals = nn.ModuleList(
+                [
+                    create_calibrator(
+                        cal["name"],
+                        k,
+                        feature_dim=backbone.feature_dim,
+                        head=backbone.heads[t],
+                        **cal.get("kwargs", {}),
+                    )
+                    for t, (_, k) in enumerate(tasks)
+                ]
+            )
         module: nn.Module = MultiTaskCalibratedModel(backbone, cals, tasks)
     else:
         k = int(spec["num_classes"])
         model = create_model(name, k, shape, **kwargs)
         calibrator = None
         if cal:
-            calibrator = create_calibrator(cal["name"], k, feature_dim=model.feature_dim, head=model.head, **cal.get("kwargs", {}))
+            calibrator = create_calibrator(
+                cal["name"], k, feature_dim=model.feature_dim, head=model.head, **cal.get("kwargs", {})
+            )
         module = CalibratedModel(model, calibrator)
     return module.eval()
 
@@ -128,9 +143,11 @@ def load_calibrated_model(spec: Mapping[str, Any], weights: Mapping[str, torch.T
     """`build_calibrated_model(spec)` with `weights` (a state_dict, or a file saved with
     torch.save holding one: loaded with weights_only=True) loaded strictly, in eval mode."""
     if isinstance(weights, (str, Path)):
-        weights = torch.load(weights, map_location="cpu", weights_only=True)
+        state: Mapping[str, torch.Tensor] = torch.load(weights, map_location="cpu", weights_only=True)
+    else:
+        state = weights
     module = build_calibrated_model(spec)
-    module.load_state_dict(dict(weights), strict=True)
+    module.load_state_dict(dict(state), strict=True)
     return module.eval()
 
 
@@ -177,7 +194,9 @@ def prepare_inputs(x: Any, input_shape: Sequence[int]) -> np.ndarray:
     got = tuple(int(s) for s in arr.shape)
     if not any(got[1:] == s for s in accepted_input_shapes(shape)):
         raise InvalidInputError(f"expected input of shape {expected_input_text(shape)}; got {got}")
-    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.number) and not np.issubdtype(arr.dtype, np.complexfloating)):
+    if arr.dtype == np.bool_ or not (
+        np.issubdtype(arr.dtype, np.number) and not np.issubdtype(arr.dtype, np.complexfloating)
+    ):
         raise InvalidInputError(f"expected real numbers (float32); got dtype {arr.dtype}")
     with np.errstate(over="ignore", invalid="ignore"):
         out = np.ascontiguousarray(arr, dtype=np.float32).reshape((got[0], *shape))
@@ -194,7 +213,15 @@ def prepare_inputs(x: Any, input_shape: Sequence[int]) -> np.ndarray:
 
 
 __all__ = [
-    "InvalidInputError", "SPEC_FORMAT", "SPEC_VERSION", "accepted_input_shapes", "build_calibrated_model",
-    "expected_input_text", "load_calibrated_model", "model_spec", "output_classes", "prepare_inputs",
+    "InvalidInputError",
+    "SPEC_FORMAT",
+    "SPEC_VERSION",
+    "accepted_input_shapes",
+    "build_calibrated_model",
+    "expected_input_text",
+    "load_calibrated_model",
+    "model_spec",
+    "output_classes",
+    "prepare_inputs",
     "state_dict_for_export",
 ]

@@ -19,9 +19,18 @@ REPORTED = ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m calib_core.train", description="Train one calibrated classifier and print its metrics as JSON.")
+    p = argparse.ArgumentParser(
+        prog="python -m calib_core.train", description="Train one calibrated classifier and print its metrics as JSON."
+    )
     p.add_argument("--config", help="YAML run config (seed, device, num_threads, data, model, train)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. train.epochs=5 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. train.epochs=5 (repeatable)",
+    )
     return p
 
 

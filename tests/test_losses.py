@@ -52,6 +52,8 @@ def test_make_loss_dispatch():
     z = torch.randn(9, K, generator=g)
     y = torch.randint(0, K, (9,), generator=g)
     torch.testing.assert_close(make_loss("ce")(z, y), F.cross_entropy(z, y))
-    torch.testing.assert_close(make_loss("label_smoothing", label_smoothing=0.2)(z, y), F.cross_entropy(z, y, label_smoothing=0.2))
+    torch.testing.assert_close(
+        make_loss("label_smoothing", label_smoothing=0.2)(z, y), F.cross_entropy(z, y, label_smoothing=0.2)
+    )
     torch.testing.assert_close(make_loss("focal", focal_gamma=1.0)(z, y), focal_loss(z, y, 1.0))
     torch.testing.assert_close(make_loss("focal")(z, y), focal_loss(z, y))

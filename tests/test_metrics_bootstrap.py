@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from calib_core.metrics import METRIC_NAMES, _fast, accuracy, compute_all, ece
-from calib_core.metrics.bootstrap import (bootstrap_metrics, centered_interval, percentile_interval, prob_not_greater,
-                                          resample_counts)
+from calib_core.metrics.bootstrap import (
+    bootstrap_metrics,
+    centered_interval,
+    percentile_interval,
+    prob_not_greater,
+    resample_counts,
+)
 
 
 def _probs(rng: np.random.Generator, n: int, k: int, round_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -25,8 +30,9 @@ def _probs(rng: np.random.Generator, n: int, k: int, round_to: int | None = None
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["numba", "torch"])
 @pytest.mark.parametrize("n,k,round_to", [(37, 2, None), (50, 3, 2), (400, 10, 2), (1000, 5, None), (9, 4, 1)])
-def test_replicates_equal_metrics_of_materialised_resamples(n: int, k: int, round_to: int | None,
-                                                            compiled: bool) -> None:
+def test_replicates_equal_metrics_of_materialised_resamples(
+    n: int, k: int, round_to: int | None, compiled: bool
+) -> None:
     previous = _fast.set_enabled(compiled)
     try:
         _check_against_materialised(n, k, round_to)

@@ -82,8 +82,18 @@ def _case(name: str):
     raise KeyError(name)
 
 
-CASES = ["dirichlet_50_3", "dirichlet_333_10", "dirichlet_2000_5", "overconfident", "ties_quantized", "ones",
-         "n_below_num_bins", "single_row", "two_rows", "binary_vector"]
+CASES = [
+    "dirichlet_50_3",
+    "dirichlet_333_10",
+    "dirichlet_2000_5",
+    "overconfident",
+    "ties_quantized",
+    "ones",
+    "n_below_num_bins",
+    "single_row",
+    "two_rows",
+    "binary_vector",
+]
 
 
 def _as_matrix(p):
@@ -96,8 +106,11 @@ def _as_matrix(p):
 # ----------------------------------------------------------------------------------
 def _kumar(p, y, num_bins, mode):
     cal = _reference("calibration", "lower_bound_scaling_ce")
-    return float(cal.lower_bound_scaling_ce(_as_matrix(p), y, p=2, debias=True, num_bins=num_bins,
-                                            binning_scheme=cal.get_equal_bins, mode=mode))
+    return float(
+        cal.lower_bound_scaling_ce(
+            _as_matrix(p), y, p=2, debias=True, num_bins=num_bins, binning_scheme=cal.get_equal_bins, mode=mode
+        )
+    )
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -232,8 +245,9 @@ def _np_equal_mass(conf, correct, b):
     n = len(s)
     idx = np.minimum(np.round(np.linspace(0, n, b, endpoint=False)).astype(np.int64), n - 1)[1:]
     bins = np.searchsorted(s[idx], conf, side="right")  # number of edges <= value
-    out = [(np.sum(bins == j), conf[bins == j].mean(), correct[bins == j].mean())
-           for j in range(b) if np.any(bins == j)]
+    out = [
+        (np.sum(bins == j), conf[bins == j].mean(), correct[bins == j].mean()) for j in range(b) if np.any(bins == j)
+    ]
     return [np.array(v) for v in zip(*out, strict=True)]
 
 
@@ -250,8 +264,20 @@ def _sturmian(n):
     return _binary_rows(conf, correct)
 
 
-SWEEP_CASES = ["dirichlet_50_3", "dirichlet_333_10", "dirichlet_2000_5", "overconfident", "ties_quantized", "ones",
-               "n_below_num_bins", "single_row", "two_rows", "binary_vector", "sturmian", "all_correct"]
+SWEEP_CASES = [
+    "dirichlet_50_3",
+    "dirichlet_333_10",
+    "dirichlet_2000_5",
+    "overconfident",
+    "ties_quantized",
+    "ones",
+    "n_below_num_bins",
+    "single_row",
+    "two_rows",
+    "binary_vector",
+    "sturmian",
+    "all_correct",
+]
 
 
 def _sweep_case(name):
@@ -340,8 +366,12 @@ def test_bad_options_raise():
 def test_cuda_matches_cpu():
     p, y = _case("overconfident")
     pt, yt = torch.from_numpy(p).cuda(), torch.from_numpy(y).cuda()
-    for fn, kw in [(M.debiased_l2_ce, {}), (M.debiased_l2_ce, {"mode": "marginal"}), (M.ece_sweep, {}),
-                   (M.smooth_ece, {})]:
+    for fn, kw in [
+        (M.debiased_l2_ce, {}),
+        (M.debiased_l2_ce, {"mode": "marginal"}),
+        (M.ece_sweep, {}),
+        (M.smooth_ece, {}),
+    ]:
         out = fn(pt, yt, **kw)
         assert out.device.type == "cuda" and out.ndim == 0
         assert abs(float(out) - fn(p, y, **kw)) <= ATOL, fn.__name__

@@ -12,12 +12,12 @@ import os
 import numpy as np
 import pytest
 import torch
-
-import calib_core.metrics as M
-from calib_core.metrics import _fast
 from concurrency import run_on_threads
 from reference.uncertainty_metrics_ref import reference_gce
 from test_metrics_reference import CASES, KNOBS, _case, _ref
+
+import calib_core.metrics as M
+from calib_core.metrics import _fast
 
 ATOL = 1e-9
 
@@ -64,8 +64,9 @@ MULTICLASS = [c for c in CASES if not c.startswith("binary")]
 def test_compiled_path_matches_reference_every_knob(name, calls):
     p, y, b = _case(name)
     for binning, top, cc, thr in KNOBS:
-        ours = M.calibration_error(p, y, num_bins=b, binning=binning, top_label=top, class_conditional=cc,
-                                   threshold=thr)
+        ours = M.calibration_error(
+            p, y, num_bins=b, binning=binning, top_label=top, class_conditional=cc, threshold=thr
+        )
         assert abs(ours - _ref(p, y, b, binning, top, cc, thr)) <= ATOL, (name, binning, top, cc, thr)
     assert calls["scan"] == len(KNOBS)
     assert calls["hist"] > 0 and calls["hist2d"] > 0
@@ -75,10 +76,13 @@ def test_compiled_streaming_equals_reference(calls):
     p, y, b = _case("ones_and_zeros")
     acc = M.CalibrationAccumulator(p.shape[1], b)
     for r0 in range(0, len(y), 70):
-        acc.update(p[r0:r0 + 70], y[r0:r0 + 70])
+        acc.update(p[r0 : r0 + 70], y[r0 : r0 + 70])
     got = acc.compute()
-    for key, (top, cc, thr) in {"ece": (True, False, 0.0), "sce": (False, True, 0.0),
-                                "classwise_ece": (False, True, None)}.items():
+    for key, (top, cc, thr) in {
+        "ece": (True, False, 0.0),
+        "sce": (False, True, 0.0),
+        "classwise_ece": (False, True, None),
+    }.items():
         assert abs(got[key] - _ref(p, y, b, "even", top, cc, thr)) <= ATOL, key
     assert calls["hist2d"] > 0
 
@@ -89,8 +93,9 @@ def test_compiled_path_float32_matches_reference_on_the_float32_values(name, cal
     p32 = p.astype(np.float32)
     p32 /= p32.sum(axis=1, keepdims=True, dtype=np.float32)
     for binning, top, cc, thr in KNOBS:
-        ours = M.calibration_error(p32, y, num_bins=b, binning=binning, top_label=top, class_conditional=cc,
-                                   threshold=thr)
+        ours = M.calibration_error(
+            p32, y, num_bins=b, binning=binning, top_label=top, class_conditional=cc, threshold=thr
+        )
         ref = _ref(p32.astype(np.float64), y, b, binning, top, cc, thr)
         assert abs(ours - ref) <= 1e-6, (name, binning, top, cc, thr)
     assert calls["scan"] == len(KNOBS)
@@ -107,9 +112,19 @@ def test_first_argmax_among_ties(dtype, calls):
         acc_low = (correct[0] + correct[1]) / 2
         expected = 2 / 3 * abs(acc_low - conf_low) + 1 / 3 * abs(correct[2] - 1.0)
         assert M.ece(p, y, num_bins=2) == pytest.approx(expected, abs=1e-7)
-        assert M.ece(p, y, num_bins=2) == pytest.approx(reference_gce(
-            p.astype(np.float64), y, num_bins=2, binning="even", top_label=True, class_conditional=False,
-            norm="l1", threshold=0.0), abs=1e-7)
+        assert M.ece(p, y, num_bins=2) == pytest.approx(
+            reference_gce(
+                p.astype(np.float64),
+                y,
+                num_bins=2,
+                binning="even",
+                top_label=True,
+                class_conditional=False,
+                norm="l1",
+                threshold=0.0,
+            ),
+            abs=1e-7,
+        )
     assert calls["scan"] == 4
 
 
@@ -144,8 +159,16 @@ def test_large_input_takes_compiled_path_and_agrees_with_torch_path(dtype, monke
     assert fast.keys() == slow.keys()
     for key in fast:
         assert float(fast[key]) == pytest.approx(float(slow[key]), abs=1e-12, rel=1e-12), key
-    ref = reference_gce(p.double().numpy(), y.numpy(), num_bins=15, binning="even", top_label=True,
-                        class_conditional=False, norm="l1", threshold=0.0)
+    ref = reference_gce(
+        p.double().numpy(),
+        y.numpy(),
+        num_bins=15,
+        binning="even",
+        top_label=True,
+        class_conditional=False,
+        norm="l1",
+        threshold=0.0,
+    )
     assert abs(float(M.ece(p, y)) - ref) <= (1e-9 if dtype == torch.float64 else 1e-6)
 
 
@@ -220,8 +243,16 @@ def test_without_numba_the_torch_path_serves(monkeypatch):
     monkeypatch.setattr(_fast, "_kernels", {})  # as if numba could not be imported
     p, y = _large(torch.float32, seed=3)
     assert not _fast.usable(p)
-    ref = reference_gce(p.double().numpy(), y.numpy(), num_bins=15, binning="even", top_label=True,
-                        class_conditional=False, norm="l1", threshold=0.0)
+    ref = reference_gce(
+        p.double().numpy(),
+        y.numpy(),
+        num_bins=15,
+        binning="even",
+        top_label=True,
+        class_conditional=False,
+        norm="l1",
+        threshold=0.0,
+    )
     assert abs(float(M.ece(p, y)) - ref) <= 1e-6
 
 
@@ -269,8 +300,7 @@ def test_environment_variable_turns_the_kernels_off():
     import subprocess
     import sys
 
-    code = ("import torch; from calib_core.metrics import _fast; "
-            "print(_fast.usable(torch.rand(2048, 1024)))")
+    code = "import torch; from calib_core.metrics import _fast; print(_fast.usable(torch.rand(2048, 1024)))"
     for value, expected in (("1", "False"), ("", "True")):
         env = {**os.environ, _fast.DISABLE_ENV: value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from reference.brute import brute_gce
 
 import calib_core.metrics as M
 from calib_core.metrics import CalibrationAccumulator
-from reference.brute import brute_gce
 
 PRESETS = [M.ece, M.mce, M.rmsce, M.sce, M.ace, M.tace, M.classwise_ece]
 
@@ -45,7 +45,7 @@ def test_from_logits_equals_softmax_and_sigmoid():
     for fn in PRESETS + [M.accuracy, M.nll, M.brier, M.aurc]:
         assert float(fn(z, y, from_logits=True)) == pytest.approx(float(fn(p, y)), abs=1e-10)
     zb = z[:, 0]
-    yb = (y % 2)
+    yb = y % 2
     pb = torch.sigmoid(zb)
     for fn in PRESETS + [M.nll, M.brier]:
         assert float(fn(zb, yb, from_logits=True)) == pytest.approx(float(fn(pb, yb)), abs=1e-10)
@@ -123,16 +123,36 @@ def test_aurc_hand_computed_and_against_brute_force():
 def test_compute_all_keys_and_values():
     z, p, y = _data(n=500, k=7, seed=11)
     out = M.compute_all(z, y, from_logits=True, num_bins=10)
-    assert list(out) == ["accuracy", "nll", "brier", "ece", "mce", "rmsce", "sce", "ace", "tace",
-                         "classwise_ece", "aurc"]
+    assert list(out) == [
+        "accuracy",
+        "nll",
+        "brier",
+        "ece",
+        "mce",
+        "rmsce",
+        "sce",
+        "ace",
+        "tace",
+        "classwise_ece",
+        "aurc",
+    ]
     assert all(isinstance(v, float) for v in out.values())
     pn, yn = p.numpy(), y.numpy()
-    for name, fn in [("ece", M.ece), ("mce", M.mce), ("rmsce", M.rmsce), ("sce", M.sce), ("ace", M.ace),
-                     ("tace", M.tace), ("classwise_ece", M.classwise_ece)]:
+    for name, fn in [
+        ("ece", M.ece),
+        ("mce", M.mce),
+        ("rmsce", M.rmsce),
+        ("sce", M.sce),
+        ("ace", M.ace),
+        ("tace", M.tace),
+        ("classwise_ece", M.classwise_ece),
+    ]:
         assert out[name] == pytest.approx(fn(pn, yn, num_bins=10), abs=1e-10), name
-    brute = dict(ece=dict(binning="even", top_label=True, class_conditional=False, norm="l1"),
-                 rmsce=dict(binning="adaptive", top_label=True, class_conditional=False, norm="l2"),
-                 tace=dict(binning="adaptive", top_label=False, class_conditional=True, norm="l1", threshold=0.01))
+    brute = dict(
+        ece=dict(binning="even", top_label=True, class_conditional=False, norm="l1"),
+        rmsce=dict(binning="adaptive", top_label=True, class_conditional=False, norm="l2"),
+        tace=dict(binning="adaptive", top_label=False, class_conditional=True, norm="l1", threshold=0.01),
+    )
     for name, kw in brute.items():
         assert out[name] == pytest.approx(brute_gce(pn, yn, num_bins=10, **kw), abs=1e-10), name
     assert out["nll"] == pytest.approx(F.cross_entropy(z, y).item(), abs=1e-12)
@@ -162,7 +182,7 @@ def test_streaming_equals_one_shot_and_merge():
     one_shot = M.compute_all(p, y)
     acc = CalibrationAccumulator(8, num_bins=15)
     for i in range(0, 3000, 377):
-        acc.update(p[i:i + 377], y[i:i + 377])
+        acc.update(p[i : i + 377], y[i : i + 377])
     streamed = acc.compute()
     assert streamed["n"] == 3000
     for name in ("accuracy", "nll", "brier", "ece", "mce", "sce", "classwise_ece"):
@@ -180,7 +200,8 @@ def test_streaming_equals_one_shot_and_merge():
                 for thr in (0.0, None):
                     kw = dict(top_label=top, class_conditional=cc, norm=norm, threshold=thr)
                     assert acc.calibration_error(**kw) == pytest.approx(
-                        float(M.calibration_error(p, y, **kw)), abs=1e-12), kw
+                        float(M.calibration_error(p, y, **kw)), abs=1e-12
+                    ), kw
 
 
 def test_streaming_logits_state_size_reset_and_state_dict():
@@ -189,7 +210,7 @@ def test_streaming_logits_state_size_reset_and_state_dict():
     size = acc.state_nbytes
     assert size == 6 * 5 * 12 * 8 + 4 * 8  # O(bins x K), independent of N
     for i in range(0, 1000, 100):
-        acc.update(z[i:i + 100], y[i:i + 100])
+        acc.update(z[i : i + 100], y[i : i + 100])
     assert acc.state_nbytes == size
     ref = M.compute_all(z, y, from_logits=True, num_bins=10)
     got = acc.compute()

@@ -17,11 +17,11 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from reference.brute import brute_gce
+from reference.uncertainty_metrics_ref import load_reference, reference_gce
 
 import calib_core.metrics as M
 from calib_core.metrics import binning as binning_core
-from reference.brute import brute_gce
-from reference.uncertainty_metrics_ref import load_reference, reference_gce
 
 ATOL = 1e-9
 
@@ -100,31 +100,54 @@ def _case(name):
 
 
 CASES = [
-    "dirichlet_k10", "dirichlet_k3_sharp", "dirichlet_k50", "ties_quantized", "on_bin_edges",
-    "multiples_of_1_over_b", "ones_and_zeros", "empty_bins", "class_never_predicted", "n_below_num_bins",
-    "single_row", "binary_vector", "binary_column", "one_bin", "tiny_probs_k200",
+    "dirichlet_k10",
+    "dirichlet_k3_sharp",
+    "dirichlet_k50",
+    "ties_quantized",
+    "on_bin_edges",
+    "multiples_of_1_over_b",
+    "ones_and_zeros",
+    "empty_bins",
+    "class_never_predicted",
+    "n_below_num_bins",
+    "single_row",
+    "binary_vector",
+    "binary_column",
+    "one_bin",
+    "tiny_probs_k200",
 ]
 
 
 def _ref(p, y, b, binning, top, cc, thr, norm="l1"):
     # threshold None (keep all) is threshold -1 for the reference: p > -1 keeps everything
-    return reference_gce(p, y, num_bins=b, binning=binning, top_label=top, class_conditional=cc,
-                         norm=norm, threshold=-1.0 if thr is None else thr)
+    return reference_gce(
+        p,
+        y,
+        num_bins=b,
+        binning=binning,
+        top_label=top,
+        class_conditional=cc,
+        norm=norm,
+        threshold=-1.0 if thr is None else thr,
+    )
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_gce_l1_matches_reference_every_knob(name):
     p, y, b = _case(name)
     for binning, top, cc, thr in KNOBS:
-        ours = M.calibration_error(p, y, num_bins=b, binning=binning, top_label=top, class_conditional=cc,
-                                   threshold=thr)
+        ours = M.calibration_error(
+            p, y, num_bins=b, binning=binning, top_label=top, class_conditional=cc, threshold=thr
+        )
         ref = _ref(p, y, b, binning, top, cc, thr)
         assert isinstance(ours, float)
         assert abs(ours - ref) <= ATOL, (name, binning, top, cc, thr, ours, ref)
 
 
-@pytest.mark.parametrize("name", ["dirichlet_k10", "ties_quantized", "ones_and_zeros", "binary_vector",
-                                  "tiny_probs_k200", "n_below_num_bins"])
+@pytest.mark.parametrize(
+    "name",
+    ["dirichlet_k10", "ties_quantized", "ones_and_zeros", "binary_vector", "tiny_probs_k200", "n_below_num_bins"],
+)
 def test_presets_match_reference_presets(name):
     p, y, b = _case(name)
     ref = load_reference()
@@ -174,8 +197,9 @@ def test_chunked_and_blocked_paths_match_reference(monkeypatch):
         for binning, top, cc, thr in KNOBS:
             if top:
                 continue
-            ours = M.calibration_error(p, y, num_bins=b, binning=binning, top_label=top, class_conditional=cc,
-                                       threshold=thr)
+            ours = M.calibration_error(
+                p, y, num_bins=b, binning=binning, top_label=top, class_conditional=cc, threshold=thr
+            )
             assert abs(ours - _ref(p, y, b, binning, top, cc, thr)) <= ATOL, (name, binning, cc, thr)
     p, y, b = _case("dirichlet_k10")
     acc = M.CalibrationAccumulator(10, b).update(p, y).compute()
@@ -196,7 +220,8 @@ def test_hand_computed_top_label_even():
     kw = dict(num_bins=4, binning="even", top_label=True, class_conditional=False)
     assert M.calibration_error(HAND_P, HAND_Y, norm="l1", **kw) == pytest.approx(0.5 * 0.125 + 0.5 * 0.15, abs=1e-12)
     assert M.calibration_error(HAND_P, HAND_Y, norm="l2", **kw) == pytest.approx(
-        np.sqrt(0.5 * 0.125**2 + 0.5 * 0.15**2), abs=1e-12)  # 0.1380670...
+        np.sqrt(0.5 * 0.125**2 + 0.5 * 0.15**2), abs=1e-12
+    )  # 0.1380670...
     assert M.calibration_error(HAND_P, HAND_Y, norm="max", **kw) == pytest.approx(0.15, abs=1e-12)
     assert M.mce(HAND_P, HAND_Y, num_bins=4) == pytest.approx(0.15, abs=1e-12)
 
@@ -231,8 +256,18 @@ def test_hand_computed_class_conditional_norms():
     assert M.ece(p, y, num_bins=2) == pytest.approx(abs(2 / 3 - 1.9 / 3), abs=1e-12)
 
 
-@pytest.mark.parametrize("name", ["dirichlet_k10", "ties_quantized", "ones_and_zeros", "binary_vector",
-                                  "class_never_predicted", "n_below_num_bins", "tiny_probs_k200"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "dirichlet_k10",
+        "ties_quantized",
+        "ones_and_zeros",
+        "binary_vector",
+        "class_never_predicted",
+        "n_below_num_bins",
+        "tiny_probs_k200",
+    ],
+)
 def test_l2_and_max_match_brute_force(name):
     p, y, b = _case(name)
     if p.ndim == 2 and p.shape[0] * p.shape[1] > 3000:  # keep the loop implementation quick

@@ -10,25 +10,34 @@ from scipy.stats import spearmanr
 from sweeps.config import SelectionConfig
 from sweeps.selection import TrialRecord, leaderboard, pareto_front, pareto_plot, rank_agreement, select
 
-
 PARETO = "pareto_min_ece_near_best_accuracy"
 
 
 def rec(tid, acc, ece, status="completed", **extra):
-    return TrialRecord(trial_id=tid, label=tid, status=status,
-                       metrics={"val_accuracy": acc, "val_ece": ece, **extra}, params={"calibrator": "t"})
+    return TrialRecord(
+        trial_id=tid,
+        label=tid,
+        status=status,
+        metrics={"val_accuracy": acc, "val_ece": ece, **extra},
+        params={"calibrator": "t"},
+    )
 
 
 def test_pareto_front_hand_computed():
-    rs = [rec("a", 0.90, 0.05), rec("b", 0.92, 0.08), rec("c", 0.89, 0.06),  # c dominated by a
-          rec("d", 0.92, 0.09), rec("e", 0.85, 0.01)]                       # d dominated by b
+    rs = [
+        rec("a", 0.90, 0.05),
+        rec("b", 0.92, 0.08),
+        rec("c", 0.89, 0.06),  # dominated by a
+        rec("d", 0.92, 0.09),  # dominated by b
+        rec("e", 0.85, 0.01),
+    ]
     assert sorted(rs[i].trial_id for i in pareto_front(rs)) == ["a", "b", "e"]
 
 
 def test_default_rule_lowest_ece_within_tolerance_of_best_accuracy():
     rs = [rec("a", 0.916, 0.030), rec("b", 0.920, 0.050), rec("e", 0.850, 0.010)]
     chosen, why = select(rs, SelectionConfig(rule=PARETO, accuracy_tolerance=0.005))
-    assert chosen.trial_id == "a"            # 0.916 >= 0.920 - 0.005, lower ECE than b
+    assert chosen.trial_id == "a"  # 0.916 >= 0.920 - 0.005, lower ECE than b
     assert "Pareto" in why and "0.9200" in why
     chosen, _ = select(rs, SelectionConfig(rule=PARETO, accuracy_tolerance=0.0))
     assert chosen.trial_id == "b"
@@ -60,8 +69,10 @@ def test_selection_independent_of_input_order():
 
 def test_rank_agreement_matches_scipy_and_is_symmetric():
     vals = [(0.1, 0.2, 0.3), (0.2, 0.1, 0.5), (0.3, 0.4, 0.1), (0.4, 0.3, 0.2)]
-    rs = [rec(str(i), 0.9, e, val_sce=s, val_ace=a, val_tace=a, val_nll=e, val_brier=s)
-          for i, (e, s, a) in enumerate(vals)]
+    rs = [
+        rec(str(i), 0.9, e, val_sce=s, val_ace=a, val_tace=a, val_nll=e, val_brier=s)
+        for i, (e, s, a) in enumerate(vals)
+    ]
     table = rank_agreement(rs)
     expect = spearmanr([v[0] for v in vals], [v[1] for v in vals]).statistic
     assert table.loc["val_ece", "val_sce"] == pytest.approx(expect)

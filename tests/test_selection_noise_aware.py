@@ -38,9 +38,15 @@ def _sweep(n: int, specs: dict[str, tuple[float, float]], seed: int = 0):
     for tid, (acc, gap) in specs.items():
         p = _trial(rng, y, acc, gap)
         m = compute_all(p, y)
-        records.append(TrialRecord(trial_id=tid, label=f"cal-{tid}", status="completed",
-                                   metrics={f"val_{k}": v for k, v in m.items()},
-                                   params={"calibrator": tid, "calibrator_lr": 0.01}))
+        records.append(
+            TrialRecord(
+                trial_id=tid,
+                label=f"cal-{tid}",
+                status="completed",
+                metrics={f"val_{k}": v for k, v in m.items()},
+                params={"calibrator": tid, "calibrator_lr": 0.01},
+            )
+        )
         preds[tid] = {"val": [(None, p, y)]}
     reps = compute_replicates(preds, num_bins=15, num_resamples=1000, level=0.95, seed=1, names=NAMES)
     return records, reps
@@ -111,8 +117,15 @@ def test_leaderboard_intervals_flags_and_plot(tmp_path) -> None:
     records, reps = _sweep(900, SPECS, seed=2)
     chosen, _ = select(records, SelectionConfig(), reps)
     board = leaderboard(records, chosen, reps, SelectionConfig())
-    assert {"calibrator", "calibrator_lr", "champion", "not_worse_than_champion",
-            "val_ece_ci_low", "val_ece_ci_high", "val_accuracy_ci_low"} <= set(board.columns)
+    assert {
+        "calibrator",
+        "calibrator_lr",
+        "champion",
+        "not_worse_than_champion",
+        "val_ece_ci_low",
+        "val_ece_ci_high",
+        "val_accuracy_ci_low",
+    } <= set(board.columns)
     assert board["champion"].sum() == 1 and board.loc[board["champion"], "trial_id"].item() == chosen.trial_id
     assert (board["val_ece_ci_low"] <= board["val_ece"]).all() and (board["val_ece"] <= board["val_ece_ci_high"]).all()
     flags = dict(zip(board["trial_id"], board["not_worse_than_champion"]))
@@ -130,9 +143,15 @@ def test_stored_multitask_predictions_give_per_task_and_mean_replicates(tmp_path
     labels[rng.random(n) < 0.2, 1] = -1  # missing labels in task 1
     probs = [torch.softmax(torch.tensor(rng.normal(size=(n, k))), 1).float() for k in (2, 3)]
     result = SimpleNamespace(
-        val_probs=probs[0], val_labels=torch.tensor(labels[:, 0]), test_probs=probs[0],
-        test_labels=torch.tensor(labels[:, 0]), task_val_probs=probs, task_val_labels=torch.tensor(labels),
-        task_test_probs=probs, task_test_labels=torch.tensor(labels))
+        val_probs=probs[0],
+        val_labels=torch.tensor(labels[:, 0]),
+        test_probs=probs[0],
+        test_labels=torch.tensor(labels[:, 0]),
+        task_val_probs=probs,
+        task_val_labels=torch.tensor(labels),
+        task_test_probs=probs,
+        task_test_labels=torch.tensor(labels),
+    )
     data = SimpleNamespace(tasks=[("smile", 2), ("hair", 3)])
     np.savez_compressed(tmp_path / "p.npz", **_prediction_arrays(result, data))
     loaded = load_predictions(tmp_path / "p.npz")
@@ -151,8 +170,9 @@ def test_bonferroni_keeps_more_trials_than_the_plain_test() -> None:
     """With the M - 1 comparisons adjusted, a trial excluded at p < 0.05 but kept at p >= 0.05/(M-1)
     becomes a candidate; the rule never keeps fewer trials."""
     for seed in range(4):
-        records, reps = _sweep(900, {"A": (0.91, 0.06), "B": (0.875, 0.0), "C": (0.90, 0.08), "D": (0.6, 0.0)},
-                               seed=seed)
+        records, reps = _sweep(
+            900, {"A": (0.91, 0.06), "B": (0.875, 0.0), "C": (0.90, 0.08), "D": (0.6, 0.0)}, seed=seed
+        )
         plain, why_plain = select(records, SelectionConfig(multiple_comparisons="none"), reps)
         adj, why_adj = select(records, SelectionConfig(multiple_comparisons="bonferroni"), reps)
         n_plain = int(why_plain.split(" among the ")[1].split(" of ")[0])

@@ -15,7 +15,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "calib_core.train", *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "calib_core.train", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
 
 
 def _config(tmp_path: Path, body: str) -> str:
@@ -48,7 +55,17 @@ def test_prints_one_json_line_with_metrics(tmp_path):
 
 
 def test_posthoc_reports_parameter_count(tmp_path):
-    r = _run("--config", _config(tmp_path, SMALL), "--set", "train.method=posthoc", "--set", "train.posthoc_calibrator=matrix", "--set", "train.epochs=1", tmp_path=tmp_path)
+    r = _run(
+        "--config",
+        _config(tmp_path, SMALL),
+        "--set",
+        "train.method=posthoc",
+        "--set",
+        "train.posthoc_calibrator=matrix",
+        "--set",
+        "train.epochs=1",
+        tmp_path=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["calibrator"]["calibrator"] == "matrix" and out["calibrator"]["num_params"] == 10 * 10 + 10
@@ -75,7 +92,9 @@ def test_bad_config_is_one_line_exit_2(tmp_path, args, fragment):
 
 
 def test_divergence_exits_1_with_status(tmp_path):
-    r = _run("--config", _config(tmp_path, SMALL), "--set", "train.lr=1e6", "--set", "train.epochs=1", tmp_path=tmp_path)
+    r = _run(
+        "--config", _config(tmp_path, SMALL), "--set", "train.lr=1e6", "--set", "train.epochs=1", tmp_path=tmp_path
+    )
     assert r.returncode == 1, r.stderr
     out = json.loads(r.stdout)
     assert out["status"] == "diverged" and out["reason"] and out["val"] == {}
@@ -84,6 +103,7 @@ def test_divergence_exits_1_with_status(tmp_path):
 def _strict_json(line: str) -> dict:
     def refuse(token: str):
         raise AssertionError(f"non-standard JSON token {token}")
+
     return json.loads(line, parse_constant=refuse)
 
 
@@ -127,11 +147,18 @@ def test_non_finite_numbers_are_written_as_null(tmp_path, monkeypatch, capsys):
     from calib_core import train
 
     result = types.SimpleNamespace(
-        status="completed", reason=None, epochs_run=1, wall_time=0.5,
+        status="completed",
+        reason=None,
+        epochs_run=1,
+        wall_time=0.5,
         val_metrics={"accuracy": 0.5, "nll": float("inf"), "ece": float("nan")},
         test_metrics={"accuracy": 0.25, "nll": float("-inf")},
-        calibrator_info={"calibrator": "temperature", "num_params": 1, "temperature": float("inf"),
-                         "per_task": {"a": {"t": float("nan")}}},
+        calibrator_info={
+            "calibrator": "temperature",
+            "num_params": 1,
+            "temperature": float("inf"),
+            "per_task": {"a": {"t": float("nan")}},
+        },
     )
     monkeypatch.setattr(calib_core.data, "load_dataset", lambda cfg, seed: None)
     monkeypatch.setattr(calib_core.trainer, "make_trainer", lambda cfg, data: types.SimpleNamespace(fit=lambda: result))

@@ -17,6 +17,7 @@ from .base import Calibrator
 class DirichletCalibrator(Calibrator):
     name = "dirichlet"
     input_kind = "logits"
+    _offdiag: Tensor  # buffer registered in __init__
 
     def __init__(self, num_classes: int, lambda_od: float = 1e-3, lambda_b: float = 1e-3) -> None:
         super().__init__(num_classes)

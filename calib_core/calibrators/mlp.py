@@ -46,7 +46,10 @@ class MLPCalibrator(Calibrator):
         nn.init.zeros_(last.bias)
         self.net = nn.Sequential(*layers, last)
         # not registered as a submodule: the head belongs to the backbone
-        self._head = (head,) if input == "features" else None
+        self._head: tuple[nn.Module] | None = None
+        if input == "features":
+            assert head is not None  # checked above
+            self._head = (head,)
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x)

@@ -37,8 +37,9 @@ def bincount(idx: Tensor, weights: Tensor | None = None, minlength: int = 0) -> 
     """``torch.bincount`` with float64 output and float64 accumulation of any weights
     (float32, bool, ...)."""
     if on_cpu(idx):
-        w = None if weights is None else weights.numpy()
-        return torch.from_numpy(np.bincount(idx.numpy(), weights=w, minlength=minlength).astype(np.float64, copy=False))
+        w_np = None if weights is None else weights.numpy()
+        counts = np.bincount(idx.numpy(), weights=w_np, minlength=minlength)
+        return torch.from_numpy(counts.astype(np.float64, copy=False))
     w = None if weights is None else weights.to(torch.float64)
     return torch.bincount(idx, weights=w, minlength=minlength).to(torch.float64)
 

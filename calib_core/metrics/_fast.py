@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -44,8 +44,10 @@ FAST_MIN_VALUES = 1 << 16
 _MIN_ROWS_PER_THREAD = 1 << 14
 
 _BITS = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
-_ONE_BITS = {np.dtype(np.float32): int(np.float32(1.0).view(np.int32)),
-             np.dtype(np.float64): int(np.float64(1.0).view(np.int64))}
+_ONE_BITS = {
+    np.dtype(np.float32): int(np.float32(1.0).view(np.int32)),
+    np.dtype(np.float64): int(np.float64(1.0).view(np.int64)),
+}
 
 #: Set to 1 to keep every input on the torch path (e.g. to rule the kernels out when debugging).
 DISABLE_ENV = "CALIB_METRICS_NO_JIT"
@@ -220,9 +222,14 @@ def _build() -> dict[str, Callable] | None:
             out[b] = total / cw[n]
         return 0
 
-    return {"scan64": _njit(scan_search, fastmath=fast), "scan32": _njit(scan_key32, fastmath=fast),
-            "hist": _njit(hist), "hist2d": _njit(hist2d), "adaptive_reps": _njit(adaptive_reps),
-            "aurc_reps": _njit(aurc_reps)}
+    return {
+        "scan64": _njit(scan_search, fastmath=fast),
+        "scan32": _njit(scan_key32, fastmath=fast),
+        "hist": _njit(hist),
+        "hist2d": _njit(hist2d),
+        "adaptive_reps": _njit(adaptive_reps),
+        "aurc_reps": _njit(aurc_reps),
+    }
 
 
 _build_lock = threading.Lock()
@@ -237,12 +244,27 @@ def _get() -> dict[str, Callable] | None:
     return _kernels or None
 
 
+def _kernel(name: str) -> Callable:
+    """The compiled kernel ``name``; callers check :func:`usable` first, so missing kernels
+    (numba unavailable) are a programming error here."""
+    kernels = _get()
+    if kernels is None:
+        raise RuntimeError(f"compiled metric kernel {name!r} requested but numba kernels are unavailable")
+    return kernels[name]
+
+
 def usable(t: Tensor, min_elements: int | None = None) -> bool:
     """True when ``t`` has at least ``min_elements`` values (default :data:`FAST_MIN_ELEMENTS`),
     is a contiguous float32/float64 CPU tensor, and the kernels exist."""
     least = FAST_MIN_ELEMENTS if min_elements is None else min_elements
-    return (_enabled and t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
-            and t.numel() >= least and t.is_contiguous() and _get() is not None)
+    return (
+        _enabled
+        and t.device.type == "cpu"
+        and t.dtype in (torch.float32, torch.float64)
+        and t.numel() >= least
+        and t.is_contiguous()
+        and _get() is not None
+    )
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -285,7 +307,7 @@ class RowScan:
 def scan_rows(p: Tensor, row_sum_tol: float) -> RowScan:
     """Confidence and first argmax of each row, and the validity check, in one pass."""
     arr = p.numpy()
-    scan = _get()["scan32" if arr.dtype == np.float32 else "scan64"]
+    scan = _kernel("scan32" if arr.dtype == np.float32 else "scan64")
     n = arr.shape[0]
     bits = arr.view(_BITS[arr.dtype])
     conf = np.empty(n, dtype=arr.dtype)
@@ -307,8 +329,9 @@ def _threaded_sums(kernel: Callable, n: int, sizes: list[int], args: Callable[[i
     return [a.sum(axis=0) for a in partials]
 
 
-def even_histogram(values: Tensor, boundaries: Tensor, groups: Tensor | None, num_groups: int,
-                   flags: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+def even_histogram(
+    values: Tensor, boundaries: Tensor, groups: Tensor | None, num_groups: int, flags: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per-(group, sub-bin) counts, value sums and flag sums (float64, shape (G, S)), where a
     value's sub-bin is the number of ``boundaries`` <= it. Same numbers as bucketize + bincount
     up to the order of float64 additions (each thread sums its own range, then ranges add up)."""
@@ -317,8 +340,9 @@ def even_histogram(values: Tensor, boundaries: Tensor, groups: Tensor | None, nu
     g = groups.numpy().astype(np.int64, copy=False) if groups is not None else np.empty(0, dtype=np.int64)
     f = flags.numpy().view(np.uint8) if flags is not None else np.empty(0, dtype=np.uint8)
     v, b = values.numpy(), boundaries.numpy()
-    counts, sums, flag_sums = _threaded_sums(_get()["hist"], v.shape[0], [size, size, size if flags is not None else 0],
-                                             lambda t: (v, b, g, num_sub, f))
+    counts, sums, flag_sums = _threaded_sums(
+        _kernel("hist"), v.shape[0], [size, size, size if flags is not None else 0], lambda t: (v, b, g, num_sub, f)
+    )
     view = (num_groups, num_sub)
     out_flags = torch.from_numpy(flag_sums).view(view) if flags is not None else None
     return torch.from_numpy(counts).view(view), torch.from_numpy(sums).view(view), out_flags
@@ -331,24 +355,35 @@ def even_histogram_2d(probs: Tensor, boundaries: Tensor, columns: bool) -> tuple
     arr, b = probs.numpy(), boundaries.numpy()
     num_sub = b.shape[0] + 1
     groups = arr.shape[1] if columns else 1
-    counts, sums = _threaded_sums(_get()["hist2d"], arr.shape[0], [groups * num_sub] * 2,
-                                  lambda t: (arr, b, num_sub, columns))
+    counts, sums = _threaded_sums(
+        _kernel("hist2d"), arr.shape[0], [groups * num_sub] * 2, lambda t: (arr, b, num_sub, columns)
+    )
     view = (groups, num_sub)
     return torch.from_numpy(counts).view(view), torch.from_numpy(sums).view(view)
 
 
-def adaptive_replicates(w: Tensor, order: Tensor, v: Tensor, c: Tensor, tie_start: Tensor, starts: list[int],
-                        num_bins: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+def adaptive_replicates(
+    w: Tensor, order: Tensor, v: Tensor, c: Tensor, tie_start: Tensor, starts: list[int], num_bins: int
+) -> list[tuple[Tensor, Tensor, Tensor]]:
     """Bootstrap replicates of one group's adaptive-bin statistics (calib_core.metrics.bootstrap):
     for each threshold start, (counts, value sums, correctness sums), each (B, num_bins) float64."""
     wn = w.numpy()
     b = wn.shape[0]
     st = np.asarray(starts, dtype=np.int64)
     out = [np.zeros((len(starts), b, num_bins)) for _ in range(3)]
-    args = (wn, order.numpy(), v.numpy().astype(np.float64), c.numpy().astype(np.float64), tie_start.numpy(), st,
-            num_bins, *out)
-    _split(_get()["adaptive_reps"], b, lambda t: args, min_rows=8)
-    return [tuple(torch.from_numpy(o[t]) for o in out) for t in range(len(starts))]
+    args = (
+        wn,
+        order.numpy(),
+        v.numpy().astype(np.float64),
+        c.numpy().astype(np.float64),
+        tie_start.numpy(),
+        st,
+        num_bins,
+        *out,
+    )
+    _split(_kernel("adaptive_reps"), b, lambda t: args, min_rows=8)
+    cnt, val, cor = out
+    return [(torch.from_numpy(cnt[t]), torch.from_numpy(val[t]), torch.from_numpy(cor[t])) for t in range(len(starts))]
 
 
 def aurc_replicates(w: Tensor, order: Tensor, err: Tensor, first: Tensor) -> Tensor:
@@ -356,5 +391,5 @@ def aurc_replicates(w: Tensor, order: Tensor, err: Tensor, first: Tensor) -> Ten
     wn = w.numpy()
     out = np.zeros(wn.shape[0])
     args = (wn, order.numpy(), err.numpy().astype(np.float64), first.numpy(), out)
-    _split(_get()["aurc_reps"], wn.shape[0], lambda t: args, min_rows=8)
+    _split(_kernel("aurc_reps"), wn.shape[0], lambda t: args, min_rows=8)
     return torch.from_numpy(out)

@@ -20,8 +20,9 @@ Conventions (docs/interfaces.md, ``calib_core.metrics``):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -152,6 +153,7 @@ class MetricInputs:
                 z = self.binary_logit.double()
                 nll = torch.nn.functional.softplus(z * (1.0 - 2.0 * y.double()))
             elif self.logits is not None:
+                assert self.logsumexp is not None  # prepare() sets logits and logsumexp together
                 z_true = self.logits.gather(1, y.unsqueeze(1)).squeeze(1)
                 nll = self.logsumexp.double() - z_true.double()
             else:
@@ -200,8 +202,7 @@ def prepare(probs: Any, labels: Any, *, from_logits: bool = False) -> MetricInpu
     if lo < 0 or hi >= num_classes:
         bad = lo if lo < 0 else hi
         raise ValueError(
-            f"labels out of range: expected integers in [0, {num_classes - 1}] "
-            f"(K = {num_classes} classes), found {bad}"
+            f"labels out of range: expected integers in [0, {num_classes - 1}] (K = {num_classes} classes), found {bad}"
         )
 
     tol = ROW_SUM_ATOL + 4 * num_classes * torch.finfo(p.dtype).eps  # for rows of probabilities
@@ -215,8 +216,8 @@ def prepare(probs: Any, labels: Any, *, from_logits: bool = False) -> MetricInpu
             return out
 
     # values: finite; probabilities in [0, 1] with rows summing to 1
-    mn, mx = torch.aminmax(p)
-    mn, mx = float(mn), float(mx)
+    mn_t, mx_t = torch.aminmax(p)
+    mn, mx = float(mn_t), float(mx_t)
     ok = math.isfinite(mn) and math.isfinite(mx) and (from_logits or (mn >= 0.0 and mx <= 1.0))
     if not ok:
         _raise_bad_values(p, from_logits, mn, mx)

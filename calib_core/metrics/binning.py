@@ -25,8 +25,8 @@ bounds temporary memory, never over bins or classes one at a time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ from ._backend import argsort_1d, bincount, bucketize_right, sort_values  # noqa
 #: Element budget of one row chunk / column block (bounds temporaries to ~100 MB).
 CHUNK_ELEMENTS = 1 << 22
 
-_NP_DTYPE = {torch.float32: np.float32, torch.float64: np.float64}
+_NP_DTYPE: dict[torch.dtype, type[np.floating]] = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def even_upper_edges(num_bins: int) -> np.ndarray:
@@ -46,7 +46,7 @@ def even_upper_edges(num_bins: int) -> np.ndarray:
     return np.histogram_bin_edges(np.array([], dtype=np.float64), bins=num_bins, range=(0.0, 1.0))[1:]
 
 
-def _ceil_to(dtype, x: float):
+def _ceil_to(dtype: type[np.floating], x: float) -> np.floating:
     """Smallest value of ``dtype`` that is >= x (so v >= x  <=>  v >= result for v in dtype)."""
     f = dtype(x)
     if float(f) < x:
@@ -54,7 +54,7 @@ def _ceil_to(dtype, x: float):
     return f
 
 
-def _above_cut(dtype, t: float):
+def _above_cut(dtype: type[np.floating], t: float) -> np.floating:
     """Smallest value of ``dtype`` that is > t (so v > t  <=>  v >= result for v in dtype)."""
     f = dtype(t)
     if float(f) <= t:
@@ -128,8 +128,9 @@ class EvenBinner:
         return out.index_add_(1, cols, src)
 
 
-def even_sub_stats_1d(binner: EvenBinner, values: Tensor, groups: Tensor | None = None,
-                      num_groups: int = 1, weights: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+def even_sub_stats_1d(
+    binner: EvenBinner, values: Tensor, groups: Tensor | None = None, num_groups: int = 1, weights: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per-(group, sub-bin) counts, value sums and (optional) weight sums, all float64,
     for a 1-D tensor of values. Shapes (num_groups, num_sub)."""
     s = binner.num_sub
@@ -168,9 +169,9 @@ def even_sub_stats_2d(binner: EvenBinner, probs: Tensor, *, columns: bool) -> tu
     offsets = torch.arange(k, device=probs.device) * s if columns else None
     step = max(1, CHUNK_ELEMENTS // max(k, 1))
     for r0 in range(0, n, step):
-        chunk = probs[r0:r0 + step]
+        chunk = probs[r0 : r0 + step]
         idx = binner.sub_index(chunk)
-        if columns:
+        if offsets is not None:  # columns
             idx += offsets  # entry (i, c) -> slot c * num_sub + sub-bin
         flat = idx.reshape(-1)
         counts += bincount(flat, minlength=g * s)
@@ -247,9 +248,15 @@ def _sort_1d(values: Tensor) -> tuple[Tensor, Tensor]:
     return values[order], order
 
 
-def adaptive_stats_1d(values: Tensor, correct: Tensor, thresholds: Sequence[float | None], num_bins: int,
-                      groups: Tensor | None = None, num_groups: int = 1,
-                      presorted: tuple[Tensor, Tensor] | None = None) -> list[AdaptiveStats]:
+def adaptive_stats_1d(
+    values: Tensor,
+    correct: Tensor,
+    thresholds: Sequence[float | None],
+    num_bins: int,
+    groups: Tensor | None = None,
+    num_groups: int = 1,
+    presorted: tuple[Tensor, Tensor] | None = None,
+) -> list[AdaptiveStats]:
     """Adaptive-bin statistics of 1-D values (optionally split into groups), with correctness.
 
     Values are sorted once (``presorted`` = (sorted values, sorting permutation) may be passed), then

@@ -34,7 +34,7 @@ from torch import Tensor
 from . import _fast
 from . import binning as _binning
 from ._inputs import MetricInputs, check_num_bins, prepare
-from .binning import EvenBinner, adaptive_edge_offsets, argsort_1d, combine, floor_threshold, group_errors
+from .binning import EvenBinner, adaptive_edge_offsets, argsort_1d, floor_threshold, group_errors
 from .scores import METRIC_NAMES, brier_per_row
 
 __all__ = ["resample_counts", "bootstrap_metrics", "percentile_interval", "centered_interval", "prob_not_greater"]
@@ -83,14 +83,15 @@ def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Ten
             srcs = (k, k * values[:, c0:c1].to(_WORK), k * correct[:, c0:c1].to(_WORK))
             for stat, src in zip(stats, srcs, strict=True):
                 design = torch.zeros(n, (c1 - c0) * nb, dtype=_WORK, device=w.device).scatter_(1, slot, src)
-                stat[:, c0 * nb:c1 * nb] = w @ design
+                stat[:, c0 * nb : c1 * nb] = w @ design
         cnt, sums, corr = (t.reshape(b * c, nb).double() for t in stats)
         out.append((cnt, sums, corr))
     return out
 
 
-def _adaptive_replicates(w: Tensor, values: Tensor, correct: Tensor, thresholds: Sequence[float | None],
-                         num_bins: int) -> list[BinStats]:
+def _adaptive_replicates(
+    w: Tensor, values: Tensor, correct: Tensor, thresholds: Sequence[float | None], num_bins: int
+) -> list[BinStats]:
     """Adaptive-bin (counts, value sums, correctness sums), (B, bins), of one group of N values
     per resample, each resample's edges derived from its own kept values."""
     order = argsort_1d(values)
@@ -100,8 +101,11 @@ def _adaptive_replicates(w: Tensor, values: Tensor, correct: Tensor, thresholds:
     starts = []
     for t in thresholds:
         tf = floor_threshold(t, v.dtype)
-        starts.append(0 if tf == -np.inf else
-                      int(torch.searchsorted(v, torch.tensor(tf, dtype=v.dtype, device=v.device), right=True)))
+        starts.append(
+            0
+            if tf == -np.inf
+            else int(torch.searchsorted(v, torch.tensor(tf, dtype=v.dtype, device=v.device), right=True))
+        )
     if _fast.usable(w, min_elements=1):
         return _fast.adaptive_replicates(w, order, v, correct[order], tie_start, starts, num_bins)
     c = correct[order].to(_WORK)
@@ -119,10 +123,18 @@ def _adaptive_replicates(w: Tensor, values: Tensor, correct: Tensor, thresholds:
         src = torch.searchsorted(cw[:, 1:].contiguous(), pos.contiguous(), right=True).clamp_max(n - 1)
         inner = tie_start[src]  # values equal to an edge belong to the bin above it
         b = w.shape[0]
-        bounds = torch.cat((torch.full((b, 1), s0, dtype=torch.int64, device=w.device), inner,
-                            torch.full((b, 1), n, dtype=torch.int64, device=w.device)), dim=1)
+        bounds = torch.cat(
+            (
+                torch.full((b, 1), s0, dtype=torch.int64, device=w.device),
+                inner,
+                torch.full((b, 1), n, dtype=torch.int64, device=w.device),
+            ),
+            dim=1,
+        )
         bounds = torch.where((kept > 0).unsqueeze(1), bounds, n)
-        cnt, sums, corr = ((cum.gather(1, bounds[:, 1:]) - cum.gather(1, bounds[:, :-1])).double() for cum in (cw, cs, cc))
+        cnt, sums, corr = (
+            (cum.gather(1, bounds[:, 1:]) - cum.gather(1, bounds[:, :-1])).double() for cum in (cw, cs, cc)
+        )
         out.append((cnt, sums, corr))
     return out
 
@@ -147,8 +159,11 @@ def _replicates_from_inputs(x: MetricInputs, w: Tensor, num_bins: int, names: Se
     total = w.sum(dim=1).double()
     out: dict[str, Tensor] = {}
     want = set(names)
-    rows = {"accuracy": lambda: x.correct().to(_WORK), "nll": lambda: x.nll_per_row().to(_WORK),
-            "brier": lambda: brier_per_row(x).to(_WORK)}
+    rows = {
+        "accuracy": lambda: x.correct().to(_WORK),
+        "nll": lambda: x.nll_per_row().to(_WORK),
+        "brier": lambda: brier_per_row(x).to(_WORK),
+    }
     for name, fn in rows.items():
         if name in want:
             v = fn()
@@ -175,8 +190,10 @@ def _replicates_from_inputs(x: MetricInputs, w: Tensor, num_bins: int, names: Se
         ((cnt, sums, corr),) = _adaptive_replicates(w, conf, correct, [0.0], num_bins)
         out["rmsce"] = group_errors(cnt, sums, corr, "l2").sqrt()
     if want & {"ace", "tace"}:
-        acc = {"ace": torch.zeros(b, dtype=torch.float64, device=x.device),
-               "tace": torch.zeros(b, dtype=torch.float64, device=x.device)}
+        acc = {
+            "ace": torch.zeros(b, dtype=torch.float64, device=x.device),
+            "tace": torch.zeros(b, dtype=torch.float64, device=x.device),
+        }
         for cls in range(k):
             col = x.probs[:, cls].contiguous()
             stats = _adaptive_replicates(w, col, x.labels == cls, [0.0, 0.01], num_bins)
@@ -190,8 +207,15 @@ def _replicates_from_inputs(x: MetricInputs, w: Tensor, num_bins: int, names: Se
     return {name: out[name] for name in names}
 
 
-def bootstrap_metrics(probs: Any, labels: Any, counts: Tensor, *, num_bins: int = 15, from_logits: bool = False,
-                      names: Sequence[str] = METRIC_NAMES) -> dict[str, Tensor]:
+def bootstrap_metrics(
+    probs: Any,
+    labels: Any,
+    counts: Tensor,
+    *,
+    num_bins: int = 15,
+    from_logits: bool = False,
+    names: Sequence[str] = METRIC_NAMES,
+) -> dict[str, Tensor]:
     """Bootstrap replicates (B,) float64 of each metric in ``names`` under the resample ``counts`` (B, N)."""
     num_bins = check_num_bins(num_bins)
     unknown = [m for m in names if m not in METRIC_NAMES]
@@ -199,8 +223,9 @@ def bootstrap_metrics(probs: Any, labels: Any, counts: Tensor, *, num_bins: int 
         raise ValueError(f"bootstrap_metrics: unknown metric {unknown[0]!r}; allowed: {', '.join(METRIC_NAMES)}")
     x = prepare(probs, labels, from_logits=from_logits)
     if counts.ndim != 2 or counts.shape[1] != x.n:
-        raise ValueError(f"bootstrap_metrics: counts must have shape (B, {x.n}) for {x.n} examples; "
-                         f"got {tuple(counts.shape)}")
+        raise ValueError(
+            f"bootstrap_metrics: counts must have shape (B, {x.n}) for {x.n} examples; got {tuple(counts.shape)}"
+        )
     return _replicates_from_inputs(x, counts, num_bins, names)
 
 

@@ -39,7 +39,8 @@ for every l1 configuration (tests/test_metrics_reference.py).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -47,6 +48,7 @@ from torch import Tensor
 from . import binning as _binning
 from ._inputs import BINNINGS, NORMS, MetricInputs, check_bool, check_choice, check_num_bins, check_threshold, prepare
 from .binning import (
+    AdaptiveStats,
     EvenBinner,
     adaptive_bin_index,
     adaptive_stats_1d,
@@ -65,8 +67,24 @@ BinStats = tuple[Tensor, Tensor, Tensor]  # (counts, confidence sums, correctnes
 __all__ = ["calibration_error", "ece", "mce", "rmsce", "sce", "ace", "tace", "classwise_ece", "binned_stats"]
 
 
-def binned_stats(x: MetricInputs, *, num_bins: int, binning: str, top_label: bool, class_conditional: bool,
-                 thresholds: Sequence[float | None]) -> list[BinStats]:
+def _with_correct(stats: list[AdaptiveStats]) -> list[BinStats]:
+    """(counts, sums, correctness sums) of adaptive statistics that were given correctness."""
+    out: list[BinStats] = []
+    for s in stats:
+        assert s.correct is not None  # adaptive_stats_1d always fills it from its ``correct`` argument
+        out.append((s.counts, s.sums, s.correct))
+    return out
+
+
+def binned_stats(
+    x: MetricInputs,
+    *,
+    num_bins: int,
+    binning: str,
+    top_label: bool,
+    class_conditional: bool,
+    thresholds: Sequence[float | None],
+) -> list[BinStats]:
     """Per-group, per-bin statistics for one knob setting and several thresholds at once.
 
     Groups: 1 when pooled, K when class-conditional. One pass over the data serves all
@@ -81,10 +99,13 @@ def binned_stats(x: MetricInputs, *, num_bins: int, binning: str, top_label: boo
         if binning == "even":
             binner = EvenBinner(num_bins, thresholds, x.dtype, x.device)
             cnt, sums, corr = even_sub_stats_1d(binner, conf, groups, g, weights=correct)
-            return [(binner.collapse(cnt, i), binner.collapse(sums, i), binner.collapse(corr, i))
-                    for i in range(len(thresholds))]
+            assert corr is not None  # weight sums come back when weights are given
+            return [
+                (binner.collapse(cnt, i), binner.collapse(sums, i), binner.collapse(corr, i))
+                for i in range(len(thresholds))
+            ]
         stats = adaptive_stats_1d(conf, correct, thresholds, num_bins, groups, g, presorted=x.sorted_conf())
-        return [(s.counts, s.sums, s.correct) for s in stats]
+        return _with_correct(stats)
 
     probs, labels, p_true = x.probs, x.labels, x.p_true()
     true_groups = labels if class_conditional else None
@@ -92,19 +113,21 @@ def binned_stats(x: MetricInputs, *, num_bins: int, binning: str, top_label: boo
         binner = EvenBinner(num_bins, thresholds, x.dtype, x.device)
         cnt, sums = even_sub_stats_2d(binner, probs, columns=class_conditional)
         corr, _, _ = even_sub_stats_1d(binner, p_true, true_groups, g)
-        return [(binner.collapse(cnt, i), binner.collapse(sums, i), binner.collapse(corr, i))
-                for i in range(len(thresholds))]
+        return [
+            (binner.collapse(cnt, i), binner.collapse(sums, i), binner.collapse(corr, i))
+            for i in range(len(thresholds))
+        ]
 
     if not class_conditional:  # all N*K values in one group: correctness is the one-hot label
         onehot = labels.unsqueeze(1) == torch.arange(k, device=x.device)
         stats = adaptive_stats_1d(probs.reshape(-1), onehot.reshape(-1), thresholds, num_bins)
-        return [(s.counts, s.sums, s.correct) for s in stats]
+        return _with_correct(stats)
 
     # adaptive, class-conditional over columns: sort column blocks, bins are position ranges
     parts: list[list] = [[] for _ in thresholds]
     block = max(1, _binning.CHUNK_ELEMENTS // max(x.n, 1))
     for c0 in range(0, k, block):
-        rows = sort_values(probs[:, c0:c0 + block].t().contiguous())
+        rows = sort_values(probs[:, c0 : c0 + block].t().contiguous())
         for part, s in zip(parts, adaptive_stats_rows(rows, thresholds, num_bins), strict=True):
             part.append(s)
         del rows
@@ -124,17 +147,40 @@ def _error(stats: BinStats, norm: str, class_conditional: bool, num_classes: int
     return combine(group_errors(*stats, norm), norm, class_conditional, num_classes)
 
 
-def gce_from_inputs(x: MetricInputs, *, num_bins: int, binning: str, top_label: bool, class_conditional: bool,
-                    norm: str, threshold: float | None) -> Tensor:
+def gce_from_inputs(
+    x: MetricInputs,
+    *,
+    num_bins: int,
+    binning: str,
+    top_label: bool,
+    class_conditional: bool,
+    norm: str,
+    threshold: float | None,
+) -> Tensor:
     """The general calibration error of validated inputs, as a 0-dim float64 tensor."""
-    (stats,) = binned_stats(x, num_bins=num_bins, binning=binning, top_label=top_label,
-                            class_conditional=class_conditional, thresholds=[threshold])
+    (stats,) = binned_stats(
+        x,
+        num_bins=num_bins,
+        binning=binning,
+        top_label=top_label,
+        class_conditional=class_conditional,
+        thresholds=[threshold],
+    )
     return _error(stats, norm, class_conditional, x.num_classes)
 
 
-def calibration_error(probs: Any, labels: Any, *, num_bins: int = 15, binning: str = "even", top_label: bool = True,
-                      class_conditional: bool = False, norm: str = "l1", threshold: float | None = 0.0,
-                      from_logits: bool = False) -> Tensor | float:
+def calibration_error(
+    probs: Any,
+    labels: Any,
+    *,
+    num_bins: int = 15,
+    binning: str = "even",
+    top_label: bool = True,
+    class_conditional: bool = False,
+    norm: str = "l1",
+    threshold: float | None = 0.0,
+    from_logits: bool = False,
+) -> Tensor | float:
     """General calibration error (GCE, Nixon et al. 2019) with every knob.
 
     Args:
@@ -163,46 +209,108 @@ def calibration_error(probs: Any, labels: Any, *, num_bins: int = 15, binning: s
     class_conditional = check_bool("class_conditional", class_conditional)
     threshold = check_threshold(threshold)
     x = prepare(probs, labels, from_logits=from_logits)
-    value = gce_from_inputs(x, num_bins=num_bins, binning=binning, top_label=top_label,
-                            class_conditional=class_conditional, norm=norm, threshold=threshold)
+    value = gce_from_inputs(
+        x,
+        num_bins=num_bins,
+        binning=binning,
+        top_label=top_label,
+        class_conditional=class_conditional,
+        norm=norm,
+        threshold=threshold,
+    )
     return x.finish(value)
 
 
 def ece(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
     """Expected calibration error: even bins, top label, pooled, l1."""
-    return calibration_error(probs, labels, num_bins=num_bins, binning="even", top_label=True,
-                             class_conditional=False, norm="l1", threshold=0.0, from_logits=from_logits)
+    return calibration_error(
+        probs,
+        labels,
+        num_bins=num_bins,
+        binning="even",
+        top_label=True,
+        class_conditional=False,
+        norm="l1",
+        threshold=0.0,
+        from_logits=from_logits,
+    )
 
 
 def mce(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
     """Maximum calibration error: even bins, top label, pooled, max over non-empty bins."""
-    return calibration_error(probs, labels, num_bins=num_bins, binning="even", top_label=True,
-                             class_conditional=False, norm="max", threshold=0.0, from_logits=from_logits)
+    return calibration_error(
+        probs,
+        labels,
+        num_bins=num_bins,
+        binning="even",
+        top_label=True,
+        class_conditional=False,
+        norm="max",
+        threshold=0.0,
+        from_logits=from_logits,
+    )
 
 
 def rmsce(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
     """Root-mean-square calibration error: adaptive bins, top label, pooled, l2."""
-    return calibration_error(probs, labels, num_bins=num_bins, binning="adaptive", top_label=True,
-                             class_conditional=False, norm="l2", threshold=0.0, from_logits=from_logits)
+    return calibration_error(
+        probs,
+        labels,
+        num_bins=num_bins,
+        binning="adaptive",
+        top_label=True,
+        class_conditional=False,
+        norm="l2",
+        threshold=0.0,
+        from_logits=from_logits,
+    )
 
 
 def sce(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
     """Static calibration error: even bins, all classes, class-conditional, l1 (p > 0)."""
-    return calibration_error(probs, labels, num_bins=num_bins, binning="even", top_label=False,
-                             class_conditional=True, norm="l1", threshold=0.0, from_logits=from_logits)
+    return calibration_error(
+        probs,
+        labels,
+        num_bins=num_bins,
+        binning="even",
+        top_label=False,
+        class_conditional=True,
+        norm="l1",
+        threshold=0.0,
+        from_logits=from_logits,
+    )
 
 
 def ace(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
     """Adaptive calibration error: adaptive bins, all classes, class-conditional, l1."""
-    return calibration_error(probs, labels, num_bins=num_bins, binning="adaptive", top_label=False,
-                             class_conditional=True, norm="l1", threshold=0.0, from_logits=from_logits)
+    return calibration_error(
+        probs,
+        labels,
+        num_bins=num_bins,
+        binning="adaptive",
+        top_label=False,
+        class_conditional=True,
+        norm="l1",
+        threshold=0.0,
+        from_logits=from_logits,
+    )
 
 
-def tace(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False,
-         threshold: float = 0.01) -> Tensor | float:
+def tace(
+    probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False, threshold: float = 0.01
+) -> Tensor | float:
     """Thresholded adaptive calibration error: ACE over probabilities > threshold (0.01)."""
-    return calibration_error(probs, labels, num_bins=num_bins, binning="adaptive", top_label=False,
-                             class_conditional=True, norm="l1", threshold=threshold, from_logits=from_logits)
+    return calibration_error(
+        probs,
+        labels,
+        num_bins=num_bins,
+        binning="adaptive",
+        top_label=False,
+        class_conditional=True,
+        norm="l1",
+        threshold=threshold,
+        from_logits=from_logits,
+    )
 
 
 def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
@@ -210,5 +318,14 @@ def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: b
 
     Same as SCE except that probabilities equal to 0 are kept (threshold=None).
     """
-    return calibration_error(probs, labels, num_bins=num_bins, binning="even", top_label=False,
-                             class_conditional=True, norm="l1", threshold=None, from_logits=from_logits)
+    return calibration_error(
+        probs,
+        labels,
+        num_bins=num_bins,
+        binning="even",
+        top_label=False,
+        class_conditional=True,
+        norm="l1",
+        threshold=None,
+        from_logits=from_logits,
+    )

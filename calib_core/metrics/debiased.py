@@ -80,8 +80,9 @@ def _debiased_square_ce(values: Tensor, targets: Tensor, sorted_rows: Tensor, nu
     return (counts / n * err).sum(dim=1)
 
 
-def debiased_l2_ce(probs: Any, labels: Any, *, num_bins: int = 15, mode: str = "top-label",
-                   from_logits: bool = False) -> Tensor | float:
+def debiased_l2_ce(
+    probs: Any, labels: Any, *, num_bins: int = 15, mode: str = "top-label", from_logits: bool = False
+) -> Tensor | float:
     """Debiased L2 calibration error (Kumar et al. 2019) over equal-mass bins; returns the root.
 
     What it returns, exactly: with the values split into b = min(num_bins, N) equal-mass bins
@@ -120,15 +121,14 @@ def debiased_l2_ce(probs: Any, labels: Any, *, num_bins: int = 15, mode: str = "
     x = prepare(probs, labels, from_logits=from_logits)
     if mode == "top-label":
         conf, _ = x.top()
-        sq = _debiased_square_ce(conf.unsqueeze(0), x.correct().unsqueeze(0), x.sorted_conf()[0].unsqueeze(0),
-                                 num_bins)
+        sq = _debiased_square_ce(conf.unsqueeze(0), x.correct().unsqueeze(0), x.sorted_conf()[0].unsqueeze(0), num_bins)
         return x.finish(sq.clamp_min(0.0).sum().sqrt())
     # marginal: column blocks of a fixed element budget bound the (block, N) temporaries
     k, n = x.num_classes, x.n
     block = max(1, _binning.CHUNK_ELEMENTS // max(n, 1))
     parts = []
     for c0 in range(0, k, block):
-        cols = x.probs[:, c0:c0 + block].t().contiguous()
+        cols = x.probs[:, c0 : c0 + block].t().contiguous()
         onehot = x.labels.unsqueeze(0) == torch.arange(c0, c0 + cols.shape[0], device=x.device).unsqueeze(1)
         parts.append(_debiased_square_ce(cols, onehot, sort_values(cols), num_bins))
     sq = torch.cat(parts)
@@ -197,8 +197,9 @@ def _sweep_num_bins(sorted_vals: Tensor, sorted_correct: Tensor) -> int:
     return n - 1  # b = N failed above, every b < N passed
 
 
-def ece_sweep(probs: Any, labels: Any, *, norm: str = "l1", from_logits: bool = False,
-              return_num_bins: bool = False) -> Tensor | float | tuple[Tensor | float, int]:
+def ece_sweep(
+    probs: Any, labels: Any, *, norm: str = "l1", from_logits: bool = False, return_num_bins: bool = False
+) -> Tensor | float | tuple[Tensor | float, int]:
     """ECE_sweep (Roelofs et al. 2022): equal-mass top-label ECE at the largest monotone bin count.
 
     The number of bins b* is found by scanning b = 1, 2, ... and stopping before the first b
@@ -238,8 +239,11 @@ def ece_sweep(probs: Any, labels: Any, *, norm: str = "l1", from_logits: bool = 
     sorted_conf, order = x.sorted_conf()
     b = _sweep_num_bins(sorted_conf, x.correct()[order])
     # top-label confidences are >= 1/K > 0, so no threshold is involved
-    value = x.finish(gce_from_inputs(x, num_bins=b, binning="adaptive", top_label=True, class_conditional=False,
-                                     norm=norm, threshold=None))
+    value = x.finish(
+        gce_from_inputs(
+            x, num_bins=b, binning="adaptive", top_label=True, class_conditional=False, norm=norm, threshold=None
+        )
+    )
     return (value, b) if return_num_bins else value
 
 
@@ -282,7 +286,7 @@ def _grid_smooth(f: Tensor, weights: Tensor, sigma: float) -> Tensor:
     values = values.view(c, e)
     # GaussianKernel.kernel_ev: an unnormalised density on linspace(0, 1, e) centred at 0.5
     t = _linspace01(e, dev)
-    ker = torch.exp(-(t - 0.5) * (t - 0.5) / (2 * sigma ** 2)) / (math.sqrt(2 * math.pi) * sigma)
+    ker = torch.exp(-(t - 0.5) * (t - 0.5) / (2 * sigma**2)) / (math.sqrt(2 * math.pi) * sigma)
     # reflect at both ends, np.convolve(ext, ker, "valid")[e//2 : e//2 + e]; the full linear
     # convolution by FFT (O(e log e) rather than O(e^2); rounding far below the 1e-6 parity)
     flipped = torch.flip(values, dims=(1,))
@@ -290,7 +294,7 @@ def _grid_smooth(f: Tensor, weights: Tensor, sigma: float) -> Tensor:
     size = ext.shape[1] + e - 1
     full = torch.fft.irfft(torch.fft.rfft(ext, n=size) * torch.fft.rfft(ker, n=size), n=size)
     start = (e - 1) + e // 2  # "valid" output j is full output j + e - 1
-    return full[:, start:start + e]
+    return full[:, start : start + e]
 
 
 def _interpolate(t: Tensor, y: Tensor) -> Tensor:
@@ -315,14 +319,18 @@ def _smece_at(f: Tensor, residual: Tensor, sigma: float) -> Tensor:
 def _check_sigma(sigma: Any) -> float | None:
     if sigma is None:
         return None
-    if isinstance(sigma, (bool, np.bool_)) or not isinstance(sigma, (int, float, np.integer, np.floating)) \
-            or not (MIN_SIGMA <= float(sigma) < math.inf):
+    if (
+        isinstance(sigma, (bool, np.bool_))
+        or not isinstance(sigma, (int, float, np.integer, np.floating))
+        or not (MIN_SIGMA <= float(sigma) < math.inf)
+    ):
         raise ValueError(f"sigma must be a finite number >= {MIN_SIGMA:g}, or None (automatic); got {sigma!r}")
     return float(sigma)
 
 
-def smooth_ece(probs: Any, labels: Any, *, sigma: float | None = None, from_logits: bool = False,
-               return_sigma: bool = False) -> Tensor | float | tuple[Tensor | float, float]:
+def smooth_ece(
+    probs: Any, labels: Any, *, sigma: float | None = None, from_logits: bool = False, return_sigma: bool = False
+) -> Tensor | float | tuple[Tensor | float, float]:
     """Smooth ECE (Blasiok & Nakkiran 2023) of the top label, as ``relplot.smECE`` computes it.
 
     On pairs (f = confidence, y = 1 if the argmax is the label else 0) the residuals f - y
@@ -370,6 +378,7 @@ def smooth_ece(probs: Any, labels: Any, *, sigma: float | None = None, from_logi
         return cache[s]
 
     if sigma is None:
+
         def small_enough(alpha: float) -> bool:  # relplot's check_smooth_ece
             return alpha < _SMECE_EPS or alpha < float(at(alpha))
 

@@ -22,16 +22,24 @@ from .calibration_error import _error, binned_stats
 __all__ = ["reliability_diagram"]
 
 
-def reliability_diagram(probs: Any, labels: Any, path: str | Path, *, num_bins: int = 15, title: str | None = None,
-                        from_logits: bool = False) -> Path:
+def reliability_diagram(
+    probs: Any,
+    labels: Any,
+    path: str | Path,
+    *,
+    num_bins: int = 15,
+    title: str | None = None,
+    from_logits: bool = False,
+) -> Path:
     """Draw the reliability diagram of top-label predictions and write it to ``path`` (PNG).
 
     Parent folders are created. Returns the path written.
     """
     num_bins = check_num_bins(num_bins)
     x = prepare(probs, labels, from_logits=from_logits)
-    (stats,) = binned_stats(x, num_bins=num_bins, binning="even", top_label=True, class_conditional=False,
-                            thresholds=[0.0])
+    (stats,) = binned_stats(
+        x, num_bins=num_bins, binning="even", top_label=True, class_conditional=False, thresholds=[0.0]
+    )
     ece_value = float(_error(stats, "l1", False, x.num_classes))
     counts, conf_sums, correct_sums = (s[0].cpu().numpy().copy() for s in stats)
     # fold the p == 1.0 bin into the last drawn bar
@@ -49,12 +57,31 @@ def reliability_diagram(probs: Any, labels: Any, path: str | Path, *, num_bins: 
     fig = Figure(figsize=(5.5, 7.0), dpi=110)
     FigureCanvasAgg(fig)
     ax, hx = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2]})
-    ax.bar(left[nonempty], acc[nonempty], width=width, align="edge", color="#3b75af", edgecolor="black",
-           linewidth=0.6, label="accuracy")
+    ax.bar(
+        left[nonempty],
+        acc[nonempty],
+        width=width,
+        align="edge",
+        color="#3b75af",
+        edgecolor="black",
+        linewidth=0.6,
+        label="accuracy",
+    )
     gap_bottom = np.minimum(acc, conf)
     gap_height = np.abs(conf - acc)
-    ax.bar(left[nonempty], gap_height[nonempty], bottom=gap_bottom[nonempty], width=width, align="edge",
-           color="#d62728", alpha=0.35, edgecolor="#d62728", hatch="//", linewidth=0.6, label="gap to confidence")
+    ax.bar(
+        left[nonempty],
+        gap_height[nonempty],
+        bottom=gap_bottom[nonempty],
+        width=width,
+        align="edge",
+        color="#d62728",
+        alpha=0.35,
+        edgecolor="#d62728",
+        hatch="//",
+        linewidth=0.6,
+        label="gap to confidence",
+    )
     ax.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1.0, label="perfect calibration")
     ax.plot(conf[nonempty], acc[nonempty], "o", color="black", markersize=3, label="(mean conf., acc.) per bin")
     ax.set_xlim(0, 1)

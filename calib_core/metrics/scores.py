@@ -95,14 +95,16 @@ def metrics_from_inputs(x: MetricInputs, num_bins: int) -> dict[str, Tensor]:
     """Every metric of :data:`METRIC_NAMES` as 0-dim float64 tensors, sharing work."""
     k = x.num_classes
     b = num_bins
-    (top_even,) = binned_stats(x, num_bins=b, binning="even", top_label=True, class_conditional=False,
-                               thresholds=[0.0])
-    (top_adaptive,) = binned_stats(x, num_bins=b, binning="adaptive", top_label=True, class_conditional=False,
-                                   thresholds=[0.0])
-    sce_stats, cw_stats = binned_stats(x, num_bins=b, binning="even", top_label=False, class_conditional=True,
-                                       thresholds=[0.0, None])
-    ace_stats, tace_stats = binned_stats(x, num_bins=b, binning="adaptive", top_label=False,
-                                         class_conditional=True, thresholds=[0.0, 0.01])
+    (top_even,) = binned_stats(x, num_bins=b, binning="even", top_label=True, class_conditional=False, thresholds=[0.0])
+    (top_adaptive,) = binned_stats(
+        x, num_bins=b, binning="adaptive", top_label=True, class_conditional=False, thresholds=[0.0]
+    )
+    sce_stats, cw_stats = binned_stats(
+        x, num_bins=b, binning="even", top_label=False, class_conditional=True, thresholds=[0.0, None]
+    )
+    ace_stats, tace_stats = binned_stats(
+        x, num_bins=b, binning="adaptive", top_label=False, class_conditional=True, thresholds=[0.0, 0.01]
+    )
     return {
         "accuracy": _accuracy(x),
         "nll": _nll(x),

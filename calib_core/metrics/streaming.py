@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ._inputs import NORMS, check_bool, check_choice, check_num_bins, check_threshold, prepare
 from .binning import EvenBinner, combine, even_sub_stats_1d, even_sub_stats_2d, group_errors
@@ -52,8 +53,27 @@ class CalibrationAccumulator:
 
     _THRESHOLDS = (0.0,)
 
-    def __init__(self, num_classes: int, num_bins: int = 15, *, from_logits: bool = False,
-                 device: str | torch.device | None = None):
+    # State tensors (float64), set by reset() / load_state_dict() / _move_to() through the
+    # names in _MATRICES and _SCALARS.
+    top_counts: Tensor
+    top_conf: Tensor
+    top_correct: Tensor
+    cls_counts: Tensor
+    cls_sums: Tensor
+    cls_correct: Tensor
+    n: Tensor
+    n_correct: Tensor
+    nll_sum: Tensor
+    brier_sum: Tensor
+
+    def __init__(
+        self,
+        num_classes: int,
+        num_bins: int = 15,
+        *,
+        from_logits: bool = False,
+        device: str | torch.device | None = None,
+    ):
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an integer >= 2 (use 2 for binary), got {num_classes!r}")
         self.num_classes = num_classes
@@ -68,7 +88,7 @@ class CalibrationAccumulator:
     def num_sub(self) -> int:
         return self.num_bins + 2  # B even bins + the p == 1.0 bin + the p == 0 sub-bin
 
-    def reset(self) -> "CalibrationAccumulator":
+    def reset(self) -> CalibrationAccumulator:
         dev = self.device or torch.device("cpu")
         for name in _MATRICES:
             setattr(self, name, torch.zeros(self.num_classes, self.num_sub, dtype=torch.float64, device=dev))
@@ -87,7 +107,7 @@ class CalibrationAccumulator:
         out.update({n: getattr(self, n).detach().cpu().clone() for n in _MATRICES + _SCALARS})
         return out
 
-    def load_state_dict(self, state: dict[str, Any]) -> "CalibrationAccumulator":
+    def load_state_dict(self, state: dict[str, Any]) -> CalibrationAccumulator:
         if state.get("num_classes") != self.num_classes or state.get("num_bins") != self.num_bins:
             raise ValueError(
                 f"state is for num_classes={state.get('num_classes')}, num_bins={state.get('num_bins')}; "
@@ -112,7 +132,7 @@ class CalibrationAccumulator:
         self.device = device
 
     # -- update / merge ---------------------------------------------------------------
-    def update(self, probs: Any, labels: Any) -> "CalibrationAccumulator":
+    def update(self, probs: Any, labels: Any) -> CalibrationAccumulator:
         x = prepare(probs, labels, from_logits=self.from_logits)
         if x.num_classes != self.num_classes:
             raise ValueError(
@@ -127,6 +147,7 @@ class CalibrationAccumulator:
         conf, pred = x.top()
         correct = x.correct()
         cnt, conf_sums, corr = even_sub_stats_1d(binner, conf, pred, k, weights=correct)
+        assert corr is not None  # weight sums come back when weights are given
         cls_cnt, cls_sums = even_sub_stats_2d(binner, x.probs, columns=True)
         cls_corr, _, _ = even_sub_stats_1d(binner, x.p_true(), x.labels, k)
         dev = self.device
@@ -142,7 +163,7 @@ class CalibrationAccumulator:
         self.brier_sum += brier_per_row(x).sum().to(dev)
         return self
 
-    def merge(self, other: "CalibrationAccumulator") -> "CalibrationAccumulator":
+    def merge(self, other: CalibrationAccumulator) -> CalibrationAccumulator:
         """Add ``other``'s statistics into this accumulator (in place); returns self."""
         if not isinstance(other, CalibrationAccumulator):
             raise ValueError(f"can only merge a CalibrationAccumulator, got {type(other).__name__}")
@@ -152,6 +173,7 @@ class CalibrationAccumulator:
                 f"{other.num_classes}/{other.num_bins} vs {self.num_classes}/{self.num_bins}"
             )
         if not self._started and other._started:
+            assert other.device is not None  # a started accumulator has a device
             self._move_to(other.device)
             self._started = True
         for n in _MATRICES + _SCALARS:
@@ -163,8 +185,14 @@ class CalibrationAccumulator:
         if float(self.n) == 0:
             raise ValueError("CalibrationAccumulator is empty: call update() before compute()")
 
-    def calibration_error(self, *, top_label: bool = True, class_conditional: bool = False, norm: str = "l1",
-                          threshold: float | None = 0.0) -> float:
+    def calibration_error(
+        self,
+        *,
+        top_label: bool = True,
+        class_conditional: bool = False,
+        norm: str = "l1",
+        threshold: float | None = 0.0,
+    ) -> float:
         """Even-binned GCE from the state; ``threshold`` must be 0.0 or None here."""
         self._check_nonempty()
         top_label = check_bool("top_label", top_label)
@@ -179,13 +207,15 @@ class CalibrationAccumulator:
         binner = self._binner(torch.float64, torch.device("cpu"))
         ti = 0 if threshold == 0.0 else None
         names = ("top_counts", "top_conf", "top_correct") if top_label else ("cls_counts", "cls_sums", "cls_correct")
-        stats = []
-        for name in names:
+
+        def collapsed(name: str) -> Tensor:
             sub = getattr(self, name).cpu()
             if not class_conditional:
                 sub = sub.sum(dim=0, keepdim=True)
-            stats.append(binner.collapse(sub, ti))
-        value = combine(group_errors(*stats, norm), norm, class_conditional, self.num_classes)
+            return binner.collapse(sub, ti)
+
+        counts, sums, correct = (collapsed(name) for name in names)
+        value = combine(group_errors(counts, sums, correct, norm), norm, class_conditional, self.num_classes)
         return float(value)
 
     def compute(self) -> dict[str, float]:
@@ -204,5 +234,7 @@ class CalibrationAccumulator:
         }
 
     def __repr__(self) -> str:
-        return (f"CalibrationAccumulator(num_classes={self.num_classes}, num_bins={self.num_bins}, "
-                f"from_logits={self.from_logits}, n={int(float(self.n))})")
+        return (
+            f"CalibrationAccumulator(num_classes={self.num_classes}, num_bins={self.num_bins}, "
+            f"from_logits={self.from_logits}, n={int(float(self.n))})"
+        )
