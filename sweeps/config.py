@@ -278,7 +278,7 @@ def with_defaults(cfg: SweepConfig, cluster: bool, workdir: str | Path = ".") ->
     if cfg.storage_path is None and not cluster:
         updates["storage_path"] = str(Path(workdir).resolve() / "ray_results")
     elif cfg.storage_path and "://" not in cfg.storage_path:
-        updates["storage_path"] = str(Path(cfg.storage_path).expanduser().resolve())
+        updates["storage_path"] = str((Path(workdir) / Path(cfg.storage_path).expanduser()).resolve())
     if cfg.search.storage is None:
         url = default_study_storage(tracking.uri)
         search = cfg.search.model_copy()

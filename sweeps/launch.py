@@ -148,16 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     if nothing_to_do:
         print(nothing_to_do)
         return EXIT_OK
-    from sweeps.service import SweepError, run_sweep
+    from sweeps.service import SweepError, SweepIncomplete, execute
 
     try:
-        return run_sweep(cfg, cluster=args.cluster, resume=args.resume, verbose=args.verbose)
+        execute(cfg, cluster=args.cluster, resume=args.resume, verbose=args.verbose)
+    except SweepIncomplete as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ConfigError, SweepError, ResourcesUnavailable) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted: runs marked KILLED; continue with --resume", file=sys.stderr)
         return EXIT_INTERRUPTED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,41 @@ from sweeps.uncertainty import Replicates, compute_replicates, interval_metrics,
 
 class SweepError(RuntimeError):
     """The sweep could not run or produced nothing to select."""
+
+
+class SweepIncomplete(SweepError):
+    """The sweep stopped with trials unfinished (interrupted trials, a driver stop): `--resume` continues it."""
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"sweep stopped with {done}/{total} trials done; continue with --resume")
+        self.done, self.total = done, total
+
+
+@dataclass
+class SweepResult:
+    """What a finished sweep produced (`sweeps.run_sweep`; docs in sweeps/api.py)."""
+
+    name: str
+    champion_run_id: str
+    champion_trial_id: str
+    champion_label: str
+    model_uri: str  # models:/<registered model>/<version>: this sweep's champion, for good
+    model_version: str
+    leaderboard: Any  # pandas.DataFrame, as sweep/leaderboard.csv on the parent run
+    selection: str  # the selection sentence
+    intervals: dict[str, dict[str, tuple[float, float]]]  # trial id -> metric -> (low, high) bootstrap CI
+    confidence: float
+    parent_run_id: str
+    experiment_id: str
+    tracking_uri: str
+    study_storage: str
+    replicates: Replicates | None = None  # the paired bootstrap replicates (None when loaded from MLflow)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def champion_uri(self) -> str:
+        """models:/<registered model>@champion (moves to the champion of the latest sweep)."""
+        return self.model_uri.rsplit("/", 1)[0] + "@champion"
 
 
 class TrialParams:
@@ -256,16 +292,17 @@ def _intro(cfg: SweepConfig, exp_path: str, parent_id: str, resumed: bool) -> st
     ])
 
 
-def run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = False) -> int:
-    """Run (or resume) the sweep; return 0 when a champion was selected and registered.
+def execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = False) -> SweepResult:
+    """Run (or resume) a checked sweep (sweeps.preflight ran); the champion is selected and registered.
 
+    Raises SweepIncomplete when trials were left unfinished, SweepError when the sweep failed.
     Output is made for people (sweeps/progress.py) unless `verbose`, which keeps Ray Tune's default
     output and every library's log lines."""
     with quiet_output(not verbose):
-        return _run_sweep(cfg, cluster=cluster, resume=resume, verbose=verbose)
+        return _execute(cfg, cluster=cluster, resume=resume, verbose=verbose)
 
 
-def _run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) -> int:
+def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) -> SweepResult:
     from sweeps.model_export import log_and_register
     from sweeps.resource_wait import PendingTimeout
 
@@ -324,11 +361,19 @@ def _run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) 
         done = sum(rec.status == "completed" for rec in records)
         # ASHA-stopped trials are TERMINATED too; interrupted ones are neither terminated nor errored.
         unfinished = len(results) - results.num_terminated - results.num_errors
-        if unfinished or len(records) < cfg.search.num_samples:
+        incomplete = bool(unfinished or len(records) < cfg.search.num_samples)
+        if incomplete:
             client.set_terminated(parent_id, status="KILLED")
-            print(f"sweep stopped with {done}/{cfg.search.num_samples} trials done; continue with --resume",
-                  file=sys.stderr)
-            return 130
+    except KeyboardInterrupt:
+        close_open_runs(client, experiment_id, cfg.name, "KILLED")
+        client.set_terminated(parent_id, status="KILLED")
+        raise
+    except BaseException as exc:
+        _fail(client, experiment_id, parent_id, cfg.name, exc)
+        raise
+    if incomplete:
+        raise SweepIncomplete(done, cfg.search.num_samples)
+    try:
         try:
             reps = _replicates(records, cfg)
             chosen, why = select(records, cfg.selection, reps)
@@ -347,13 +392,25 @@ def _run_sweep(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) 
         client.set_terminated(parent_id, status="KILLED")
         raise
     except BaseException as exc:
-        # Nothing stays RUNNING: open trial runs are KILLED, the sweep FAILED with its reason.
-        close_open_runs(client, experiment_id, cfg.name, "KILLED")
-        client.set_tag(parent_id, "calib.failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
-        client.set_terminated(parent_id, status="FAILED")
+        _fail(client, experiment_id, parent_id, cfg.name, exc)
         raise
     _print_summary(board, ranks, why, cfg, version)
+    timings = {"ray_start_s": t_fit - t_start, "trials_s": t_trials - t_fit, "selection_registration_s": t_end - t_trials}
     print(f"Timing: Ray start {t_fit - t_start:.1f}s, trials {t_trials - t_fit:.1f}s, "
           f"selection and registration {t_end - t_trials:.1f}s")
-    return 0
+    intervals = {tid: {k: tuple(float(x) for x in reps.interval(tid, k)) for k in reps.values[tid]}
+                 for tid in reps.values}
+    return SweepResult(
+        name=cfg.name, champion_run_id=chosen.run_id or "", champion_trial_id=chosen.trial_id,
+        champion_label=chosen.label, model_uri=f"models:/{cfg.tracking.registered_model}/{version}",
+        model_version=str(version), leaderboard=board, selection=why, intervals=intervals, confidence=reps.level,
+        parent_run_id=parent_id, experiment_id=experiment_id, tracking_uri=cfg.tracking.uri,
+        study_storage=cfg.search.storage or MEMORY, replicates=reps, timings=timings)
+
+
+def _fail(client: MlflowClient, experiment_id: str, parent_id: str, sweep: str, exc: BaseException) -> None:
+    """Nothing stays RUNNING: open trial runs are KILLED, the sweep FAILED with its reason."""
+    close_open_runs(client, experiment_id, sweep, "KILLED")
+    client.set_tag(parent_id, "calib.failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
+    client.set_terminated(parent_id, status="FAILED")
 

@@ -1,0 +1,118 @@
+"""The Python API: `run_sweep(config) -> SweepResult`, the same sweep as `python sweeps/launch.py`.
+
+    from sweeps import run_sweep
+
+    result = run_sweep("sweeps/configs/mnist1d_demo.yaml", overrides=["search.num_samples=2"], workdir="/tmp/s")
+    result.champion_run_id        # the champion's MLflow run
+    result.model_uri              # models:/calibrated-classifier/<version>: mlflow.pyfunc.load_model(...)
+    result.leaderboard            # pandas.DataFrame (sweep/leaderboard.csv)
+    result.selection              # the selection sentence
+    result.intervals[result.champion_trial_id]["val_ece"]   # (low, high) paired-bootstrap interval
+
+`examples/python_api.py` runs a 2-trial sweep this way. The checks, defaults and outputs are the
+CLI's: the config is validated (ConfigError, one line naming the field), the environment checked
+before anything is written (sweeps/preflight.py), the MLflow store, the Optuna study and Ray
+Tune's results default to `workdir` (the current directory), and the sweep prints the same
+report (`verbose=True`: Ray Tune's full output). Exceptions where the CLI has exit codes:
+ConfigError (2), SweepError (1), SweepIncomplete (130: trials left unfinished, `resume=True`
+continues), KeyboardInterrupt (130). `resume=True` on a sweep that already finished returns its
+result as recorded in MLflow (no replicates) and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from calib_core.config import ConfigError, apply_overrides, build_model, read_yaml
+from sweeps.config import DEFAULT_CONFIG, SweepConfig, with_defaults
+
+__all__ = ["ConfigError", "SweepError", "SweepIncomplete", "SweepResult", "load_result", "run_sweep"]
+
+
+def run_sweep(config: SweepConfig | Mapping[str, Any] | str | Path | None = None, *,
+              overrides: Sequence[str] = (), cluster: bool = False, resume: bool = False, verbose: bool = False,
+              workdir: str | Path | None = None) -> Any:
+    """Run (or resume) a sweep and return its `SweepResult` (champion, model URI, leaderboard, selection,
+    intervals and replicates).
+
+    config: a SweepConfig, a dict of the YAML's shape, a YAML file, or None for the MNIST-1D demo;
+    overrides: `--set` style "dotted.key=value" strings; cluster / resume / verbose: as the CLI's flags;
+    workdir: where the local defaults go (mlflow.db, optuna.db, mlartifacts, ray_results).
+    """
+    from sweeps.preflight import check_config, preflight
+    from sweeps.service import execute
+
+    cfg = resolve(config, overrides, cluster=cluster, workdir=workdir)
+    check_config(cfg, cluster=cluster)
+    nothing_to_do = preflight(cfg, cluster=cluster, resume=resume)
+    if nothing_to_do:
+        print(nothing_to_do)
+        return load_result(cfg)
+    return execute(cfg, cluster=cluster, resume=resume, verbose=verbose)
+
+
+def resolve(config: SweepConfig | Mapping[str, Any] | str | Path | None, overrides: Sequence[str] = (), *,
+            cluster: bool = False, workdir: str | Path | None = None) -> SweepConfig:
+    """The validated config with the CLI's defaults filled in (see run_sweep)."""
+    if isinstance(config, SweepConfig):
+        raw = config.model_dump(mode="json")
+    elif isinstance(config, Mapping):
+        raw = dict(config)
+    else:
+        raw = read_yaml(DEFAULT_CONFIG if config is None else config)
+    cfg = build_model(SweepConfig, apply_overrides(raw, list(overrides)))
+    return with_defaults(cfg, cluster=cluster, workdir=Path(workdir) if workdir is not None else Path.cwd())
+
+
+def load_result(cfg: SweepConfig) -> Any:
+    """The SweepResult of a finished sweep, read back from MLflow (its parent run, artifacts and child runs)."""
+    import json
+    import tempfile
+
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    from sweeps.service import SweepError, SweepResult
+    from sweeps.study import MEMORY
+    from sweeps.tracking import TAG_ROLE, TAG_SWEEP, TAG_TRIAL, find_run
+
+    assert cfg.tracking.uri
+    client = MlflowClient(cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    parent = find_run(client, exp.experiment_id, {TAG_SWEEP: cfg.name, TAG_ROLE: "parent"}) if exp else None
+    if parent is None or "calib.champion_run" not in parent.data.tags:
+        raise SweepError(f"sweep {cfg.name!r} has no selected champion in {cfg.tracking.uri}")
+    champion_run = parent.data.tags["calib.champion_run"]
+    model = cfg.tracking.registered_model
+    versions = [v for v in client.search_model_versions(f"run_id = '{champion_run}'") if v.name == model]
+    if not versions:
+        raise SweepError(f"sweep {cfg.name!r}: its champion run {champion_run} is not registered as {model}")
+    version = str(max(int(v.version) for v in versions))
+    with tempfile.TemporaryDirectory() as d:
+        board = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep/leaderboard.csv", d))
+        sel = json.loads(Path(client.download_artifacts(parent.info.run_id, "sweep/selection.json", d)).read_text())
+    flt = f"tags.`{TAG_SWEEP}` = '{cfg.name}' and tags.`{TAG_ROLE}` = 'trial'"
+    intervals: dict[str, dict[str, tuple[float, float]]] = {}
+    for run in client.search_runs([exp.experiment_id], filter_string=flt, max_results=10000):
+        m = run.data.metrics
+        ci = {k.removesuffix("_ci_low"): (m[k], m[k.removesuffix("_low") + "_high"])
+              for k in m if k.endswith("_ci_low") and k.removesuffix("_low") + "_high" in m}
+        if ci:
+            intervals[run.data.tags.get(TAG_TRIAL, "")] = ci
+    return SweepResult(
+        name=cfg.name, champion_run_id=champion_run, champion_trial_id=sel["champion_trial"],
+        champion_label=sel["label"], model_uri=f"models:/{model}/{version}", model_version=version,
+        leaderboard=board, selection=sel["why"], intervals=intervals, confidence=float(sel["confidence"]),
+        parent_run_id=parent.info.run_id, experiment_id=exp.experiment_id, tracking_uri=cfg.tracking.uri,
+        study_storage=cfg.search.storage or MEMORY, replicates=None)
+
+
+def __getattr__(name: str) -> Any:
+    # the service's classes, without importing Ray and MLflow when this module is imported
+    if name in ("SweepError", "SweepIncomplete", "SweepResult"):
+        from sweeps import service
+
+        return getattr(service, name)
+    raise AttributeError(name)

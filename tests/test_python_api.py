@@ -1,0 +1,46 @@
+"""The Python API: examples/python_api.py runs a 2-trial sweep with `run_sweep` and uses its result."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_example_runs_a_sweep_and_uses_its_result(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "python_api.py")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout.split("--- what run_sweep returned ---", 1)[1]
+    assert re.search(r"champion: \S+ .*\(MLflow run [0-9a-f]{32}, trial \w+\)", out), out
+    assert re.search(r"model: models:/calibrated-classifier/\d+ \(also models:/calibrated-classifier@champion\)", out)
+    assert "val_ece_ci_low" in out and "selection: " in out
+    assert "calibrated probabilities of 5 test inputs: shape (5, 10), rows sum to 1" in out
+    assert not list(tmp_path.glob("mlflow.db")), "the example writes into its own temporary folder only"
+
+
+def test_config_errors_are_raised_before_anything_is_written(tmp_path):
+    from sweeps import ConfigError, run_sweep
+
+    with pytest.raises(ConfigError, match="search.num_samples"):
+        run_sweep(overrides=["search.num_samples=0"], workdir=tmp_path)
+    with pytest.raises(ConfigError, match="run.train.epochs"):
+        run_sweep({"run": {"train": {"epochs": "x"}}}, workdir=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_resolve_fills_the_cli_defaults_in_workdir(tmp_path):
+    from sweeps.api import resolve
+
+    cfg = resolve(None, ["search.num_samples=2"], workdir=tmp_path)
+    assert cfg.search.num_samples == 2
+    assert cfg.tracking.uri == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert cfg.search.storage == f"sqlite:///{tmp_path.resolve()}/optuna.db"
+    assert cfg.storage_path == str(tmp_path.resolve() / "ray_results")
