@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-DatasetName = Literal[
-    "mnist1d", "digits", "cifar10", "cifar100", "svhn", "mnist", "fashionmnist", "digits_mtl", "mnist1d_mtl", "celeba"
-]
-ModelName = Literal["mlp", "cnn1d", "cnn2d", "resnet18", "resnet34", "resnet50", "wrn28_10", "vit_small"]
+# Names come from the registries (calib_core.models, calib_core.data, calib_core.calibrators, plus
+# plugins: calib_core/plugins.py), checked once the rest of a config is valid (RunConfig._registered).
+DatasetName = str
+ModelName = str
 Method = Literal["onego", "ce", "posthoc", "label_smoothing", "focal"]
-CalibratorName = Literal["none", "temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer"]
+CalibratorName = str  # a registered calibrator, or "none"
 PosthocName = Literal["temperature", "vector", "matrix"]
 
 _CALIB_DATA = re.compile(r"^(same|lookahead|holdout:(0?\.\d+|1e-\d+))$")
@@ -149,6 +149,20 @@ class RunConfig(_Strict):
         if not re.match(r"^(auto|cpu|cuda(:\d+)?)$", v):
             raise ValueError("must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
         return v
+
+    @model_validator(mode="after")
+    def _registered(self, info: ValidationInfo) -> RunConfig:
+        """Dataset, model and calibrator names against the registries (importing them, so torch). A
+        config embedding this one defers the check to its own (context {"defer_names": True}), which
+        runs only when every other value is valid: a bad value elsewhere fails without torch."""
+        if info.context and info.context.get("defer_names"):
+            return self
+        from calib_core.plugins import run_config_problems
+
+        problems = run_config_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class ConfigError(ValueError):
@@ -283,10 +297,10 @@ def read_yaml(path: str | Path | None) -> dict[str, Any]:
     return raw
 
 
-def build_model(cls: type[BaseModel], raw: dict[str, Any]) -> Any:
+def build_model(cls: type[BaseModel], raw: dict[str, Any], context: dict[str, Any] | None = None) -> Any:
     """Validate a raw dict into `cls`, turning pydantic errors into a one-line ConfigError."""
     try:
-        return cls.model_validate(raw)
+        return cls.model_validate(raw, context=context)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
 

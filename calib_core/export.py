@@ -83,7 +83,15 @@ def model_spec(module: nn.Module, run_config: Mapping[str, Any], input_shape: Se
         "num_classes": num_classes,
         "tasks": tasks,
         "calibrator": calibrator,
+        # modules that registered models or calibrators (calib_core/plugins.py): imported again on load
+        **({"plugins": list(_loaded_plugins())} if _loaded_plugins() else {}),
     }
+
+
+def _loaded_plugins() -> list[str]:
+    from calib_core.plugins import _loaded
+
+    return list(_loaded)
 
 
 def output_classes(spec: Mapping[str, Any]) -> list[tuple[str | None, int]]:
@@ -95,6 +103,9 @@ def output_classes(spec: Mapping[str, Any]) -> list[tuple[str | None, int]]:
 
 def build_calibrated_model(spec: Mapping[str, Any]) -> nn.Module:
     """A freshly initialised module with the structure `spec` describes (eval mode)."""
+    from calib_core.plugins import load_plugins
+
+    load_plugins(spec.get("plugins") or ())  # a plugin's model or calibrator (importable where it loads)
     from calib_core.calibrators import create_calibrator
     from calib_core.models import create_model
     from calib_core.models.multitask import MultiTaskClassifier

@@ -62,7 +62,7 @@ def resolve(config: SweepConfig | Mapping[str, Any] | str | Path | None, overrid
         raw = dict(config)
     else:
         raw = read_yaml(DEFAULT_CONFIG if config is None else config)
-    cfg = build_model(SweepConfig, apply_overrides(raw, list(overrides)))
+    cfg = build_model(SweepConfig, apply_overrides(raw, list(overrides)), context={"defer_names": True})
     return with_defaults(cfg, cluster=cluster, workdir=Path(workdir) if workdir is not None else Path.cwd())
 
 

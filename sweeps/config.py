@@ -11,10 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from calib_core.config import ConfigError, RunConfig, apply_overrides, build_model, read_yaml
 
-SEARCHABLE_CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer")
-# Reference points a sweep may include beside the one-go calibrators.
+# What search.calibrators searches when a config does not say: the built-in one-go calibrators. Any
+# calibrator registered in calib_core.calibrators (plugins included) may be listed; the names are
+# checked against the registry once the rest of the config is valid (SweepConfig._registered).
+DEFAULT_CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer")
+# Reference points a sweep may include beside the one-go calibrators (no calibrator lr is searched).
 BASELINE_CHOICES = ("none", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")
-ALLOWED_CHOICES = SEARCHABLE_CALIBRATORS + BASELINE_CHOICES
 OOD_METRICS = ("ood_msp_auroc", "ood_entropy_auroc", "ood_msp_fpr95", "ood_entropy_fpr95")
 # Less biased calibration estimators (calib_core.metrics.debiased), measured after training.
 DEBIASED_METRICS = ("debiased_l2_ce", "ece_sweep", "smooth_ece")
@@ -70,7 +72,7 @@ class SearchConfig(_Strict):
     """What Optuna searches and what it optimises (validation metrics only)."""
 
     num_samples: int = Field(default=8, ge=1)
-    calibrators: list[str] = Field(default_factory=lambda: list(SEARCHABLE_CALIBRATORS))
+    calibrators: list[str] = Field(default_factory=lambda: list(DEFAULT_CALIBRATORS))
     calibrator_lr: LogRange = Field(default_factory=LogRange)
     params: dict[str, ExtraParam] = Field(default_factory=dict)
     objective: Literal["single", "multi"] = "multi"
@@ -90,9 +92,6 @@ class SearchConfig(_Strict):
     def _known_calibrators(cls, v: list[str]) -> list[str]:
         if not v:
             raise ValueError("must list at least one calibrator")
-        bad = [c for c in v if c not in ALLOWED_CHOICES]
-        if bad:
-            raise ValueError(f"unknown calibrator {bad[0]!r}; allowed: {', '.join(ALLOWED_CHOICES)}")
         if len(set(v)) != len(v):
             raise ValueError("calibrators must not repeat")
         return v
@@ -210,6 +209,9 @@ class SweepConfig(_Strict):
     """A whole sweep: the base run config plus search, resources, tracking and selection."""
 
     name: str = "mnist1d-demo"
+    # Modules that register models, datasets or calibrators (calib_core/plugins.py, docs/extending.md),
+    # imported before the names are checked, and in every trial process.
+    plugins: list[str] = Field(default_factory=list)
     storage_path: str | None = None
     run: RunConfig = Field(default_factory=RunConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
@@ -229,6 +231,31 @@ class SweepConfig(_Strict):
         if self.search.scheduler == "asha" and self.search.metric in final_only:
             raise ValueError(f"search.scheduler: {self.search.metric} is measured once after training, so ASHA cannot use it")
         return self
+
+    @model_validator(mode="after")
+    def _registered(self) -> SweepConfig:
+        """Plugins imported, then every model, dataset and calibrator name checked against the registries
+        (runs only when every other value is valid: load_sweep_config defers RunConfig's own check here)."""
+        from calib_core.plugins import load_plugins, name_problem, run_config_problems
+
+        load_plugins(self.plugins)
+        problems = run_config_problems(self.run, prefix="run.")
+        for c in self.search.calibrators:
+            if c not in BASELINE_CHOICES:
+                problem = name_problem("calibrator", "search.calibrators", c)
+                if problem:
+                    problems.append(f"{problem}; or a reference point: {', '.join(BASELINE_CHOICES)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @field_validator("plugins")
+    @classmethod
+    def _module_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", name):
+                raise ValueError(f"{name!r} is not a module name (e.g. my_plugins or my_pkg.calibration)")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -299,4 +326,4 @@ def is_local_uri(uri: str) -> bool:
 def load_sweep_config(path: str | Path | None, overrides: list[str] | None = None) -> SweepConfig:
     """Load a SweepConfig from YAML (default: the embedded MNIST-1D demo) plus `--set` overrides."""
     raw = read_yaml(path if path is not None else DEFAULT_CONFIG)
-    return build_model(SweepConfig, apply_overrides(raw, overrides or []))
+    return build_model(SweepConfig, apply_overrides(raw, overrides or []), context={"defer_names": True})

@@ -217,7 +217,7 @@ def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False) -> str | No
     with _fs_errors("storage_path"):
         check_storage(cfg.storage_path or "", cluster)
     if cluster:
-        connect_cluster()
+        connect_cluster(plugin_runtime_env(cfg.plugins))
         with _fs_errors("tracking.uri"):
             check_tracking(cfg.tracking.uri or "", cluster)
         check_cluster(cfg, loopback_tracking)
@@ -508,7 +508,21 @@ def _stderr_captured() -> Iterator[list[str]]:
             out.append(tmp.read().decode(errors="replace"))
 
 
-def connect_cluster() -> None:
+def plugin_runtime_env(plugins: list[str]) -> dict[str, Any] | None:
+    """Ray's runtime_env that ships the plugin modules (calib_core/plugins.py) not installed in site-packages
+    to every node (`py_modules`; the trials import them), or None."""
+    from calib_core.plugins import load_plugins
+
+    mods = []
+    for name in load_plugins(plugins):
+        top = sys.modules.get(name.split(".")[0])
+        where = getattr(top, "__file__", None) or ""
+        if top is not None and "site-packages" not in where and top not in mods:
+            mods.append(top)
+    return {"py_modules": mods} if mods else None
+
+
+def connect_cluster(runtime_env: dict[str, Any] | None = None) -> None:
     """Join the Ray cluster (RAY_ADDRESS, else 'auto'), failing in one line when none answers.
 
     ray.init against a closed port retries for minutes, so the head is probed first.
@@ -538,7 +552,7 @@ def connect_cluster() -> None:
         raise ConfigError(f"--cluster: no Ray cluster answers at {address} ({reason}); start it or fix RAY_ADDRESS")
     try:
         with _stderr_captured() as logged:
-            ray.init(address=address, logging_level=logging.WARNING)
+            ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
     except Exception as exc:  # ConnectionError, authentication, version mismatch...
         detail = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise ConfigError(f"--cluster: could not join the Ray cluster at {address}: {detail}") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from calib_core.config import RunConfig, build_model
-from sweeps.config import SEARCHABLE_CALIBRATORS, SearchConfig
+from sweeps.config import BASELINE_CHOICES, SearchConfig
 
 
 class SearchSpace:
@@ -22,7 +22,7 @@ class SearchSpace:
     def __call__(self, trial: Any) -> None:
         """Sample one configuration on an optuna trial."""
         choice = trial.suggest_categorical("calibrator", self.calibrators)
-        if choice in SEARCHABLE_CALIBRATORS:
+        if choice not in BASELINE_CHOICES:  # a one-go calibrator: its learning rate is searched
             trial.suggest_float("calibrator_lr", self.lr_low, self.lr_high, log=True)
         for key, p in self.params.items():
             if p["type"] == "loguniform":

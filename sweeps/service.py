@@ -19,6 +19,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from calib_core.config import RunConfig
+from calib_core.plugins import plugin_modules
 from sweeps.config import SweepConfig
 from sweeps.preflight import redact
 from sweeps.progress import ProgressCallback, StatusReporter, quiet_output
@@ -332,7 +333,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
     r = cfg.resources
     trainable = tune.with_resources(tune.with_parameters(train_trial, base=base,
                                                          evaluation=cfg.evaluation.model_dump(mode="json"),
-                                                         quiet=not verbose),
+                                                         plugins=plugin_modules(cfg.plugins), quiet=not verbose),
                                     {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial})
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
 

@@ -6,6 +6,8 @@ name; `fit_posthoc` fits one with full-batch LBFGS on cached logits.
 
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 
 from .base import Calibrator
@@ -27,7 +29,28 @@ CALIBRATORS: dict[str, type[Calibrator]] = {
 }
 
 
+def register_calibrator(name: str):
+    """Class decorator: register a `Calibrator` subclass under `name` (a sweep can then search it).
+
+    It is built as `cls(num_classes, **train.calibrator_kwargs)`, plus `feature_dim=` and `head=` when
+    its constructor takes them (a calibrator on the backbone's features, like `mlp` or `last_layer`).
+    The class is returned unchanged; a name registered to another class is refused."""
+
+    def deco(cls: type[Calibrator]) -> type[Calibrator]:
+        if not (isinstance(cls, type) and issubclass(cls, Calibrator)):
+            raise TypeError(f"register_calibrator({name!r}) expects a Calibrator subclass, got {cls!r}")
+        if name == "none":
+            raise ValueError("'none' means no calibrator (plain cross-entropy); pick another name")
+        if name in CALIBRATORS and CALIBRATORS[name] is not cls:
+            raise ValueError(f"calibrator name {name!r} is already registered to {CALIBRATORS[name].__qualname__}")
+        CALIBRATORS[name] = cls
+        return cls
+
+    return deco
+
+
 def list_calibrators() -> list[str]:
+    """Registered calibrator names (built-in ones first)."""
     return list(CALIBRATORS)
 
 
@@ -49,7 +72,9 @@ def create_calibrator(
             return cls(num_classes, head=head, feature_dim=feature_dim, **kwargs)
         if name == "mlp":
             return cls(num_classes, feature_dim=feature_dim, head=head, **kwargs)
-        return cls(num_classes, **kwargs)
+        accepted = inspect.signature(cls.__init__).parameters
+        extra = {k: v for k, v in (("feature_dim", feature_dim), ("head", head)) if k in accepted}
+        return cls(num_classes, **extra, **kwargs)
     except TypeError as exc:  # unknown keyword argument
         raise ValueError(f"calibrator {name!r}: {exc}") from None
 
@@ -66,4 +91,5 @@ __all__ = [
     "create_calibrator",
     "fit_posthoc",
     "list_calibrators",
+    "register_calibrator",
 ]

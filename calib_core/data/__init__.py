@@ -5,7 +5,7 @@ From files in torchvision's layout under `data.root`: cifar10, cifar100, svhn, m
 fashionmnist. Splits are disjoint and fixed by the seed; standardisation uses train only.
 """
 
-from calib_core.data.registry import list_datasets, load_dataset
+from calib_core.data.registry import list_datasets, load_dataset, register_dataset
 from calib_core.data.splits import (
     CropFlip,
     DataSplits,
@@ -18,6 +18,6 @@ from calib_core.data.splits import (
 )
 
 __all__ = [
-    "load_dataset", "list_datasets", "DataSplits", "Split", "CropFlip", "iterate_batches",
+    "load_dataset", "list_datasets", "register_dataset", "DataSplits", "Split", "CropFlip", "iterate_batches",
     "split_indices", "train_val_test_indices", "channel_stats", "standardize",
 ]

@@ -20,11 +20,36 @@ _LOADERS: dict[str, Callable[[DataConfig, int], DataSplits]] = {
     **MULTITASK_LOADERS,  # digits_mtl, mnist1d_mtl: labels (N, 4), DataSplits.tasks set
     "celeba": load_celeba,  # 40 binary attribute tasks
 }
-_GENERATED = ("mnist1d", "mnist1d_mtl")  # accept data.num_samples
-_AUGMENTABLE = tuple(SPECS)  # image sets with a crop (+ flip) policy
+_GENERATED = {"mnist1d", "mnist1d_mtl"}  # accept data.num_samples
+_AUGMENTABLE = set(SPECS)  # image sets with a crop (+ flip) policy
+
+Loader = Callable[[DataConfig, int], DataSplits]
+
+
+def register_dataset(name: str, *, generated: bool = False,
+                     augmentable: bool = False) -> Callable[[Loader], Loader]:
+    """Decorator: register `loader(cfg: DataConfig, seed: int) -> DataSplits` under `name`.
+
+    `generated`: the loader honours `data.num_samples`; `augmentable`: it applies `data.augment`.
+    The function is returned unchanged; a name registered to another loader is refused."""
+
+    def deco(loader: Loader) -> Loader:
+        if not callable(loader):
+            raise TypeError(f"register_dataset({name!r}) expects a function (cfg, seed) -> DataSplits")
+        if name in _LOADERS and _LOADERS[name] is not loader:
+            raise ValueError(f"dataset name {name!r} is already registered to {_LOADERS[name].__qualname__}")
+        _LOADERS[name] = loader
+        if generated:
+            _GENERATED.add(name)
+        if augmentable:
+            _AUGMENTABLE.add(name)
+        return loader
+
+    return deco
 
 
 def list_datasets() -> list[str]:
+    """Registered dataset names, sorted."""
     return sorted(_LOADERS)
 
 
@@ -45,6 +70,6 @@ def load_dataset(cfg: DataConfig | dict[str, Any], seed: int) -> DataSplits:
         )
     if cfg.augment and cfg.name not in _AUGMENTABLE:
         raise ValueError(
-            f"data.augment: no augmentation is defined for {cfg.name!r}; defined for {', '.join(_AUGMENTABLE)}"
+            f"data.augment: no augmentation is defined for {cfg.name!r}; defined for {', '.join(sorted(_AUGMENTABLE))}"
         )
     return _LOADERS[cfg.name](cfg, int(seed))

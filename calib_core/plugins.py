@@ -1,0 +1,92 @@
+"""Models, datasets and calibrators from outside the package, and the names the configs accept.
+
+A plugin is a module that registers what it adds when it is imported:
+
+    from calib_core.calibrators import Calibrator, register_calibrator
+    from calib_core.data import register_dataset
+    from calib_core.models import Classifier, register_model
+
+    @register_model("tiny_mlp")
+    class TinyMLP(Classifier): ...
+
+Configs name plugins in `plugins: [my_plugin]` (the sweep config; Ray's trial processes import
+them too) or in the environment variable CALIB_PLUGINS (comma-separated module names; also read
+by `python -m calib_core.train` and when a champion model is loaded). docs/extending.md walks
+through each kind.
+
+`run.data.name`, `run.model.name`, `run.train.calibrator` and the sweep's calibrators are checked
+against the registries once the rest of a config is valid (so that a bad value elsewhere still
+fails without importing torch: this module imports the registries only when asked).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from calib_core.config import ConfigError
+
+PLUGINS_ENV = "CALIB_PLUGINS"
+KINDS = ("model", "dataset", "calibrator")
+_loaded: list[str] = []
+
+
+def plugin_modules(modules: Iterable[str] = ()) -> list[str]:
+    """`modules` followed by those named in $CALIB_PLUGINS, without repeats."""
+    names = [*modules, *(m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))]
+    return list(dict.fromkeys(m for m in names if m))
+
+
+def load_plugins(modules: Iterable[str] = ()) -> list[str]:
+    """Import each plugin module (and those in $CALIB_PLUGINS) once; return their names.
+
+    A module that cannot be imported is a ConfigError naming it (e.g. not on PYTHONPATH)."""
+    names = plugin_modules(modules)
+    for name in names:
+        if name in _loaded:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # ImportError, or an error in the plugin's own code
+            raise ConfigError(f"plugins: cannot import {name!r} ({type(exc).__name__}: {' '.join(str(exc).split())}); "
+                              "it must be importable here and on every Ray node (installed, or on PYTHONPATH)") from None
+        _loaded.append(name)
+    return names
+
+
+def registered(kind: str) -> list[str]:
+    """The names registered for `kind` ('model', 'dataset' or 'calibrator'), plugins included."""
+    load_plugins()
+    if kind == "model":
+        from calib_core.models import list_models
+
+        return list_models()
+    if kind == "dataset":
+        from calib_core.data import list_datasets
+
+        return list_datasets()
+    if kind == "calibrator":
+        from calib_core.calibrators import list_calibrators
+
+        return list_calibrators()
+    raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
+
+
+def name_problem(kind: str, field: str, name: str) -> str | None:
+    """'field: unknown kind 'name'; registered: ...' when `name` is not registered, else None."""
+    names = registered(kind)
+    if name in names:
+        return None
+    return (f"{field}: unknown {kind} {name!r}; registered: {', '.join(names)} (a plugin adds more: "
+            "docs/extending.md)")
+
+
+def run_config_problems(run: Any, prefix: str = "") -> list[str]:
+    """The names of a RunConfig checked against the registries (calibrator 'none' means plain CE)."""
+    problems = [name_problem("dataset", f"{prefix}data.name", run.data.name),
+                name_problem("model", f"{prefix}model.name", run.model.name)]
+    if run.train.calibrator != "none":
+        problems.append(name_problem("calibrator", f"{prefix}train.calibrator", run.train.calibrator))
+    return [p for p in problems if p]
