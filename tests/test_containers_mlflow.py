@@ -150,7 +150,8 @@ def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):
         name, container = start_mlflow(cluster, stack.resources, "mlflow-old", port)
         cluster.wait_ready(name, container, timeout=300)
         upgrade_log = cluster.init_logs["mlflow-old/db-upgrade"]
-        assert "upgrading the tracking schema" in upgrade_log and "schemas are current" in upgrade_log, upgrade_log[-3000:]
+        assert "upgrading the tracking schema" in upgrade_log, upgrade_log[-3000:]
+        assert "schemas are current" in upgrade_log, upgrade_log[-3000:]
         status, body = _http(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name"
                              "?experiment_name=made-by-previous-mlflow", stack.auth)
         assert status == 200, body
