@@ -31,6 +31,17 @@ from calib_core.config import ConfigError
 PLUGINS_ENV = "CALIB_PLUGINS"
 KINDS = ("model", "dataset", "calibrator")
 _loaded: list[str] = []
+# The built-in names, known without importing torch: a cache, not an allow-list. A name found here
+# is accepted at once (a config of built-ins validates in milliseconds, which keeps the CLI's
+# one-line errors fast); any other name is looked up in the registries themselves, so a model added
+# to the package or by a plugin works without touching this. tests/test_sweep_plugins.py checks
+# that every name here is registered.
+BUILTIN = {
+    "model": frozenset({"mlp", "cnn1d", "cnn2d", "resnet18", "resnet34", "resnet50", "wrn28_10", "vit_small"}),
+    "dataset": frozenset({"mnist1d", "digits", "cifar10", "cifar100", "svhn", "mnist", "fashionmnist", "digits_mtl",
+                          "mnist1d_mtl", "celeba"}),
+    "calibrator": frozenset({"temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer"}),
+}
 
 
 def plugin_modules(modules: Iterable[str] = ()) -> list[str]:
@@ -76,6 +87,8 @@ def registered(kind: str) -> list[str]:
 
 def name_problem(kind: str, field: str, name: str) -> str | None:
     """'field: unknown kind 'name'; registered: ...' when `name` is not registered, else None."""
+    if name in BUILTIN[kind]:
+        return None
     names = registered(kind)
     if name in names:
         return None

@@ -122,11 +122,21 @@ class StatusReporter(CLIReporter):
                          metric_columns={"epoch": "epoch", "val_accuracy": "val acc", "val_ece": "val ECE"},
                          max_report_frequency=int(every_s), print_intermediate_tables=True, max_progress_rows=20,
                          max_error_rows=5, max_column_length=24)
-        self._last_report_time = time.time()  # the first table after `every_s`, not a table of PENDING trials
+        self._every_s = every_s
+        self._next_report = time.monotonic() + every_s  # the first table after `every_s`, not one of PENDING trials
+        self._last_state: tuple = ()
 
     def should_report(self, trials: list, done: bool = False) -> bool:
-        """Every `every_s` seconds while trials run; not at the end (the leaderboard says it better)."""
-        return not done and super().should_report(trials, done)
+        """At most every `every_s` seconds while trials run, and only when a trial's status or epoch changed
+        since the last table; not at the end (the leaderboard says it better)."""
+        now = time.monotonic()
+        if done or now < self._next_report:
+            return False
+        state = tuple((t.trial_id, t.status, (t.last_result or {}).get("epoch")) for t in trials)
+        if state == self._last_state:
+            return False
+        self._last_state, self._next_report = state, now + self._every_s
+        return True
 
     def report(self, trials: list, done: bool, *sys_info: str) -> None:
         """The table and the resources in use; not the scheduler's name, nor Tune's driver staging folder

@@ -123,3 +123,11 @@ def test_unknown_names_list_the_registered_ones_plugins_included(tmp_path):
     assert "run.model.name: unknown model 'plugin_nett'; registered:" in proc.stderr and "plugin_net," in proc.stderr
     proc = launch(tmp_path, "--config", str(tmp_path / "plugin.yaml"), "--dry-run")  # not on PYTHONPATH
     assert proc.returncode == 2 and "plugins: cannot import 'calib_test_plugin'" in proc.stderr, proc.stderr
+
+
+def test_builtin_name_cache_matches_the_registries():
+    """calib_core.plugins.BUILTIN only saves importing torch for built-in names: each one is registered."""
+    from calib_core.plugins import BUILTIN, registered
+
+    for kind, names in BUILTIN.items():
+        assert names <= set(registered(kind)), (kind, names - set(registered(kind)))
