@@ -118,7 +118,7 @@ class TrainConfig(_Strict):
         return float(self.calibrator_data.split(":")[1]) if self.calibrator_data.startswith("holdout:") else 0.0
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> "TrainConfig":
+    def _check_combinations(self) -> TrainConfig:
         holdout = self.calibrator_data.startswith("holdout:")
         if self.method == "posthoc" and self.posthoc_split == "holdout" and not holdout:
             raise ValueError("method 'posthoc' fits on held-out data: calibrator_data must be 'holdout:f' "

@@ -41,7 +41,7 @@ class LogRange(_Strict):
     high: float = Field(default=1e-1, gt=0.0)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "LogRange":
+    def _ordered(self) -> LogRange:
         if not self.low < self.high:
             raise ValueError(f"low must be < high (got low={self.low}, high={self.high})")
         return self
@@ -56,7 +56,7 @@ class ExtraParam(_Strict):
     values: list[Any] | None = None
 
     @model_validator(mode="after")
-    def _shape(self) -> "ExtraParam":
+    def _shape(self) -> ExtraParam:
         if self.type == "choice":
             if not self.values:
                 raise ValueError("type 'choice' needs a non-empty 'values' list")
@@ -124,7 +124,7 @@ class SearchConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _scheduler_needs_single(self) -> "SearchConfig":
+    def _scheduler_needs_single(self) -> SearchConfig:
         if self.scheduler == "asha" and self.objective == "multi":
             raise ValueError("scheduler 'asha' needs objective 'single'")
         return self
@@ -221,7 +221,7 @@ class SweepConfig(_Strict):
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
 
     @model_validator(mode="after")
-    def _shift_metric_needs_shift(self) -> "SweepConfig":
+    def _shift_metric_needs_shift(self) -> SweepConfig:
         uses = {self.search.metric, self.selection.metric} if self.search.objective == "single" else {self.selection.metric}
         if "val_shift_ece" in uses and not self.evaluation.shift:
             raise ValueError("search.metric / selection.metric val_shift_ece needs evaluation.shift: true")

@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_config(args: argparse.Namespace) -> "SweepConfig":
+def resolve_config(args: argparse.Namespace) -> SweepConfig:
     """Config file + --set overrides + CLI flags, validated; defaults made absolute."""
     from sweeps.config import load_sweep_config, with_defaults
 
@@ -93,7 +93,7 @@ def resolve_config(args: argparse.Namespace) -> "SweepConfig":
     return with_defaults(cfg, cluster=args.cluster, workdir=Path.cwd())
 
 
-def resource_plan(cfg: "SweepConfig") -> str:
+def resource_plan(cfg: SweepConfig) -> str:
     """A short human summary of what the sweep will ask Ray for."""
     from sweeps.preflight import redact
 

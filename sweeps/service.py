@@ -26,9 +26,21 @@ from sweeps.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
 from sweeps.selection import TrialRecord, format_leaderboard, leaderboard, pareto_plot, rank_agreement, select
 from sweeps.study import MEMORY, SweepSearch, make_storage
-from sweeps.tracking import (NOTE_TAG, TAG_ROLE, TAG_SWEEP, TAG_TRIAL, MLflowTrackingCallback, close_open_runs,
-                             drop_orphan_runs, ensure_experiment, find_or_create_parent, find_run, flatten,
-                             run_link, source_tags)
+from sweeps.tracking import (
+    NOTE_TAG,
+    TAG_ROLE,
+    TAG_SWEEP,
+    TAG_TRIAL,
+    MLflowTrackingCallback,
+    close_open_runs,
+    drop_orphan_runs,
+    ensure_experiment,
+    find_or_create_parent,
+    find_run,
+    flatten,
+    run_link,
+    source_tags,
+)
 from sweeps.trainable import SUMMARY_FILE, train_trial
 from sweeps.uncertainty import Replicates, compute_replicates, interval_metrics, load_predictions
 

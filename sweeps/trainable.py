@@ -146,9 +146,7 @@ def train_trial(config: dict[str, Any], base: dict[str, Any], evaluation: dict[s
 
 def _final_only_keys(evaluation: dict[str, Any]) -> list[str]:
     """Validation metrics that exist only in the final report under this evaluation config."""
-    from sweeps.config import OOD_METRICS
-
-    from sweeps.config import DEBIASED_METRICS
+    from sweeps.config import DEBIASED_METRICS, OOD_METRICS
 
     keys = [f"val_{m}" for m in DEBIASED_METRICS]
     keys += ["val_shift_ece"] if evaluation.get("shift") else []

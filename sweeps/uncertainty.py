@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 import torch
 
 from calib_core.metrics import METRIC_NAMES, bootstrap_metrics, centered_interval, percentile_interval, resample_counts

@@ -30,8 +30,13 @@ import torch
 
 from calib_core.config import RunConfig
 from calib_core.data import load_dataset
-from calib_core.export import (InvalidInputError, load_calibrated_model, model_spec, prepare_inputs,
-                               state_dict_for_export)
+from calib_core.export import (
+    InvalidInputError,
+    load_calibrated_model,
+    model_spec,
+    prepare_inputs,
+    state_dict_for_export,
+)
 from calib_core.trainer import make_trainer
 
 ROOT = Path(__file__).resolve().parent.parent

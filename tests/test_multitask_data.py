@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 from calib_core.config import DataConfig
-from calib_core.data import load_dataset, train_val_test_indices
 from calib_core.data import celeba as celeba_mod
+from calib_core.data import load_dataset, train_val_test_indices
 from calib_core.data.celeba import load_celeba, load_celeba_splits
 from calib_core.data.multitask import DIGIT_TASKS, MULTITASK_LOADERS, digit_task_labels, load_multitask, mask_labels
 

@@ -12,8 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.sweep_helpers import (ARTIFACTS, FAST, chromium_paths, headless_chromium, launch, mlflow_server,
-                                 optuna_dashboard, store, sweep_runs)
+from tests.sweep_helpers import (
+    ARTIFACTS,
+    FAST,
+    chromium_paths,
+    headless_chromium,
+    launch,
+    mlflow_server,
+    optuna_dashboard,
+    store,
+    sweep_runs,
+)
 
 MODEL = "calibrated-classifier"
 

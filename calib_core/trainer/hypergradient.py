@@ -12,7 +12,7 @@ whatever optimizer the calibrator uses for its real steps.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

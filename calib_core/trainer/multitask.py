@@ -37,8 +37,9 @@ diagrams, prediction files) runs unchanged; `task_val_probs` etc. hold every tas
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
