@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from calib_core.calibrators import Calibrator
+
+
+def model_features(model: nn.Module, x: Tensor) -> Tensor:
+    """`model.features(x)`: the backbone's features (torch types a module's attributes as
+    `Tensor | Module`, so the method is looked up here, once, with its real type)."""
+    features = cast(Callable[[Tensor], Tensor], model.features)
+    return features(x)
+
+
+def model_submodule(model: nn.Module, name: str) -> nn.Module:
+    """`getattr(model, name)` for a submodule (e.g. `head`, `heads`), typed as a module."""
+    return cast(nn.Module, getattr(model, name))
 
 
 class CalibratedModel(nn.Module):
@@ -25,7 +37,7 @@ class CalibratedModel(nn.Module):
         if cal is None:
             return self.model(x)
         if cal.input_kind == "features":
-            return cal(self.model.features(x))
+            return cal(model_features(self.model, x))
         return cal(self.model(x))
 
     @torch.no_grad()

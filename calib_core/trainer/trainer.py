@@ -40,7 +40,7 @@ from calib_core.losses import make_loss
 
 from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, holdout_split, kfold_indices
 from .hypergradient import unrolled_loss
-from .result import CalibratedModel, EpochReport, TrainResult
+from .result import CalibratedModel, EpochReport, TrainResult, model_features, model_submodule
 from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
 
 STATE_VERSION = 1
@@ -120,6 +120,8 @@ class Trainer:
     _crossfit_val: Any = None
     # early_stopping_patience: the best epoch's model and calibrator states (CPU)
     _best_weights: dict[str, Any] | None = None
+    # perf_counter() when the current fit() started (None outside a fit)
+    _fit_start: float | None = None
 
     def _plan_data_and_calibrator(self, cfg: RunConfig) -> tuple[str | None, dict[str, Any]]:
         """Set which samples each player trains on; return the calibrator's (name, kwargs)."""
@@ -149,7 +151,9 @@ class Trainer:
         self.test_split = data.test.to(self.device)
         self._augment = getattr(data, "augment", None)
 
-    def __init__(self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None) -> None:
+    def __init__(
+        self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None
+    ) -> None:
         self.cfg = cfg
         tc = self.tc = cfg.train
         self._setup_run(cfg, data, device)
@@ -164,23 +168,35 @@ class Trainer:
         self.calibrator: Calibrator | None = None
         if name is not None:
             self.calibrator = create_calibrator(
-                name, self.num_classes, feature_dim=getattr(self.model, "feature_dim", None), head=getattr(self.model, "head", None), **kwargs
+                name,
+                self.num_classes,
+                feature_dim=getattr(self.model, "feature_dim", None),
+                head=getattr(self.model, "head", None),
+                **kwargs,
             ).to(self.device)
         self._cal_init = _cpu_copy(self.calibrator.state_dict()) if self.calibrator is not None else None
         self.train_calibrator = self.calibrator if self.method == "onego" else None  # in the training graph
 
         # the players' parameters and optimizers
         last_layer = self.method == "onego" and tc.calibrator == "last_layer"
-        head_ids = {id(p) for p in self.model.head.parameters()} if last_layer else set()
+        head_ids = {id(p) for p in model_submodule(self.model, "head").parameters()} if last_layer else set()
         self.feature_params = [p for p in self.model.parameters() if id(p) not in head_ids]
-        self.head_params = [p for p in self.model.head.parameters()] if last_layer else []
+        self.head_params = [p for p in model_submodule(self.model, "head").parameters()] if last_layer else []
         if not self.feature_params:
-            raise ValueError("the backbone has no parameters besides the head: nothing for the backbone player to train")
+            raise ValueError(
+                "the backbone has no parameters besides the head: nothing for the backbone player to train"
+            )
         self.head_warmup = last_layer and tc.warmup_epochs > 0
-        groups = backbone_param_groups(self.feature_params, self.model.head, self.head_params if self.head_warmup else [], tc)
+        groups = backbone_param_groups(
+            self.feature_params, model_submodule(self.model, "head"), self.head_params if self.head_warmup else [], tc
+        )
         self.backbone_opt = backbone_optimizer(groups, tc)
         self.scheduler = lr_scheduler(self.backbone_opt, tc)
-        self.cal_params = [p for p in self.calibrator.parameters() if p.requires_grad] if self.train_calibrator is not None else []
+        self.cal_params = (
+            [p for p in self.train_calibrator.parameters() if p.requires_grad]
+            if self.train_calibrator is not None
+            else []
+        )
         self.calibrator_opt = calibrator_optimizer(self.cal_params, tc) if self.cal_params else None
         self.loss_fn = make_loss(self.method, label_smoothing=tc.label_smoothing, focal_gamma=tc.focal_gamma)
         self.cycler = HoldoutCycler(self.holdout_idx, tc.batch_size, cfg.seed) if self.cal_source == "holdout" else None
@@ -202,7 +218,7 @@ class Trainer:
         try:
             with torch.set_grad_enabled(grad):
                 kind = self.calibrator.input_kind if self.calibrator is not None else "logits"
-                return self.model.features(x) if kind == "features" else self.model(x)
+                return model_features(self.model, x) if kind == "features" else self.model(x)
         finally:
             self.model.train(was)
 
@@ -216,7 +232,9 @@ class Trainer:
             raise Diverged(f"non-finite {what} ({value}) at epoch {epoch + 1}, step {step + 1}")
         limit = self.tc.divergence_loss
         if limit is not None and value > limit:
-            raise Diverged(f"{what} exploded ({value:.3g} > divergence_loss={limit:g}) at epoch {epoch + 1}, step {step + 1}")
+            raise Diverged(
+                f"{what} exploded ({value:.3g} > divergence_loss={limit:g}) at epoch {epoch + 1}, step {step + 1}"
+            )
 
     def _calibrator_step(self, idx: Tensor, epoch: int, step: int, inp: Tensor | None = None) -> Tensor:
         """One CE step of the calibrator on batch `idx` (inputs detached; pass `inp` to reuse
@@ -225,6 +243,7 @@ class Trainer:
         if inp is None:
             inp = self._cal_inputs(self.train_split.x[idx])
         cal = self.calibrator
+        assert cal is not None and self.calibrator_opt is not None  # the one-go method's calibrator
         loss = F.cross_entropy(cal(inp), y) + cal.regularization()
         self._check(loss, "calibrator loss", epoch, step)
         grads = torch.autograd.grad(loss, self.cal_params)
@@ -237,7 +256,9 @@ class Trainer:
             self.trace.append(("calibrator", idx.cpu()))
         return inp
 
-    def _backbone_step(self, idx: Tensor, aug_gen: torch.Generator, epoch: int, step: int, calibrating: bool, cal_idx: Tensor | None) -> Tensor:
+    def _backbone_step(
+        self, idx: Tensor, aug_gen: torch.Generator, epoch: int, step: int, calibrating: bool, cal_idx: Tensor | None
+    ) -> Tensor:
         x, y = self.train_split.x[idx], self.train_split.y[idx]
         if self._augment is not None:
             x = self._augment(x, aug_gen)
@@ -247,10 +268,12 @@ class Trainer:
             logits_in, kind = self.model(x), "logits"
         else:
             kind = cal.input_kind
-            logits_in = self.model.features(x) if kind == "features" else self.model(x)
+            logits_in = model_features(self.model, x) if kind == "features" else self.model(x)
         if cal is not None and calibrating and self.tc.hypergradient == "unrolled":
             xc, yc = self.train_split.x[cal_idx], self.train_split.y[cal_idx]
-            loss = unrolled_loss(cal, self._cal_inputs(xc, grad=True), yc, logits_in, y, self.tc.calibrator_lr, self.loss_fn)
+            loss = unrolled_loss(
+                cal, self._cal_inputs(xc, grad=True), yc, logits_in, y, self.tc.calibrator_lr, self.loss_fn
+            )
         else:
             loss = self.loss_fn(cal(logits_in) if cal is not None else logits_in, y)
         return self._apply_backbone_step(loss, epoch, step, calibrating, idx)
@@ -291,6 +314,7 @@ class Trainer:
             cal_idx = None
             if calibrating:
                 if self.cal_source == "holdout":
+                    assert self.cycler is not None  # set whenever cal_source is 'holdout'
                     for _ in range(tc.calibrator_steps):
                         cal_idx = self.cycler.next()
                         self._calibrator_step(cal_idx.to(dev), epoch, i)
@@ -306,7 +330,9 @@ class Trainer:
                     inp = None  # the backbone does not move between these K_c steps: one forward
                     for _ in range(tc.calibrator_steps):
                         inp = self._calibrator_step(cal_idx.to(dev), epoch, i, inp)
-            loss = self._backbone_step(idx.to(dev), aug_gen, epoch, i, calibrating, cal_idx.to(dev) if cal_idx is not None else None)
+            loss = self._backbone_step(
+                idx.to(dev), aug_gen, epoch, i, calibrating, cal_idx.to(dev) if cal_idx is not None else None
+            )
             total += loss
         mean = float(total / max(1, len(batches)))
         if not np.isfinite(mean):
@@ -323,6 +349,7 @@ class Trainer:
         """Refit the post-hoc calibrator from the identity on the holdout's cached inputs
         (posthoc_split 'val': on the validation split's, with cross-fitted validation logits)."""
         cal = self.calibrator
+        assert cal is not None and self._cal_init is not None  # the post-hoc method's calibrator
         if self.tc.posthoc_split == "val":
             val = self.val_split
             inp = torch.cat([self._cal_inputs(xb) for xb in val.x.split(EVAL_BATCH)])
@@ -410,7 +437,8 @@ class Trainer:
         )
 
     def _running_time(self) -> float:
-        return time.perf_counter() - self._fit_start if getattr(self, "_fit_start", None) is not None else 0.0
+        start = self._fit_start
+        return time.perf_counter() - start if start is not None else 0.0
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
@@ -445,7 +473,9 @@ class Trainer:
         self._best_weights = state.get("best_weights")
 
     # ------------------------------------------------------------------ the loop
-    def fit(self, on_epoch: Callable[[EpochReport], None] | None = None, resume_state: dict[str, Any] | None = None) -> TrainResult:
+    def fit(
+        self, on_epoch: Callable[[EpochReport], None] | None = None, resume_state: dict[str, Any] | None = None
+    ) -> TrainResult:
         if resume_state is not None:
             self.load_state_dict(resume_state)
         self._fit_start = time.perf_counter()
@@ -489,7 +519,11 @@ class Trainer:
 
     def _restore_best(self) -> bool:
         """With early stopping, load the best epoch's model and calibrator; True if that changed them."""
-        if self.tc.early_stopping_patience is None or self._best_weights is None or self.best.get("epoch") == self.epoch:
+        if (
+            self.tc.early_stopping_patience is None
+            or self._best_weights is None
+            or self.best.get("epoch") == self.epoch
+        ):
             return False
         self.model.load_state_dict(self._best_weights["model"])
         if self.calibrator is not None and self._best_weights["calibrator"] is not None:
@@ -511,8 +545,11 @@ class Trainer:
         if status == "completed":
             try:
                 restored = self._restore_best()
-                if self.method == "posthoc" and (restored or self.tc.posthoc_refit == "end"
-                                                 or (self.tc.posthoc_split == "val" and self._crossfit_val is None)):
+                if self.method == "posthoc" and (
+                    restored
+                    or self.tc.posthoc_refit == "end"
+                    or (self.tc.posthoc_split == "val" and self._crossfit_val is None)
+                ):
                     self._fit_posthoc()  # the returned model's calibrator (and cross-fitted validation logits)
                 self._check_calibrator("at the end of the run")
                 val_m, vp, vl = self._evaluate(self.val_split, "validation")
