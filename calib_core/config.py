@@ -102,7 +102,9 @@ class TrainConfig(_Strict):
 
     num_bins: int = Field(default=15, ge=1)
     divergence_loss: float | None = Field(
-        default=1e4, gt=0.0, description="a batch loss above this (or NaN/inf) stops the run as 'diverged'; None: only NaN/inf"
+        default=1e4,
+        gt=0.0,
+        description="a batch loss above this (or NaN/inf) stops the run as 'diverged'; None: only NaN/inf",
     )
 
     @field_validator("calibrator_data")
@@ -125,7 +127,8 @@ class TrainConfig(_Strict):
                              "(or posthoc_split 'val')")
         if self.method == "onego" and self.calibrator == "none":
             raise ValueError("method 'onego' needs a calibrator (not 'none'); use method 'ce' for plain CE")
-        if self.head_lr is not None and self.method == "onego" and self.calibrator == "last_layer" and not self.warmup_epochs:
+        if (self.head_lr is not None and self.method == "onego" and self.calibrator == "last_layer"
+                and not self.warmup_epochs):
             raise ValueError("train.head_lr has no effect with method 'onego' and calibrator 'last_layer' (the head "
                              "is the calibrator, trained at calibrator_lr) unless warmup_epochs > 0")
         if self.hypergradient == "unrolled" and self.calibrator in ("last_layer", "mlp"):

@@ -61,8 +61,10 @@ def load_plugins(modules: Iterable[str] = ()) -> list[str]:
         try:
             importlib.import_module(name)
         except Exception as exc:  # ImportError, or an error in the plugin's own code
-            raise ConfigError(f"plugins: cannot import {name!r} ({type(exc).__name__}: {' '.join(str(exc).split())}); "
-                              "it must be importable here and on every Ray node (installed, or on PYTHONPATH)") from None
+            raise ConfigError(
+                f"plugins: cannot import {name!r} ({type(exc).__name__}: {' '.join(str(exc).split())}); "
+                "it must be importable here and on every Ray node (installed, or on PYTHONPATH)"
+            ) from None
         _loaded.append(name)
     return names
 

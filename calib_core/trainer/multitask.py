@@ -39,19 +39,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from calib_core.calibrators import create_calibrator, fit_posthoc
+from calib_core.calibrators import Calibrator, create_calibrator, fit_posthoc
 from calib_core.config import RunConfig
 
 from .calibrator_batches import HoldoutCycler, kfold_indices
 from .hypergradient import lookahead_params
-from .result import TrainResult
+from .result import TrainResult, model_features, model_submodule
 from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
 from .trainer import EVAL_BATCH, Diverged, Trainer, _cpu_copy, crossfit_posthoc
 
@@ -74,7 +74,10 @@ def multitask_metrics(
     from calib_core.metrics import compute_all
 
     if labels.dim() != 2 or labels.shape[1] != len(tasks) or len(logits) != len(tasks):
-        raise ValueError(f"expected {len(tasks)} logit tensors and labels (N, {len(tasks)}), got {len(logits)} and {tuple(labels.shape)}")
+        raise ValueError(
+            f"expected {len(tasks)} logit tensors and labels (N, {len(tasks)}), "
+            f"got {len(logits)} and {tuple(labels.shape)}"
+        )
     out: dict[str, float] = {}
     per_task: list[dict[str, float]] = []
     for t, (name, _) in enumerate(tasks):
@@ -92,6 +95,11 @@ def multitask_metrics(
     return {**means, **out}
 
 
+def model_heads(model: nn.Module) -> nn.ModuleList:
+    """`model.heads`, the per-task heads, typed as the ModuleList they are."""
+    return cast(nn.ModuleList, model_submodule(model, "heads"))
+
+
 class MultiTaskCalibratedModel(nn.Module):
     """Shared backbone + per-task heads + per-task calibrators: x -> list of calibrated logits."""
 
@@ -102,10 +110,10 @@ class MultiTaskCalibratedModel(nn.Module):
         self.tasks = tuple((str(n), int(k)) for n, k in tasks)
 
     def forward(self, x: Tensor) -> list[Tensor]:
-        f = self.model.features(x)
+        f = model_features(self.model, x)
         out = []
-        for t, head in enumerate(self.model.heads):
-            cal = self.calibrators[t] if self.calibrators is not None else None
+        for t, head in enumerate(model_heads(self.model)):
+            cal = cast(Calibrator, self.calibrators[t]) if self.calibrators is not None else None
             if cal is None:
                 out.append(head(f))
             elif cal.input_kind == "features":
@@ -153,10 +161,19 @@ class MultiTaskTrainer(Trainer):
     `model` may be a ready-made `MultiTaskClassifier` (`.features`, `.heads`, `.feature_dim`).
     """
 
-    def __init__(self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None) -> None:
+    # one calibrator per task where Trainer has one: Trainer's methods that use a single
+    # calibrator are all overridden here (as the `type: ignore[override]`s below record)
+    calibrator: nn.ModuleList | None  # type: ignore[assignment]
+    train_calibrator: nn.ModuleList | None  # type: ignore[assignment]
+
+    def __init__(
+        self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None
+    ) -> None:
         tasks = getattr(data, "tasks", None)
         if not tasks:
-            raise ValueError("MultiTaskTrainer needs multi-task data (data.tasks set); use Trainer for single-task data")
+            raise ValueError(
+                "MultiTaskTrainer needs multi-task data (data.tasks set); use Trainer for single-task data"
+            )
         self.tasks = tuple((str(n), int(k)) for n, k in tasks)
         T = len(self.tasks)
         for split_name in ("train", "val", "test"):
@@ -166,47 +183,60 @@ class MultiTaskTrainer(Trainer):
         self.cfg = cfg
         tc = self.tc = cfg.train
         if tc.method == "focal":
-            raise ValueError("method 'focal' is not supported for multi-task data; use onego, ce, posthoc or label_smoothing")
+            raise ValueError(
+                "method 'focal' is not supported for multi-task data; use onego, ce, posthoc or label_smoothing"
+            )
         self._setup_run(cfg, data, device)
 
         if model is None:
             from calib_core.models.multitask import MultiTaskClassifier
 
             model = MultiTaskClassifier.create(cfg.model.name, self.tasks, tuple(data.input_shape), **cfg.model.kwargs)
-        if len(model.heads) != T:
-            raise ValueError(f"the model has {len(model.heads)} heads for {T} tasks")
+        if len(model_heads(model)) != T:
+            raise ValueError(f"the model has {len(model_heads(model))} heads for {T} tasks")
         self.model = model.to(self.device)
 
         # which samples each player trains on (as in Trainer); one calibrator per task
         # (with last_layer: the task's head)
         name, kwargs = self._plan_data_and_calibrator(cfg)
         self.calibrator_name = name or "none"
-        self.calibrator: nn.ModuleList | None = None
+        self.calibrator = None
         if name is not None:
             fd = getattr(self.model, "feature_dim", None)
             self.calibrator = nn.ModuleList(
-                [create_calibrator(name, k, feature_dim=fd, head=self.model.heads[t], **kwargs) for t, (_, k) in enumerate(self.tasks)]
+                [
+                    create_calibrator(name, k, feature_dim=fd, head=model_heads(self.model)[t], **kwargs)
+                    for t, (_, k) in enumerate(self.tasks)
+                ]
             ).to(self.device)
         self._cal_init = _cpu_copy(self.calibrator.state_dict()) if self.calibrator is not None else None
         self.train_calibrator = self.calibrator if self.method == "onego" else None
         self._posthoc_tasks: list[int] = []
         if self.method == "posthoc":
-            y_fit = self.val_split.y if tc.posthoc_split == "val" else self.train_split.y[self.holdout_idx.to(self.device)]
+            y_fit = (
+                self.val_split.y if tc.posthoc_split == "val" else self.train_split.y[self.holdout_idx.to(self.device)]
+            )
             self._posthoc_tasks = [t for t in range(T) if bool((y_fit[:, t] >= 0).any())]
 
         # the players' parameters and optimizers
         last_layer = self.method == "onego" and tc.calibrator == "last_layer"
-        head_ids = {id(p) for p in self.model.heads.parameters()} if last_layer else set()
+        head_ids = {id(p) for p in model_heads(self.model).parameters()} if last_layer else set()
         self.feature_params = [p for p in self.model.parameters() if id(p) not in head_ids]
-        self.head_params = list(self.model.heads.parameters()) if last_layer else []
+        self.head_params = list(model_heads(self.model).parameters()) if last_layer else []
         if not self.feature_params:
-            raise ValueError("the backbone has no parameters besides the heads: nothing for the backbone player to train")
+            raise ValueError(
+                "the backbone has no parameters besides the heads: nothing for the backbone player to train"
+            )
         self.head_warmup = last_layer and tc.warmup_epochs > 0
-        groups = backbone_param_groups(self.feature_params, self.model.heads, self.head_params if self.head_warmup else [], tc)
+        groups = backbone_param_groups(
+            self.feature_params, model_heads(self.model), self.head_params if self.head_warmup else [], tc
+        )
         self.backbone_opt = backbone_optimizer(groups, tc)
         self.scheduler = lr_scheduler(self.backbone_opt, tc)
         self.task_cal_params: list[list[nn.Parameter]] = (
-            [[p for p in c.parameters() if p.requires_grad] for c in self.train_calibrator] if self.train_calibrator is not None else []
+            [[p for p in c.parameters() if p.requires_grad] for c in self.train_calibrator]
+            if self.train_calibrator is not None
+            else []
         )
         self.cal_params = [p for ps in self.task_cal_params for p in ps]
         self.calibrator_opt = calibrator_optimizer(self.cal_params, tc) if self.cal_params else None
@@ -228,11 +258,20 @@ class MultiTaskTrainer(Trainer):
         return [n for n, _ in self.tasks]
 
     # ------------------------------------------------------------------ inputs and steps
+    def _task_calibrators(self) -> list[Calibrator]:
+        """The per-task calibrators, typed (ModuleList items are typed as plain modules)."""
+        assert self.calibrator is not None  # the method has calibrators
+        return [cast(Calibrator, cal) for cal in self.calibrator]
+
+    def _task_calibrator(self, t: int) -> Calibrator:
+        assert self.calibrator is not None  # the method has calibrators
+        return cast(Calibrator, self.calibrator[t])
+
     def _kind(self, t: int) -> str:
-        return self.calibrator[t].input_kind if self.calibrator is not None else "logits"
+        return self._task_calibrator(t).input_kind if self.calibrator is not None else "logits"
 
     def _inputs_from_features(self, f: Tensor) -> list[Tensor]:
-        return [f if self._kind(t) == "features" else head(f) for t, head in enumerate(self.model.heads)]
+        return [f if self._kind(t) == "features" else head(f) for t, head in enumerate(model_heads(self.model))]
 
     def _cal_inputs(self, x: Tensor, grad: bool = False) -> list[Tensor]:  # type: ignore[override]
         """Each task's calibrator input (logits of its head, or the shared features), eval mode."""
@@ -240,7 +279,7 @@ class MultiTaskTrainer(Trainer):
         self.model.eval()
         try:
             with torch.set_grad_enabled(grad):
-                return self._inputs_from_features(self.model.features(x))
+                return self._inputs_from_features(model_features(self.model, x))
         finally:
             self.model.train(was)
 
@@ -252,7 +291,9 @@ class MultiTaskTrainer(Trainer):
         counts = (y >= 0).sum(0).tolist()
         live = [t for t in range(len(self.tasks)) if counts[t] > 0]
         if live:
-            total = sum(masked_cross_entropy(self.calibrator[t](inp[t]), y[:, t]) + self.calibrator[t].regularization() for t in live)
+            cals = self._task_calibrators()
+            terms = [masked_cross_entropy(cals[t](inp[t]), y[:, t]) + cals[t].regularization() for t in live]
+            total = cast(Tensor, sum(terms))  # a tensor: live is not empty
             self._check(total, "calibrator loss", epoch, step)
             params = [p for t in live for p in self.task_cal_params[t]]
             grads = torch.autograd.grad(total, params)
@@ -260,6 +301,7 @@ class MultiTaskTrainer(Trainer):
                 p.grad = None  # tasks without labels here do not step (the optimizer skips them)
             for p, g in zip(params, grads):
                 p.grad = g
+            assert self.calibrator_opt is not None  # the one-go method's
             self.calibrator_opt.step()
             for p in params:
                 p.grad = None  # spent (with last_layer these are the heads': see Trainer._apply_backbone_step)
@@ -267,19 +309,25 @@ class MultiTaskTrainer(Trainer):
             self.trace.append(("calibrator", idx.cpu()))
         return inp
 
-    def backbone_loss(self, x: Tensor, y: Tensor, calibrating: bool = True, cal_x: Tensor | None = None, cal_y: Tensor | None = None) -> Tensor:
+    def backbone_loss(
+        self, x: Tensor, y: Tensor, calibrating: bool = True, cal_x: Tensor | None = None, cal_y: Tensor | None = None
+    ) -> Tensor:
         """sum_t masked CE_t of the calibrated logits (train mode, graph to the backbone)."""
         self.model.train()
-        inputs = self._inputs_from_features(self.model.features(x))
+        inputs = self._inputs_from_features(model_features(self.model, x))
         cals = self.train_calibrator
         unrolled = cals is not None and calibrating and self.tc.hypergradient == "unrolled"
-        cal_inp = self._cal_inputs(cal_x, grad=True) if unrolled else None
+        cal_inp = None
+        if unrolled:
+            assert cal_x is not None  # the calibrator's batch, given whenever the calibrator trains
+            cal_inp = self._cal_inputs(cal_x, grad=True)
         losses = []
         for t, z in enumerate(inputs):
-            cal = cals[t] if cals is not None else None
+            cal = cast(Calibrator, cals[t]) if cals is not None else None
             if cal is None:
                 out = z
             elif unrolled:
+                assert cal_y is not None and cal_inp is not None  # set with cal_x above
                 keep = cal_y[:, t] >= 0
                 if bool(keep.any()):
                     new = lookahead_params(cal, cal_inp[t][keep], cal_y[keep, t], self.tc.calibrator_lr)
@@ -291,7 +339,9 @@ class MultiTaskTrainer(Trainer):
             losses.append(masked_cross_entropy(out, y[:, t], self.smoothing))
         return torch.stack(losses).sum()
 
-    def _backbone_step(self, idx: Tensor, aug_gen: torch.Generator, epoch: int, step: int, calibrating: bool, cal_idx: Tensor | None) -> Tensor:
+    def _backbone_step(
+        self, idx: Tensor, aug_gen: torch.Generator, epoch: int, step: int, calibrating: bool, cal_idx: Tensor | None
+    ) -> Tensor:
         x, y = self.train_split.x[idx], self.train_split.y[idx]
         if self._augment is not None:
             x = self._augment(x, aug_gen)
@@ -304,6 +354,7 @@ class MultiTaskTrainer(Trainer):
     def _fit_posthoc(self) -> None:
         """One post-hoc stage per task: refit task t's calibrator from the identity on its
         labelled holdout rows of the cached inputs."""
+        assert self.calibrator is not None and self._cal_init is not None  # the post-hoc method's
         self.calibrator.load_state_dict(self._cal_init)
         if self.tc.posthoc_split == "val":
             self._fit_posthoc_val()
@@ -317,7 +368,7 @@ class MultiTaskTrainer(Trainer):
             inp_t = inp[keep]
             if not bool(torch.isfinite(inp_t).all()):
                 raise Diverged(f"non-finite logits of task {self.tasks[t][0]!r} on the post-hoc holdout")
-            fit_posthoc(self.calibrator[t], inp_t, y[keep, t])
+            fit_posthoc(self._task_calibrator(t), inp_t, y[keep, t])
 
     def _fit_posthoc_val(self) -> None:
         """posthoc_split 'val': task t's calibrator on its labelled validation rows; the cross-fitted
@@ -333,7 +384,7 @@ class MultiTaskTrainer(Trainer):
             keep = (val.y[:, t] >= 0).nonzero().squeeze(1)
             if not bool(torch.isfinite(inp[keep]).all()):
                 raise Diverged(f"non-finite logits of task {self.tasks[t][0]!r} on the validation split (post-hoc fit)")
-            cal = self.calibrator[t]
+            cal = self._task_calibrator(t)
             init = _cpu_copy(cal.state_dict())
             folds = [f.to(self.device) for f in kfold_indices(len(keep), self.tc.posthoc_folds, self.seed + 7919 * t)]
             z_keep = crossfit_posthoc(cal, init, inp[keep], val.y[keep, t], folds)
@@ -347,7 +398,7 @@ class MultiTaskTrainer(Trainer):
         """The first task's calibrator whose `divergence()` reports a problem, named."""
         if self.calibrator is None:
             return None
-        for (name, _), cal in zip(self.tasks, self.calibrator):
+        for (name, _), cal in zip(self.tasks, self._task_calibrators()):
             problem = cal.divergence()
             if problem is not None:
                 return f"task {name!r}: {problem}"
@@ -370,10 +421,15 @@ class MultiTaskTrainer(Trainer):
 
     def calibrator_info(self) -> dict[str, Any]:
         stages = len(self._posthoc_tasks) if self.method == "posthoc" else 0
-        info: dict[str, Any] = {"calibrator": self.calibrator_name, "num_params": 0, "num_tasks": len(self.tasks), "calibration_stages": stages}
+        info: dict[str, Any] = {
+            "calibrator": self.calibrator_name,
+            "num_params": 0,
+            "num_tasks": len(self.tasks),
+            "calibration_stages": stages,
+        }
         if self.calibrator is None:
             return info
-        per = {name: cal.describe() for (name, _), cal in zip(self.tasks, self.calibrator)}
+        per = {name: cal.describe() for (name, _), cal in zip(self.tasks, self._task_calibrators())}
         info["num_params"] = int(sum(int(d.get("num_params", 0)) for d in per.values()))
         for name, d in per.items():
             for k, v in d.items():
@@ -385,7 +441,9 @@ class MultiTaskTrainer(Trainer):
     def _finish(self, status: str, reason: str | None) -> MultiTaskTrainResult:
         res = super()._finish(status, reason)
         base = {f.name: getattr(res, f.name) for f in fields(TrainResult)}
-        tvp, tvl, ttp, ttl = res.val_probs, res.val_labels, res.test_probs, res.test_labels
+        # the probabilities are the per-task lists of this class's _evaluate
+        tvp, ttp = cast("list[Tensor] | None", res.val_probs), cast("list[Tensor] | None", res.test_probs)
+        tvl, ttl = res.val_labels, res.test_labels
         base["val_probs"], base["val_labels"] = _first_task(tvp, tvl)
         base["test_probs"], base["test_labels"] = _first_task(ttp, ttl)
         return MultiTaskTrainResult(

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from calib_core.calibrators import Calibrator, create_calibrator, fit_posthoc
 from calib_core.config import RunConfig
-from calib_core.losses import make_loss
+from calib_core.losses import LossFn, make_loss
 
 from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, holdout_split, kfold_indices
 from .hypergradient import unrolled_loss
@@ -198,7 +198,10 @@ class Trainer:
             else []
         )
         self.calibrator_opt = calibrator_optimizer(self.cal_params, tc) if self.cal_params else None
-        self.loss_fn = make_loss(self.method, label_smoothing=tc.label_smoothing, focal_gamma=tc.focal_gamma)
+        # None in MultiTaskTrainer, whose backbone loss is its own
+        self.loss_fn: LossFn | None = make_loss(
+            self.method, label_smoothing=tc.label_smoothing, focal_gamma=tc.focal_gamma
+        )
         self.cycler = HoldoutCycler(self.holdout_idx, tc.batch_size, cfg.seed) if self.cal_source == "holdout" else None
 
         # progress
@@ -263,6 +266,8 @@ class Trainer:
         if self._augment is not None:
             x = self._augment(x, aug_gen)
         self.model.train()
+        loss_fn = self.loss_fn
+        assert loss_fn is not None  # set by Trainer.__init__ (MultiTaskTrainer overrides this method)
         cal = self.train_calibrator
         if cal is None:
             logits_in, kind = self.model(x), "logits"
@@ -272,10 +277,10 @@ class Trainer:
         if cal is not None and calibrating and self.tc.hypergradient == "unrolled":
             xc, yc = self.train_split.x[cal_idx], self.train_split.y[cal_idx]
             loss = unrolled_loss(
-                cal, self._cal_inputs(xc, grad=True), yc, logits_in, y, self.tc.calibrator_lr, self.loss_fn
+                cal, self._cal_inputs(xc, grad=True), yc, logits_in, y, self.tc.calibrator_lr, loss_fn
             )
         else:
-            loss = self.loss_fn(cal(logits_in) if cal is not None else logits_in, y)
+            loss = loss_fn(cal(logits_in) if cal is not None else logits_in, y)
         return self._apply_backbone_step(loss, epoch, step, calibrating, idx)
 
     def _apply_backbone_step(self, loss: Tensor, epoch: int, step: int, calibrating: bool, idx: Tensor) -> Tensor:
