@@ -7,6 +7,7 @@ name; `fit_posthoc` fits one with full-batch LBFGS on cached logits.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 from torch import nn
 
@@ -66,7 +67,7 @@ def create_calibrator(
     features); other kwargs go to the calibrator (e.g. Dirichlet's lambda_od, lambda_b)."""
     if name not in CALIBRATORS:
         raise ValueError(f"unknown calibrator {name!r}; allowed: {', '.join(CALIBRATORS)}")
-    cls = CALIBRATORS[name]
+    cls: Callable[..., Calibrator] = CALIBRATORS[name]  # each calibrator's constructor takes its own kwargs
     try:
         if name == "last_layer":
             return cls(num_classes, head=head, feature_dim=feature_dim, **kwargs)
