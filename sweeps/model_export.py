@@ -40,6 +40,7 @@ import torch
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
+from mlflow.pyfunc import PythonModel
 from mlflow.types import Schema, TensorSpec
 
 CHAMPION_ALIAS = "champion"
@@ -56,7 +57,7 @@ VAL_METRICS = (("accuracy", "accuracy"), ("ece", "ECE"), ("sce", "SCE"), ("ace",
                ("shift_ece", "ECE under shift"))
 
 
-class CalibratedClassifierModel(mlflow.pyfunc.PythonModel):
+class CalibratedClassifierModel(PythonModel):
     """Legacy (CloudPickled) model class: versions registered before the portable format
     reference it by name, so it stays importable for them. New versions never use it."""
 

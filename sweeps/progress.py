@@ -44,7 +44,13 @@ class ProgressCallback(tune.Callback):
         self._t0: float | None = None
         self._done_at_start: int | None = None
 
-    def setup(self, **info: Any) -> None:
+    def setup(
+        self,
+        stop: Any = None,
+        num_samples: int | None = None,
+        total_num_samples: int | None = None,
+        **info: Any,
+    ) -> None:
         """The clock starts with the experiment (a resumed sweep's earlier trials do not count for the rate)."""
         self._t0 = time.monotonic()
 

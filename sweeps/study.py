@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ray.tune.search.optuna import OptunaSearch
+
+if TYPE_CHECKING:
+    import optuna
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,9 @@ class SweepSearch(OptunaSearch):
         """Tell the study; skip trials it already finished; NaN objectives (diverged) are FAIL."""
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is not None and trial_id not in self._completed_trials and self._storage is not None:
-            frozen = self._ot_study._storage.get_trial(ot_trial._trial_id)
+            # set by _setup_study (Ray leaves the attribute unannotated, so it reads as always None)
+            study = cast("optuna.Study", self._ot_study)
+            frozen = study._storage.get_trial(ot_trial._trial_id)
             if frozen.state.is_finished():  # recorded before the driver went down
                 self._completed_trials.add(trial_id)
                 return

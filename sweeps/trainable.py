@@ -105,8 +105,9 @@ def train_trial(config: dict[str, Any], base: dict[str, Any], evaluation: dict[s
         load_plugins(plugins)
     cpus, gpus = _trial_resources()
     run_cfg = resolve_run_config(RunConfig.model_validate(base), config)
-    run_cfg = run_cfg.model_copy(update={"device": _device_for(gpus), "num_threads": max(1, int(cpus))})
-    torch.set_num_threads(run_cfg.num_threads)
+    threads = max(1, int(cpus))
+    run_cfg = run_cfg.model_copy(update={"device": _device_for(gpus), "num_threads": threads})
+    torch.set_num_threads(threads)
 
     data = load_dataset(run_cfg.data, run_cfg.seed)
     trainer = make_trainer(run_cfg, data, run_cfg.device)
@@ -257,7 +258,8 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, 
         torch.save(trainer.state_dict(), Path(d) / STATE_FILE)
         if result.status == "completed":
             torch.save(result.model.cpu().eval(), Path(d) / MODEL_FILE)
-            np.savez_compressed(Path(d) / PREDICTIONS_FILE, **_prediction_arrays(result, data))
+            # numpy's stub lets the unpacked str-keyed dict reach the keyword `allow_pickle: bool`
+            np.savez_compressed(Path(d) / PREDICTIONS_FILE, **_prediction_arrays(result, data))  # type: ignore[arg-type]
         if shift:
             (Path(d) / SHIFT_FILE).write_text(json.dumps(shift))
         (Path(d) / SUMMARY_FILE).write_text(json.dumps({
