@@ -23,10 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError, apply_overrides, build_model, read_yaml
 from sweeps.config import DEFAULT_CONFIG, SweepConfig, with_defaults
+
+if TYPE_CHECKING:  # at run time the module's __getattr__ imports them (with Ray and MLflow) on first use
+    from sweeps.service import SweepError, SweepIncomplete, SweepResult
 
 __all__ = ["ConfigError", "SweepError", "SweepIncomplete", "SweepResult", "load_result", "run_sweep"]
 
@@ -84,6 +87,7 @@ def load_result(cfg: SweepConfig) -> Any:
     parent = find_run(client, exp.experiment_id, {TAG_SWEEP: cfg.name, TAG_ROLE: "parent"}) if exp else None
     if parent is None or "calib.champion_run" not in parent.data.tags:
         raise SweepError(f"sweep {cfg.name!r} has no selected champion in {cfg.tracking.uri}")
+    assert exp is not None  # the parent run was found in it
     champion_run = parent.data.tags["calib.champion_run"]
     model = cfg.tracking.registered_model
     versions = [v for v in client.search_model_versions(f"run_id = '{champion_run}'") if v.name == model]

@@ -113,12 +113,15 @@ def _connect_ray(cluster: bool) -> None:
     if cluster:
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"))
     else:
-        ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")
+        # Ray annotates logging_level as int; it takes a level name too
+        ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")  # type: ignore[arg-type]
 
 
 def _searcher(cfg: SweepConfig) -> SweepSearch:
     """Optuna's TPE through Ray Tune, the study named after the sweep in `search.storage` (sweeps/study.py)."""
     s = cfg.search
+    metric: str | list[str]
+    mode: str | list[str]
     if s.objective == "multi":
         metric, mode = ["val_accuracy", "val_ece"], ["max", "min"]
     else:
@@ -359,8 +362,10 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
             tuner = tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
             # Tune restores the callbacks pickled with the experiment; use this invocation's
             # (same sweep, possibly a new tracking URI) and its output settings.
-            tuner._local_tuner.get_run_config().callbacks = callbacks
-            tuner._local_tuner.get_run_config().progress_reporter = reporter
+            local_tuner = tuner._local_tuner
+            assert local_tuner is not None  # a Tuner restored on this machine
+            local_tuner.get_run_config().callbacks = callbacks
+            local_tuner.get_run_config().progress_reporter = reporter
         else:
             tuner = _build_tuner(cfg, callbacks, trainable, reporter)
         t_fit = time.perf_counter()
@@ -395,6 +400,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         board, ranks = _log_sweep_artifacts(client, parent_id, records, chosen, why, reps, cfg)
         with chosen.checkpoint.as_directory() as d:
             summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
+            assert chosen.run_id is not None  # the champion's trial logged an MLflow run
             version = log_and_register(chosen.run_id, d, tuple(summary["input_shape"]),
                                        cfg.tracking.registered_model, cfg.tracking.uri)
         client.set_tag(parent_id, NOTE_TAG, _sweep_note(cfg, experiment_id, chosen, why, version))
@@ -411,14 +417,18 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
     timings = {"ray_start_s": t_fit - t_start, "trials_s": t_trials - t_fit, "selection_registration_s": t_end - t_trials}
     print(f"Timing: Ray start {t_fit - t_start:.1f}s, trials {t_trials - t_fit:.1f}s, "
           f"selection and registration {t_end - t_trials:.1f}s")
-    intervals = {tid: {k: tuple(float(x) for x in reps.interval(tid, k)) for k in reps.values[tid]}
-                 for tid in reps.values}
+    intervals = {tid: {k: _float_pair(reps.interval(tid, k)) for k in reps.values[tid]} for tid in reps.values}
     return SweepResult(
         name=cfg.name, champion_run_id=chosen.run_id or "", champion_trial_id=chosen.trial_id,
         champion_label=chosen.label, model_uri=f"models:/{cfg.tracking.registered_model}/{version}",
         model_version=str(version), leaderboard=board, selection=why, intervals=intervals, confidence=reps.level,
         parent_run_id=parent_id, experiment_id=experiment_id, tracking_uri=cfg.tracking.uri,
         study_storage=cfg.search.storage or MEMORY, replicates=reps, timings=timings)
+
+
+def _float_pair(interval: tuple[float, float]) -> tuple[float, float]:
+    low, high = interval
+    return float(low), float(high)
 
 
 def _fail(client: MlflowClient, experiment_id: str, parent_id: str, sweep: str, exc: BaseException) -> None:
