@@ -158,7 +158,9 @@ class TrackingConfig(_Strict):
     def _uri_scheme(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        if not re.match(r"^(sqlite:///.+|https?://[^/\s]+.*|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+|databricks.*)$", v):
+        if not re.match(
+            r"^(sqlite:///.+|https?://[^/\s]+.*|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+|databricks.*)$", v
+        ):
             raise ValueError("must be sqlite:///ABS/PATH.db, http(s)://host[:port], postgresql://... or mysql://...")
         return v
 
@@ -222,14 +224,20 @@ class SweepConfig(_Strict):
 
     @model_validator(mode="after")
     def _shift_metric_needs_shift(self) -> SweepConfig:
-        uses = {self.search.metric, self.selection.metric} if self.search.objective == "single" else {self.selection.metric}
+        uses = {self.selection.metric}
+        if self.search.objective == "single":
+            uses.add(self.search.metric)
         if "val_shift_ece" in uses and not self.evaluation.shift:
             raise ValueError("search.metric / selection.metric val_shift_ece needs evaluation.shift: true")
         if any(m.removeprefix("val_") in OOD_METRICS for m in uses) and self.evaluation.ood == "none":
-            raise ValueError("search.metric / selection.metric: OOD metrics need evaluation.ood: gaussian_noise or permuted")
+            raise ValueError(
+                "search.metric / selection.metric: OOD metrics need evaluation.ood: gaussian_noise or permuted"
+            )
         final_only = {f"val_{m}" for m in FINAL_ONLY_METRICS}
         if self.search.scheduler == "asha" and self.search.metric in final_only:
-            raise ValueError(f"search.scheduler: {self.search.metric} is measured once after training, so ASHA cannot use it")
+            raise ValueError(
+                f"search.scheduler: {self.search.metric} is measured once after training, so ASHA cannot use it"
+            )
         return self
 
     @model_validator(mode="after")

@@ -99,7 +99,8 @@ def resource_plan(cfg: SweepConfig) -> str:
 
     r, s = cfg.resources, cfg.search
     conc = min(r.max_concurrent, s.num_samples)
-    return (f"trials: {s.num_samples} ({s.objective}-objective, metric {s.metric if s.objective == 'single' else 'val_accuracy max + val_ece min'}, "
+    metric = s.metric if s.objective == "single" else "val_accuracy max + val_ece min"
+    return (f"trials: {s.num_samples} ({s.objective}-objective, metric {metric}, "
             f"scheduler {s.scheduler})\n"
             f"per trial: {r.cpus_per_trial:g} CPU, {r.gpus_per_trial:g} GPU; at most {conc} at once "
             f"-> peak {conc * r.cpus_per_trial:g} CPU, {conc * r.gpus_per_trial:g} GPU\n"

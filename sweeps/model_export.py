@@ -168,7 +168,8 @@ def _completed_export(client: MlflowClient, run_id: str) -> str | None:
     """Id of a portable model an earlier call logged on `run_id` completely, if any."""
     experiment_id = client.get_run(run_id).info.experiment_id
     models = client.search_logged_models(experiment_ids=[experiment_id], filter_string=f"source_run_id = '{run_id}'")
-    done = [m for m in models if m.tags.get(TAG_EXPORT_COMPLETE) == "true" and m.tags.get(TAG_EXPORT_FORMAT) == EXPORT_FORMAT]
+    done = [m for m in models
+            if m.tags.get(TAG_EXPORT_COMPLETE) == "true" and m.tags.get(TAG_EXPORT_FORMAT) == EXPORT_FORMAT]
     return max(done, key=lambda m: m.creation_timestamp).model_id if done else None
 
 
@@ -243,7 +244,8 @@ def _register(client: MlflowClient, model_name: str, model_id: str, run_id: str,
         if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
             raise
     mv = client.create_model_version(model_name, source=f"models:/{model_id}", run_id=run_id, model_id=model_id,
-                                     description=description, tags={TAG_SOURCE_RUN: run_id, TAG_EXPORT_FORMAT: EXPORT_FORMAT})
+                                     description=description,
+                                     tags={TAG_SOURCE_RUN: run_id, TAG_EXPORT_FORMAT: EXPORT_FORMAT})
     return str(mv.version)
 
 

@@ -298,7 +298,8 @@ def _intro(cfg: SweepConfig, exp_path: str, parent_id: str, resumed: bool) -> st
     extra = "".join(f", {k}" for k in s.params)
     study = s.storage or MEMORY
     return "\n".join([
-        f"{'Resuming' if resumed else 'Sweep'} {cfg.name!r}: {s.num_samples} trials ({min(r.max_concurrent, s.num_samples)} "
+        f"{'Resuming' if resumed else 'Sweep'} {cfg.name!r}: {s.num_samples} trials "
+        f"({min(r.max_concurrent, s.num_samples)} "
         f"at a time) of {run.model.name} on {run.data.name}, {run.train.epochs} epochs each",
         f"Optuna TPE (seed {s.seed}) searches calibrator [{', '.join(s.calibrators)}], calibrator lr {lr}{extra}; "
         f"objectives: {goal}",
@@ -414,7 +415,8 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         _fail(client, experiment_id, parent_id, cfg.name, exc)
         raise
     _print_summary(board, ranks, why, cfg, version)
-    timings = {"ray_start_s": t_fit - t_start, "trials_s": t_trials - t_fit, "selection_registration_s": t_end - t_trials}
+    timings = {"ray_start_s": t_fit - t_start, "trials_s": t_trials - t_fit,
+               "selection_registration_s": t_end - t_trials}
     print(f"Timing: Ray start {t_fit - t_start:.1f}s, trials {t_trials - t_fit:.1f}s, "
           f"selection and registration {t_end - t_trials:.1f}s")
     intervals = {tid: {k: _float_pair(reps.interval(tid, k)) for k in reps.values[tid]} for tid in reps.values}

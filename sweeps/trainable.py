@@ -175,7 +175,8 @@ def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: dict[s
     """Accuracy and ECE per corruption and severity on val (for selection) and test (for the record)."""
     from calib_core.evaluation import shift_metrics
 
-    kw = {"names": evaluation.get("shift_corruptions"), "severities": evaluation.get("shift_severities", (1, 2, 3, 4, 5)),
+    kw = {"names": evaluation.get("shift_corruptions"),
+          "severities": evaluation.get("shift_severities", (1, 2, 3, 4, 5)),
           "num_bins": run_cfg.train.num_bins}
     with torch.no_grad():
         return {split: shift_metrics(result.predict_proba, data, run_cfg.seed, split=split, **kw)
