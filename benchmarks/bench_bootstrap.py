@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         for path, flag in (("compiled", True), ("torch", False)):
             prev = _fast.set_enabled(flag)
             try:
-                row[path] = _time(lambda: bootstrap_metrics(probs, labels, counts, names=names), args.repeats)
+                row[path] = _time(lambda names=names: bootstrap_metrics(probs, labels, counts, names=names), args.repeats)
             finally:
                 _fast.set_enabled(prev)
         rows.append(row)

@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     y = torch.tensor(rng.integers(0, args.k, args.n))
     rows = []
     for name, x, fl in (("probabilities", probs, False), ("logits", logits, True)):
-        t_one = _median_time(lambda: one_shot(x, y, fl), args.repeats)
-        t_str = _median_time(lambda: streamed(x, y, fl, args.chunk), args.repeats)
+        t_one = _median_time(lambda x=x, fl=fl: one_shot(x, y, fl), args.repeats)
+        t_str = _median_time(lambda x=x, fl=fl: streamed(x, y, fl, args.chunk), args.repeats)
         rows.append({"input": name, "one_shot_s": t_one, "streaming_s": t_str, "throughput_ratio": t_one / t_str})
     # parity in float64 on a slice (the accumulator and one-shot share the binning core)
     x64 = probs[:200_000].double()
