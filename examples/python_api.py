@@ -33,7 +33,8 @@ def main() -> int:
         )
 
         print("\n--- what run_sweep returned ---")
-        print(f"champion: {result.champion_label} (MLflow run {result.champion_run_id}, trial {result.champion_trial_id})")
+        print(f"champion: {result.champion_label} "
+              f"(MLflow run {result.champion_run_id}, trial {result.champion_trial_id})")
         print(f"model: {result.model_uri} (also {result.champion_uri})")
         cols = ["label", "status", "val_accuracy", "val_ece", "val_ece_ci_low", "val_ece_ci_high", "champion"]
         print(result.leaderboard[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -50,7 +51,8 @@ def main() -> int:
 
         mlflow.set_tracking_uri(result.tracking_uri)
         model = mlflow.pyfunc.load_model(result.model_uri)
-        run_cfg = RunConfig.model_validate(mlflow.artifacts.load_dict(f"runs:/{result.champion_run_id}/run_config.json"))
+        run_cfg = RunConfig.model_validate(
+            mlflow.artifacts.load_dict(f"runs:/{result.champion_run_id}/run_config.json"))
         x = load_dataset(run_cfg.data, run_cfg.seed).test.x[:5].numpy()
         probs = model.predict(x)
         assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-5)

@@ -56,7 +56,9 @@ def _cifar_rows(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(len(x), 3 * 32 * 32))  # (N, C, H, W) -> R plane, G, B
 
 
-def fabricate_cifar10(root: Path, *, per_batch: int = 8, n_test: int = 10, seed: int = 0, test_value: int | None = None) -> Fab:
+def fabricate_cifar10(
+    root: Path, *, per_batch: int = 8, n_test: int = 10, seed: int = 0, test_value: int | None = None
+) -> Fab:
     """Five train batches of `per_batch` images and a test batch of `n_test`.
 
     `test_value` (optional) fills every test pixel with one value (to detect test data
@@ -119,7 +121,8 @@ def fabricate_svhn(root: Path, *, n_train: int = 40, n_test: int = 10, seed: int
     for split, n in (("train", n_train), ("test", n_test)):
         x, y = _images(rng, n, 3, 32, 32), _labels(rng, n, 10)
         mat_y = np.where(y == 0, 10, y).astype(np.uint8).reshape(n, 1)  # SVHN writes 10 for the digit 0
-        scipy.io.savemat(str(Path(root) / f"{split}_32x32.mat"), {"X": np.ascontiguousarray(x.transpose(2, 3, 1, 0)), "y": mat_y})
+        scipy.io.savemat(str(Path(root) / f"{split}_32x32.mat"),
+                         {"X": np.ascontiguousarray(x.transpose(2, 3, 1, 0)), "y": mat_y})
         out += [x, y]
     return Fab(*out)
 

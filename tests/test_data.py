@@ -197,7 +197,8 @@ def test_digits():
     assert xs.dtype == torch.float32 and xs.min() == 0.0 and xs.max() == 1.0
     from sklearn.datasets import load_digits
 
-    assert torch.equal(torch.bincount(torch.cat([d.train.y, d.val.y, d.test.y])), torch.bincount(torch.tensor(load_digits().target)))
+    assert torch.equal(torch.bincount(torch.cat([d.train.y, d.val.y, d.test.y])),
+                       torch.bincount(torch.tensor(load_digits().target)))
     a, b = load_dataset(DataConfig(name="digits"), seed=3), load_dataset(DataConfig(name="digits"), seed=4)
     assert not torch.equal(a.test.x, b.test.x)
 

@@ -205,8 +205,10 @@ def test_logged_model_is_portable_and_described(store):
     pyfunc = mlmodel["flavors"]["python_function"]
     assert pyfunc["model_code_path"].endswith("champion_pyfunc.py") and "python_model" not in pyfunc
     assert pyfunc["code"] == "code"
-    assert json.loads(mlmodel["signature"]["inputs"]) == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 40]}}]
-    assert json.loads(mlmodel["signature"]["outputs"]) == [{"type": "tensor", "tensor-spec": {"dtype": "float64", "shape": [-1, 10]}}]
+    assert json.loads(mlmodel["signature"]["inputs"]) == [
+        {"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 40]}}]
+    assert json.loads(mlmodel["signature"]["outputs"]) == [
+        {"type": "tensor", "tensor-spec": {"dtype": "float64", "shape": [-1, 10]}}]
 
     reqs = (local / "requirements.txt").read_text().split()
     assert reqs == pip_requirements()
@@ -404,7 +406,8 @@ def test_mlflow_models_serve_answers_on_loopback(store, tmp_path):
             except OSError:
                 pass
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            assert time.time() < deadline, "server did not come up in 180 s: " + (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.time() < deadline, (
+                "server did not come up in 180 s: " + (tmp_path / "serve.log").read_text()[-3000:])
             time.sleep(0.5)
         print(f"server up after {time.perf_counter() - t0:.1f}s")
 
@@ -415,7 +418,8 @@ def test_mlflow_models_serve_answers_on_loopback(store, tmp_path):
         np.testing.assert_allclose(probs, store.expected, rtol=1e-5, atol=1e-7)
 
         status, body = _post(f"{url}/invocations", {"inputs": np.zeros((2, 39)).tolist()})
-        assert 400 <= status < 500 and "Shape of input (2, 39) does not match expected shape (-1, 40)" in body, (status, body)
+        expected = "Shape of input (2, 39) does not match expected shape (-1, 40)"
+        assert 400 <= status < 500 and expected in body, (status, body)
         # 1e39 is finite in JSON but overflows float32: the model's own check answers
         status, body = _post(f"{url}/invocations", {"inputs": np.full((2, 40), 1e39).tolist()})
         assert 400 <= status < 500 and "0 NaN and 80 infinite value(s)" in body, (status, body)

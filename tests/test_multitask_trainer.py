@@ -184,7 +184,8 @@ def test_a_task_without_any_label_in_a_split_is_left_out_of_the_means():
 RESUME_CASES = {
     "temperature-holdout": dict(calibrator="temperature", calibrator_steps=2, lr_schedule="cosine"),
     "last_layer-lookahead-warmup-sgd": dict(
-        calibrator="last_layer", calibrator_data="lookahead", warmup_epochs=1, optimizer="sgd", lr=0.05, calibrator_optimizer="sgd"
+        calibrator="last_layer", calibrator_data="lookahead", warmup_epochs=1, optimizer="sgd", lr=0.05,
+        calibrator_optimizer="sgd",
     ),
     "posthoc-vector": dict(method="posthoc", posthoc_calibrator="vector"),
 }

@@ -63,7 +63,8 @@ def test_fpr_at_tpr_matches_roc_curve(seed):
     rng = np.random.default_rng(seed)
     s_in = np.round(rng.normal(1.0, 1.0, 977), 2)
     s_out = np.round(rng.normal(0.0, 1.0, 613), 2)
-    fpr, tpr, _ = roc_curve(np.r_[np.ones(len(s_in)), np.zeros(len(s_out))], np.r_[s_in, s_out], drop_intermediate=False)
+    fpr, tpr, _ = roc_curve(np.r_[np.ones(len(s_in)), np.zeros(len(s_out))], np.r_[s_in, s_out],
+                            drop_intermediate=False)
     for target in (0.5, 0.9, 0.95, 0.99):
         assert fpr_at_tpr(s_in, s_out, tpr=target) == pytest.approx(fpr[np.argmax(tpr >= target)], abs=1e-15)
 
@@ -77,7 +78,8 @@ def test_scores_hand_cases():
     t = torch.tensor(p, dtype=torch.float32)
     for fn in (max_softmax_score, entropy_score):
         out = fn(t)
-        assert isinstance(out, torch.Tensor) and out.shape == (4,) and out.device == t.device and out.dtype == torch.float32
+        assert isinstance(out, torch.Tensor) and out.shape == (4,)
+        assert out.device == t.device and out.dtype == torch.float32
         np.testing.assert_allclose(out.numpy(), fn(p), atol=1e-6)
     # higher = more in-distribution: a confident row beats a uniform row under both scores
     assert entropy_score(p)[0] > entropy_score(p)[1] and max_softmax_score(p)[0] > max_softmax_score(p)[1]

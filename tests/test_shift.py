@@ -90,7 +90,8 @@ def test_strength_strictly_increasing_with_severity(kind, name, which, natural, 
 def test_contrast_std_drop_increasing(which, natural, digits, signals):
     x, stats = _batch("image", natural, digits, signals, which)
     clean_std = S.to_pixels(x, stats).std(dim=(2, 3)).mean()
-    drops = [float(clean_std - S.to_pixels(S.corrupt(x, "contrast", k, stats=stats), stats).std(dim=(2, 3)).mean()) for k in S.SEVERITIES]
+    drops = [float(clean_std - S.to_pixels(S.corrupt(x, "contrast", k, stats=stats), stats).std(dim=(2, 3)).mean())
+             for k in S.SEVERITIES]
     assert drops[0] > 0 and all(a < b for a, b in zip(drops, drops[1:])), drops
 
 
@@ -149,7 +150,8 @@ def test_standardisation_round_trip_and_identity_parameters(natural, digits, sig
             y = S.corrupt_with_param(batch, name, identity, generator=_gen(), stats=st)
             torch.testing.assert_close(y, batch, atol=2e-5, rtol=0)
     for name, identity in (("gaussian_noise", 0.0), ("time_shift", 0.0), ("amplitude_scale", 0.0), ("time_warp", 0.0)):
-        torch.testing.assert_close(S.corrupt_with_param(signals, name, identity, generator=_gen()), signals, atol=1e-6, rtol=0)
+        torch.testing.assert_close(S.corrupt_with_param(signals, name, identity, generator=_gen()), signals,
+                                   atol=1e-6, rtol=0)
 
 
 def test_outputs_are_valid_pixels_and_stats_are_used(natural):
@@ -175,12 +177,15 @@ def test_reference_definitions(natural):
     p = pixels[:2]  # float64 (2, 3, 32, 32)
     im = p.numpy()
     for sigma in S.severity_params("image", "gaussian_blur"):
-        ref = np.stack([[gaussian_filter(im[i, c], sigma, mode="nearest", truncate=4.0) for c in range(3)] for i in range(2)])
+        ref = np.stack([[gaussian_filter(im[i, c], sigma, mode="nearest", truncate=4.0) for c in range(3)]
+                        for i in range(2)])
         np.testing.assert_allclose(S.corrupt_with_param(p, "gaussian_blur", sigma).numpy(), ref, atol=1e-12)
     c = S.severity_params("image", "brightness")[4]
     hw = im[0].transpose(1, 2, 0)
-    ref = np.array([[colorsys.hsv_to_rgb(*(lambda h, s, v: (h, s, min(v + c, 1.0)))(*colorsys.rgb_to_hsv(*px))) for px in row] for row in hw])
-    np.testing.assert_allclose(S.corrupt_with_param(p[:1], "brightness", c)[0].numpy().transpose(1, 2, 0), ref, atol=1e-12)
+    ref = np.array([[colorsys.hsv_to_rgb(*(lambda h, s, v: (h, s, min(v + c, 1.0)))(*colorsys.rgb_to_hsv(*px)))
+                     for px in row] for row in hw])
+    np.testing.assert_allclose(S.corrupt_with_param(p[:1], "brightness", c)[0].numpy().transpose(1, 2, 0), ref,
+                               atol=1e-12)
     grey = torch.rand(3, 1, 8, 8, generator=_gen(), dtype=torch.float64)  # grey: V = x, brightness = clip(x + c)
     torch.testing.assert_close(S.corrupt_with_param(grey, "brightness", 0.3), (grey + 0.3).clamp(0, 1))
     k = S.severity_params("image", "contrast")[2]
@@ -274,7 +279,7 @@ def test_corrupt_split_and_suite():
     kinds = list(S.shift_suite(d, seed=1))
     assert [(n, s) for n, s, _ in kinds] == [(n, s) for n in IMAGE for s in S.SEVERITIES]
     clean_x = d.test.x.clone()
-    for name, sev, split in kinds:
+    for _name, _sev, split in kinds:
         assert split.x.shape == d.test.x.shape and torch.equal(split.y, d.test.y)
     assert torch.equal(d.test.x, clean_x)  # the clean split is untouched
     a = S.corrupt_split(d.test, "shot_noise", 2, seed=1, stats=d.stats)

@@ -320,7 +320,8 @@ def _scroll_metrics_grid(driver, wanted: tuple[str, ...]) -> set[str]:
     """Scroll MLflow's virtualised metrics grid step by step; return the wanted names seen."""
     found: set[str] = set()
     driver.execute_script(
-        "const h=[...document.querySelectorAll('*')].filter(e=>e.childElementCount===0&&e.textContent.trim()==='Metrics');"
+        "const h=[...document.querySelectorAll('*')]"
+        ".filter(e=>e.childElementCount===0&&e.textContent.trim()==='Metrics');"
         "if(h.length) h[h.length-1].scrollIntoView({block:'start'});")
     for step in range(60):
         done = driver.execute_script(

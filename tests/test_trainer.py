@@ -35,7 +35,8 @@ def _blobs(n: int, seed: int, noise: float = 0.3) -> Split:
 
 @pytest.fixture(scope="module")
 def data() -> DataSplits:
-    return DataSplits(train=_blobs(500, 1), val=_blobs(700, 2), test=_blobs(700, 3), num_classes=K, input_shape=(D,), name="blobs")
+    return DataSplits(train=_blobs(500, 1), val=_blobs(700, 2), test=_blobs(700, 3), num_classes=K, input_shape=(D,),
+                      name="blobs")
 
 
 def _cfg(**train) -> RunConfig:
@@ -59,8 +60,10 @@ def test_onego_temperature_reduces_ece_of_overconfident_model(data):
     scaling with a holdout learns T > 1 and gets a lower val and test ECE."""
     common = dict(epochs=40, lr=1e-2, batch_size=50)
     ce = Trainer(_cfg(method="ce", **common), data).fit()
-    og = Trainer(_cfg(method="onego", calibrator="temperature", calibrator_data="holdout:0.2", calibrator_lr=0.05, **common), data).fit()
-    ph = Trainer(_cfg(method="posthoc", posthoc_calibrator="temperature", calibrator_data="holdout:0.2", **common), data).fit()
+    og = Trainer(_cfg(method="onego", calibrator="temperature", calibrator_data="holdout:0.2", calibrator_lr=0.05,
+                      **common), data).fit()
+    ph = Trainer(_cfg(method="posthoc", posthoc_calibrator="temperature", calibrator_data="holdout:0.2", **common),
+                 data).fit()
     assert ce.status == og.status == ph.status == "completed"
     assert ce.val_metrics["ece"] > 0.1, ce.val_metrics  # the baseline really is over-confident
     assert og.calibrator_info["temperature"] > 1.5
@@ -117,7 +120,8 @@ def test_unrolled_trainer_runs_and_differs_from_first_order(data):
 RESUME_CASES = {
     "temperature-holdout-adam-cosine-dropout": dict(calibrator="temperature", lr_schedule="cosine", calibrator_steps=2),
     "last_layer-lookahead-warmup-sgd-step": dict(
-        calibrator="last_layer", calibrator_data="lookahead", warmup_epochs=1, optimizer="sgd", lr=0.05, lr_schedule="step", calibrator_optimizer="sgd"
+        calibrator="last_layer", calibrator_data="lookahead", warmup_epochs=1, optimizer="sgd", lr=0.05,
+        lr_schedule="step", calibrator_optimizer="sgd",
     ),
     "dirichlet-unrolled-same": dict(calibrator="dirichlet", calibrator_data="same", hypergradient="unrolled"),
     "posthoc-vector": dict(method="posthoc", posthoc_calibrator="vector"),
@@ -221,7 +225,8 @@ def test_backbone_never_sees_holdout(data):
 
 @pytest.mark.parametrize(
     "calibrator, kwargs",
-    [("vector", {}), ("matrix", {}), ("dirichlet", {"lambda_od": 0.01, "lambda_b": 0.01}), ("mlp", {}), ("mlp", {"input": "features", "hidden": 8})],
+    [("vector", {}), ("matrix", {}), ("dirichlet", {"lambda_od": 0.01, "lambda_b": 0.01}), ("mlp", {}),
+     ("mlp", {"input": "features", "hidden": 8})],
 )
 def test_every_calibrator_trains(data, calibrator, kwargs):
     t = Trainer(_cfg(calibrator=calibrator, calibrator_kwargs=kwargs, epochs=2), data)
@@ -258,7 +263,8 @@ def test_train_result_and_epoch_reports(data):
     res = Trainer(_cfg(calibrator="temperature", epochs=2), data).fit(on_epoch=reports.append)
     assert isinstance(res, TrainResult) and res.status == "completed" and res.reason is None
     assert [r.epoch for r in reports] == [1, 2]
-    keys = {"train_loss", "epoch_time"} | {f"val_{k}" for k in ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce", "rmsce", "aurc")}
+    keys = {"train_loss", "epoch_time"} | {
+        f"val_{k}" for k in ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce", "rmsce", "aurc")}
     assert keys <= set(reports[0].metrics)
     assert all(isinstance(v, float) for v in reports[0].metrics.values())
     pickle.dumps(reports[-1].state())
