@@ -246,12 +246,13 @@ class Trainer:
         if inp is None:
             inp = self._cal_inputs(self.train_split.x[idx])
         cal = self.calibrator
-        assert cal is not None and self.calibrator_opt is not None  # the one-go method's calibrator
+        assert cal is not None  # the one-go method's calibrator
         loss = F.cross_entropy(cal(inp), y) + cal.regularization()
         self._check(loss, "calibrator loss", epoch, step)
         grads = torch.autograd.grad(loss, self.cal_params)
         for p, g in zip(self.cal_params, grads):
             p.grad = g
+        assert self.calibrator_opt is not None  # set whenever there are calibrator parameters
         self.calibrator_opt.step()
         for p in self.cal_params:
             p.grad = None  # spent (with last_layer these are the head's: see _apply_backbone_step)
