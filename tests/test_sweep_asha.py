@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
+from calib_core.config import RunConfig
 from sweeps import trainable
 from sweeps.config import SelectionConfig, load_sweep_config
 from sweeps.progress import ProgressCallback
@@ -106,6 +107,11 @@ class MemoryClient:
     def set_tag(self, run_id, key, value) -> None:
         self.runs[run_id]["tags"][key] = value
 
+    def get_run(self, run_id) -> SimpleNamespace:
+        run = self.runs[run_id]
+        return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=run["status"]),
+                               data=SimpleNamespace(tags=dict(run["tags"]), metrics={}))
+
     def set_terminated(self, run_id, status="FINISHED") -> None:
         self.runs[run_id]["status"] = status
 
@@ -122,7 +128,8 @@ def _epoch(epoch: int, ece: float) -> dict:
 
 def test_scheduler_stop_is_recorded_as_stopped_early_not_as_failure(capsys):
     cb = MLflowTrackingCallback("sqlite:///unused.db", "0", "parent", "asha-unit", base_tags={},
-                                trial_params=lambda c: ({"x": 1}, {"calib.label": str(c)}, {}), scheduler="ASHA")
+                                trial_params=lambda c: ({"x": 1}, {"calib.label": str(c)},
+                                                        RunConfig().model_dump(mode="json")), scheduler="ASHA")
     cb._client = client = MemoryClient()
     progress = ProgressCallback(2, SelectionConfig(rule="min_metric", metric="val_ece"))
     stopped, completed = _trial("stop1", "matrix"), _trial("done1", "temperature")
