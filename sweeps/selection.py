@@ -180,6 +180,8 @@ def not_worse_than(reps: Replicates, champion: TrialRecord, r: TrialRecord, metr
     if r is champion:
         return True
     less_accurate, _ = reps.significantly_greater(champion.trial_id, r.trial_id, "val_accuracy")
+    if not (reps.has(champion.trial_id, metric) and reps.has(r.trial_id, metric)):
+        return not less_accurate  # a metric without replicates (e.g. val_shift_ece): accuracy alone
     if mode == "min":
         worse, _ = reps.significantly_greater(r.trial_id, champion.trial_id, metric)
     else:

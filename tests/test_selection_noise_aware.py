@@ -179,3 +179,16 @@ def test_bonferroni_keeps_more_trials_than_the_plain_test() -> None:
         n_adj = int(why_adj.split(" among the ")[1].split(" of ")[0])
         assert n_adj >= n_plain and "Bonferroni over 3 comparisons" in why_adj
         assert adj.metrics["val_ece"] <= plain.metrics["val_ece"]
+
+
+def test_leaderboard_flags_with_a_metric_that_has_no_replicates() -> None:
+    """val_shift_ece is measured once per trial, without bootstrap replicates: the tied flag then
+    rests on accuracy alone instead of failing."""
+    records, reps = _sweep(900, SPECS, seed=2)
+    for i, r in enumerate(records):
+        r.metrics["val_shift_ece"] = 0.1 + 0.01 * i
+    cfg = SelectionConfig(rule="min_metric", metric="val_shift_ece")
+    chosen, _ = select(records, cfg, reps)
+    board = leaderboard(records, chosen, reps, cfg)
+    flags = dict(zip(board["trial_id"], board["not_worse_than_champion"]))
+    assert chosen.trial_id == "A" and flags["A"] and not flags["C"]

@@ -44,7 +44,9 @@ def test_terminal_output_is_made_for_people(sweep_dir):
     out, err = (sweep_dir / "stdout.txt").read_text(), (sweep_dir / "stderr.txt").read_text()
     lines = (out + err).splitlines()
     assert len(lines) < 120, len(lines)
-    assert not err.strip(), err[-3000:]
+    # nothing on stderr but Ray's own notice when a raylet is slow to stop on a loaded machine
+    stray = [ln for ln in err.splitlines() if ln.strip() and "Raylet is terminated" not in ln]
+    assert not stray, err[-3000:]
     for line in lines:
         assert not re.search("[\u2500-\u257f]", line), line  # box drawing (Tune's new-style tables)
         for noise in ("TensorBoard", "Checkpoint successfully created", "\x1b[", "Downloading artifacts",
@@ -52,10 +54,10 @@ def test_terminal_output_is_made_for_people(sweep_dir):
             assert noise not in line, line
     # Tune's status table with the calibrator, its lr and the headline metrics (when the trials ran for 20 s)
     # (metric columns appear once a trial has reported)
-    if "== Status ==" in out:
-        assert re.search(r"\| calibrator\s+\|\s+lr\s+\|", out), out[:3000]
-        if "val acc" in out.split("Leaderboard")[0]:
-            assert re.search(r"\| calibrator\s+\|\s+lr\s+\|\s+epoch\s+\|\s+val acc\s+\|\s+val ECE\s+\|", out)
+    for header in (ln for ln in out.splitlines() if re.match(r"\|\s*Trial name", ln)):
+        assert re.search(r"\| calibrator\s+\|\s+lr\s+\|", header), header
+        if "epoch" in header:
+            assert re.search(r"\|\s+epoch\s+\|\s+val acc\s+\|\s+val ECE\s+\|", header), header
     # one progress line per trial: done / total, elapsed, time left
     assert re.search(r"^\[1/4 trials done, \d+:\d\d elapsed, about \d+:\d\d left\] ", out, re.M), out[:3000]
     assert re.search(r"^\[4/4 trials done, \d+:\d\d elapsed\] ", out, re.M)
