@@ -221,96 +221,58 @@ def calibration_error(
     return x.finish(value)
 
 
+#: The knobs of each named preset (the table in the module docstring).
+PRESETS: dict[str, dict[str, Any]] = {
+    "ece": {"binning": "even", "top_label": True, "class_conditional": False, "norm": "l1", "threshold": 0.0},
+    "mce": {"binning": "even", "top_label": True, "class_conditional": False, "norm": "max", "threshold": 0.0},
+    "rmsce": {"binning": "adaptive", "top_label": True, "class_conditional": False, "norm": "l2", "threshold": 0.0},
+    "sce": {"binning": "even", "top_label": False, "class_conditional": True, "norm": "l1", "threshold": 0.0},
+    "ace": {"binning": "adaptive", "top_label": False, "class_conditional": True, "norm": "l1", "threshold": 0.0},
+    "tace": {"binning": "adaptive", "top_label": False, "class_conditional": True, "norm": "l1", "threshold": 0.01},
+    "classwise_ece": {
+        "binning": "even",
+        "top_label": False,
+        "class_conditional": True,
+        "norm": "l1",
+        "threshold": None,
+    },
+}
+
+
+def _preset(name: str, probs: Any, labels: Any, num_bins: int, from_logits: bool, **override: Any) -> Tensor | float:
+    return calibration_error(probs, labels, num_bins=num_bins, from_logits=from_logits, **{**PRESETS[name], **override})
+
+
 def ece(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
     """Expected calibration error: even bins, top label, pooled, l1."""
-    return calibration_error(
-        probs,
-        labels,
-        num_bins=num_bins,
-        binning="even",
-        top_label=True,
-        class_conditional=False,
-        norm="l1",
-        threshold=0.0,
-        from_logits=from_logits,
-    )
+    return _preset("ece", probs, labels, num_bins, from_logits)
 
 
 def mce(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
     """Maximum calibration error: even bins, top label, pooled, max over non-empty bins."""
-    return calibration_error(
-        probs,
-        labels,
-        num_bins=num_bins,
-        binning="even",
-        top_label=True,
-        class_conditional=False,
-        norm="max",
-        threshold=0.0,
-        from_logits=from_logits,
-    )
+    return _preset("mce", probs, labels, num_bins, from_logits)
 
 
 def rmsce(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
     """Root-mean-square calibration error: adaptive bins, top label, pooled, l2."""
-    return calibration_error(
-        probs,
-        labels,
-        num_bins=num_bins,
-        binning="adaptive",
-        top_label=True,
-        class_conditional=False,
-        norm="l2",
-        threshold=0.0,
-        from_logits=from_logits,
-    )
+    return _preset("rmsce", probs, labels, num_bins, from_logits)
 
 
 def sce(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
     """Static calibration error: even bins, all classes, class-conditional, l1 (p > 0)."""
-    return calibration_error(
-        probs,
-        labels,
-        num_bins=num_bins,
-        binning="even",
-        top_label=False,
-        class_conditional=True,
-        norm="l1",
-        threshold=0.0,
-        from_logits=from_logits,
-    )
+    return _preset("sce", probs, labels, num_bins, from_logits)
 
 
 def ace(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
     """Adaptive calibration error: adaptive bins, all classes, class-conditional, l1."""
-    return calibration_error(
-        probs,
-        labels,
-        num_bins=num_bins,
-        binning="adaptive",
-        top_label=False,
-        class_conditional=True,
-        norm="l1",
-        threshold=0.0,
-        from_logits=from_logits,
-    )
+    return _preset("ace", probs, labels, num_bins, from_logits)
 
 
 def tace(
     probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False, threshold: float = 0.01
 ) -> Tensor | float:
     """Thresholded adaptive calibration error: ACE over probabilities > threshold (0.01)."""
-    return calibration_error(
-        probs,
-        labels,
-        num_bins=num_bins,
-        binning="adaptive",
-        top_label=False,
-        class_conditional=True,
-        norm="l1",
-        threshold=threshold,
-        from_logits=from_logits,
-    )
+    return _preset("tace", probs, labels, num_bins, from_logits, threshold=threshold)
 
 
 def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: bool = False) -> Tensor | float:
@@ -318,14 +280,4 @@ def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15, from_logits: b
 
     Same as SCE except that probabilities equal to 0 are kept (threshold=None).
     """
-    return calibration_error(
-        probs,
-        labels,
-        num_bins=num_bins,
-        binning="even",
-        top_label=False,
-        class_conditional=True,
-        norm="l1",
-        threshold=None,
-        from_logits=from_logits,
-    )
+    return _preset("classwise_ece", probs, labels, num_bins, from_logits)
