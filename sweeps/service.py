@@ -8,6 +8,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -356,7 +358,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
     callbacks = [callback, ProgressCallback(cfg.search.num_samples, cfg.selection)]
     callbacks.append(PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial))  # end a hopeless wait
     t_start = time.perf_counter()
-    try:
+    with _runs_closed_on_failure(client, experiment_id, parent_id, cfg.name):
         _connect_ray(cluster)
         print(_intro(cfg, exp_path, parent_id, resumed=resume and can_restore), flush=True)
         if resume and can_restore:
@@ -383,16 +385,9 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         incomplete = bool(unfinished or len(records) < cfg.search.num_samples)
         if incomplete:
             client.set_terminated(parent_id, status="KILLED")
-    except KeyboardInterrupt:
-        close_open_runs(client, experiment_id, cfg.name, "KILLED")
-        client.set_terminated(parent_id, status="KILLED")
-        raise
-    except BaseException as exc:
-        _fail(client, experiment_id, parent_id, cfg.name, exc)
-        raise
     if incomplete:
         raise SweepIncomplete(done, cfg.search.num_samples)
-    try:
+    with _runs_closed_on_failure(client, experiment_id, parent_id, cfg.name):
         try:
             reps = _replicates(records, cfg)
             chosen, why = select(records, cfg.selection, reps)
@@ -407,13 +402,6 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         client.set_tag(parent_id, NOTE_TAG, _sweep_note(cfg, experiment_id, chosen, why, version))
         client.set_terminated(parent_id, status="FINISHED")
         t_end = time.perf_counter()
-    except KeyboardInterrupt:
-        close_open_runs(client, experiment_id, cfg.name, "KILLED")
-        client.set_terminated(parent_id, status="KILLED")
-        raise
-    except BaseException as exc:
-        _fail(client, experiment_id, parent_id, cfg.name, exc)
-        raise
     _print_summary(board, ranks, why, cfg, version)
     timings = {"ray_start_s": t_fit - t_start, "trials_s": t_trials - t_fit,
                "selection_registration_s": t_end - t_trials}
@@ -431,6 +419,20 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
 def _float_pair(interval: tuple[float, float]) -> tuple[float, float]:
     low, high = interval
     return float(low), float(high)
+
+
+@contextmanager
+def _runs_closed_on_failure(client: MlflowClient, experiment_id: str, parent_id: str, sweep: str) -> Iterator[None]:
+    """On Ctrl+C the sweep's open runs and its parent end KILLED (resumable); on any other error FAILED."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        close_open_runs(client, experiment_id, sweep, "KILLED")
+        client.set_terminated(parent_id, status="KILLED")
+        raise
+    except BaseException as exc:
+        _fail(client, experiment_id, parent_id, sweep, exc)
+        raise
 
 
 def _fail(client: MlflowClient, experiment_id: str, parent_id: str, sweep: str, exc: BaseException) -> None:
