@@ -134,10 +134,11 @@ def matches_verdict(d_ece: Sequence[float], d_acc: Sequence[float], margin_ece: 
     - refuted: the ECE difference's (1 - alpha) interval lies entirely above +margin_ece
       (worse by more than the margin), or the accuracy difference's lies entirely below
       -margin_acc;
-    - established: TOST shows the ECE difference within +-margin_ece, and accuracy is
-      non-inferior (one-sided (1 - alpha) lower bound above -margin_acc); also when ECE is
-      better by more than the margin (interval entirely below -margin_ece: "matches" holds
-      a fortiori) with accuracy non-inferior;
+    - established: accuracy is non-inferior (one-sided (1 - alpha) lower bound above
+      -margin_acc) and ECE is not worse by the margin: TOST shows the difference within
+      +-margin_ece, or, where one-go may be better by more than the margin (TOST fails on
+      that side only), the one-sided (1 - alpha) upper bound is below +margin_ece ("matches"
+      holds a fortiori);
     - not settled: anything else.
     """
     e = paired_ci(d_ece, 1.0 - alpha)
@@ -158,13 +159,14 @@ def matches_verdict(d_ece: Sequence[float], d_acc: Sequence[float], margin_ece: 
     elif eq["equivalent"] and acc_ok:
         verdict = "established"
         reasons.append("ECE equivalent (TOST), accuracy non-inferior")
-    elif e["hi"] < -margin_ece and acc_ok:
+    elif eq["hi"] < margin_ece and acc_ok:
         verdict = "established"
-        reasons.append("ECE better by more than the margin, accuracy non-inferior")
+        reasons.append("ECE not worse by the margin (possibly better by more than it), accuracy non-inferior")
     else:
         verdict = "not settled"
         if not eq["equivalent"]:
-            reasons.append("ECE equivalence not shown")
+            reasons.append("ECE equivalence not shown" if eq["hi"] >= margin_ece else
+                           "ECE not worse by the margin (equivalence not shown)")
         if not acc_ok:
             reasons.append("accuracy non-inferiority not shown")
     return {"verdict": verdict, "reason": "; ".join(reasons), "ece": e, "acc": a, "tost": eq, "acc_lower": acc_lower,
@@ -247,7 +249,7 @@ def sweep_config(spec: dict, regime: str, method: str, cache: Path) -> dict[str,
     run["device"] = "auto" if spec.get("device", "cpu") != "cpu" else "cpu"
     run.setdefault("train", {}).update(m.get("train", {}))
     search: dict[str, Any] = {
-        "num_samples": tu["trials"], "calibrators": list(m["calibrators"]),
+        "num_samples": reg.get("trials", tu["trials"]), "calibrators": list(m["calibrators"]),
         "params": {**spec.get("shared_params", {}), **m.get("params", {})},
         "objective": "single", "metric": tu["metric"], "mode": "min", "scheduler": "none", "seed": tu["seed"],
     }
@@ -518,6 +520,17 @@ def _sum_wall(runs: dict[int, dict]) -> float:
     return float(sum(r.get("wall_s", 0.0) for r in runs.values()))
 
 
+def _range_pt(vals: Sequence[float]) -> str:
+    vals = [v for v in vals if math.isfinite(v)]
+    return f"{100 * min(vals):.2f}-{100 * max(vals):.2f}" if vals else "n/a"
+
+
+def _trials_text(spec: dict) -> str:
+    base = spec["tuning"]["trials"]
+    other = {r: reg["trials"] for r, reg in spec["regimes"].items() if reg.get("trials", base) != base}
+    return f"{base} trials" + (f" ({', '.join(f'{n} in {r}' for r, n in other.items())})" if other else "")
+
+
 def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dict[str, Any]) -> tuple[str, dict]:
     seeds = spec["evaluation"]["seeds"]
     margin, margin_acc, alpha = spec["margin_ece"], spec["margin_acc"], spec["alpha"]
@@ -527,7 +540,11 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
     L += ["# Method study: one-go calibration against tuned baselines (issue #11)", ""]
     if quick:
         L += ["**QUICK SMOKE RUN: tiny data, 3 epochs, 2 tuning trials, 3 seeds; the numbers mean nothing.**", ""]
-    L += [f"Command: `{command}` (config `{os.path.relpath(spec['_path'], ROOT)}`; cache `{os.path.relpath(cache, ROOT)}`).", ""]
+    cfg_rel = os.path.relpath(spec["_path"], ROOT)
+    one = "python benchmarks/method_study.py" + ("" if Path(spec["_path"]).resolve() == DEFAULT_CONFIG.resolve() else f" --config {cfg_rel}")
+    L += [f"One command runs (or resumes) the whole study and writes this file: `{one}{' --quick' if quick else ''}`; with a complete "
+          f"cache (`{os.path.relpath(cache, ROOT)}`, per regime, method, phase and seed) it only rebuilds the report. "
+          f"This file was written by `{command}`.", ""]
     L += [f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.platform()}, "
           f"{os.cpu_count()} CPUs (shared with other work), torch {timing.get('torch', '?')}, device {spec.get('device', 'cpu')}.", ""]
 
@@ -538,8 +555,8 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
     L += [f"- **Tuning, by the sweep service itself.** For every regime and method the study writes a sweep config "
           f"(`{os.path.relpath(cache / 'sweeps', ROOT)}/<name>.yaml`) and runs it with `sweeps/launch.py`'s `main(['--config', FILE, '--resume'])`: "
           f"Ray Tune + Optuna (seeded TPE, `search.seed` {tu['seed']}; Optuna's first 10 trials are random draws), MLflow in the study's own SQLite store "
-          f"(`{os.path.relpath(cache / 'service' / 'mlflow.db', ROOT)}`) and Ray storage. **{tu['trials']} trials per method** (the same budget for every "
-          f"method), {tu['max_concurrent']} at a time, {tu['cpus_per_trial']} CPU each, all on the tuning seed {tu['seed']} (its split and initialisation; "
+          f"(`{os.path.relpath(cache / 'service' / 'mlflow.db', ROOT)}`) and Ray storage. **{_trials_text(spec)} per method** (the same budget for every "
+          f"method of a regime), {tu['max_concurrent']} at a time, {tu['cpus_per_trial']} CPU each, all on the tuning seed {tu['seed']} (its split and initialisation; "
           f"never an evaluation seed). Objective and selection: minimum **validation {metric.removeprefix('val_').upper()}** (`search.objective: single`, "
           f"`selection.rule: min_metric`), a proper score that weighs accuracy and calibration alike for every method; the service's champion "
           f"is the chosen configuration. Searched for every method: {sp}; one-go also its calibrator lr (log-uniform, range in the tables), the CE "
@@ -587,11 +604,15 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
                  f"{e_wall:.0f} | {cpu:.0f} |" if math.isfinite(e_wall) else
                  f"| {regime} | {len(reg['methods'])} | {t_wall:.0f} | {n_trials} | {n_runs} | (cached) | {cpu:.0f} |")
     invs = timing.get("invocations", [])
+    span = ""
+    if timing.get("first_started_utc") and timing.get("last_progress_utc"):
+        fmt = "%Y-%m-%d %H:%M:%S"
+        dt = time.mktime(time.strptime(timing["last_progress_utc"], fmt)) - time.mktime(time.strptime(timing["first_started_utc"], fmt))
+        span = f"; from the first start ({timing['first_started_utc']} UTC) to the last step: {dt / 60:.1f} min"
     L += ["", f"Tuning: {total_t / 60:.1f} min of wall time for all sweeps (each sweep: Ray Tune trials, MLflow logging, the service's "
-          f"selection, bootstrap intervals and champion registration). Evaluation: {total_e / 60:.1f} min of wall time "
-          f"({total_cpu / 60:.1f} min of single-thread compute summed over the runs). Whole study: "
-          f"{timing.get('total_wall_s', math.nan) / 60:.1f} min of wall time over {len(invs)} invocation(s) of the command"
-          + (f" ({'; '.join(str(i['started_utc']) + ' UTC, ' + format((i['wall_s'] or 0) / 60, '.1f') + ' min' for i in invs)})" if invs else "")
+          f"selection, bootstrap intervals and champion registration; a sweep resumed after an interruption counts the attempt that "
+          f"finished it). Evaluation: {total_e / 60:.1f} min of wall time ({total_cpu / 60:.1f} min of single-thread compute summed over "
+          f"the runs). Recorded: {timing.get('total_wall_s', math.nan) / 60:.1f} min over {len(invs)} invocation(s) of the command{span}"
           + (f". {timing['note']}" if timing.get("note") else ".")]
     L += [""]
 
@@ -607,9 +628,12 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
     L += ["## Verdicts on the seed paper's claims", ""]
     L += [f"Paired by seed, test split, method − reference, in percentage points; [95 % t interval across seeds]; TOST p with its 90 % "
           f"interval (equivalence margin ±{100 * margin:g} pt ECE); accuracy non-inferiority margin {100 * margin_acc:g} pt.", ""]
-    L += ["| claim | regime | comparison | seeds | ΔECE pt [95 % CI] | TOST p [90 % CI] | Δacc pt [95 % CI] | per-seed bootstrap: seeds with ΔECE CI > 0 / < 0 (median half-width pt) | verdict |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    L += ["The column 'plain CE vs the reference' applies the same test to plain CE: where CE itself matches the post-hoc "
+          "reference, the regime has nothing to calibrate and a \"matches\" there says little about the calibrator.", ""]
+    L += ["| claim | regime | comparison | seeds | ΔECE pt [95 % CI] | TOST p [90 % CI] | Δacc pt [95 % CI] | per-seed bootstrap: seeds with ΔECE CI > 0 / < 0 (median half-width pt) | verdict | plain CE vs the reference: ΔECE pt [95 % CI], verdict |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     claim_rows: dict[str, dict] = {}
+    half_widths: list[float] = []
     for key, claim in spec["claims"].items():
         per_regime = []
         variants = [claim["onego"]] + ([claim["secondary"]] if claim.get("secondary") else [])
@@ -627,24 +651,33 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
                 above = sum(r["lo"] > 0 for r in boot)
                 below = sum(r["hi"] < 0 for r in boot)
                 hw = _median([(r["hi"] - r["lo"]) / 2 for r in boot])
+                half_widths.append(hw)
                 e, t_, ac = v["ece"], v["tost"], v["acc"]
                 label = f"{spec['methods'][onego]['label']} vs {spec['methods'][ref]['label']}"
                 tag = "" if vi == 0 else " (secondary)"
+                ce_runs = evals[regime].get("ce")
+                v_ce = matches_verdict(paired(ce_runs, b, "ece"), paired(ce_runs, b, "accuracy"), margin, margin_acc, alpha) if ce_runs else None
+                ce_cell = f"{_ci_str(v_ce['ece'])}, {v_ce['verdict']}" if v_ce else "–"
                 L.append(f"| ({key}){tag} | {regime} | {label} | {e['n']} | {_ci_str(e)} | {t_['p']:.3f} [{100 * t_['lo']:+.2f}, {100 * t_['hi']:+.2f}] "
-                         f"| {_ci_str(ac)} | {above} / {below} ({100 * hw:.2f}) | **{v['verdict']}** ({v['reason']}) |")
+                         f"| {_ci_str(ac)} | {above} / {below} ({100 * hw:.2f}) | **{v['verdict']}** ({v['reason']}) | {ce_cell} |")
                 entry = {"regime": regime, "onego": onego, "reference": ref, "d_ece": d_ece, "d_acc": d_acc,
-                         "verdict": v, "per_seed_bootstrap": boot, "primary": vi == 0}
+                         "verdict": v, "per_seed_bootstrap": boot, "primary": vi == 0, "plain_ce_vs_reference": v_ce}
                 raw["claims"].setdefault(key, []).append(entry)
                 if vi == 0:
-                    per_regime.append(v["verdict"])
-        claim_rows[key] = {"overall": overall_verdict(per_regime), "per_regime": per_regime}
+                    trivial = v_ce is not None and v_ce["verdict"] == "established"
+                    per_regime.append((regime, v["verdict"] + (" (plain CE matches too)" if trivial else "")))
+        missing = [r for r in claim["regimes"] if r not in {reg for reg, _ in per_regime}]
+        overall = overall_verdict([v.split(" (")[0] for _, v in per_regime])
+        if missing and overall == "established":
+            overall = "not settled"  # a regime of the claim has no result (yet)
+        claim_rows[key] = {"overall": overall, "per_regime": per_regime, "missing": missing}
     L += [""]
     for key, claim in spec["claims"].items():
         cr = claim_rows[key]
         if not claim["regimes"]:
             L.append(f"- **({key}) {claim['text']}**: not part of this study config.")
             continue
-        regs = ", ".join(f"{r}: {v}" for r, v in zip(claim["regimes"], cr["per_regime"]))
+        regs = ", ".join([f"{r}: {v}" for r, v in cr["per_regime"]] + [f"{r}: no result" for r in cr["missing"]])
         L.append(f"- **({key}) {claim['text']}: {cr['overall'].upper()}** "
                  f"(decided by {spec['methods'][claim['onego']]['label']} vs {spec['methods'][claim['reference']]['label']}; {regs}).")
     L += [""]
@@ -692,8 +725,10 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
                     cells += [_ci_str(paired_ci(paired(runs, ref, "ece"))), _ci_str(paired_ci(paired(runs, ref, "accuracy")))]
             cells += [f"{_median([r['wall_s'] for r in ok.values()]):.1f}", f"{_median([r['epochs_run'] for r in ok.values()]):.0f}"]
             L.append("| " + " | ".join(cells) + " |")
+            slim = {seed: {**{k: v for k, v in r.items() if k != "epoch_times"}, "median_epoch_s": _median(r.get("epoch_times") or [])}
+                    for seed, r in runs.items()}
             reg_raw[m] = {"tuned": {k: rec[k] for k in ("params", "run_config", "selection", "leaderboard", "wall_s", "sweep")} if rec else None,
-                          "runs": runs}
+                          "runs": slim}
         fails = [f"{m} seed {s}: {r['status']} ({r['reason']})" for m in reg["methods"] for s, r in evals[regime].get(m, {}).items()
                  if r["status"] != "completed"]
         if fails:
@@ -748,6 +783,27 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
                      f"| {_ci_str(paired_ci(paired(un, fo, 'nll')), 1.0, 3)} | {ratio:.2f}x | {eratio:.2f}x | {ce_ratio:.2f}x |")
         L += [""]
 
+    # ---------------------------------------------------------------- caveats
+    L += ["## Caveats and what this study does not cover", ""]
+    all_methods = list(spec["methods"])
+    for regime, reg in spec["regimes"].items():
+        absent = [m for m in all_methods if m not in reg["methods"]]
+        if absent:
+            L.append(f"- {regime} runs {len(reg['methods'])} of the {len(all_methods)} methods (not: {', '.join(absent)}).")
+    L += ["- Tuning uses one seed (its split and initialisation): the configuration that wins on that seed's validation split "
+          "can be fragile on other seeds, and the evaluation seeds show it (a method's 'tuning val NLL' against its test NLL). "
+          "All methods are exposed to this alike; tuning on several seeds would cost a multiple of the budget.",
+          "- The methods with the same search space (CE, CE + early stopping, the post-hoc baselines) saw the same Optuna "
+          "draws (same sampler seed), so their differences come from the method, not the draws; one-go and the head-lr control "
+          "search one more dimension with the same number of trials (the extra hyperparameter is part of their cost).",
+          "- ECE is the plug-in 15-bin estimator, which is biased upwards for well-calibrated models and noisy at these test "
+          f"sizes: the per-seed bootstrap half-widths of the ECE differences are {_range_pt(half_widths)} pt, against an "
+          f"equivalence margin of {100 * margin:g} pt, so equivalence can only be shown through the average over seeds, "
+          "and only where the test split is large.",
+          "- Selection is by validation NLL for every method; a study selecting by validation ECE could rank the methods differently.",
+          "- The GPU configs (benchmarks/method_study_configs/cifar10_resnet18.yaml, cifar100_wrn28_10.yaml) were not run here.",
+          ""]
+
     # ---------------------------------------------------------------- tuning leaderboards
     L += ["## Tuning trials (validation, tuning seed)", ""]
     L += [f"Every trial the service ran, per regime and method: validation {metric.removeprefix('val_').upper()} of the completed trials "
@@ -780,7 +836,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--note", type=str, default="", help="a line for the report's budget section")
     args = p.parse_args(argv)
 
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + (argv if argv is not None else sys.argv[1:]))
+    raw_args = list(argv if argv is not None else sys.argv[1:])
+    shown = [("NOTE" if i > 0 and raw_args[i - 1] == "--note" else a) for i, a in enumerate(raw_args)]  # the note is printed below
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + shown)
     spec = load_spec(args.config)
     if args.quick:
         spec = _merge(spec, QUICK)
@@ -810,11 +868,23 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     if not args.report_only:
-        inv = {"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "command": command, "wall_s": None}
+        now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        inv = {"started_utc": now, "command": command, "wall_s": 0.0}
         timing["invocations"].append(inv)
+        timing.setdefault("first_started_utc", now)
+
+        def progress() -> None:  # an invocation killed from outside keeps the time up to its last step
+            inv["wall_s"] = time.perf_counter() - t_start
+            timing["last_progress_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+            timing_path.write_text(json.dumps(timing, indent=1))
+
+        progress()
         for regime, reg in spec["regimes"].items():
             t0 = time.perf_counter()
-            tuned = {m: tune_one(spec, regime, m, cache) for m in reg["methods"]}
+            tuned = {}
+            for m in reg["methods"]:
+                tuned[m] = tune_one(spec, regime, m, cache)
+                progress()
             add("tune_wall_s", regime, time.perf_counter() - t0)
             import ray
 
@@ -823,15 +893,14 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             run_evaluations(spec, regime, tuned, cache)
             add("eval_wall_s", regime, time.perf_counter() - t0)
-            inv["wall_s"] = time.perf_counter() - t_start
-            timing_path.write_text(json.dumps(timing, indent=1))
+            progress()
             print(f"[done] {regime}: tuning {timing['tune_wall_s'][regime]:.0f}s, evaluation {timing['eval_wall_s'][regime]:.0f}s "
                   f"(cumulative over invocations)", flush=True)
     timing["total_wall_s"] = sum(i["wall_s"] or 0.0 for i in timing["invocations"])
     text, raw = build_report(spec, cache, command, args.quick, timing)
     stem = "method_study" if spec["name"] == "cpu" else f"method_study_{spec['name']}"
     (out_dir / f"{stem}.md").write_text(text)
-    (out_dir / f"{stem}.json").write_text(json.dumps(raw, indent=1, default=str))
+    (out_dir / f"{stem}.json").write_text(json.dumps(raw, separators=(",", ":"), default=str))
     print(text, flush=True)
     print(f"wrote {out_dir / (stem + '.md')}", flush=True)
     return 0

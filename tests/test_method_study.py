@@ -86,7 +86,14 @@ def test_matches_verdicts():
     assert v["verdict"] == "not settled"
     # ECE better by more than the margin: "matches" holds a fortiori
     v = matches_verdict([-0.02, -0.021, -0.019], [0.0, 0.001, 0.0], m, m)
-    assert v["verdict"] == "established" and "better" in v["reason"]
+    assert v["verdict"] == "established" and "better" in v["reason"] and not v["tost"]["equivalent"]
+    # ECE better, possibly by more than the margin (TOST fails on the lower side only): established too
+    v = matches_verdict([-0.002, -0.012, -0.004, -0.010], [0.0, 0.001, 0.0, -0.001], m, m)
+    assert v["tost"]["lo"] < -m < v["tost"]["hi"] < m and not v["tost"]["equivalent"]
+    assert v["verdict"] == "established"
+    # ECE non-inferior but accuracy not shown non-inferior: not settled
+    v = matches_verdict([0.001, -0.001, 0.0005, -0.0005], [0.01, -0.02, 0.015, -0.012], m, m)
+    assert v["verdict"] == "not settled" and "accuracy" in v["reason"]
 
 
 def test_overall_verdict():
@@ -109,7 +116,7 @@ def test_study_configs_generate_valid_sweep_configs(name, tmp_path):
     for regime, reg in spec["regimes"].items():
         for method in reg["methods"]:
             cfg = SweepConfig.model_validate(sweep_config(spec, regime, method, tmp_path))
-            assert cfg.search.num_samples == spec["tuning"]["trials"]  # the same budget for every method
+            assert cfg.search.num_samples == reg.get("trials", spec["tuning"]["trials"])  # the same for every method
             assert cfg.search.metric == cfg.selection.metric == "val_nll" and cfg.selection.rule == "min_metric"
             assert {"train.lr", "train.weight_decay"} <= set(cfg.search.params)
             n += 1
