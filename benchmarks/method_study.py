@@ -867,7 +867,11 @@ def main(argv: list[str] | None = None) -> int:
         timing_path.write_text(json.dumps(timing, indent=1))
 
     t_start = time.perf_counter()
-    if not args.report_only:
+    complete = all((cache / "tune" / r / f"{m}.json").is_file() and eval_path(cache, r, m, seed).is_file()
+                   for r, reg in spec["regimes"].items() for m in reg["methods"] for seed in spec["evaluation"]["seeds"])
+    if complete and not args.report_only:
+        print("everything is cached: rebuilding the report only", flush=True)
+    if not args.report_only and not complete:
         now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         inv = {"started_utc": now, "command": command, "wall_s": 0.0}
         timing["invocations"].append(inv)
