@@ -29,7 +29,9 @@ examples (calib_core.metrics.bootstrap) gives the within-seed interval of the EC
 
 Everything is cached per (regime, method, phase, seed) under `--cache-dir` (default
 benchmarks/.cache/method_study/<config name>, gitignored): a rerun of the same command skips
-what is done, resumes an interrupted sweep (`--resume`) and rebuilds the report.
+what is done, resumes an interrupted sweep (`--resume`) and rebuilds the report. The sweeps keep
+every epoch checkpoint (the service's default; about 7 GB for the CPU study): once the study is
+finished, `<cache>/service/ray_results` can be deleted (the report needs only tune/ and eval/).
 """
 
 from __future__ import annotations
