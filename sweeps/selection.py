@@ -58,11 +58,18 @@ def _pct(v: float) -> str:
 
 
 def _ci(reps: Replicates | None, r: TrialRecord, key: str) -> str:
-    """' [lo, hi]' in percent points, or '' without replicates."""
+    """' [lo, hi]' in the metric's own units (percent points for rates, as printed), or '' without replicates."""
     if reps is None or not reps.has(r.trial_id, key):
         return ""
     lo, hi = reps.interval(r.trial_id, key)
-    return f" [{100 * lo:.1f}, {100 * hi:.1f}]"
+    if _is_rate(key):
+        return f" [{100 * lo:.1f}, {100 * hi:.1f}]"
+    return f" [{lo:.4f}, {hi:.4f}]"
+
+
+def _is_rate(key: str) -> bool:
+    """Metrics printed in percent: accuracy and the calibration errors (not NLL, Brier or AURC)."""
+    return not key.endswith(("nll", "brier", "aurc"))
 
 
 def _metric_name(key: str) -> str:
@@ -71,7 +78,7 @@ def _metric_name(key: str) -> str:
 
 
 def _fmt_metric(key: str, v: float) -> str:
-    return f"{v:.4f}" if key.endswith(("nll", "brier", "aurc")) or not 0.0 <= v <= 1.0 else _pct(v)
+    return _pct(v) if _is_rate(key) and 0.0 <= v <= 1.0 else f"{v:.4f}"
 
 
 def accuracy_candidates(ok: list[TrialRecord], reps: Replicates) -> tuple[TrialRecord, dict[str, float]]:

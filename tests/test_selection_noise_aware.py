@@ -192,3 +192,10 @@ def test_leaderboard_flags_with_a_metric_that_has_no_replicates() -> None:
     board = leaderboard(records, chosen, reps, cfg)
     flags = dict(zip(board["trial_id"], board["not_worse_than_champion"]))
     assert chosen.trial_id == "A" and flags["A"] and not flags["C"]
+
+
+def test_sentence_prints_nll_intervals_in_nll_units() -> None:
+    records, reps = _sweep(900, SPECS, seed=2)
+    chosen, why = select(records, SelectionConfig(rule="min_metric", metric="val_nll"), reps)
+    lo, hi = reps.interval(chosen.trial_id, "val_nll")
+    assert f"[{lo:.4f}, {hi:.4f}]" in why
