@@ -13,20 +13,9 @@ from calib_core.metrics import compute_all
 from calib_core.trainer import MultiTaskTrainer, Trainer
 from calib_core.trainer.calibrator_batches import kfold_indices
 from tests.resume_harness import crash_then_resume
+from tests.test_trainer import D, K, _blobs  # the same noisy Gaussian blobs
 
-K = 3
-D = 10
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-def _blobs(n: int, seed: int, noise: float = 0.3) -> Split:
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(K, D, generator=torch.Generator().manual_seed(123)) * 1.2
-    y = torch.randint(0, K, (n,), generator=g)
-    x = centers[y] + torch.randn(n, D, generator=g)
-    flip = torch.rand(n, generator=g) < noise
-    y = torch.where(flip, torch.randint(0, K, (n,), generator=g), y)
-    return Split(x, y)
 
 
 @pytest.fixture(scope="module")
