@@ -1,0 +1,221 @@
+"""What the benchmark scripts share: paths, argument and command-line helpers, timestamps and the
+host description, mean ± std formatting, timing, result-file writing, the reproduction settings
+and the one-trainer run of a worker process.
+
+Scripts import it as ``from benchmarks.common import ...``: the ``benchmarks`` package is part of
+the editable install (pyproject.toml), so this works for ``python benchmarks/<name>.py`` (which puts
+benchmarks/, not the repository root, on sys.path) as well as for ``python -m benchmarks.<name>``.
+Nothing here imports torch or calib_core at module level, so importing it is cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from multiprocessing.pool import Pool
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+
+# ------------------------------------------------------------------------------------------
+# the reproduction settings (benchmarks/reproduce.py; reproduce_mtl.py and ablation_head_lr.py
+# reuse the MNIST-1D ones so that their numbers are comparable)
+# ------------------------------------------------------------------------------------------
+# Settings chosen so that plain CE is over-confident at the end of training (see the table
+# headers for the numbers that check it): small training splits, large val/test splits (so the
+# ECE estimate is not dominated by its finite-sample floor), constant lr, no weight decay, long
+# training relative to the data.
+SETTINGS: dict[str, dict[str, Any]] = {
+    "mnist1d": {
+        "data": {"name": "mnist1d", "num_samples": 3000, "val_fraction": 0.2, "test_fraction": 0.4},
+        "model": {"name": "cnn1d"},
+        "train": {"epochs": 25, "batch_size": 64, "optimizer": "adam", "lr": 1e-2, "lr_schedule": "none", "weight_decay": 0.0},
+    },
+    "digits": {
+        "data": {"name": "digits", "val_fraction": 0.3, "test_fraction": 0.3},
+        "model": {"name": "mlp"},
+        "train": {"epochs": 60, "batch_size": 32, "optimizer": "adam", "lr": 1e-2, "lr_schedule": "none", "weight_decay": 0.0},
+    },
+}
+# what --quick overrides in SETTINGS (smoke runs: tiny data, 3 epochs)
+QUICK: dict[str, dict[str, Any]] = {
+    "mnist1d": {"data": {"num_samples": 1000}, "train": {"epochs": 3}},
+    "digits": {"train": {"epochs": 3}},
+}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """A deep copy of `base` with `extra` merged in (nested dicts merge, everything else replaces)."""
+    out = json.loads(json.dumps(base))
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# arguments, command line, output directory, time stamps, host
+# ------------------------------------------------------------------------------------------
+def float_list(text: str) -> list[float]:
+    """Floats of a comma-separated argument such as "1e-3,1e-2" (empty items skipped)."""
+    return [float(x) for x in text.split(",") if x]
+
+
+def command_line(script: str | Path, argv: Sequence[str] | None = None) -> str:
+    """The command that reruns `script` (pass `__file__`) with `argv` (default: sys.argv[1:]), for report headers."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(Path(script).resolve(), ROOT), *args])
+
+
+def out_dir(given: Path | None, quick: bool = False, prefix: str = "bench_quick_") -> Path:
+    """The output directory, created: `given`, else a fresh temp dir for --quick runs, else benchmarks/results."""
+    path = given or (Path(tempfile.mkdtemp(prefix=prefix)) if quick else RESULTS_DIR)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def utc_now() -> str:
+    """The current UTC time to the second, as raw JSON records it ("2026-01-31 12:34:56")."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+
+
+def utc_minute() -> str:
+    """The current UTC time to the minute, as report headers print it ("2026-01-31 12:34 UTC")."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def host_info() -> dict[str, Any]:
+    """The machine a raw JSON was measured on: platform, Python version, CPU count."""
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
+
+
+def host_line() -> str:
+    """The machine in words for a report header ("Linux-...-x86_64, 2 CPUs")."""
+    return f"{platform.platform()}, {os.cpu_count()} CPUs"
+
+
+# ------------------------------------------------------------------------------------------
+# statistics and formatting
+# ------------------------------------------------------------------------------------------
+def mean_std(vals: Iterable[float | None]) -> tuple[float, float]:
+    """Mean and sample std of the finite values (std 0 for one value, (nan, nan) for none)."""
+    kept = [v for v in vals if v is not None and math.isfinite(v)]
+    if not kept:
+        return float("nan"), float("nan")
+    return statistics.fmean(kept), (statistics.stdev(kept) if len(kept) > 1 else 0.0)
+
+
+def fmt_mean_std(m: float, s: float, scale: float = 1.0, nd: int = 2) -> str:
+    """"m ± s" times `scale` with `nd` decimals, "n/a" when the mean is not finite."""
+    if not math.isfinite(m):
+        return "n/a"
+    return f"{m * scale:.{nd}f} ± {s * scale:.{nd}f}"
+
+
+def mean_std_str(vals: Iterable[float | None], scale: float = 1.0, nd: int = 2) -> str:
+    """fmt_mean_std of mean_std(vals)."""
+    return fmt_mean_std(*mean_std(vals), scale, nd)
+
+
+def reading(d: tuple[float, float], better_low: bool) -> str:
+    """"better" / "worse" for a (mean, std) difference whose |mean| exceeds its std, else "~" ("n/a" if undefined)."""
+    m, s = d
+    if not math.isfinite(m):
+        return "n/a"
+    if abs(m) <= s:
+        return "~"
+    return "better" if ((m < 0) if better_low else (m > 0)) else "worse"
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall seconds of `repeats` calls of `fn`, after one untimed warm-up call."""
+    fn()  # warm-up: imports, allocator, compiling or loading kernels
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------------------------------------
+# result files
+# ------------------------------------------------------------------------------------------
+def read_json(path: Path) -> Any:
+    """The content of a JSON file (a raw result to resume from or rebuild tables from)."""
+    return json.loads(Path(path).read_text())
+
+
+def write_json(path: Path, obj: Any, compact: bool = False) -> None:
+    """Write `obj` as JSON (indent 1, or compact); values JSON cannot hold are written as str."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(obj, separators=(",", ":"), default=str) if compact else json.dumps(obj, indent=1, default=str)
+    path.write_text(text)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a report (Markdown) file, creating its directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+# ------------------------------------------------------------------------------------------
+# runs in worker processes
+# ------------------------------------------------------------------------------------------
+def spawn_pool(workers: int) -> Pool:
+    """A pool of `workers` fresh ("spawn") processes, each replaced after 50 runs."""
+    # spawn, not fork: every run starts from a clean interpreter (torch threads, no inherited state)
+    return mp.get_context("spawn").Pool(workers, maxtasksperchild=50)
+
+
+def cpu_run_setup(seed: int, config: dict[str, Any]) -> tuple[Any, Any]:
+    """One torch thread; the validated RunConfig (CPU, 1 thread, `seed`) of `config` and its dataset."""
+    import torch
+
+    torch.set_num_threads(1)
+    from calib_core.config import RunConfig
+    from calib_core.data import load_dataset
+
+    cfg = RunConfig.model_validate({"seed": seed, "device": "cpu", "num_threads": 1, **config})
+    return cfg, load_dataset(cfg.data, cfg.seed)
+
+
+def run_trainer(job: dict[str, Any]) -> dict[str, Any]:
+    """One training run of `job` ({dataset, key, group, seed, cal_lr, config}) on one CPU thread; errors are results too."""
+    from calib_core.trainer import Trainer
+
+    cfg, data = cpu_run_setup(job["seed"], job["config"])
+    t0 = time.perf_counter()
+    try:
+        res = Trainer(cfg, data, "cpu").fit()
+        out = {
+            "status": res.status, "reason": res.reason, "epochs_run": res.epochs_run,
+            "val": res.val_metrics, "test": res.test_metrics, "calibrator_info": res.calibrator_info,
+            "median_epoch_time": statistics.median(res.epoch_times) if res.epoch_times else None,
+            "final_train_loss": res.history[-1]["train_loss"] if res.history else None,
+        }
+    except Exception as exc:  # a crash is a result too: report it, keep the matrix going
+        out = {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "val": {}, "test": {}, "calibrator_info": {}}
+    out["wall_s"] = time.perf_counter() - t0
+    return {**{k: job[k] for k in ("dataset", "key", "group", "seed")}, "cal_lr": job.get("cal_lr"), **out}
+
+
+def run_summary(run: dict[str, Any]) -> str:
+    """'status acc=0.1234 ece=0.0123' of a finished run, for progress lines."""
+    te = run.get("test") or {}
+    return f"{run['status']} acc={te.get('accuracy', float('nan')):.4f} ece={te.get('ece', float('nan')):.4f}"
