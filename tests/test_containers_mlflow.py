@@ -1,9 +1,10 @@
 """The MLflow stack of the rendered dev overlay in containers (`make test-containers`): the
 PostgreSQL and S3 stand-ins, the bucket Job, and the MLflow Deployment's pod with its init
-containers (DB wait, `mlflow db upgrade`), each run from its pod template by tests/containers/
-harness.py. Checked: basic auth (401 without credentials), a sweep from outside (this virtualenv,
-through a published port as `kubectl port-forward` would) logging with the tracking credentials to
-a registered champion, its artifacts in the S3 bucket, and a database created by an older MLflow
+containers (DB wait, `mlflow db upgrade`), the Job creating the Optuna database (twice), each run
+from its pod template by tests/containers/harness.py. Checked: basic auth (401 without
+credentials), a sweep from outside (this virtualenv, through published ports as `kubectl
+port-forward` would) logging with the tracking credentials to a registered champion, its Optuna
+study in the stack's PostgreSQL, its artifacts in the S3 bucket, and a database created by an older MLflow
 release brought up to date by the migration init container (and refused without it)."""
 
 from __future__ import annotations
@@ -60,21 +61,30 @@ def stack(built_images, tmp_path_factory):
     logs = artifacts_dir("mlflow-stack")
     t0 = time.monotonic()
     try:
-        for sts in ("postgres", "minio"):
+        pg_port = free_port()  # published as `kubectl port-forward pod/postgres-0` would
+        for sts, publish in (("postgres", [f"127.0.0.1:{pg_port}:5432"]), ("minio", [])):
             tpl = find_template(resources, "StatefulSet", sts)
-            name = cluster.run_pod(f"{sts}-0", tpl)[tpl["spec"]["containers"][0]["name"]]
+            name = cluster.run_pod(f"{sts}-0", tpl, publish=publish)[tpl["spec"]["containers"][0]["name"]]
             cluster.wait_ready(name, tpl["spec"]["containers"][0], timeout=180)
-        job = find_template(resources, "Job", "minio-buckets")
-        proc = cluster.run_container("minio-buckets", job["spec"], job["spec"]["containers"][0],
-                                     labels=job["metadata"]["labels"], detach=False, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        job_logs = {}
+        # The Optuna database Job runs twice: re-applying the overlay must be harmless.
+        for job_name, runs in (("minio-buckets", 1), ("optuna-db", 2)):
+            job = find_template(resources, "Job", job_name)
+            for i in range(runs):
+                proc = cluster.run_container(f"{job_name}-{i}", job["spec"], job["spec"]["containers"][0],
+                                             labels=job["metadata"]["labels"], detach=False, timeout=300)
+                job_logs[f"{job_name}-{i}"] = proc.stdout + proc.stderr
+                assert proc.returncode == 0, proc.stdout + proc.stderr
         port = free_port()
         name, container = start_mlflow(cluster, resources, "mlflow-0", port)
         cluster.wait_ready(name, container, timeout=300)
         tracking = secrets["mlflow-tracking"]
+        # The driver's CALIB_OPTUNA_STORAGE (Secret optuna-storage), pointed at the published port.
+        optuna_url = secrets["optuna-storage"]["url"].replace("@postgres:5432/", f"@127.0.0.1:{pg_port}/")
         yield SimpleNamespace(cluster=cluster, resources=resources, secrets=secrets, port=port, mlflow=name,
                               url=f"http://127.0.0.1:{port}", auth=(tracking["username"], tracking["password"]),
-                              startup_s=round(time.monotonic() - t0, 1), logs=logs)
+                              startup_s=round(time.monotonic() - t0, 1), logs=logs, job_logs=job_logs,
+                              optuna_url=optuna_url)
     finally:
         for n in list(cluster.containers):
             (logs / f"{n.rsplit('-', 1)[0]}.log").write_text(cluster.logs(n))
@@ -96,10 +106,23 @@ def test_basic_auth_refuses_requests_without_credentials(stack):
     assert _http(api, stack.auth)[0] == 200
 
 
+def test_optuna_db_job_creates_the_study_database_idempotently(stack):
+    assert "optuna database ready" in stack.job_logs["optuna-db-0"]
+    assert "optuna database ready" in stack.job_logs["optuna-db-1"]
+    pg = next(n for n in stack.cluster.containers if n.startswith("postgres-0"))
+    owner = podman("exec", pg, "psql", "-U", "mlflow", "-d", "mlflow", "-tAc",
+                   "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'optuna'")
+    assert owner.stdout.strip() == "optuna"
+
+
 def test_sweep_from_outside_logs_to_the_stack_and_artifacts_land_in_s3(stack, tmp_path):
+    """The sweep as the head's driver runs it: MLflow with the tracking credentials, the Optuna
+    study in the stack's PostgreSQL through CALIB_OPTUNA_STORAGE (the DSN of the Secret)."""
+    import optuna
+
     name = f"outside-{uuid.uuid4().hex[:6]}"
     env = dict(os.environ, MLFLOW_TRACKING_USERNAME=stack.auth[0], MLFLOW_TRACKING_PASSWORD=stack.auth[1],
-               MLFLOW_DISABLE_TELEMETRY="true", RAY_USAGE_STATS_ENABLED="0")
+               MLFLOW_DISABLE_TELEMETRY="true", RAY_USAGE_STATS_ENABLED="0", CALIB_OPTUNA_STORAGE=stack.optuna_url)
     cmd = [sys.executable, str(dr.REPO_ROOT / "sweeps" / "launch.py"), "--config",
            str(dr.REPO_ROOT / "sweeps" / "configs" / "mnist1d_demo.yaml"), "--num-samples", "2",
            "--max-concurrent", "2", "--set", "run.train.epochs=2", "--tracking-uri", stack.url,
@@ -121,6 +144,8 @@ def test_sweep_from_outside_logs_to_the_stack_and_artifacts_land_in_s3(stack, tm
     assert any(k.endswith("MLmodel") for k in keys), keys[:20]
     assert any(k.endswith(".png") for k in keys), "reliability diagrams missing from the bucket"
     (stack.logs / "s3-keys.txt").write_text("\n".join(keys))
+    study = optuna.load_study(study_name=name, storage=stack.optuna_url)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"], study.trials
 
 
 def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):

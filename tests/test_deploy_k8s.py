@@ -394,10 +394,15 @@ def test_render_secrets_requires_user_values():
         rs.fill(text, {})
     env = {n: f"value-{n.lower()}" for n in (
         "DB_USER", "DB_PASSWORD", "DB_HOST", "DB_NAME", "MLFLOW_S3_ACCESS_KEY_ID",
-        "MLFLOW_S3_SECRET_ACCESS_KEY", "TUNE_S3_ACCESS_KEY_ID", "TUNE_S3_SECRET_ACCESS_KEY")}
+        "MLFLOW_S3_SECRET_ACCESS_KEY", "TUNE_S3_ACCESS_KEY_ID", "TUNE_S3_SECRET_ACCESS_KEY",
+        "OPTUNA_DB_USER", "OPTUNA_DB_PASSWORD", "OPTUNA_DB_NAME")}
     docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(rs.fill(text, env)) if d}
     assert docs["mlflow-db"]["stringData"]["backend-store-uri"] == (
         "postgresql://value-db_user:value-db_password@value-db_host:5432/value-db_name?sslmode=require")
+    # The Optuna study: its own role and database on the same server.
+    assert docs["optuna-storage"]["stringData"]["url"] == (
+        "postgresql://value-optuna_db_user:value-optuna_db_password@value-db_host:5432/value-optuna_db_name"
+        "?sslmode=require")
 
 
 def test_filled_secrets_are_ignored_by_git():

@@ -164,6 +164,23 @@ def test_ray_token_reaches_every_ray_process_from_the_secret(resources):
 
 
 @pytest.mark.parametrize("resources", _resources())
+def test_the_driver_gets_the_optuna_study_database_from_a_secret(resources):
+    """The sweep driver runs on the head: it alone reads CALIB_OPTUNA_STORAGE (the name the sweep
+    reads), from the Secret optuna-storage; the workers never hold the database credentials."""
+    from sweeps.config import STUDY_STORAGE_ENV
+
+    for r in (r for r in resources if r["kind"] in ("RayJob", "RayCluster")):
+        cluster = dr.ray_cluster_spec(r)
+        head_env = _env(cluster["headGroupSpec"]["template"]["spec"]["containers"][0])
+        ref = head_env[STUDY_STORAGE_ENV]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == ("optuna-storage", "url"), r["metadata"]["name"]
+        assert cluster["headGroupSpec"]["template"]["metadata"]["labels"].get("calib-sweeps/optuna-client") == "true"
+        for g in cluster["workerGroupSpecs"]:
+            assert STUDY_STORAGE_ENV not in _env(g["template"]["spec"]["containers"][0])
+            assert "calib-sweeps/optuna-client" not in g["template"]["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("resources", _resources())
 def test_head_has_no_gpu_and_workers_are_gpu_nodes(resources):
     for r in (r for r in resources if r["kind"] in ("RayJob", "RayCluster")):
         cluster = dr.ray_cluster_spec(r)
@@ -296,7 +313,13 @@ def test_network_policies(resources):
                 assert not ok((ns, stranger_here), labels, port), f"{r['metadata']['name']}:{port} open"
     if any(r["kind"] == "StatefulSet" and r["metadata"]["name"] == "postgres" for r in resources):
         pg = _template_labels(resources, "StatefulSet", "postgres")
-        assert ok((ns, mlflow), pg, 5432) and not ok((ns, head), pg, 5432)
+        optuna_job = _template_labels(resources, "Job", "optuna-db")
+        # MLflow, the sweep driver (the Optuna study) and the Job creating its database; not the
+        # trials, the submitter or anyone else.
+        assert ok((ns, mlflow), pg, 5432) and ok((ns, head), pg, 5432) and ok((ns, interactive_head), pg, 5432)
+        assert ok((ns, optuna_job), pg, 5432)
+        assert not ok((ns, worker), pg, 5432) and not ok((ns, submitter), pg, 5432)
+        assert not ok(outside, pg, 5432) and not ok((ns, stranger_here), pg, 5432)
     if any(r["kind"] == "StatefulSet" and r["metadata"]["name"] == "minio" for r in resources):
         minio = _template_labels(resources, "StatefulSet", "minio")
         job = _template_labels(resources, "Job", "minio-buckets")
