@@ -5,7 +5,7 @@
 
 Without a CUDA device (and without --device cpu) it prints "skipped: no CUDA device" and exits 0.
 
-What is measured: the real `calib_core.trainer.Trainer` step loop (`Trainer._train_epoch`, the
+What is measured: the real `calib_core.trainer.Trainer` step loop (`Trainer.train_epoch`, the
 loop `fit` runs each epoch, without the per-epoch validation) on an in-memory `DataSplits` of
 random tensors (3x32x32 inputs, 10 classes) on the device, for
   * plain CE (method "ce"),
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, tr in trainers.items():
             sync()
             t0 = time.perf_counter()
-            tr._train_epoch(rep)
+            tr.train_epoch(rep)
             sync()
             dt = time.perf_counter() - t0
             if rep >= args.warmup:

@@ -35,45 +35,40 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
-import os
-import platform
-import shlex
 import statistics
-import sys
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import (
+    QUICK,
+    SETTINGS,
+    command_line,
+    cpu_run_setup,
+    float_list,
+    fmt_mean_std,
+    host_info,
+    mean_std,
+    merge,
+    out_dir,
+    read_json,
+    reading,
+    run_summary,
+    run_trainer,
+    spawn_pool,
+    utc_minute,
+    utc_now,
+    write_json,
+    write_text,
+)
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results"
 CALIBRATORS = ["temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer"]
 CAL_DATA = ["holdout:0.1", "lookahead", "same"]
 METRICS = ["accuracy", "ece", "ace", "sce", "nll"]
-
-# Settings chosen so that plain CE is over-confident at the end of training (see the table
-# headers for the numbers that check it): small training splits, large val/test splits (so the
-# ECE estimate is not dominated by its finite-sample floor), constant lr, no weight decay, long
-# training relative to the data.
-SETTINGS: dict[str, dict[str, Any]] = {
-    "mnist1d": {
-        "data": {"name": "mnist1d", "num_samples": 3000, "val_fraction": 0.2, "test_fraction": 0.4},
-        "model": {"name": "cnn1d"},
-        "train": {"epochs": 25, "batch_size": 64, "optimizer": "adam", "lr": 1e-2, "lr_schedule": "none", "weight_decay": 0.0},
-    },
-    "digits": {
-        "data": {"name": "digits", "val_fraction": 0.3, "test_fraction": 0.3},
-        "model": {"name": "mlp"},
-        "train": {"epochs": 60, "batch_size": 32, "optimizer": "adam", "lr": 1e-2, "lr_schedule": "none", "weight_decay": 0.0},
-    },
-}
-QUICK = {
-    "mnist1d": {"data": {"num_samples": 1000}, "train": {"epochs": 3}},
-    "digits": {"train": {"epochs": 3}},
-}
+BASELINE_GROUPS = ("ce", "posthoc_ts", "label_smoothing", "focal")
+# --quick keeps the baselines and these two one-go variants
+QUICK_ONEGO_GROUPS = ("onego/last_layer/holdout:0.1", "onego/temperature/lookahead")
 
 
 # ------------------------------------------------------------------------------------------
@@ -100,58 +95,9 @@ def variants(cal_lrs: list[float]) -> list[dict[str, Any]]:
     return out
 
 
-def merge(base: dict, extra: dict) -> dict:
-    out = json.loads(json.dumps(base))
-    for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-def run_one(job: dict[str, Any]) -> dict[str, Any]:
-    """One training run in a worker process (one thread)."""
-    import torch
-
-    torch.set_num_threads(1)
-    from calib_core.config import RunConfig
-    from calib_core.data import load_dataset
-    from calib_core.trainer import Trainer
-
-    cfg = RunConfig.model_validate({"seed": job["seed"], "device": "cpu", "num_threads": 1, **job["config"]})
-    data = load_dataset(cfg.data, cfg.seed)
-    t0 = time.perf_counter()
-    try:
-        res = Trainer(cfg, data, "cpu").fit()
-        out = {
-            "status": res.status, "reason": res.reason, "epochs_run": res.epochs_run,
-            "val": res.val_metrics, "test": res.test_metrics, "calibrator_info": res.calibrator_info,
-            "median_epoch_time": statistics.median(res.epoch_times) if res.epoch_times else None,
-            "final_train_loss": res.history[-1]["train_loss"] if res.history else None,
-        }
-    except Exception as exc:  # a crash is a result too: report it, keep the matrix going
-        out = {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "val": {}, "test": {}, "calibrator_info": {}}
-    out["wall_s"] = time.perf_counter() - t0
-    return {**{k: job[k] for k in ("dataset", "key", "group", "seed")}, "cal_lr": job.get("cal_lr"), **out}
-
-
 # ------------------------------------------------------------------------------------------
 # aggregation and tables
 # ------------------------------------------------------------------------------------------
-def _ms(vals: list[float]) -> tuple[float, float]:
-    vals = [v for v in vals if v is not None and math.isfinite(v)]
-    if not vals:
-        return float("nan"), float("nan")
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
-
-
-def _fmt(m: float, s: float, scale: float = 1.0, nd: int = 2) -> str:
-    if not math.isfinite(m):
-        return "n/a"
-    return f"{m * scale:.{nd}f} ± {s * scale:.{nd}f}"
-
-
 def _temperature(r: dict) -> float | None:
     info = r.get("calibrator_info") or {}
     if "temperature" in info:
@@ -206,16 +152,16 @@ def select_and_aggregate(runs: list[dict], dataset: str, seeds: list[int], cal_l
         c = finite[chosen_key]
         ok = [r for r in c["runs"] if r["status"] == "completed"]
         row = {"group": name, "label": g["label"], "key": chosen_key, "cal_lr": c["cal_lr"], "n_ok": c["n_ok"], "n": c["n"],
-               "val_ece": _ms([r["val"]["ece"] for r in ok]),
+               "val_ece": mean_std([r["val"]["ece"] for r in ok]),
                "lr_grid_val_ece": {f"{cc['cal_lr']:g}": (cc["mean_val_ece"], cc["n_sel_ok"], len(select_seeds)) for cc in cands.values() if cc["cal_lr"] is not None},
                "failures": [f"seed {r['seed']}: {r['status']} ({r['reason']})" for r in c["runs"] if r["status"] != "completed"]}
         for m in METRICS:
-            row[m] = _ms([r["test"][m] for r in ok])
+            row[m] = mean_std([r["test"][m] for r in ok])
         temps = [_temperature(r) for r in ok]
-        row["temperature"] = _ms([t for t in temps if t is not None]) if any(t is not None for t in temps) else None
-        row["d_acc_vs_ce"] = _ms([r["test"]["accuracy"] - ce_test[r["seed"]]["accuracy"] for r in ok if r["seed"] in ce_test])
-        row["d_ece_vs_ts"] = _ms([r["test"]["ece"] - ts_test[r["seed"]]["ece"] for r in ok if r["seed"] in ts_test])
-        row["epoch_time"] = _ms([r.get("median_epoch_time") for r in ok])
+        row["temperature"] = mean_std([t for t in temps if t is not None]) if any(t is not None for t in temps) else None
+        row["d_acc_vs_ce"] = mean_std([r["test"]["accuracy"] - ce_test[r["seed"]]["accuracy"] for r in ok if r["seed"] in ce_test])
+        row["d_ece_vs_ts"] = mean_std([r["test"]["ece"] - ts_test[r["seed"]]["ece"] for r in ok if r["seed"] in ts_test])
+        row["epoch_time"] = mean_std([r.get("median_epoch_time") for r in ok])
         rows.append(row)
     order = {"ce": 0, "posthoc_ts": 1, "label_smoothing": 2, "focal": 3}
     rows.sort(key=lambda r: (order.get(r["group"], 9), r["val_ece"][0] if math.isfinite(r["val_ece"][0]) else 9.0))
@@ -223,19 +169,12 @@ def select_and_aggregate(runs: list[dict], dataset: str, seeds: list[int], cal_l
 
 
 def _verdict(row: dict) -> str:
-    """'ok' / 'worse' / '~' for ECE vs TS and accuracy vs CE, using the paired std as the noise bar."""
-    def cmp(d: tuple[float, float], better_low: bool) -> str:
-        m, s = d
-        if not math.isfinite(m):
-            return "n/a"
-        if abs(m) <= s or s == 0.0 and m == 0.0:
-            return "~"
-        good = (m < 0) if better_low else (m > 0)
-        return "better" if good else "worse"
-    return f"ECE {cmp(row['d_ece_vs_ts'], True)} vs TS, acc {cmp(row['d_acc_vs_ce'], False)} vs CE"
+    """'better' / 'worse' / '~' for ECE vs TS and accuracy vs CE, using the paired std as the noise bar."""
+    return f"ECE {reading(row['d_ece_vs_ts'], True)} vs TS, acc {reading(row['d_acc_vs_ce'], False)} vs CE"
 
 
 def table_md(agg: dict, header: list[str]) -> str:
+    """One dataset's method table, the calibrator-lr grid and the failed runs, as Markdown."""
     lines = list(header)
     lines.append("")
     lines.append("| method | cal lr | seeds ok | test acc % | test ECE % | test ACE % | test SCE % | test NLL | Δacc vs CE (pp, paired) | ΔECE vs TS (pp, paired) | final T | val ECE % | reading (~: difference within the seed std) |")
@@ -249,9 +188,9 @@ def table_md(agg: dict, header: list[str]) -> str:
         lr_s = f"{r['cal_lr']:g}" if r["cal_lr"] is not None else "–"
         lines.append(
             f"| {r['label']} | {lr_s} | {r['n_ok']}/{r['n']} "
-            f"| {_fmt(*r['accuracy'], 100, 2)} | {_fmt(*r['ece'], 100, 2)} | {_fmt(*r['ace'], 100, 3)} | {_fmt(*r['sce'], 100, 3)} "
-            f"| {_fmt(*r['nll'], 1, 3)} | {_fmt(*r['d_acc_vs_ce'], 100, 2)} | {_fmt(*r['d_ece_vs_ts'], 100, 2)} "
-            f"| {_fmt(*t, 1, 2) if t else '–'} | {_fmt(*r['val_ece'], 100, 2)} | {_verdict(r) if r['group'] not in ('ce',) else '(reference)'} |"
+            f"| {fmt_mean_std(*r['accuracy'], 100, 2)} | {fmt_mean_std(*r['ece'], 100, 2)} | {fmt_mean_std(*r['ace'], 100, 3)} | {fmt_mean_std(*r['sce'], 100, 3)} "
+            f"| {fmt_mean_std(*r['nll'], 1, 3)} | {fmt_mean_std(*r['d_acc_vs_ce'], 100, 2)} | {fmt_mean_std(*r['d_ece_vs_ts'], 100, 2)} "
+            f"| {fmt_mean_std(*t, 1, 2) if t else '–'} | {fmt_mean_std(*r['val_ece'], 100, 2)} | {_verdict(r) if r['group'] not in ('ce',) else '(reference)'} |"
         )
     lines.append("")
     lines.append(f"Calibrator-lr grid (mean validation ECE % over the selection seeds {agg.get('select_seeds')}, seeds ok/n; the chosen lr is the minimum):")
@@ -276,19 +215,15 @@ OVERHEAD_VARIANTS = [(cal, src) for cal in ("last_layer", "temperature", "matrix
 
 
 def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) -> dict[str, Any]:
-    import torch
-
-    torch.set_num_threads(1)
+    """Interleaved epoch timings of plain CE and the OVERHEAD_VARIANTS in this process (one thread)."""
     from calib_core.config import RunConfig
-    from calib_core.data import load_dataset
     from calib_core.trainer import Trainer
 
     def make(train_over: dict) -> Any:
         cfg = RunConfig.model_validate({"seed": seed, "device": "cpu", "num_threads": 1, **merge(settings, {"train": {**train_over, "epochs": 10_000}})})
         return Trainer(cfg, data, "cpu")
 
-    base_cfg = RunConfig.model_validate({"seed": seed, "device": "cpu", **settings})
-    data = load_dataset(base_cfg.data, seed)
+    _, data = cpu_run_setup(seed, settings)
     trainers = {"ce": make({"method": "ce"})}
     for cal, src in OVERHEAD_VARIANTS:
         trainers[f"{cal}/{src}"] = make({"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": 1e-2})
@@ -324,6 +259,7 @@ def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) 
 
 
 def overhead_md(results: list[dict], header: list[str]) -> str:
+    """The overhead report: one table of ratios to plain CE per dataset."""
     lines = list(header) + [""]
     for res in results:
         lines.append(f"### {res['dataset']} ({res['repeats']} interleaved epochs per trainer after 1 warm-up; "
@@ -339,9 +275,37 @@ def overhead_md(results: list[dict], header: list[str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# main
+# main: arguments -> plan -> matrix (selection on validation between its phases) -> tables,
+# overhead -> raw JSON
 # ------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class Plan:
+    """What one invocation runs: datasets and their settings, seeds, the lr grid and the variants."""
+
+    command: str
+    out_dir: Path
+    datasets: list[str]
+    settings: dict[str, dict[str, Any]]
+    seeds: list[int]
+    select_seeds: list[int]
+    cal_lrs: list[float]
+    variants: list[dict[str, Any]]
+
+    def jobs(self, seeds: list[int], chosen: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
+        """The runs of `seeds`; with `chosen` ({dataset: {group: key}}) only each one-go variant's chosen lr."""
+        out = []
+        for seed in seeds:  # seed-major: a cut-short run still has whole seeds
+            for ds in self.datasets:
+                for v in self.variants:
+                    if chosen is not None and v.get("cal_lr") is not None and chosen[ds].get(v["group"]) != v["key"]:
+                        continue
+                    out.append({"dataset": ds, "key": v["key"], "group": v["group"], "seed": seed, "cal_lr": v.get("cal_lr"),
+                                "config": merge(self.settings[ds], {"train": v["train"]})})
+        return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command-line options."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", choices=["mnist1d", "digits", "all"], default="all")
     p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
@@ -362,16 +326,14 @@ def main(argv: list[str] | None = None) -> int:
                         "with --no-overhead its overhead results are carried over")
     p.add_argument("--from-json", type=Path, default=None, help="rebuild the tables from a raw (or .partial) JSON instead of running the matrix")
     p.add_argument("--note", type=str, default="", help="extra line for the table headers (e.g. reduced seeds)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + (argv if argv is not None else sys.argv[1:]))
-    out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="reproduce_quick_")) if args.quick else DEFAULT_OUT)
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+def make_plan(args: argparse.Namespace, command: str) -> Plan:
+    """The plan of `args`: --quick shrinks data, epochs, seeds and variants; --methods filters the variants."""
     datasets = ["mnist1d", "digits"] if args.dataset == "all" else [args.dataset]
-    cal_lrs = [float(x) for x in args.cal_lrs.split(",") if x]
+    cal_lrs = float_list(args.cal_lrs)
     seeds = list(range(2 if args.quick else args.seeds))
-    if args.quick and args.select_seeds is None:
-        args.select_seeds = 1
     settings = {}
     for ds in datasets:
         s = SETTINGS[ds]
@@ -382,143 +344,179 @@ def main(argv: list[str] | None = None) -> int:
         settings[ds] = s
     vs = variants(cal_lrs)
     if args.quick:
-        vs = [v for v in vs if v["group"] in ("ce", "posthoc_ts", "label_smoothing", "focal")
-              or v["group"] in ("onego/last_layer/holdout:0.1", "onego/temperature/lookahead")]
+        vs = [v for v in vs if v["group"] in BASELINE_GROUPS or v["group"] in QUICK_ONEGO_GROUPS]
     if args.methods:
         subs = [s for s in args.methods.split(",") if s]
         vs = [v for v in vs if any(s in v["key"] for s in subs)]
-    n_sel = len(seeds) if args.select_seeds is None else max(1, min(args.select_seeds, len(seeds)))
-    select_seeds = seeds[:n_sel]
+    select = 1 if args.quick and args.select_seeds is None else args.select_seeds
+    n_sel = len(seeds) if select is None else max(1, min(select, len(seeds)))
+    return Plan(command=command, out_dir=out_dir(args.out_dir, args.quick, "reproduce_quick_"), datasets=datasets,
+                settings=settings, seeds=seeds, select_seeds=seeds[:n_sel], cal_lrs=cal_lrs, variants=vs)
 
-    def make_jobs(seed_list: list[int], chosen: dict[str, dict[str, str]] | None) -> list[dict]:
-        out = []
-        for seed in seed_list:  # seed-major: a cut-short run still has whole seeds
-            for ds in datasets:
-                for v in vs:
-                    if chosen is not None and v.get("cal_lr") is not None and chosen[ds].get(v["group"]) != v["key"]:
-                        continue
-                    out.append({"dataset": ds, "key": v["key"], "group": v["group"], "seed": seed, "cal_lr": v.get("cal_lr"),
-                                "config": merge(settings[ds], {"train": v["train"]})})
-        return out
 
-    resumed: list[dict] = []
-    if args.resume is not None:
-        old = json.loads(args.resume.read_text())
-        resumed = [r for r in old["runs"] if r["dataset"] in datasets and r["seed"] in seeds]
-        if old.get("settings") and any(old["settings"].get(ds) != settings[ds] for ds in datasets):
-            raise SystemExit(f"--resume {args.resume}: its settings differ from this run's; refusing to mix them")
-    done = {(r["dataset"], r["key"], r["seed"]) for r in resumed}
+def load_resume(path: Path, plan: Plan) -> tuple[list[dict], dict[str, Any]]:
+    """The runs of the raw JSON at `path` that belong to the plan, and that raw JSON; refuses other settings."""
+    old = read_json(path)
+    resumed = [r for r in old["runs"] if r["dataset"] in plan.datasets and r["seed"] in plan.seeds]
+    if old.get("settings") and any(old["settings"].get(ds) != plan.settings[ds] for ds in plan.datasets):
+        raise SystemExit(f"--resume {path}: its settings differ from this run's; refusing to mix them")
+    return resumed, old
+
+
+def new_raw(plan: Plan, resumed: list[dict]) -> dict[str, Any]:
+    """The raw JSON record of this invocation, before any run."""
+    return {
+        "command": plan.command, "started_utc": utc_now(), **host_info(),
+        "settings": plan.settings, "seeds": plan.seeds, "select_seeds": plan.select_seeds, "cal_lrs": plan.cal_lrs,
+        "selection": f"calibrator lr per (calibrator, calibrator_data) by mean validation ECE over seeds {plan.select_seeds}; "
+                     f"only the chosen lr is run on the other seeds",
+        "runs": list(resumed),
+    }
+
+
+def rebuild_runs(raw: dict[str, Any], path: Path, plan: Plan) -> str:
+    """Take the plan's runs from the raw (or .partial) JSON at `path` instead of running; return the header line saying so."""
+    old = read_json(path)
+    raw["runs"] = [r for r in old["runs"] if r["dataset"] in plan.datasets and r["seed"] in plan.seeds]
+    raw["rebuilt_from"] = {"file": str(path), "command": old.get("command")}
+    return f"Runs rebuilt from {path.name}, produced by: `{old.get('command')}`"
+
+
+def select_on_validation(runs: list[dict], plan: Plan) -> dict[str, dict[str, str]]:
+    """{dataset: {group: chosen key}}: each one-go variant's calibrator lr by mean validation ECE over the selection seeds."""
+    return {ds: choose_lrs(runs, ds, plan.select_seeds, plan.cal_lrs) for ds in plan.datasets}
+
+
+def run_matrix(plan: Plan, raw: dict[str, Any], workers: int, t_start: float) -> None:
+    """Run the matrix in a pool, appending to raw["runs"]: phase 1 the lr grid on the selection seeds,
+    phase 2 only the chosen lrs on the other seeds; runs already in raw["runs"] are not run again."""
+    done = {(r["dataset"], r["key"], r["seed"]) for r in raw["runs"]}
 
     def todo(js: list[dict]) -> list[dict]:
         return [j for j in js if (j["dataset"], j["key"], j["seed"]) not in done]
 
-    jobs = todo(make_jobs(select_seeds, None))
-    raw: dict[str, Any] = {
-        "command": command, "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
-        "settings": settings, "seeds": seeds, "select_seeds": select_seeds, "cal_lrs": cal_lrs,
-        "selection": f"calibrator lr per (calibrator, calibrator_data) by mean validation ECE over seeds {select_seeds}; "
-                     f"only the chosen lr is run on the other seeds",
-        "runs": list(resumed),
-    }
+    partial = plan.out_dir / "reproduce_raw.partial.json"
+    rest = plan.seeds[len(plan.select_seeds):]
+    with spawn_pool(workers) as pool:
+        phase_jobs = todo(plan.jobs(plan.select_seeds))
+        for phase in (1, 2):
+            print(f"phase {phase}: {len(phase_jobs)} runs on {workers} workers -> {plan.out_dir}", flush=True)
+            for i, r in enumerate(pool.imap_unordered(run_trainer, phase_jobs), 1):
+                raw["runs"].append(r)
+                print(f"[{phase}: {i}/{len(phase_jobs)} {time.perf_counter() - t_start:6.0f}s] {r['dataset']} {r['key']} seed={r['seed']} "
+                      f"{run_summary(r)} ({r['wall_s']:.1f}s)", flush=True)
+                if i % 10 == 0 or i == len(phase_jobs):
+                    write_json(partial, raw)
+            if phase == 2 or not rest:
+                break
+            chosen = select_on_validation(raw["runs"], plan)
+            raw["chosen_after_selection"] = chosen
+            print(f"chosen calibrator lrs: {json.dumps(chosen)}", flush=True)
+            phase_jobs = todo(plan.jobs(rest, chosen))
+
+
+def common_header(plan: Plan, args: argparse.Namespace, torch_version: str, extra: list[str]) -> list[str]:
+    """The header lines every report of this invocation starts with (command, date, machine, notes)."""
+    header = [
+        f"Command: `{plan.command}`",
+        "",
+        f"Generated {utc_minute()}; torch {torch_version}, CPU, 1 thread per run, {args.workers} worker processes.",
+    ]
+    for line in extra:
+        header += ["", line]
+    if args.note:
+        header += ["", f"**Note:** {args.note}"]
+    if args.quick:
+        header += ["", "**QUICK SMOKE RUN: tiny data, 3 epochs, 2 seeds; numbers are meaningless.**"]
+    return header
+
+
+def write_method_tables(plan: Plan, raw: dict[str, Any], header_common: list[str]) -> None:
+    """Per dataset: select on validation, aggregate over seeds, write and print reproduce_<dataset>.md."""
+    raw["aggregates"] = {}
+    seeds, select_seeds, cal_lrs = plan.seeds, plan.select_seeds, plan.cal_lrs
+    for ds in plan.datasets:
+        agg = select_and_aggregate(raw["runs"], ds, seeds, cal_lrs, select_seeds)
+        raw["aggregates"][ds] = agg
+        s = plan.settings[ds]
+        header = [f"# Method comparison on {ds}", ""] + header_common + [
+            "",
+            f"Setting: data {json.dumps(s['data'])}, model {json.dumps(s['model'])}, train {json.dumps(s['train'])}.",
+            f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}): each seed fixes the data split, the holdout and the initialisation. "
+            f"Metrics of the final-epoch model on the test split (15 even bins for ECE/SCE, adaptive for ACE), mean ± std over seeds. "
+            f"Calibrator lr per one-go variant chosen from {{{', '.join(f'{x:g}' for x in cal_lrs)}}} by the mean VALIDATION ECE over seeds "
+            f"{select_seeds[0]}..{select_seeds[-1]} (never by test metrics)"
+            + ("; the grid ran on those seeds only, the other seeds ran the chosen lr alone" if len(select_seeds) < len(seeds) else "")
+            + "; the other columns are test metrics of that choice. Δ columns are paired by seed (same split): "
+            "Δacc = method − plain CE, ΔECE = method − post-hoc TS; the reading calls a difference only when |mean| > its std over seeds. "
+            "'final T' is the learned temperature (temperature calibrators) or the mean 1/scale (vector). Rows: baselines, then one-go by validation ECE.",
+        ]
+        text = table_md(agg, header)
+        write_text(plan.out_dir / f"reproduce_{ds}.md", text)
+        print(text, flush=True)
+
+
+def run_overhead(plan: Plan, repeats: int, header_common: list[str]) -> list[dict[str, Any]]:
+    """Measure the per-epoch overhead on every dataset, write and print overhead.md; return the measurements."""
+    ov = []
+    for ds in plan.datasets:
+        t0 = time.perf_counter()
+        ov.append(measure_overhead(ds, plan.settings[ds], repeats))
+        print(f"overhead {ds}: {time.perf_counter() - t0:.0f}s", flush=True)
+    header = ["# One-go overhead per epoch (CPU, 1 thread)", ""] + header_common + [
+        "",
+        "Trainers for plain CE and each one-go variant (calibrator lr 1e-2, seed 0, settings as in reproduce_<dataset>.md) are built "
+        "in one process; their epochs run round-robin (CE, variant 1, ..., variant 7, CE, ...) so machine noise hits all alike. "
+        "Ratios are medians of one-go epoch time over medians of CE epoch time. 'loop' = `Trainer._train_epoch` (the step loop); "
+        "'full epoch' adds the scheduler step and the validation evaluation that `fit` does every epoch. "
+        "With holdout:0.1 the backbone steps on 90% of the training split per epoch (fewer backbone steps than CE), "
+        "and the calibrator steps once per backbone step on a holdout batch.",
+    ]
+    text = overhead_md(ov, header)
+    write_text(plan.out_dir / "overhead.md", text)
+    print(text, flush=True)
+    return ov
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the matrix and/or the overhead measurement (or rebuild from a raw JSON) and write the reports."""
+    args = parse_args(argv)
+    plan = make_plan(args, command_line(__file__, argv))
+    resumed: list[dict] = []
+    old: dict[str, Any] = {}
+    if args.resume is not None:
+        resumed, old = load_resume(args.resume, plan)
+    raw = new_raw(plan, resumed)
     if args.resume is not None:
         raw["resumed_from"] = {"file": str(args.resume), "command": old.get("command"), "runs_reused": len(resumed)}
     import torch
 
     raw["torch"] = torch.__version__
-    partial = out_dir / "reproduce_raw.partial.json"
+    extra_header: list[str] = []
     t_start = time.perf_counter()
     if args.from_json is not None:
-        old = json.loads(args.from_json.read_text())
-        raw["runs"] = [r for r in old["runs"] if r["dataset"] in datasets and r["seed"] in seeds]
-        raw["rebuilt_from"] = {"file": str(args.from_json), "command": old.get("command")}
-        header_src = f"Runs rebuilt from {args.from_json.name}, produced by: `{old.get('command')}`"
+        extra_header.append(rebuild_runs(raw, args.from_json, plan))
     elif not args.no_matrix:
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(args.workers, maxtasksperchild=50) as pool:
-            phase_jobs = jobs
-            for phase in (1, 2):
-                print(f"phase {phase}: {len(phase_jobs)} runs on {args.workers} workers -> {out_dir}", flush=True)
-                for i, r in enumerate(pool.imap_unordered(run_one, phase_jobs), 1):
-                    raw["runs"].append(r)
-                    te = r.get("test") or {}
-                    print(f"[{phase}: {i}/{len(phase_jobs)} {time.perf_counter() - t_start:6.0f}s] {r['dataset']} {r['key']} seed={r['seed']} {r['status']} "
-                          f"acc={te.get('accuracy', float('nan')):.4f} ece={te.get('ece', float('nan')):.4f} ({r['wall_s']:.1f}s)", flush=True)
-                    if i % 10 == 0 or i == len(phase_jobs):
-                        partial.write_text(json.dumps(raw, indent=1, default=str))
-                rest = seeds[n_sel:]
-                if phase == 2 or not rest:
-                    break
-                chosen = {ds: choose_lrs(raw["runs"], ds, select_seeds, cal_lrs) for ds in datasets}
-                raw["chosen_after_selection"] = chosen
-                print(f"chosen calibrator lrs: {json.dumps(chosen)}", flush=True)
-                phase_jobs = todo(make_jobs(rest, chosen))
+        run_matrix(plan, raw, args.workers, t_start)
     raw["matrix_wall_s"] = time.perf_counter() - t_start
-
-    header_common = [
-        f"Command: `{command}`",
-        "",
-        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, CPU, 1 thread per run, {args.workers} worker processes.",
-    ]
-    if args.from_json is not None:
-        header_common += ["", header_src]
     if args.resume is not None:
-        header_common += ["", f"Reused {len(resumed)} runs from {args.resume.name}, produced by: `{old.get('command')}`"]
-    if args.note:
-        header_common += ["", f"**Note:** {args.note}"]
-    if args.quick:
-        header_common += ["", "**QUICK SMOKE RUN: tiny data, 3 epochs, 2 seeds; numbers are meaningless.**"]
+        extra_header.append(f"Reused {len(resumed)} runs from {args.resume.name}, produced by: `{old.get('command')}`")
+    header_common = common_header(plan, args, torch.__version__, extra_header)
 
     if not args.no_matrix:
-        raw["aggregates"] = {}
-        for ds in datasets:
-            agg = select_and_aggregate(raw["runs"], ds, seeds, cal_lrs, select_seeds)
-            raw["aggregates"][ds] = agg
-            s = settings[ds]
-            header = [f"# Method comparison on {ds}", ""] + header_common + [
-                "",
-                f"Setting: data {json.dumps(s['data'])}, model {json.dumps(s['model'])}, train {json.dumps(s['train'])}.",
-                f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}): each seed fixes the data split, the holdout and the initialisation. "
-                f"Metrics of the final-epoch model on the test split (15 even bins for ECE/SCE, adaptive for ACE), mean ± std over seeds. "
-                f"Calibrator lr per one-go variant chosen from {{{', '.join(f'{x:g}' for x in cal_lrs)}}} by the mean VALIDATION ECE over seeds "
-                f"{select_seeds[0]}..{select_seeds[-1]} (never by test metrics)"
-                + ("; the grid ran on those seeds only, the other seeds ran the chosen lr alone" if len(select_seeds) < len(seeds) else "")
-                + "; the other columns are test metrics of that choice. Δ columns are paired by seed (same split): "
-                "Δacc = method − plain CE, ΔECE = method − post-hoc TS; the reading calls a difference only when |mean| > its std over seeds. "
-                "'final T' is the learned temperature (temperature calibrators) or the mean 1/scale (vector). Rows: baselines, then one-go by validation ECE.",
-            ]
-            text = table_md(agg, header)
-            (out_dir / f"reproduce_{ds}.md").write_text(text)
-            print(text, flush=True)
-
+        write_method_tables(plan, raw, header_common)
     if args.no_overhead and args.resume is not None and old.get("overhead"):
         raw["overhead"] = old["overhead"]
         raw["overhead_from"] = str(args.resume)
     if not args.no_overhead:
-        ov = []
-        for ds in datasets:
-            t0 = time.perf_counter()
-            ov.append(measure_overhead(ds, settings[ds], 2 if args.quick else args.overhead_repeats))
-            print(f"overhead {ds}: {time.perf_counter() - t0:.0f}s", flush=True)
-        raw["overhead"] = ov
-        header = ["# One-go overhead per epoch (CPU, 1 thread)", ""] + header_common + [
-            "",
-            "Trainers for plain CE and each one-go variant (calibrator lr 1e-2, seed 0, settings as in reproduce_<dataset>.md) are built "
-            "in one process; their epochs run round-robin (CE, variant 1, ..., variant 7, CE, ...) so machine noise hits all alike. "
-            "Ratios are medians of one-go epoch time over medians of CE epoch time. 'loop' = `Trainer._train_epoch` (the step loop); "
-            "'full epoch' adds the scheduler step and the validation evaluation that `fit` does every epoch. "
-            "With holdout:0.1 the backbone steps on 90% of the training split per epoch (fewer backbone steps than CE), "
-            "and the calibrator steps once per backbone step on a holdout batch.",
-        ]
-        text = overhead_md(ov, header)
-        (out_dir / "overhead.md").write_text(text)
-        print(text, flush=True)
+        raw["overhead"] = run_overhead(plan, 2 if args.quick else args.overhead_repeats, header_common)
 
-    raw["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    (out_dir / ("reproduce_raw.json" if not args.no_matrix else "overhead_raw.json")).write_text(json.dumps(raw, indent=1, default=str))
+    raw["finished_utc"] = utc_now()
+    write_json(plan.out_dir / ("reproduce_raw.json" if not args.no_matrix else "overhead_raw.json"), raw)
+    partial = plan.out_dir / "reproduce_raw.partial.json"
     if partial.exists() and not args.no_matrix:
         partial.unlink()
-    print(f"wrote {out_dir}", flush=True)
+    print(f"wrote {plan.out_dir}", flush=True)
     return 0
 
 

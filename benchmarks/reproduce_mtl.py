@@ -128,7 +128,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
             mtmod.fit_posthoc = counting
             try:
                 s0 = time.perf_counter()
-                tr._fit_posthoc()
+                tr.fit_posthoc()
                 out["posthoc_stage_s"] = time.perf_counter() - s0
             finally:
                 mtmod.fit_posthoc = orig

@@ -278,12 +278,12 @@ def test_last_layer_heads_move_only_by_the_calibrator_step_after_warmup(data, wa
                batch_size=512, optimizer=optimizer, momentum=0.9, calibrator_optimizer=optimizer)
     t = MultiTaskTrainer(cfg, data)
     for e in range(warmup):
-        t._train_epoch(e)
+        t.train_epoch(e)
     alone = copy.deepcopy(t)
     feat0 = [p.detach().clone() for p in t.feature_params]
     heads0 = _state(t.model.heads)
     t.trace = []
-    t._train_epoch(warmup)
+    t.train_epoch(warmup)
     (cal_idx,) = [i for kind, i in t.trace if kind == "calibrator"]
     assert len([k for k, _ in t.trace if k == "backbone"]) == 1
     alone._calibrator_step(cal_idx, warmup, 0)
@@ -296,14 +296,14 @@ def test_last_layer_heads_move_only_by_the_calibrator_step_after_warmup(data, wa
 def test_last_layer_heads_are_frozen_after_warmup_with_zero_calibrator_lr(data):
     t = MultiTaskTrainer(_cfg(calibrator="last_layer", warmup_epochs=1, epochs=3), data)
     heads0 = _state(t.model.heads)
-    t._train_epoch(0)
+    t.train_epoch(0)
     heads1 = _state(t.model.heads)
     assert not _same(heads0, heads1)  # warm-up: the backbone step trains the heads
     for g in t.calibrator_opt.param_groups:
         g["lr"] = 0.0
     feat1 = [p.detach().clone() for p in t.feature_params]
-    t._train_epoch(1)
-    t._train_epoch(2)
+    t.train_epoch(1)
+    t.train_epoch(2)
     assert _same(heads1, _state(t.model.heads))
     assert not _same(feat1, [p.detach().clone() for p in t.feature_params])
 

@@ -324,12 +324,12 @@ def test_last_layer_head_moves_only_by_the_calibrator_step_after_warmup(data, wa
     t = Trainer(_cfg(calibrator="last_layer", calibrator_data="holdout:0.2", warmup_epochs=warmup, epochs=warmup + 1,
                      batch_size=512, optimizer=optimizer, momentum=0.9, calibrator_optimizer=optimizer), data)
     for e in range(warmup):
-        t._train_epoch(e)
+        t.train_epoch(e)
     alone = copy.deepcopy(t)
     feat0 = [p.detach().clone() for p in t.feature_params]
     head0 = [p.detach().clone() for p in t.model.head.parameters()]
     t.trace = []
-    t._train_epoch(warmup)
+    t.train_epoch(warmup)
     (cal_idx,) = [i for kind, i in t.trace if kind == "calibrator"]
     assert len([k for k, _ in t.trace if k == "backbone"]) == 1
     alone._calibrator_step(cal_idx, warmup, 0)
@@ -344,14 +344,14 @@ def test_last_layer_head_is_frozen_after_warmup_with_zero_calibrator_lr(data):
     (the backbone still trains); in the warm-up itself the head trains with the backbone."""
     t = Trainer(_cfg(calibrator="last_layer", warmup_epochs=1, epochs=3), data)
     head0 = [p.detach().clone() for p in t.model.head.parameters()]
-    t._train_epoch(0)
+    t.train_epoch(0)
     head1 = [p.detach().clone() for p in t.model.head.parameters()]
     assert any(not torch.equal(p, q) for p, q in zip(head1, head0))  # warm-up: the backbone step trains the head
     for g in t.calibrator_opt.param_groups:
         g["lr"] = 0.0
     feat1 = [p.detach().clone() for p in t.feature_params]
-    t._train_epoch(1)
-    t._train_epoch(2)
+    t.train_epoch(1)
+    t.train_epoch(2)
     assert all(torch.equal(p, q) for p, q in zip(t.model.head.parameters(), head1))
     assert any(not torch.equal(p, q) for p, q in zip(t.feature_params, feat1))
 

@@ -143,7 +143,7 @@ def test_multitask_posthoc_on_validation():
     assert res.status == "completed" and res.calibration_stages == 2
     # validation metrics are cross-fitted, not those of the calibrators fitted on all of validation
     tr._crossfit_val = None
-    in_sample, _, _ = tr._evaluate(tr.val_split, "validation")
+    in_sample = tr.evaluate(tr.val_split, "validation").metrics
     assert res.val_metrics["nll"] >= in_sample["nll"] - 1e-6
     assert res.val_metrics["a_nll"] != in_sample["a_nll"]
 

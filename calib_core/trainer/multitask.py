@@ -4,7 +4,7 @@
 for data with `data.tasks` set (labels (N, T), -1 = missing; calib_core.data.multitask).
 
 It is the single-task `Trainer` with the per-batch pieces replaced; the step loop
-(`_train_epoch`: batch orders, calibrator batch sources, K_c, warm-up), the epoch loop
+(`train_epoch`: batch orders, calibrator batch sources, K_c, warm-up), the epoch loop
 (`fit`), divergence checks, the state snapshot and bit-for-bit resume are inherited unchanged.
 
 Players: theta = the backbone's feature extractor plus the heads (with `last_layer`: without
@@ -51,7 +51,7 @@ from calib_core.config import RunConfig
 
 from .calibrator_batches import HoldoutCycler, kfold_indices
 from .hypergradient import lookahead_params
-from .result import TrainResult, model_features, model_submodule
+from .result import Evaluation, TrainResult, model_features, model_submodule
 from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
 from .trainer import EVAL_BATCH, Diverged, Trainer, _cpu_copy, crossfit_posthoc
 
@@ -351,7 +351,7 @@ class MultiTaskTrainer(Trainer):
         loss = self.backbone_loss(x, y, calibrating, cx, cy)
         return self._apply_backbone_step(loss, epoch, step, calibrating, idx)
 
-    def _fit_posthoc(self) -> None:
+    def fit_posthoc(self) -> None:
         """One post-hoc stage per task: refit task t's calibrator from the identity on its
         labelled holdout rows of the cached inputs."""
         assert self.calibrator is not None and self._cal_init is not None  # the post-hoc method's
@@ -409,7 +409,8 @@ class MultiTaskTrainer(Trainer):
     def calibrated_model(self) -> MultiTaskCalibratedModel:  # type: ignore[override]
         return MultiTaskCalibratedModel(self.model, self.calibrator, self.tasks)
 
-    def _evaluate(self, split: Any, where: str) -> tuple[dict[str, float], list[Tensor], Tensor]:  # type: ignore[override]
+    def evaluate(self, split: Any, where: str) -> Evaluation:
+        """Per-task and mean metrics, and every task's calibrated probabilities, on `split`."""
         if split is self.val_split and self._crossfit_val is not None:
             logits = [z.float() for z in self._crossfit_val]  # posthoc_split 'val': out-of-fold calibrated logits
         else:
@@ -417,7 +418,7 @@ class MultiTaskTrainer(Trainer):
         if not all(bool(torch.isfinite(z).all()) for z in logits):
             raise Diverged(f"non-finite calibrated logits on the {where} split")
         metrics = multitask_metrics(logits, split.y, self.tasks, num_bins=self.tc.num_bins)
-        return metrics, [torch.softmax(z, dim=1).cpu() for z in logits], split.y.cpu()
+        return Evaluation(metrics, [torch.softmax(z, dim=1).cpu() for z in logits], split.y.cpu())
 
     def calibrator_info(self) -> dict[str, Any]:
         stages = len(self._posthoc_tasks) if self.method == "posthoc" else 0
@@ -438,11 +439,11 @@ class MultiTaskTrainer(Trainer):
         info["per_task"] = per
         return info
 
-    def _finish(self, status: str, reason: str | None) -> MultiTaskTrainResult:
-        res = super()._finish(status, reason)
+    def _result(self, status: str, reason: str | None, wall: float, val: Evaluation | None,
+                test: Evaluation | None) -> MultiTaskTrainResult:
+        res = super()._result(status, reason, wall, val, test)
         base = {f.name: getattr(res, f.name) for f in fields(TrainResult)}
-        # the probabilities are the per-task lists of this class's _evaluate
-        tvp, ttp = cast("list[Tensor] | None", res.val_probs), cast("list[Tensor] | None", res.test_probs)
+        tvp, ttp = (val.probs if val is not None else None), (test.probs if test is not None else None)
         tvl, ttl = res.val_labels, res.test_labels
         base["val_probs"], base["val_labels"] = _first_task(tvp, tvl)
         base["test_probs"], base["test_labels"] = _first_task(ttp, ttl)

@@ -70,6 +70,16 @@ class EpochReport:
         return self._state_fn()
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """One split evaluated: metrics, calibrated probabilities per task ((N, K_t) on the CPU; one
+    entry for a single-task model) and the split's labels on the CPU."""
+
+    metrics: dict[str, float]
+    probs: list[Tensor]
+    labels: Tensor
+
+
 @dataclass
 class TrainResult:
     status: str  # "completed" | "diverged"

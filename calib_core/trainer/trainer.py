@@ -40,7 +40,7 @@ from calib_core.losses import LossFn, make_loss
 
 from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, holdout_split, kfold_indices
 from .hypergradient import unrolled_loss
-from .result import CalibratedModel, EpochReport, TrainResult, model_features, model_submodule
+from .result import CalibratedModel, EpochReport, Evaluation, TrainResult, model_features, model_submodule
 from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
 
 STATE_VERSION = 1
@@ -116,7 +116,7 @@ class Trainer:
     `.feature_dim`) instead of `create_model(cfg.model.name, ...)`.
     """
 
-    # posthoc_split 'val': the cross-fitted validation logits of the current model (see _evaluate)
+    # posthoc_split 'val': the cross-fitted validation logits of the current model (see evaluate)
     _crossfit_val: Any = None
     # early_stopping_patience: the best epoch's model and calibrator states (CPU)
     _best_weights: dict[str, Any] | None = None
@@ -307,7 +307,8 @@ class Trainer:
             self.trace.append(("backbone", idx.cpu()))
         return loss.detach()
 
-    def _train_epoch(self, epoch: int) -> float:
+    def train_epoch(self, epoch: int) -> float:
+        """Train both players for epoch `epoch` (0-based); return the mean backbone loss."""
         tc = self.tc
         torch.manual_seed(derive_seed(self.seed, "global", epoch))  # dropout and other global draws
         batches = epoch_batches(self.backbone_idx, tc.batch_size, self.seed, epoch)
@@ -351,9 +352,10 @@ class Trainer:
     def _val_folds(self) -> list[Tensor]:
         return [f.to(self.device) for f in kfold_indices(len(self.val_split), self.tc.posthoc_folds, self.seed)]
 
-    def _fit_posthoc(self) -> None:
-        """Refit the post-hoc calibrator from the identity on the holdout's cached inputs
-        (posthoc_split 'val': on the validation split's, with cross-fitted validation logits)."""
+    def fit_posthoc(self) -> None:
+        """Refit the post-hoc calibrator from the identity on the holdout's cached inputs.
+
+        posthoc_split 'val': on the validation split's, with cross-fitted validation logits."""
         cal = self.calibrator
         assert cal is not None and self._cal_init is not None  # the post-hoc method's calibrator
         if self.tc.posthoc_split == "val":
@@ -389,7 +391,8 @@ class Trainer:
     def calibrated_model(self) -> CalibratedModel:
         return CalibratedModel(self.model, self.calibrator)
 
-    def _evaluate(self, split: Any, where: str) -> tuple[dict[str, float], Tensor, Tensor]:
+    def evaluate(self, split: Any, where: str) -> Evaluation:
+        """Metrics and calibrated probabilities of the current model on `split` (named `where`)."""
         from calib_core.metrics import compute_all
 
         if split is self.val_split and self._crossfit_val is not None:
@@ -400,7 +403,7 @@ class Trainer:
             raise Diverged(f"non-finite calibrated logits on the {where} split")
         metrics = compute_all(logits, split.y, num_bins=self.tc.num_bins, from_logits=True)
         probs = torch.softmax(logits, dim=1)
-        return {k: float(v) for k, v in metrics.items()}, probs.cpu(), split.y.cpu()
+        return Evaluation({k: float(v) for k, v in metrics.items()}, [probs.cpu()], split.y.cpu())
 
     def calibrator_info(self) -> dict[str, Any]:
         if self.calibrator is None:
@@ -491,12 +494,12 @@ class Trainer:
             t0 = time.perf_counter()
             lr = float(self.backbone_opt.param_groups[0]["lr"])
             try:
-                train_loss = self._train_epoch(e)
+                train_loss = self.train_epoch(e)
                 self.scheduler.step()
                 if self.method == "posthoc" and self.tc.posthoc_refit == "every_epoch":
-                    self._fit_posthoc()
+                    self.fit_posthoc()
                 self._check_calibrator(f"after epoch {e + 1}")
-                val, _, _ = self._evaluate(self.val_split, "validation")
+                val = self.evaluate(self.val_split, "validation").metrics
             except Diverged as exc:
                 status, reason = "diverged", self._with_calibrator_problem(str(exc))
                 break
@@ -545,9 +548,8 @@ class Trainer:
         return f"{reason}; calibrator diverged: {problem}" if problem is not None else reason
 
     def _finish(self, status: str, reason: str | None) -> TrainResult:
-        val_m: dict[str, float] = {}
-        test_m: dict[str, float] = {}
-        vp = vl = tp = tl = None
+        val: Evaluation | None = None
+        test: Evaluation | None = None
         if status == "completed":
             try:
                 restored = self._restore_best()
@@ -556,30 +558,34 @@ class Trainer:
                     or self.tc.posthoc_refit == "end"
                     or (self.tc.posthoc_split == "val" and self._crossfit_val is None)
                 ):
-                    self._fit_posthoc()  # the returned model's calibrator (and cross-fitted validation logits)
+                    self.fit_posthoc()  # the returned model's calibrator (and cross-fitted validation logits)
                 self._check_calibrator("at the end of the run")
-                val_m, vp, vl = self._evaluate(self.val_split, "validation")
-                test_m, tp, tl = self._evaluate(self.test_split, "test")  # reported, never used to decide
+                val = self.evaluate(self.val_split, "validation")
+                test = self.evaluate(self.test_split, "test")  # reported, never used to decide
             except Diverged as exc:
-                status, reason, val_m, test_m, vp, vl, tp, tl = "diverged", str(exc), {}, {}, None, None, None, None
+                status, reason, val, test = "diverged", str(exc), None, None
         wall = self.wall_time_before + self._running_time()
         self._fit_start = None
         self.wall_time_before = wall
+        return self._result(status, reason, wall, val, test)
+
+    def _result(self, status: str, reason: str | None, wall: float, val: Evaluation | None,
+                test: Evaluation | None) -> TrainResult:
         model = self.calibrated_model.eval()
         return TrainResult(
             status=status,
             reason=reason,
             epochs_run=self.epoch,
-            val_metrics=val_m,
-            test_metrics=test_m,
+            val_metrics=val.metrics if val is not None else {},
+            test_metrics=test.metrics if test is not None else {},
             calibrator_info=self.calibrator_info(),
             wall_time=wall,
             epoch_times=list(self.epoch_times),
             model=model,
-            val_probs=vp,
-            val_labels=vl,
-            test_probs=tp,
-            test_labels=tl,
+            val_probs=val.probs[0] if val is not None else None,
+            val_labels=val.labels if val is not None else None,
+            test_probs=test.probs[0] if test is not None else None,
+            test_labels=test.labels if test is not None else None,
             history=[dict(h) for h in self.history],
             best=copy.deepcopy(self.best),
         )
