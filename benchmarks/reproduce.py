@@ -22,7 +22,7 @@ Overhead (docs/design.md section 9): in one process, one thread, trainers for pl
 one-go variants are built on the same data and seed and their epochs are run round-robin
 (CE, variant 1, variant 2, ..., CE, ...), after one untimed warm-up epoch each; ratio = median
 one-go epoch time / median CE epoch time. Two timings per epoch: the training loop alone
-(`Trainer._train_epoch`, the actual step loop) and the full epoch as `fit` runs it
+(`Trainer.train_epoch`, the actual step loop) and the full epoch as `fit` runs it
 (training loop + scheduler step + validation evaluation).
 
 Outputs (under `--out-dir`, default benchmarks/results): reproduce_<dataset>.md, overhead.md,
@@ -232,10 +232,10 @@ def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) 
     for rep in range(repeats + 1):  # repetition 0 is the untimed warm-up
         for name, tr in trainers.items():
             t0 = time.perf_counter()
-            tr._train_epoch(rep)
+            tr.train_epoch(rep)
             t1 = time.perf_counter()
             tr.scheduler.step()
-            tr._evaluate(tr.val_split, "validation")
+            tr.evaluate(tr.val_split, "validation")
             t2 = time.perf_counter()
             if rep > 0:
                 loop[name].append(t1 - t0)
@@ -467,7 +467,7 @@ def run_overhead(plan: Plan, repeats: int, header_common: list[str]) -> list[dic
         "",
         "Trainers for plain CE and each one-go variant (calibrator lr 1e-2, seed 0, settings as in reproduce_<dataset>.md) are built "
         "in one process; their epochs run round-robin (CE, variant 1, ..., variant 7, CE, ...) so machine noise hits all alike. "
-        "Ratios are medians of one-go epoch time over medians of CE epoch time. 'loop' = `Trainer._train_epoch` (the step loop); "
+        "Ratios are medians of one-go epoch time over medians of CE epoch time. 'loop' = `Trainer.train_epoch` (the step loop); "
         "'full epoch' adds the scheduler step and the validation evaluation that `fit` does every epoch. "
         "With holdout:0.1 the backbone steps on 90% of the training split per epoch (fewer backbone steps than CE), "
         "and the calibrator steps once per backbone step on a holdout batch.",
