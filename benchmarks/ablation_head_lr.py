@@ -24,25 +24,34 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.reproduce import QUICK, SETTINGS, _fmt, _ms, merge, run_one  # noqa: E402
+from benchmarks.common import (
+    QUICK,
+    SETTINGS,
+    command_line,
+    float_list,
+    fmt_mean_std,
+    mean_std,
+    mean_std_str,
+    merge,
+    out_dir,
+    run_trainer,
+    spawn_pool,
+    utc_minute,
+    write_json,
+    write_text,
+)
 
 DATASET = "mnist1d"
 METRICS = ("accuracy", "ece", "nll")
 
 
 def jobs(seeds: list[int], grid: list[float], quick: bool) -> list[dict[str, Any]]:
-    """Every (method, lr, seed) run of the ablation as a reproduce.run_one job."""
+    """Every (method, lr, seed) run of the ablation as a common.run_trainer job."""
     base = SETTINGS[DATASET]
     if quick:
         base = merge(base, QUICK[DATASET])
@@ -68,8 +77,8 @@ def choose(runs: list[dict], group: str, seeds: list[int]) -> str | None:
 def _paired(a: list[dict], b: list[dict], metric: str) -> tuple[float, float]:
     """Mean +- std over seeds of a - b on the test metric, same seed only."""
     bs = {r["seed"]: r for r in b if r["status"] == "completed"}
-    return _ms([r["test"][metric] - bs[r["seed"]]["test"][metric] for r in a
-                if r["status"] == "completed" and r["seed"] in bs])
+    return mean_std([r["test"][metric] - bs[r["seed"]]["test"][metric] for r in a
+                     if r["status"] == "completed" and r["seed"] in bs])
 
 
 def table(runs: list[dict], seeds: list[int], grid: list[float], meta: dict, train: dict) -> str:
@@ -90,8 +99,8 @@ def table(runs: list[dict], seeds: list[int], grid: list[float], meta: dict, tra
         lr = rs[0]["cal_lr"]
         lines.append(
             f"| {rs[0]['group']}{mark} | {'1e-2 (= lr)' if lr is None else format(lr, 'g')} | {len(ok)}/{len(rs)} | "
-            f"{_fmt(*_ms([r['val']['ece'] for r in ok]), 100)} | {_fmt(*_ms([r['test']['accuracy'] for r in ok]), 100)} | "
-            f"{_fmt(*_ms([r['test']['ece'] for r in ok]), 100)} | {_fmt(*_ms([r['test']['nll'] for r in ok]), 1, 3)} |")
+            f"{mean_std_str([r['val']['ece'] for r in ok], 100)} | {mean_std_str([r['test']['accuracy'] for r in ok], 100)} | "
+            f"{mean_std_str([r['test']['ece'] for r in ok], 100)} | {mean_std_str([r['test']['nll'] for r in ok], 1, 3)} |")
     by = {k: [r for r in runs if r["key"] == k] for k in chosen.values() if k}
     one, head, ce = by.get(chosen["onego_last_layer_same"], []), by.get(chosen["ce_head_lr"], []), by["ce"]
     lines += ["", "Paired differences on the test split (same seed), chosen lrs:", "",
@@ -99,11 +108,12 @@ def table(runs: list[dict], seeds: list[int], grid: list[float], meta: dict, tra
     for name, a, b in (("one-go last_layer same − plain CE", one, ce),
                        ("CE with head_lr − plain CE", head, ce),
                        ("one-go last_layer same − CE with head_lr", one, head)):
-        lines.append(f"| {name} | {_fmt(*_paired(a, b, 'ece'), 100)} | {_fmt(*_paired(a, b, 'accuracy'), 100)} |")
+        lines.append(f"| {name} | {fmt_mean_std(*_paired(a, b, 'ece'), 100)} | {fmt_mean_std(*_paired(a, b, 'accuracy'), 100)} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ablation's runs in a pool, write and print the report."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--grid", type=str, default="1e-4,1e-3,1e-2", help="comma-separated head / calibrator lr grid")
@@ -112,24 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", type=Path, default=None)
     args = p.parse_args(argv)
     seeds = list(range(2 if args.quick else args.seeds))
-    grid = [float(x) for x in args.grid.split(",")]
-    out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="ablation_")) if args.quick else ROOT / "benchmarks" / "results")
+    grid = float_list(args.grid)
+    out = out_dir(args.out_dir, args.quick, "ablation_")
     todo = jobs(seeds, grid, args.quick)
     print(f"{len(todo)} runs on {args.workers} workers ...", flush=True)
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.workers) as pool:
-        runs = pool.map(run_one, todo, chunksize=1)
-    meta = {"command": "python benchmarks/ablation_head_lr.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "wall_s": time.perf_counter() - t0}
+    with spawn_pool(args.workers) as pool:
+        runs = pool.map(run_trainer, todo, chunksize=1)
+    meta = {"command": command_line(__file__, argv), "date": utc_minute(), "wall_s": time.perf_counter() - t0}
     train = {k: v for k, v in todo[0]["config"]["train"].items() if k != "method"}
     report = table(runs, seeds, grid, meta, train)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ablation_head_lr.md").write_text(report)
-    (out_dir / "ablation_head_lr.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1, default=str))
+    write_text(out / "ablation_head_lr.md", report)
+    write_json(out / "ablation_head_lr.json", {"meta": meta, "runs": runs})
     print(report)
-    print(f"wrote {out_dir / 'ablation_head_lr.md'} ({meta['wall_s']:.0f} s)")
+    print(f"wrote {out / 'ablation_head_lr.md'} ({meta['wall_s']:.0f} s)")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

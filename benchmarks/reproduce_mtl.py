@@ -39,25 +39,33 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
 import os
-import platform
-import shlex
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.common import QUICK as ST_QUICK
+from benchmarks.common import SETTINGS as ST_SETTINGS  # the single-task reproduction's settings
+from benchmarks.common import (
+    command_line,
+    cpu_run_setup,
+    float_list,
+    fmt_mean_std,
+    host_info,
+    mean_std,
+    merge,
+    out_dir,
+    read_json,
+    reading,
+    run_summary,
+    spawn_pool,
+    utc_minute,
+    utc_now,
+    write_json,
+    write_text,
+)
 
-from reproduce import SETTINGS as ST_SETTINGS  # noqa: E402  (same settings and helpers)
-from reproduce import _fmt, _ms, merge  # noqa: E402
-
-DEFAULT_OUT = ROOT / "benchmarks" / "results"
 TASKS = ["digit", "parity", "ge5", "prime"]
 CORRUPTIONS = ["gaussian_noise", "time_shift", "amplitude_scale", "time_warp"]
 SEVERITIES = [1, 2, 3, 4, 5]
@@ -65,10 +73,11 @@ ONEGO = [("temperature", "holdout:0.1"), ("last_layer", "same")]
 SINGLE_TASK_LR = {"onego/temperature/holdout:0.1": 1e-2, "onego/last_layer/same": 1e-3}  # reproduce_mnist1d.md
 
 SETTINGS: dict[str, Any] = merge(ST_SETTINGS["mnist1d"], {"data": {"name": "mnist1d_mtl"}})
-QUICK = {"data": {"num_samples": 1000}, "train": {"epochs": 3}}
+QUICK = ST_QUICK["mnist1d"]
 
 
 def variants(cal_lrs: list[float]) -> list[dict[str, Any]]:
+    """Every method of the matrix as {key, group, label, train overrides}."""
     out = [
         {"key": "ce", "group": "ce", "label": "plain CE", "train": {"method": "ce"}},
         {"key": "posthoc_ts", "group": "posthoc_ts", "label": "post-hoc TS per task (holdout:0.1)",
@@ -90,15 +99,11 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     """One run in a worker process (one thread): train (+ calibrate), then evaluate under shift."""
     import torch
 
-    torch.set_num_threads(1)
     import calib_core.trainer.multitask as mtmod
-    from calib_core.config import RunConfig
-    from calib_core.data import load_dataset
     from calib_core.evaluation import shift_metrics
     from calib_core.trainer import make_trainer
 
-    cfg = RunConfig.model_validate({"seed": job["seed"], "device": "cpu", "num_threads": 1, **job["config"]})
-    data = load_dataset(cfg.data, cfg.seed)
+    cfg, data = cpu_run_setup(job["seed"], job["config"])
     out: dict[str, Any] = {"loadavg_start": os.getloadavg()[0]}
     t0 = time.perf_counter()
     try:
@@ -173,16 +178,7 @@ def _runs_by_seed(runs: list[dict], key: str) -> dict[int, dict]:
 
 
 def _paired(a: dict[int, dict], b: dict[int, dict], f) -> tuple[float, float]:
-    return _ms([f(a[s]) - f(b[s]) for s in sorted(a) if s in b])
-
-
-def _call(d: tuple[float, float], better_low: bool) -> str:
-    m, s = d
-    if not math.isfinite(m):
-        return "n/a"
-    if abs(m) <= s:
-        return "~"
-    return "better" if ((m < 0) if better_low else (m > 0)) else "worse"
+    return mean_std([f(a[s]) - f(b[s]) for s in sorted(a) if s in b])
 
 
 def shift_curve(r: dict, metric: str) -> dict[int, float]:
@@ -204,6 +200,7 @@ def _load_note(runs: list[dict]) -> str:
 
 
 def build_tables(raw: dict[str, Any]) -> str:
+    """The three Markdown tables of the raw record (also stores the selection, cost and shift curves in it)."""
     runs, seeds, cal_lrs = raw["runs"], raw["seeds"], raw["cal_lrs"]
     sel = choose(runs, seeds, cal_lrs)
     raw["selection"] = sel
@@ -251,24 +248,24 @@ def build_tables(raw: dict[str, Any]) -> str:
                 L.append(f"| {task} | {labels[g]} | – | 0/{n_all} | all failed |||||||")
                 continue
             lr = next(iter(rs.values())).get("cal_lr")
-            acc = _ms([r["test"][acc_k] for r in rs.values()])
-            ec = _ms([r["test"][ece_k] for r in rs.values()])
+            acc = mean_std([r["test"][acc_k] for r in rs.values()])
+            ec = mean_std([r["test"][ece_k] for r in rs.values()])
             test_acc, test_ece = (lambda r, k=acc_k: r["test"][k]), (lambda r, k=ece_k: r["test"][k])
             da_ce, de_ce = _paired(rs, ce, test_acc), _paired(rs, ce, test_ece)
             da_ts, de_ts = _paired(rs, ts, test_acc), _paired(rs, ts, test_ece)
-            rd_ce = "(reference)" if g == "ce" else f"{_call(da_ce, False)} / {_call(de_ce, True)}"
-            rd_ts = "(reference)" if g == "posthoc_ts" else f"{_call(da_ts, False)} / {_call(de_ts, True)}"
+            rd_ce = "(reference)" if g == "ce" else f"{reading(da_ce, False)} / {reading(de_ce, True)}"
+            rd_ts = "(reference)" if g == "posthoc_ts" else f"{reading(da_ts, False)} / {reading(de_ts, True)}"
             name = f"**{task}**" if task == "mean" else task
-            L.append(f"| {name} | {labels[g]} | {f'{lr:g}' if lr else '–'} | {len(rs)}/{n_all} | {_fmt(*acc, 100)} | {_fmt(*ec, 100)} "
-                     f"| {_fmt(*da_ce, 100)} | {_fmt(*de_ce, 100)} | {_fmt(*da_ts, 100)} | {_fmt(*de_ts, 100)} | {rd_ce} | {rd_ts} |")
+            L.append(f"| {name} | {labels[g]} | {f'{lr:g}' if lr else '–'} | {len(rs)}/{n_all} | {fmt_mean_std(*acc, 100)} | {fmt_mean_std(*ec, 100)} "
+                     f"| {fmt_mean_std(*da_ce, 100)} | {fmt_mean_std(*de_ce, 100)} | {fmt_mean_std(*da_ts, 100)} | {fmt_mean_std(*de_ts, 100)} | {rd_ce} | {rd_ts} |")
     temps = [r["calibrator_info"].get(f"{t}_temperature") for r in ts.values() for t in TASKS]
     if ts and all(x is not None for x in temps):
         L += ["", "Post-hoc fitted temperatures (mean ± std over seeds): " + ", ".join(
-            f"{t} {_fmt(*_ms([r['calibrator_info'][f'{t}_temperature'] for r in ts.values()]))}" for t in TASKS) + "."]
+            f"{t} {fmt_mean_std(*mean_std([r['calibrator_info'][f'{t}_temperature'] for r in ts.values()]))}" for t in TASKS) + "."]
     for g, k in rows_spec:
         if g.startswith("onego/temperature") and by[k] and all(f"{t}_temperature" in r["calibrator_info"] for r in by[k].values() for t in TASKS):
             L += [f"{labels[g]} learned temperatures: " + ", ".join(
-                f"{t} {_fmt(*_ms([r['calibrator_info'][f'{t}_temperature'] for r in by[k].values()]))}" for t in TASKS) + "."]
+                f"{t} {fmt_mean_std(*mean_std([r['calibrator_info'][f'{t}_temperature'] for r in by[k].values()]))}" for t in TASKS) + "."]
     # table 2
     L += ["", "## Table 2: cost per run", "",
           f"Wall time = `make_trainer(cfg, data).fit()` in one worker process with 1 thread ({raw['workers']} such processes side by side; the same setup "
@@ -316,12 +313,12 @@ def build_tables(raw: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|"]
 
         def cell(g: str, m: str, s: int) -> str:
-            return _fmt(*_ms([c[s] for c in curves[g][m].values()]), 100)
+            return fmt_mean_std(*mean_std([c[s] for c in curves[g][m].values()]), 100)
 
         def dcell(ga: str, gb: str, m: str, s: int, better_low: bool) -> str:
             a, b = curves[ga][m], curves[gb][m]
-            d = _ms([a[x][s] - b[x][s] for x in a if x in b])
-            return f"{_fmt(*d, 100)} ({_call(d, better_low)})"
+            d = mean_std([a[x][s] - b[x][s] for x in a if x in b])
+            return f"{fmt_mean_std(*d, 100)} ({reading(d, better_low)})"
 
         for s in [0] + SEVERITIES:
             L.append(f"| {s} | {cell('ce', 'ece', s)} | {cell('posthoc_ts', 'ece', s)} | {cell(best, 'ece', s)} | {dcell(best, 'posthoc_ts', 'ece', s, True)} "
@@ -335,7 +332,7 @@ def build_tables(raw: dict[str, Any]) -> str:
             cells = []
             for _, k in rows_spec:
                 vals = [statistics.fmean(row["ece"] for row in r["shift"] if row["corruption"] == c) for r in by[k].values() if r.get("shift")]
-                cells.append(_fmt(*_ms(vals), 100))
+                cells.append(fmt_mean_std(*mean_std(vals), 100))
             L.append(f"| {c} | " + " | ".join(cells) + " |")
     fails = [f"- {r['key']} seed {r['seed']}: {r['status']} ({r.get('reason')})" for r in runs if r["status"] != "completed"]
     if fails:
@@ -344,7 +341,8 @@ def build_tables(raw: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command-line options."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
     p.add_argument("--epochs", type=int, default=None, help="override the epochs (default 25)")
@@ -356,69 +354,77 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", type=Path, default=None,
                    help="reuse the runs (same method key and seed) of this raw JSON, which must have the same settings; run only the rest")
     p.add_argument("--from-json", type=Path, default=None, help="rebuild the tables from a raw JSON instead of running")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + (argv if argv is not None else sys.argv[1:]))
-    out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="reproduce_mtl_quick_")) if args.quick else DEFAULT_OUT)
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+def run_all(args: argparse.Namespace, command: str, out: Path) -> dict[str, Any]:
+    """Run every (variant, seed) not reused from --resume in a pool; the raw record with its report header."""
     import torch
 
+    settings = merge(SETTINGS, QUICK) if args.quick else SETTINGS
+    if args.epochs is not None:
+        settings = merge(settings, {"train": {"epochs": args.epochs}})
+    seeds = list(range(2 if args.quick else args.seeds))
+    cal_lrs = [1e-3, 1e-2] if args.quick else float_list(args.cal_lrs)
+    jobs = [{"key": v["key"], "group": v["group"], "seed": s, "cal_lr": v.get("cal_lr"), "config": merge(settings, {"train": v["train"]})}
+            for s in seeds for v in variants(cal_lrs)]  # seed-major
+    reused: list[dict] = []
+    old: dict[str, Any] = {}
+    if args.resume is not None:
+        old = read_json(args.resume)
+        if old["settings"] != settings:
+            raise SystemExit(f"--resume {args.resume}: its settings differ from this run's; refusing to mix them")
+        wanted = {(j["key"], j["seed"]) for j in jobs}
+        reused = [r for r in old["runs"] if (r["key"], r["seed"]) in wanted]
+        have = {(r["key"], r["seed"]) for r in reused}
+        jobs = [j for j in jobs if (j["key"], j["seed"]) not in have]
+    raw = {"command": command, "started_utc": utc_now(), **host_info(), "torch": torch.__version__, "workers": args.workers,
+           "settings": settings, "seeds": seeds, "cal_lrs": cal_lrs, "corruptions": CORRUPTIONS, "runs": list(reused)}
+    if args.resume is not None:
+        raw["resumed_from"] = {"file": str(args.resume), "command": old.get("command"), "runs_reused": len(reused)}
+    partial = out / "reproduce_mtl_raw.partial.json"
+    t_start = time.perf_counter()
+    print(f"{len(jobs)} runs on {args.workers} workers -> {out}", flush=True)
+    with spawn_pool(args.workers) as pool:
+        for i, r in enumerate(pool.imap_unordered(run_one, jobs), 1):
+            raw["runs"].append(r)
+            print(f"[{i}/{len(jobs)} {time.perf_counter() - t_start:5.0f}s] {r['key']} seed={r['seed']} {run_summary(r)} "
+                  f"(fit {r['wall_s']:.1f}s)", flush=True)
+            if i % 8 == 0:
+                write_json(partial, raw)
+    raw["total_wall_s"] = time.perf_counter() - t_start
+    raw["finished_utc"] = utc_now()
+    header = [f"Command: `{command}`", "",
+              f"Generated {utc_minute()}; torch {torch.__version__}, CPU, 1 thread per run, "
+              f"{args.workers} worker processes; {len(jobs)} new runs in {raw['total_wall_s']:.0f} s."]
+    if args.resume is not None:
+        header += ["", f"Reused {len(reused)} runs from {args.resume.name}, produced by `{old.get('command')}` "
+                       f"(same settings; CPU runs are deterministic, so a reused run equals a rerun except for its wall time)."]
+    if args.note:
+        header += ["", f"**Note:** {args.note}"]
+    if args.quick:
+        header += ["", "**QUICK SMOKE RUN: 1000 samples, 3 epochs, 2 seeds; numbers are meaningless.**"]
+    raw["header"] = header
+    if partial.exists():
+        partial.unlink()
+    return raw
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the matrix (or rebuild from a raw JSON), write and print the tables."""
+    args = parse_args(argv)
+    command = command_line(__file__, argv)
+    out = out_dir(args.out_dir, args.quick, "reproduce_mtl_quick_")
     if args.from_json is not None:
-        raw = json.loads(args.from_json.read_text())
+        raw = read_json(args.from_json)
         raw["header"] = raw.get("header", []) + ["", f"Tables rebuilt from {args.from_json.name} by `{command}`."]
     else:
-        settings = merge(SETTINGS, QUICK) if args.quick else SETTINGS
-        if args.epochs is not None:
-            settings = merge(settings, {"train": {"epochs": args.epochs}})
-        seeds = list(range(2 if args.quick else args.seeds))
-        cal_lrs = [1e-3, 1e-2] if args.quick else [float(x) for x in args.cal_lrs.split(",") if x]
-        jobs = [{"key": v["key"], "group": v["group"], "seed": s, "cal_lr": v.get("cal_lr"), "config": merge(settings, {"train": v["train"]})}
-                for s in seeds for v in variants(cal_lrs)]  # seed-major
-        reused: list[dict] = []
-        if args.resume is not None:
-            old = json.loads(args.resume.read_text())
-            if old["settings"] != settings:
-                raise SystemExit(f"--resume {args.resume}: its settings differ from this run's; refusing to mix them")
-            wanted = {(j["key"], j["seed"]) for j in jobs}
-            reused = [r for r in old["runs"] if (r["key"], r["seed"]) in wanted]
-            have = {(r["key"], r["seed"]) for r in reused}
-            jobs = [j for j in jobs if (j["key"], j["seed"]) not in have]
-        raw = {"command": command, "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "platform": platform.platform(),
-               "python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(), "workers": args.workers,
-               "settings": settings, "seeds": seeds, "cal_lrs": cal_lrs, "corruptions": CORRUPTIONS, "runs": list(reused)}
-        if args.resume is not None:
-            raw["resumed_from"] = {"file": str(args.resume), "command": old.get("command"), "runs_reused": len(reused)}
-        partial = out_dir / "reproduce_mtl_raw.partial.json"
-        t_start = time.perf_counter()
-        print(f"{len(jobs)} runs on {args.workers} workers -> {out_dir}", flush=True)
-        with mp.get_context("spawn").Pool(args.workers, maxtasksperchild=50) as pool:
-            for i, r in enumerate(pool.imap_unordered(run_one, jobs), 1):
-                raw["runs"].append(r)
-                te = r.get("test") or {}
-                print(f"[{i}/{len(jobs)} {time.perf_counter() - t_start:5.0f}s] {r['key']} seed={r['seed']} {r['status']} "
-                      f"acc={te.get('accuracy', float('nan')):.4f} ece={te.get('ece', float('nan')):.4f} (fit {r['wall_s']:.1f}s)", flush=True)
-                if i % 8 == 0:
-                    partial.write_text(json.dumps(raw, indent=1, default=str))
-        raw["total_wall_s"] = time.perf_counter() - t_start
-        raw["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-        header = [f"Command: `{command}`", "",
-                  f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, CPU, 1 thread per run, "
-                  f"{args.workers} worker processes; {len(jobs)} new runs in {raw['total_wall_s']:.0f} s."]
-        if args.resume is not None:
-            header += ["", f"Reused {len(reused)} runs from {args.resume.name}, produced by `{old.get('command')}` "
-                           f"(same settings; CPU runs are deterministic, so a reused run equals a rerun except for its wall time)."]
-        if args.note:
-            header += ["", f"**Note:** {args.note}"]
-        if args.quick:
-            header += ["", "**QUICK SMOKE RUN: 1000 samples, 3 epochs, 2 seeds; numbers are meaningless.**"]
-        raw["header"] = header
-        if partial.exists():
-            partial.unlink()
+        raw = run_all(args, command, out)
     text = build_tables(raw)
-    (out_dir / "reproduce_mtl.md").write_text(text)
-    (out_dir / "reproduce_mtl_raw.json").write_text(json.dumps(raw, indent=1, default=str))
+    write_text(out / "reproduce_mtl.md", text)
+    write_json(out / "reproduce_mtl_raw.json", raw)
     print(text, flush=True)
-    print(f"wrote {out_dir}", flush=True)
+    print(f"wrote {out}", flush=True)
     return 0
 
 
