@@ -1,17 +1,21 @@
 """The one-go trainer: backbone and calibrator trained together (and the baselines).
 
 `Trainer(cfg, data, device).fit(on_epoch=None, resume_state=None) -> TrainResult`.
-Modules: schedule (optimizers, LR schedules), calibrator_batches (holdout split, batch
-sources, seeded orders), hypergradient (the unrolled look-ahead), trainer (the loop),
-result (EpochReport, TrainResult, CalibratedModel), multitask (one head and calibrator per
-task on a shared backbone). `make_trainer(cfg, data, device)` picks the right one.
+Modules: trainer (the one loop, and SingleTask, its default strategy), strategy (TaskStrategy:
+what single- and multi-task runs do differently), multitask (the MultiTask strategy: one head
+and calibrator per task on a shared backbone; MultiTaskTrainer = Trainer with it), plan (which
+samples each player trains on), schedule (optimizers, LR schedules), calibrator_batches
+(holdout split, batch sources, seeded orders), hypergradient (the unrolled look-ahead),
+snapshot (resume-state helpers), result (EpochReport, Evaluation, TrainResult,
+CalibratedModel). `make_trainer(cfg, data, device)` picks the strategy from the data.
 """
 
 from typing import Any
 
-from .multitask import MultiTaskCalibratedModel, MultiTaskTrainer, MultiTaskTrainResult
-from .result import CalibratedModel, EpochReport, TrainResult
-from .trainer import Diverged, Trainer, resolve_device
+from .multitask import MultiTask, MultiTaskCalibratedModel, MultiTaskTrainer, MultiTaskTrainResult
+from .result import CalibratedModel, EpochReport, Evaluation, TrainResult
+from .strategy import TaskStrategy
+from .trainer import Diverged, SingleTask, Trainer, resolve_device
 
 
 def make_trainer(cfg: Any, data: Any, device: Any = None, **kwargs: Any) -> Trainer:
@@ -21,6 +25,7 @@ def make_trainer(cfg: Any, data: Any, device: Any = None, **kwargs: Any) -> Trai
 
 
 __all__ = [
-    "CalibratedModel", "Diverged", "EpochReport", "MultiTaskCalibratedModel", "MultiTaskTrainResult",
-    "MultiTaskTrainer", "TrainResult", "Trainer", "make_trainer", "resolve_device",
+    "CalibratedModel", "Diverged", "EpochReport", "Evaluation", "MultiTask", "MultiTaskCalibratedModel",
+    "MultiTaskTrainResult", "MultiTaskTrainer", "SingleTask", "TaskStrategy", "TrainResult", "Trainer",
+    "make_trainer", "resolve_device",
 ]

@@ -19,15 +19,18 @@ honest, while the returned model's calibrator is fitted on the whole validation 
 `posthoc_refit: end` fits once, after training, instead of after every epoch.
 `early_stopping_patience` stops after that many epochs without a lower validation NLL and
 returns the model (and calibrator) of the best epoch.
-"""
 
+Single- and multi-task runs share this one loop: what differs (the calibrator(s), their inputs,
+the losses, post-hoc fits, metrics, the calibrated model and the result type) is a `TaskStrategy`
+(strategy.py). `SingleTask`, below, is the default; `multitask.MultiTask` is the other.
+"""
 from __future__ import annotations
 
 import copy
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -38,19 +41,17 @@ from calib_core.calibrators import Calibrator, create_calibrator, fit_posthoc
 from calib_core.config import RunConfig
 from calib_core.losses import LossFn, make_loss
 
-from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, holdout_split, kfold_indices
+from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, kfold_indices
 from .hypergradient import unrolled_loss
+from .plan import plan_run
 from .result import CalibratedModel, EpochReport, Evaluation, TrainResult, model_features, model_submodule
 from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
+from .snapshot import cpu_copy, differing_keys
+from .strategy import EVAL_BATCH, CalibratorBatch, Diverged, TaskStrategy
 
 STATE_VERSION = 1
-EVAL_BATCH = 1024
 # config fields that may differ between a run and its resumption
 _RESUME_FREE = {"device", "num_threads"}
-
-
-class Diverged(RuntimeError):
-    """Raised inside the loop when a loss or a parameter stops being finite."""
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -61,30 +62,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def _cpu_copy(obj: Any) -> Any:
-    """Deep copy with every tensor cloned to the CPU (picklable, independent of the live run)."""
-    if isinstance(obj, Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu_copy(v) for v in obj)
-    return copy.deepcopy(obj)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def crossfit_posthoc(calibrator: Calibrator, init_state: dict[str, Any], inputs: Tensor, labels: Tensor,
@@ -109,34 +90,140 @@ def crossfit_posthoc(calibrator: Calibrator, init_state: dict[str, Any], inputs:
     return out
 
 
+class SingleTask(TaskStrategy):
+    """One label per sample, one calibrator (or none); the backbone loss is the method's."""
+
+    head_name = "head"
+
+    def __init__(self, num_classes: int, loss_fn: LossFn) -> None:
+        self.num_classes = num_classes
+        self.loss_fn = loss_fn
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, data: Any) -> SingleTask:
+        """The strategy of a single-task run of `cfg` on `data`."""
+        tc = cfg.train
+        return cls(int(data.num_classes), make_loss(tc.method, label_smoothing=tc.label_smoothing,
+                                                    focal_gamma=tc.focal_gamma))
+
+    def create_model(self, cfg: RunConfig, data: Any) -> nn.Module:
+        """`create_model(cfg.model.name, ...)` for the data's classes and input shape."""
+        from calib_core.models import create_model
+
+        return create_model(cfg.model.name, self.num_classes, tuple(data.input_shape), **cfg.model.kwargs)
+
+    def check_model(self, model: nn.Module) -> None:
+        """Any classifier fits (a ready-made one needs `.features`, `.head`, `.feature_dim`)."""
+
+    def create_calibrator(self, name: str, kwargs: dict[str, Any], model: nn.Module) -> nn.Module:
+        """The registry's calibrator `name` (with `last_layer`: the model's head)."""
+        return create_calibrator(name, self.num_classes, feature_dim=getattr(model, "feature_dim", None),
+                                 head=getattr(model, "head", None), **kwargs)
+
+    def calibrators(self, module: nn.Module | None) -> list[Calibrator]:
+        """[the calibrator], or [] without one."""
+        return [] if module is None else [_as_calibrator(module)]
+
+    def inputs(self, model: nn.Module, calibrators: list[Calibrator], x: Tensor) -> list[Tensor]:
+        """[features] for a features calibrator, else [logits]."""
+        kind = calibrators[0].input_kind if calibrators else "logits"
+        return [model_features(model, x) if kind == "features" else model(x)]
+
+    def calibrator_loss(self, calibrators: list[Calibrator], inputs: list[Tensor],
+                        labels: Tensor) -> tuple[Tensor, list[int]]:
+        """CE of the calibrated inputs plus the calibrator's regularization."""
+        cal = calibrators[0]
+        return F.cross_entropy(cal(inputs[0]), labels) + cal.regularization(), [0]
+
+    def backbone_loss(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
+                      lookahead: CalibratorBatch | None, calibrator_lr: float) -> Tensor:
+        """The method's loss of the calibrated logits (through the look-ahead calibrator if given)."""
+        z = inputs[0]
+        if not calibrators:
+            return self.loss_fn(z, labels)
+        cal = calibrators[0]
+        if lookahead is not None:
+            return unrolled_loss(cal, lookahead.inputs[0], lookahead.labels, z, labels, calibrator_lr, self.loss_fn)
+        return self.loss_fn(cal(z), labels)
+
+    def labelled_tasks(self, labels: Tensor) -> list[int]:
+        """[0]: a single-task split has no missing labels."""
+        return [0]
+
+    def fit_posthoc(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
+                    tasks: list[int]) -> None:
+        """LBFGS on all holdout rows."""
+        if not bool(torch.isfinite(inputs[0]).all()):
+            raise Diverged("non-finite logits on the post-hoc holdout")
+        fit_posthoc(calibrators[0], inputs[0], labels)
+
+    def crossfit_posthoc(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
+                         tasks: list[int], folds: int, seed: int) -> list[Tensor]:
+        """k-fold cross-fitting over all validation rows."""
+        inp = inputs[0]
+        if not bool(torch.isfinite(inp).all()):
+            raise Diverged("non-finite logits on the validation split (post-hoc fit)")
+        cal = calibrators[0]
+        fold_idx = [f.to(inp.device) for f in kfold_indices(len(inp), folds, seed)]
+        return [crossfit_posthoc(cal, cpu_copy(cal.state_dict()), inp, labels, fold_idx)]
+
+    def predict_logits(self, model: nn.Module, calibrator: nn.Module | None, x: Tensor) -> list[Tensor]:
+        """[calibrated logits]."""
+        return [self.calibrated_model(model, calibrator).predict_logits(x, EVAL_BATCH)]
+
+    def metrics(self, logits: list[Tensor], labels: Tensor, num_bins: int) -> dict[str, float]:
+        """`compute_all` of the calibrated logits."""
+        from calib_core.metrics import compute_all
+
+        metrics = compute_all(logits[0], labels, num_bins=num_bins, from_logits=True)
+        return {k: float(v) for k, v in metrics.items()}
+
+    def calibrated_model(self, model: nn.Module, calibrator: nn.Module | None) -> CalibratedModel:
+        """`CalibratedModel(model, calibrator)`."""
+        return CalibratedModel(model, _as_calibrator(calibrator) if calibrator is not None else None)
+
+    def calibrator_info(self, calibrators: list[Calibrator], name: str, stages: int) -> dict[str, Any]:
+        """The calibrator's `describe()`."""
+        if not calibrators:
+            return {"calibrator": "none", "num_params": 0}
+        return calibrators[0].describe()
+
+    def calibrator_problem(self, calibrators: list[Calibrator]) -> str | None:
+        """The calibrator's `divergence()`."""
+        return calibrators[0].divergence() if calibrators else None
+
+    def result(self, common: dict[str, Any], val: Evaluation | None, test: Evaluation | None) -> TrainResult:
+        """A `TrainResult`."""
+        return TrainResult(
+            **common,
+            val_metrics=val.metrics if val is not None else {},
+            test_metrics=test.metrics if test is not None else {},
+            val_probs=val.probs[0] if val is not None else None,
+            val_labels=val.labels if val is not None else None,
+            test_probs=test.probs[0] if test is not None else None,
+            test_labels=test.labels if test is not None else None,
+        )
+
+
+def _as_calibrator(module: nn.Module) -> Calibrator:
+    """The module `create_calibrator` made, typed as the Calibrator it is."""
+    return cast(Calibrator, module)
+
+
 class Trainer:
     """`Trainer(cfg, data, device).fit(on_epoch=None, resume_state=None) -> TrainResult`.
 
     `model` may be passed to use a ready-made classifier (with `.features`, `.head`,
-    `.feature_dim`) instead of `create_model(cfg.model.name, ...)`.
+    `.feature_dim`) instead of `create_model(cfg.model.name, ...)`. `strategy` selects single-
+    or multi-task behaviour (default: `SingleTask`; `MultiTaskTrainer` passes `MultiTask`).
     """
 
     # posthoc_split 'val': the cross-fitted validation logits of the current model (see evaluate)
-    _crossfit_val: Any = None
+    _crossfit_val: list[Tensor] | None = None
     # early_stopping_patience: the best epoch's model and calibrator states (CPU)
     _best_weights: dict[str, Any] | None = None
     # perf_counter() when the current fit() started (None outside a fit)
     _fit_start: float | None = None
-
-    def _plan_data_and_calibrator(self, cfg: RunConfig) -> tuple[str | None, dict[str, Any]]:
-        """Set which samples each player trains on; return the calibrator's (name, kwargs)."""
-        tc = cfg.train
-        self.method = tc.method
-        uses_holdout = (self.method == "posthoc" and tc.posthoc_split == "holdout") or (
-            self.method == "onego" and tc.calibrator_data.startswith("holdout:"))
-        self.cal_source = tc.calibrator_data.split(":")[0] if self.method == "onego" else None
-        f = tc.holdout_fraction if uses_holdout else 0.0
-        self.backbone_idx, self.holdout_idx = holdout_split(len(self.train_split), f, cfg.seed)
-        if self.method == "onego":
-            return tc.calibrator, dict(tc.calibrator_kwargs)
-        if self.method == "posthoc":
-            return tc.posthoc_calibrator, {}
-        return None, {}
 
     def _setup_run(self, cfg: RunConfig, data: Any, device: str | torch.device | None) -> None:
         """Device, threads, seeds, and the splits moved to the device."""
@@ -152,56 +239,58 @@ class Trainer:
         self._augment = getattr(data, "augment", None)
 
     def __init__(
-        self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None
+        self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None,
+        strategy: TaskStrategy | None = None,
     ) -> None:
+        self.strategy = strategy if strategy is not None else SingleTask.for_run(cfg, data)
         self.cfg = cfg
         tc = self.tc = cfg.train
         self._setup_run(cfg, data, device)
 
         if model is None:
-            from calib_core.models import create_model
-
-            model = create_model(cfg.model.name, self.num_classes, tuple(data.input_shape), **cfg.model.kwargs)
+            model = self.strategy.create_model(cfg, data)
+        self.strategy.check_model(model)
         self.model = model.to(self.device)
 
-        name, kwargs = self._plan_data_and_calibrator(cfg)
-        self.calibrator: Calibrator | None = None
-        if name is not None:
-            self.calibrator = create_calibrator(
-                name,
-                self.num_classes,
-                feature_dim=getattr(self.model, "feature_dim", None),
-                head=getattr(self.model, "head", None),
-                **kwargs,
-            ).to(self.device)
-        self._cal_init = _cpu_copy(self.calibrator.state_dict()) if self.calibrator is not None else None
-        self.train_calibrator = self.calibrator if self.method == "onego" else None  # in the training graph
+        # which samples each player trains on, and the calibrator (with last_layer: the model's head(s))
+        plan = plan_run(tc, len(self.train_split), cfg.seed)
+        self.method, self.cal_source = plan.method, plan.cal_source
+        self.backbone_idx, self.holdout_idx = plan.backbone_idx, plan.holdout_idx
+        self.calibrator_name = plan.calibrator or "none"
+        self.calibrator: nn.Module | None = None
+        if plan.calibrator is not None:
+            self.calibrator = self.strategy.create_calibrator(
+                plan.calibrator, plan.calibrator_kwargs, self.model).to(self.device)
+        self._cal_init = cpu_copy(self.calibrator.state_dict()) if self.calibrator is not None else None
+        self.calibrators = self.strategy.calibrators(self.calibrator)
+        self.train_calibrators = self.calibrators if self.method == "onego" else []  # in the training graph
+        self.posthoc_tasks: list[int] = []  # the calibrators a post-hoc fit fits (those with labelled rows)
+        if self.method == "posthoc":
+            y_fit = (
+                self.val_split.y if tc.posthoc_split == "val" else self.train_split.y[self.holdout_idx.to(self.device)]
+            )
+            self.posthoc_tasks = self.strategy.labelled_tasks(y_fit)
 
         # the players' parameters and optimizers
         last_layer = self.method == "onego" and tc.calibrator == "last_layer"
-        head_ids = {id(p) for p in model_submodule(self.model, "head").parameters()} if last_layer else set()
+        head = model_submodule(self.model, self.strategy.head_name)
+        head_ids = {id(p) for p in head.parameters()} if last_layer else set()
         self.feature_params = [p for p in self.model.parameters() if id(p) not in head_ids]
-        self.head_params = [p for p in model_submodule(self.model, "head").parameters()] if last_layer else []
+        self.head_params = list(head.parameters()) if last_layer else []
         if not self.feature_params:
             raise ValueError(
-                "the backbone has no parameters besides the head: nothing for the backbone player to train"
+                f"the backbone has no parameters besides the {self.strategy.head_name}: "
+                "nothing for the backbone player to train"
             )
         self.head_warmup = last_layer and tc.warmup_epochs > 0
-        groups = backbone_param_groups(
-            self.feature_params, model_submodule(self.model, "head"), self.head_params if self.head_warmup else [], tc
-        )
+        groups = backbone_param_groups(self.feature_params, head, self.head_params if self.head_warmup else [], tc)
         self.backbone_opt = backbone_optimizer(groups, tc)
         self.scheduler = lr_scheduler(self.backbone_opt, tc)
-        self.cal_params = (
-            [p for p in self.train_calibrator.parameters() if p.requires_grad]
-            if self.train_calibrator is not None
-            else []
-        )
+        # each calibrator's trainable parameters (the calibrators share one optimizer over disjoint
+        # parameters, so one calibrator's step depends only on its own loss)
+        self.task_cal_params = [[p for p in c.parameters() if p.requires_grad] for c in self.train_calibrators]
+        self.cal_params = [p for ps in self.task_cal_params for p in ps]
         self.calibrator_opt = calibrator_optimizer(self.cal_params, tc) if self.cal_params else None
-        # None in MultiTaskTrainer, whose backbone loss is its own
-        self.loss_fn: LossFn | None = make_loss(
-            self.method, label_smoothing=tc.label_smoothing, focal_gamma=tc.focal_gamma
-        )
         self.cycler = HoldoutCycler(self.holdout_idx, tc.batch_size, cfg.seed) if self.cal_source == "holdout" else None
 
         # progress
@@ -214,16 +303,20 @@ class Trainer:
         self._check_every = 1 if self.device.type == "cpu" else 25
 
     # ------------------------------------------------------------------ inputs and steps
-    def _cal_inputs(self, x: Tensor, grad: bool = False) -> Tensor:
-        """What the calibrator consumes (logits or features), computed in eval mode."""
+    def _cal_inputs(self, x: Tensor, grad: bool = False) -> list[Tensor]:
+        """What each calibrator consumes (logits or features), computed in eval mode."""
         was = self.model.training
         self.model.eval()
         try:
             with torch.set_grad_enabled(grad):
-                kind = self.calibrator.input_kind if self.calibrator is not None else "logits"
-                return model_features(self.model, x) if kind == "features" else self.model(x)
+                return self.strategy.inputs(self.model, self.calibrators, x)
         finally:
             self.model.train(was)
+
+    def _cached_inputs(self, x: Tensor) -> list[Tensor]:
+        """`_cal_inputs` of a whole split, computed in EVAL_BATCH chunks."""
+        chunks = [self._cal_inputs(xb) for xb in x.split(EVAL_BATCH)]
+        return [torch.cat([c[t] for c in chunks]) for t in range(len(chunks[0]))] if chunks else []
 
     def _check(self, loss: Tensor, what: str, epoch: int, step: int) -> None:
         """Stop on a NaN/inf loss or one above cfg.train.divergence_loss (checked every step on
@@ -239,26 +332,44 @@ class Trainer:
                 f"{what} exploded ({value:.3g} > divergence_loss={limit:g}) at epoch {epoch + 1}, step {step + 1}"
             )
 
-    def _calibrator_step(self, idx: Tensor, epoch: int, step: int, inp: Tensor | None = None) -> Tensor:
-        """One CE step of the calibrator on batch `idx` (inputs detached; pass `inp` to reuse
-        inputs already computed for this batch under the current backbone). Returns the inputs."""
+    def _calibrator_step(self, idx: Tensor, epoch: int, step: int, inp: list[Tensor] | None = None) -> None:
+        """One CE step of the calibrator(s) on batch `idx` (inputs detached; pass `inp` to reuse
+        inputs already computed for this batch under the current backbone). A calibrator without
+        a labelled row in the batch does not step (its gradient stays None)."""
         y = self.train_split.y[idx]
         if inp is None:
             inp = self._cal_inputs(self.train_split.x[idx])
-        cal = self.calibrator
-        assert cal is not None  # the one-go method's calibrator
-        loss = F.cross_entropy(cal(inp), y) + cal.regularization()
-        self._check(loss, "calibrator loss", epoch, step)
-        grads = torch.autograd.grad(loss, self.cal_params)
-        for p, g in zip(self.cal_params, grads):
-            p.grad = g
-        assert self.calibrator_opt is not None  # set whenever there are calibrator parameters
-        self.calibrator_opt.step()
-        for p in self.cal_params:
-            p.grad = None  # spent (with last_layer these are the head's: see _apply_backbone_step)
+        step_loss = self.strategy.calibrator_loss(self.train_calibrators, inp, y)
+        if step_loss is not None:
+            loss, live = step_loss
+            self._check(loss, "calibrator loss", epoch, step)
+            params = [p for t in live for p in self.task_cal_params[t]]
+            grads = torch.autograd.grad(loss, params)
+            for p in self.cal_params:
+                p.grad = None  # calibrators without labels here do not step (the optimizer skips them)
+            for p, g in zip(params, grads):
+                p.grad = g
+            assert self.calibrator_opt is not None  # set whenever there are calibrator parameters
+            self.calibrator_opt.step()
+            for p in params:
+                p.grad = None  # spent (with last_layer these are the head's: see _apply_backbone_step)
         if self.trace is not None:
             self.trace.append(("calibrator", idx.cpu()))
-        return inp
+
+    def backbone_loss(
+        self, x: Tensor, y: Tensor, calibrating: bool = True, cal_x: Tensor | None = None, cal_y: Tensor | None = None
+    ) -> Tensor:
+        """The backbone's loss on (x, y) through the frozen calibrator(s) (train mode, graph to the
+        backbone); with hypergradient `unrolled` while calibrating, through their look-ahead on
+        the calibrator batch (cal_x, cal_y)."""
+        self.model.train()
+        cals = self.train_calibrators
+        inputs = self.strategy.inputs(self.model, cals, x)
+        lookahead = None
+        if cals and calibrating and self.tc.hypergradient == "unrolled":
+            assert cal_x is not None and cal_y is not None  # the calibrator's batch, given whenever it trains
+            lookahead = CalibratorBatch(self._cal_inputs(cal_x, grad=True), cal_y)
+        return self.strategy.backbone_loss(cals, inputs, y, lookahead, self.tc.calibrator_lr)
 
     def _backbone_step(
         self, idx: Tensor, aug_gen: torch.Generator, epoch: int, step: int, calibrating: bool, cal_idx: Tensor | None
@@ -266,22 +377,10 @@ class Trainer:
         x, y = self.train_split.x[idx], self.train_split.y[idx]
         if self._augment is not None:
             x = self._augment(x, aug_gen)
-        self.model.train()
-        loss_fn = self.loss_fn
-        assert loss_fn is not None  # set by Trainer.__init__ (MultiTaskTrainer overrides this method)
-        cal = self.train_calibrator
-        if cal is None:
-            logits_in, kind = self.model(x), "logits"
-        else:
-            kind = cal.input_kind
-            logits_in = model_features(self.model, x) if kind == "features" else self.model(x)
-        if cal is not None and calibrating and self.tc.hypergradient == "unrolled":
-            xc, yc = self.train_split.x[cal_idx], self.train_split.y[cal_idx]
-            loss = unrolled_loss(
-                cal, self._cal_inputs(xc, grad=True), yc, logits_in, y, self.tc.calibrator_lr, loss_fn
-            )
-        else:
-            loss = loss_fn(cal(logits_in) if cal is not None else logits_in, y)
+        cx = cy = None
+        if cal_idx is not None:
+            cx, cy = self.train_split.x[cal_idx], self.train_split.y[cal_idx]
+        loss = self.backbone_loss(x, y, calibrating, cx, cy)
         return self._apply_backbone_step(loss, epoch, step, calibrating, idx)
 
     def _apply_backbone_step(self, loss: Tensor, epoch: int, step: int, calibrating: bool, idx: Tensor) -> Tensor:
@@ -314,7 +413,7 @@ class Trainer:
         batches = epoch_batches(self.backbone_idx, tc.batch_size, self.seed, epoch)
         next_first: Tensor | None = None
         aug_gen = generator(self.seed, "augment", epoch)
-        calibrating = self.train_calibrator is not None and epoch >= tc.warmup_epochs
+        calibrating = bool(self.train_calibrators) and epoch >= tc.warmup_epochs
         total = torch.zeros((), device=self.device, dtype=torch.float64)
         dev = self.device
         for i, idx in enumerate(batches):
@@ -334,9 +433,11 @@ class Trainer:
                         if next_first is None:
                             next_first = epoch_batches(self.backbone_idx, tc.batch_size, self.seed, epoch + 1)[0]
                         cal_idx = next_first
-                    inp = None  # the backbone does not move between these K_c steps: one forward
+                    cal_dev = cal_idx.to(dev)
+                    # the backbone does not move between these K_c steps: one forward
+                    inp = self._cal_inputs(self.train_split.x[cal_dev])
                     for _ in range(tc.calibrator_steps):
-                        inp = self._calibrator_step(cal_idx.to(dev), epoch, i, inp)
+                        self._calibrator_step(cal_dev, epoch, i, inp)
             loss = self._backbone_step(
                 idx.to(dev), aug_gen, epoch, i, calibrating, cal_idx.to(dev) if cal_idx is not None else None
             )
@@ -349,37 +450,28 @@ class Trainer:
                 raise Diverged(f"non-finite {where} parameters after epoch {epoch + 1}")
         return mean
 
-    def _val_folds(self) -> list[Tensor]:
-        return [f.to(self.device) for f in kfold_indices(len(self.val_split), self.tc.posthoc_folds, self.seed)]
-
     def fit_posthoc(self) -> None:
-        """Refit the post-hoc calibrator from the identity on the holdout's cached inputs.
+        """Refit the post-hoc calibrator(s) from the identity on the holdout's cached inputs.
 
         posthoc_split 'val': on the validation split's, with cross-fitted validation logits."""
-        cal = self.calibrator
-        assert cal is not None and self._cal_init is not None  # the post-hoc method's calibrator
+        assert self.calibrator is not None and self._cal_init is not None  # the post-hoc method's calibrator
+        self.calibrator.load_state_dict(self._cal_init)
         if self.tc.posthoc_split == "val":
             val = self.val_split
-            inp = torch.cat([self._cal_inputs(xb) for xb in val.x.split(EVAL_BATCH)])
-            if not bool(torch.isfinite(inp).all()):
-                raise Diverged("non-finite logits on the validation split (post-hoc fit)")
-            self._crossfit_val = crossfit_posthoc(cal, self._cal_init, inp, val.y, self._val_folds())
+            self._crossfit_val = self.strategy.crossfit_posthoc(
+                self.calibrators, self._cached_inputs(val.x), val.y, self.posthoc_tasks, self.tc.posthoc_folds,
+                self.seed)
             return
-        cal.load_state_dict(self._cal_init)
-        x = self.train_split.x[self.holdout_idx.to(self.device)]
-        y = self.train_split.y[self.holdout_idx.to(self.device)]
-        inp = torch.cat([self._cal_inputs(xb) for xb in x.split(EVAL_BATCH)])
-        if not bool(torch.isfinite(inp).all()):
-            raise Diverged("non-finite logits on the post-hoc holdout")
-        fit_posthoc(cal, inp, y)
+        hold = self.holdout_idx.to(self.device)
+        self.strategy.fit_posthoc(
+            self.calibrators, self._cached_inputs(self.train_split.x[hold]), self.train_split.y[hold],
+            self.posthoc_tasks)
 
     def _calibrator_problem(self) -> str | None:
         """The calibrator's own divergence check (`Calibrator.divergence()`: its parameters and
         its effective parameters, e.g. temperature = exp(log T) overflowing to inf, which
         makes every prediction uniform while every loss stays finite); None when healthy."""
-        if self.calibrator is None:
-            return None
-        return self.calibrator.divergence()
+        return self.strategy.calibrator_problem(self.calibrators)
 
     def _check_calibrator(self, when: str) -> None:
         problem = self._calibrator_problem()
@@ -388,27 +480,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     @property
-    def calibrated_model(self) -> CalibratedModel:
-        return CalibratedModel(self.model, self.calibrator)
+    def calibrated_model(self) -> nn.Module:
+        """The backbone with its calibrator(s): inputs -> calibrated logits."""
+        return self.strategy.calibrated_model(self.model, self.calibrator)
 
     def evaluate(self, split: Any, where: str) -> Evaluation:
         """Metrics and calibrated probabilities of the current model on `split` (named `where`)."""
-        from calib_core.metrics import compute_all
-
         if split is self.val_split and self._crossfit_val is not None:
-            logits = self._crossfit_val.float()  # posthoc_split 'val': out-of-fold calibrated logits
+            logits = [z.float() for z in self._crossfit_val]  # posthoc_split 'val': out-of-fold calibrated logits
         else:
-            logits = self.calibrated_model.predict_logits(split.x, EVAL_BATCH).float()
-        if not bool(torch.isfinite(logits).all()):
+            logits = [z.float() for z in self.strategy.predict_logits(self.model, self.calibrator, split.x)]
+        if not all(bool(torch.isfinite(z).all()) for z in logits):
             raise Diverged(f"non-finite calibrated logits on the {where} split")
-        metrics = compute_all(logits, split.y, num_bins=self.tc.num_bins, from_logits=True)
-        probs = torch.softmax(logits, dim=1)
-        return Evaluation({k: float(v) for k, v in metrics.items()}, [probs.cpu()], split.y.cpu())
+        metrics = self.strategy.metrics(logits, split.y, self.tc.num_bins)
+        return Evaluation(metrics, [torch.softmax(z, dim=1).cpu() for z in logits], split.y.cpu())
 
     def calibrator_info(self) -> dict[str, Any]:
-        if self.calibrator is None:
-            return {"calibrator": "none", "num_params": 0}
-        return self.calibrator.describe()
+        """What the calibrator(s) are and, post hoc, how many fits a final model needs."""
+        return self.strategy.calibrator_info(self.calibrators, self.calibrator_name, len(self.posthoc_tasks))
 
     # ------------------------------------------------------------------ state
     def _config_key(self) -> dict:
@@ -422,7 +511,7 @@ class Trainer:
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        return _cpu_copy(
+        return cpu_copy(
             {
                 "version": STATE_VERSION,
                 "config": self._config_key(),
@@ -454,8 +543,7 @@ class Trainer:
             raise ValueError("resume_state is not a trainer state of this version")
         mine = self._config_key()
         if state["config"] != mine:
-            a, b = _flatten(mine), _flatten(state["config"])
-            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            diff = differing_keys(mine, state["config"])
             raise ValueError(f"resume_state was made by a different config (differs in: {', '.join(diff)})")
         if not torch.equal(state["holdout_indices"], self.holdout_idx):
             raise ValueError("resume_state's holdout indices differ from this run's (different data split?)")
@@ -516,7 +604,7 @@ class Trainer:
                 self.best = {"epoch": self.epoch, "val_nll": metrics["val_nll"], "metrics": dict(metrics)}
                 if self.tc.early_stopping_patience is not None:
                     cal_state = self.calibrator.state_dict() if self.calibrator is not None else None
-                    self._best_weights = _cpu_copy({"model": self.model.state_dict(), "calibrator": cal_state})
+                    self._best_weights = cpu_copy({"model": self.model.state_dict(), "calibrator": cal_state})
             if on_epoch is not None:
                 on_epoch(EpochReport(epoch=self.epoch, metrics=dict(metrics), _state_fn=self.state_dict))
         return self._finish(status, reason)
@@ -567,25 +655,15 @@ class Trainer:
         wall = self.wall_time_before + self._running_time()
         self._fit_start = None
         self.wall_time_before = wall
-        return self._result(status, reason, wall, val, test)
-
-    def _result(self, status: str, reason: str | None, wall: float, val: Evaluation | None,
-                test: Evaluation | None) -> TrainResult:
-        model = self.calibrated_model.eval()
-        return TrainResult(
-            status=status,
-            reason=reason,
-            epochs_run=self.epoch,
-            val_metrics=val.metrics if val is not None else {},
-            test_metrics=test.metrics if test is not None else {},
-            calibrator_info=self.calibrator_info(),
-            wall_time=wall,
-            epoch_times=list(self.epoch_times),
-            model=model,
-            val_probs=val.probs[0] if val is not None else None,
-            val_labels=val.labels if val is not None else None,
-            test_probs=test.probs[0] if test is not None else None,
-            test_labels=test.labels if test is not None else None,
-            history=[dict(h) for h in self.history],
-            best=copy.deepcopy(self.best),
-        )
+        common = {
+            "status": status,
+            "reason": reason,
+            "epochs_run": self.epoch,
+            "model": self.calibrated_model.eval(),
+            "calibrator_info": self.calibrator_info(),
+            "wall_time": wall,
+            "epoch_times": list(self.epoch_times),
+            "history": [dict(h) for h in self.history],
+            "best": copy.deepcopy(self.best),
+        }
+        return self.strategy.result(common, val, test)
