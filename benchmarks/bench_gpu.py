@@ -24,19 +24,14 @@ samples/s (samples the backbone stepped on) is reported too.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import RESULTS_DIR, command_line, utc_minute, write_json, write_text
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "bench_gpu"
+DEFAULT_OUT = RESULTS_DIR / "bench_gpu"
 
 VARIANTS = [
     ("plain CE", {"method": "ce"}),
@@ -46,6 +41,7 @@ VARIANTS = [
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Time the variants' epochs round-robin on the device, print (and on CUDA write) the table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: smoke test only)")
     p.add_argument("--steps", type=int, default=50, help="CE backbone steps per epoch (training split = steps x batch size)")
@@ -55,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="resnet18")
     p.add_argument("--out", type=Path, default=None, help="output prefix (writes .json and .md); default benchmarks/results/bench_gpu on CUDA, nothing on cpu")
     args = p.parse_args(argv)
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + (argv if argv is not None else sys.argv[1:]))
+    command = command_line(__file__, argv)
 
     import torch
 
@@ -121,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Command: `{command}`",
         "",
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device {dev_name}; torch {torch.__version__}; model {args.model}; "
+        f"{utc_minute()}; device {dev_name}; torch {torch.__version__}; model {args.model}; "
         f"batch {args.batch_size}; training split {n_train} samples ({args.steps} CE steps/epoch); "
         f"median of {args.repeats} interleaved epochs after {args.warmup} warm-up epoch(s) each; real Trainer step loop; total {total:.1f}s.",
         "",
@@ -135,10 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     out = args.out if args.out is not None else (DEFAULT_OUT if use_cuda else None)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text(text)
-        out.with_suffix(".json").write_text(json.dumps({"command": command, "device": dev_name, "torch": torch.__version__,
-                                                        "args": {k: str(v) for k, v in vars(args).items()}, "total_s": total, "rows": rows}, indent=1))
+        write_text(out.with_suffix(".md"), text)
+        write_json(out.with_suffix(".json"), {"command": command, "device": dev_name, "torch": torch.__version__,
+                                              "args": {k: str(v) for k, v in vars(args).items()}, "total_s": total, "rows": rows})
         print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
     return 0
 

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.common import RESULTS_DIR, ROOT, command_line, write_json, write_text
 
 DATASETS = {"mnist1d": "mnist1d_demo.yaml", "digits": "digits_demo.yaml"}
 RULES = {
@@ -217,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=20, help="sweeps per dataset")
     p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--cache", default=str(ROOT / "benchmarks" / ".cache" / "selection"))
-    p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--out-dir", default=str(RESULTS_DIR))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--resamples", type=int, default=1000)
     p.add_argument("--quick", action="store_true", help="tiny sweeps (smoke test)")
@@ -237,20 +234,18 @@ def main(argv: list[str] | None = None) -> int:
             train_seconds += sum(t["seconds"] for t in sweep["trials"])
             results.append(evaluate_sweep(sweep, args.resamples))
     summary = summarise(results)
-    meta = {"command": " ".join(["python benchmarks/bench_selection.py", *(argv if argv is not None else sys.argv[1:])]),
+    meta = {"command": command_line(__file__, argv),
             "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - t0,
             "train_seconds": train_seconds, "cache": str(Path(args.cache).relative_to(ROOT))
             if Path(args.cache).is_relative_to(ROOT) else args.cache}
     text = markdown(summary, results, meta)
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""
-    (out / f"selection{suffix}.md").write_text(text)
-    (out / f"selection{suffix}.json").write_text(json.dumps({"meta": meta, "summary": summary, "sweeps": results},
-                                                            indent=1))
+    write_text(out / f"selection{suffix}.md", text)
+    write_json(out / f"selection{suffix}.json", {"meta": meta, "summary": summary, "sweeps": results})
     print(text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

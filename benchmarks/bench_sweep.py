@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import RESULTS_DIR, ROOT, command_line, write_json
+
 LAUNCH = ROOT / "sweeps" / "launch.py"
 
 PLAIN_LOOP = r"""
@@ -88,22 +89,22 @@ def run_plain(configs: list[dict], workdir: Path) -> dict:
     """Wall seconds of the plain sequential loop (fresh process, one thread)."""
     path = workdir / "configs.json"
     path.write_text(json.dumps(configs))
-    proc = subprocess.run([sys.executable, "-c", PLAIN_LOOP, str(path)], capture_output=True, text=True,
-                          cwd=workdir, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # calib_core comes from the editable install, as in the service's trial processes
+    proc = subprocess.run([sys.executable, "-c", PLAIN_LOOP, str(path)], capture_output=True, text=True, cwd=workdir)
     if proc.returncode != 0:
         raise SystemExit(f"plain loop failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     """Run the comparison and print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--samples", type=int, default=3000)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_sweep.json"))
-    args = ap.parse_args()
+    ap.add_argument("--out", default=str(RESULTS_DIR / "bench_sweep.json"))
+    args = ap.parse_args(argv)
     extra = ["--set", f"run.train.epochs={args.epochs}", "--set", f"run.data.num_samples={args.samples}"]
     rows: dict[str, list] = {"plain": [], "service_1": [], "service_2": []}
     for rep in range(args.repeats):
@@ -141,11 +142,11 @@ def main() -> None:
     header = (f"{n} trials (MNIST-1D {args.samples} samples, cnn1d, {args.epochs} epochs), "
               f"median of {args.repeats} repeats, {os.cpu_count()} cores")
     print("\n" + header + "\n" + "\n".join(table) + "\n\n" + "\n".join(summary))
-    Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "header": header, "raw": rows,
-                                          "table": table, "summary": summary,
-                                          "marginal_overhead_per_trial_s": marginal, "fixed_cost_s": fixed},
-                                         indent=1))
+    write_json(Path(args.out), {"command": command_line(__file__, argv), "header": header, "raw": rows,
+                                "table": table, "summary": summary,
+                                "marginal_overhead_per_trial_s": marginal, "fixed_cost_s": fixed})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -40,8 +40,6 @@ import argparse
 import json
 import math
 import os
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -52,14 +50,12 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_line, mean_std_str, utc_minute, utc_now, write_json
 
 CONFIG_DIR = ROOT / "benchmarks" / "method_study_configs"
 DEFAULT_CONFIG = CONFIG_DIR / "cpu.yaml"
 DEFAULT_CACHE = ROOT / "benchmarks" / ".cache" / "method_study"
-DEFAULT_OUT = ROOT / "benchmarks" / "results"
+DEFAULT_OUT = RESULTS_DIR
 
 
 # ==========================================================================================
@@ -334,9 +330,8 @@ def tune_one(spec: dict, regime: str, method: str, cache: Path) -> dict[str, Any
         print(f"[tune] {regime} / {method}: trials {errored} errored; resuming the sweep (attempt {attempt + 1})", flush=True)
     wall = time.perf_counter() - t0
     rec = {"regime": regime, "method": method, "sweep": cfg["name"], "sweep_config": str(cfg_path), "wall_s": wall,
-           "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), **champion}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rec, indent=1, default=str))
+           "finished_utc": utc_now(), **champion}
+    write_json(out, rec)
     ok = sum(r.get("status") == "completed" for r in rec["leaderboard"])
     print(f"[tune] {regime} / {method}: {ok}/{len(rec['leaderboard'])} trials completed in {wall:.0f}s; chosen "
           f"{rec['params']} (val {spec['tuning']['metric']} {rec['selection']['val_metrics'].get(spec['tuning']['metric'])})",
@@ -487,14 +482,6 @@ def _pct(v: float, nd: int = 2) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.{nd}f}"
 
 
-def _ms(vals: Sequence[float], scale: float = 100.0, nd: int = 2) -> str:
-    vals = [v for v in vals if v is not None and math.isfinite(v)]
-    if not vals:
-        return "n/a"
-    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return f"{scale * statistics.fmean(vals):.{nd}f} ± {scale * sd:.{nd}f}"
-
-
 def _ci_str(c: dict[str, float], scale: float = 100.0, nd: int = 2) -> str:
     if not math.isfinite(c.get("mean", math.nan)):
         return "n/a"
@@ -547,8 +534,7 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
     L += [f"One command runs (or resumes) the whole study and writes this file: `{one}{' --quick' if quick else ''}`; with a complete "
           f"cache (`{os.path.relpath(cache, ROOT)}`, per regime, method, phase and seed) it only rebuilds the report. "
           f"This file was written by `{command}`.", ""]
-    L += [f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.platform()}, "
-          f"{os.cpu_count()} CPUs (shared with other work), torch {timing.get('torch', '?')}, device {spec.get('device', 'cpu')}.", ""]
+    L += [f"Generated {utc_minute()} on {host_line()} (shared with other work), torch {timing.get('torch', '?')}, device {spec.get('device', 'cpu')}.", ""]
 
     # ---------------------------------------------------------------- procedure
     tu, ev = spec["tuning"], spec["evaluation"]
@@ -718,8 +704,8 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
             tv = rec["selection"]["val_metrics"].get(metric) if rec else None
             cells = [spec["methods"][m]["label"], _hparams(rec) if rec else "(not tuned)", f"{tv:.4f}" if tv is not None else "n/a",
                      f"{len(ok)}/{len(runs)}",
-                     _ms([r["test"]["accuracy"] for r in ok.values()]), _ms([r["test"]["ece"] for r in ok.values()]),
-                     _ms([r["test"]["nll"] for r in ok.values()], 1.0, 3)]
+                     mean_std_str([r["test"]["accuracy"] for r in ok.values()], 100), mean_std_str([r["test"]["ece"] for r in ok.values()], 100),
+                     mean_std_str([r["test"]["nll"] for r in ok.values()], 1.0, 3)]
             for ref in (ref_ts, ref_ce):
                 if ref is runs or not ref:
                     cells += ["–", "–"]
@@ -755,7 +741,7 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
             cells = []
             for m in reg["methods"]:
                 ok = _ok(evals[regime][m])
-                s = f"acc {_ms([r['test'][f'{t}_accuracy'] for r in ok.values()])}, ECE {_ms([r['test'][f'{t}_ece'] for r in ok.values()])}"
+                s = f"acc {mean_std_str([r['test'][f'{t}_accuracy'] for r in ok.values()], 100)}, ECE {mean_std_str([r['test'][f'{t}_ece'] for r in ok.values()], 100)}"
                 if m != "ts_val" and evals[regime].get("ts_val"):
                     s += f", ΔECE {_ci_str(paired_ci(paired(evals[regime][m], evals[regime]['ts_val'], f'{t}_ece')))}"
                 cells.append(s)
@@ -840,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
 
     raw_args = list(argv if argv is not None else sys.argv[1:])
     shown = [("NOTE" if i > 0 and raw_args[i - 1] == "--note" else a) for i, a in enumerate(raw_args)]  # the note is printed below
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + shown)
+    command = command_line(__file__, shown)
     spec = load_spec(args.config)
     if args.quick:
         spec = _merge(spec, QUICK)
@@ -866,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def add(kind: str, regime: str, dt: float) -> None:
         timing[kind][regime] = timing[kind].get(regime, 0.0) + dt
-        timing_path.write_text(json.dumps(timing, indent=1))
+        write_json(timing_path, timing)
 
     t_start = time.perf_counter()
     complete = all((cache / "tune" / r / f"{m}.json").is_file() and eval_path(cache, r, m, seed).is_file()
@@ -874,15 +860,15 @@ def main(argv: list[str] | None = None) -> int:
     if complete and not args.report_only:
         print("everything is cached: rebuilding the report only", flush=True)
     if not args.report_only and not complete:
-        now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        now = utc_now()
         inv = {"started_utc": now, "command": command, "wall_s": 0.0}
         timing["invocations"].append(inv)
         timing.setdefault("first_started_utc", now)
 
         def progress() -> None:  # an invocation killed from outside keeps the time up to its last step
             inv["wall_s"] = time.perf_counter() - t_start
-            timing["last_progress_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-            timing_path.write_text(json.dumps(timing, indent=1))
+            timing["last_progress_utc"] = utc_now()
+            write_json(timing_path, timing)
 
         progress()
         for regime, reg in spec["regimes"].items():
@@ -906,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     text, raw = build_report(spec, cache, command, args.quick, timing)
     stem = "method_study" if spec["name"] == "cpu" else f"method_study_{spec['name']}"
     (out_dir / f"{stem}.md").write_text(text)
-    (out_dir / f"{stem}.json").write_text(json.dumps(raw, separators=(",", ":"), default=str))
+    write_json(out_dir / f"{stem}.json", raw, compact=True)
     print(text, flush=True)
     print(f"wrote {out_dir / (stem + '.md')}", flush=True)
     return 0
