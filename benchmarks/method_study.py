@@ -50,7 +50,17 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_line, mean_std_str, utc_minute, utc_now, write_json
+from benchmarks.common import (
+    RESULTS_DIR,
+    ROOT,
+    command_line,
+    host_line,
+    mean_std_str,
+    run_summary,
+    utc_minute,
+    utc_now,
+    write_json,
+)
 
 CONFIG_DIR = ROOT / "benchmarks" / "method_study_configs"
 DEFAULT_CONFIG = CONFIG_DIR / "cpu.yaml"
@@ -236,6 +246,7 @@ QUICK = {
 # phase 1: tuning through the sweep service
 # ==========================================================================================
 def sweep_name(spec: dict, regime: str, method: str) -> str:
+    """The sweep's name (also its MLflow tag and Ray Tune directory) for one regime and method."""
     return f"ms-{spec['name']}-{regime}-{method}".replace("_", "-")
 
 
@@ -388,10 +399,12 @@ def eval_one(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def eval_path(cache: Path, regime: str, method: str, seed: int) -> Path:
+    """Where one evaluation run's result JSON is cached."""
     return cache / "eval" / regime / method / f"seed{seed}.json"
 
 
 def run_evaluations(spec: dict, regime: str, tuned: dict[str, dict], cache: Path) -> None:
+    """Retrain every tuned method on every evaluation seed in a pool, caching each run (cached runs are skipped)."""
     import multiprocessing as mp
 
     ev = spec["evaluation"]
@@ -415,15 +428,15 @@ def run_evaluations(spec: dict, regime: str, tuned: dict[str, dict], cache: Path
         init = (_init_worker, (queue,))
     with ctx.Pool(ev["workers"], *init) as pool:
         for i, r in enumerate(pool.imap_unordered(eval_one, jobs), 1):
-            te = r.get("test") or {}
-            print(f"[eval {i}/{len(jobs)} {time.perf_counter() - t0:5.0f}s] {regime} {r['method']} seed={r['seed']} {r['status']} "
-                  f"acc={te.get('accuracy', math.nan):.4f} ece={te.get('ece', math.nan):.4f} ({r['wall_s']:.1f}s)", flush=True)
+            print(f"[eval {i}/{len(jobs)} {time.perf_counter() - t0:5.0f}s] {regime} {r['method']} seed={r['seed']} {run_summary(r)} "
+                  f"({r['wall_s']:.1f}s)", flush=True)
 
 
 # ==========================================================================================
 # report
 # ==========================================================================================
 def load_evals(cache: Path, regime: str, method: str, seeds: Sequence[int]) -> dict[int, dict]:
+    """{seed: result} of the cached evaluation runs of one method."""
     out = {}
     for s in seeds:
         p = eval_path(cache, regime, method, s)
@@ -437,6 +450,7 @@ def _ok(runs: dict[int, dict]) -> dict[int, dict]:
 
 
 def paired(a: dict[int, dict], b: dict[int, dict], key: str, split: str = "test") -> list[float]:
+    """Per-seed differences a - b of a metric, over the seeds where both runs completed."""
     seeds = sorted(set(_ok(a)) & set(_ok(b)))
     return [a[s][split][key] - b[s][split][key] for s in seeds]
 
@@ -521,6 +535,7 @@ def _trials_text(spec: dict) -> str:
 
 
 def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dict[str, Any]) -> tuple[str, dict]:
+    """The study's Markdown report and its raw record, from the cache alone."""
     seeds = spec["evaluation"]["seeds"]
     margin, margin_acc, alpha = spec["margin_ece"], spec["margin_acc"], spec["alpha"]
     metric = spec["tuning"]["metric"]
@@ -814,6 +829,7 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
 # main
 # ==========================================================================================
 def main(argv: list[str] | None = None) -> int:
+    """Run (or resume) the study's tuning and evaluations, then write and print the report."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="study config (default: the CPU study)")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny data, 2 trials, 3 seeds; cache and report in a temp dir")
