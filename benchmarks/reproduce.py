@@ -181,8 +181,8 @@ def table_md(agg: dict, header: list[str]) -> str:
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in agg["rows"]:
         if r["n_ok"] == 0:
-            fails = "; ".join(r["failures"])[:200]
-            lines.append(f"| {r['label']} | {r['cal_lr'] if r['cal_lr'] is not None else '–'} | 0/{r['n']} | all failed: {fails} |||||||||||")
+            why = "; ".join(r["failures"])[:200]
+            lines.append(f"| {r['label']} | {r['cal_lr'] if r['cal_lr'] is not None else '–'} | 0/{r['n']} | all failed: {why} |||||||||||")
             continue
         t = r["temperature"]
         lr_s = f"{r['cal_lr']:g}" if r["cal_lr"] is not None else "–"
