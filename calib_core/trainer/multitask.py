@@ -53,7 +53,7 @@ from calib_core.config import RunConfig
 
 from .calibrator_batches import kfold_indices
 from .hypergradient import lookahead_params
-from .result import Evaluation, TrainResult, model_features, model_submodule
+from .result import Evaluation, TrainResult, forward_in_batches, model_features, model_submodule
 from .snapshot import cpu_copy
 from .strategy import EVAL_BATCH, CalibratorBatch, Diverged, TaskStrategy
 from .trainer import Trainer, crossfit_posthoc
@@ -127,13 +127,8 @@ class MultiTaskCalibratedModel(nn.Module):
 
     @torch.no_grad()
     def predict_logits(self, x: Tensor, batch_size: int = 1024) -> list[Tensor]:
-        was_training = self.training
-        self.eval()
-        try:
-            device = next(self.parameters()).device
-            chunks = [self(xb.to(device)) for xb in x.split(batch_size)]
-        finally:
-            self.train(was_training)
+        """Calibrated logits per task, each (N, K_t) on the model's device, computed in eval mode."""
+        chunks = forward_in_batches(self, x, batch_size)
         if not chunks:
             return [torch.empty(0, k) for _, k in self.tasks]
         return [torch.cat([c[t] for c in chunks]) for t in range(len(self.tasks))]

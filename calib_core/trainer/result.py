@@ -24,6 +24,18 @@ def model_submodule(model: nn.Module, name: str) -> nn.Module:
     return cast(nn.Module, getattr(model, name))
 
 
+def forward_in_batches(module: nn.Module, x: Tensor, batch_size: int) -> list[Any]:
+    """`module(xb)` for each batch of `x` (moved to the module's device), in eval mode; the
+    module's training mode is restored afterwards."""
+    was_training = module.training
+    module.eval()
+    try:
+        device = next(module.parameters()).device
+        return [module(xb.to(device)) for xb in x.split(batch_size)]
+    finally:
+        module.train(was_training)
+
+
 class CalibratedModel(nn.Module):
     """backbone + calibrator: inputs -> calibrated logits (`predict_proba` -> probabilities)."""
 
@@ -42,13 +54,8 @@ class CalibratedModel(nn.Module):
 
     @torch.no_grad()
     def predict_logits(self, x: Tensor, batch_size: int = 1024) -> Tensor:
-        was_training = self.training
-        self.eval()
-        try:
-            device = next(self.parameters()).device
-            outs = [self(xb.to(device)) for xb in x.split(batch_size)]
-        finally:
-            self.train(was_training)
+        """Calibrated logits (N, K) on the model's device, computed in eval mode."""
+        outs = forward_in_batches(self, x, batch_size)
         return torch.cat(outs) if outs else torch.empty(0)
 
     def predict_proba(self, x: Tensor, batch_size: int = 1024) -> Tensor:

@@ -539,6 +539,7 @@ class Trainer:
         return time.perf_counter() - start if start is not None else 0.0
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict()` of a run of the same config and data split."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError("resume_state is not a trainer state of this version")
         mine = self._config_key()
@@ -573,6 +574,7 @@ class Trainer:
     def fit(
         self, on_epoch: Callable[[EpochReport], None] | None = None, resume_state: dict[str, Any] | None = None
     ) -> TrainResult:
+        """Train the remaining epochs (from `resume_state` if given); `on_epoch` sees each epoch's report."""
         if resume_state is not None:
             self.load_state_dict(resume_state)
         self._fit_start = time.perf_counter()
@@ -614,18 +616,20 @@ class Trainer:
         p = self.tc.early_stopping_patience
         return p is not None and bool(self.best) and self.epoch - int(self.best["epoch"]) >= p
 
-    def _restore_best(self) -> bool:
-        """With early stopping, load the best epoch's model and calibrator; True if that changed them."""
-        if (
-            self.tc.early_stopping_patience is None
-            or self._best_weights is None
-            or self.best.get("epoch") == self.epoch
-        ):
-            return False
+    def _best_is_earlier(self) -> bool:
+        """With early stopping, whether the best epoch's weights differ from the current ones."""
+        return (
+            self.tc.early_stopping_patience is not None
+            and self._best_weights is not None
+            and self.best.get("epoch") != self.epoch
+        )
+
+    def _restore_best(self) -> None:
+        """Load the best epoch's model and calibrator (kept with early stopping)."""
+        assert self._best_weights is not None  # see _best_is_earlier
         self.model.load_state_dict(self._best_weights["model"])
         if self.calibrator is not None and self._best_weights["calibrator"] is not None:
             self.calibrator.load_state_dict(self._best_weights["calibrator"])
-        return True
 
     def _with_calibrator_problem(self, reason: str) -> str:
         """A divergence reason plus what became of the calibrator, when that is the cause
@@ -640,7 +644,9 @@ class Trainer:
         test: Evaluation | None = None
         if status == "completed":
             try:
-                restored = self._restore_best()
+                restored = self._best_is_earlier()
+                if restored:
+                    self._restore_best()
                 if self.method == "posthoc" and (
                     restored
                     or self.tc.posthoc_refit == "end"
