@@ -90,6 +90,8 @@ def crossfit_posthoc(calibrator: Calibrator, init_state: dict[str, Any], inputs:
     return out
 
 
+# SingleTask lives next to the loop, its default, and next to crossfit_posthoc: both call this
+# module's `fit_posthoc` (the calibrators package's LBFGS fit, which tests count by patching it here).
 class SingleTask(TaskStrategy):
     """One label per sample, one calibrator (or none); the backbone loss is the method's."""
 
