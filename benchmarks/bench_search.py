@@ -317,6 +317,7 @@ def hv_ratio(table: Table, visited: Sequence[str], ref: tuple[float, float], ful
 # ---------------------------------------------------------------------------------------------
 
 BUDGETS = (8, 16, 32)
+LOOSE = (0.25, 0.50)  # looser hit thresholds (relative to the best val ECE), reported beside the main 10 %
 RANDOM = "random (RandomSampler)"
 GRID = "grid (shuffled enumeration)"
 TPE_SWEEP = "TPE as the sweep builds it"
@@ -355,10 +356,19 @@ def run_seed(table: Table, space: Any, factory: Callable[[int], Any] | None, see
     return replay(table, space, factory(seed), cap, objective, concurrency)
 
 
-def measure(table: Table, visited: list[str], objective: str, hits: set[str],
+def hit_sets(table: Table, objective: str) -> dict[float, set[str]]:
+    """The hit cells at 10 % (the main threshold) and at the looser LOOSE thresholds."""
+    fn = single_hits if objective == "single" else multi_hits
+    return {rel: fn(table, rel=rel) for rel in (0.10, *LOOSE)}
+
+
+def measure(table: Table, visited: list[str], objective: str, hits: dict[float, set[str]],
             hv_ref: tuple[float, float], hv_full: float) -> dict[str, Any]:
-    """Per search: trials to the first hit; best val ECE (single) or hypervolume (multi) at each budget."""
-    out: dict[str, Any] = {"trials_to_hit": trials_to_hit(visited, hits), "n": len(visited)}
+    """Per search: trials to the first hit (10 %; and at the LOOSE thresholds); best val ECE
+    (single) or hypervolume (multi) at each budget."""
+    out: dict[str, Any] = {"trials_to_hit": trials_to_hit(visited, hits[0.10]), "n": len(visited)}
+    for rel in LOOSE:
+        out[f"trials_to_hit@{rel:g}"] = trials_to_hit(visited, hits[rel])
     best = min(table.cells[k]["val_ece"] for k in table.cells if table.ok(k))
     for b in BUDGETS:
         seen = [k for k in visited[:b] if table.ok(k)]
@@ -397,6 +407,9 @@ def summarise(runs: dict[str, list[dict[str, Any]]], objective: str, cap: int) -
             if label != RANDOM and len(h) == len(ref_hit[b]):
                 d = h - ref_hit[b]
                 s["hit_vs_random"][str(b)] = [float(d.mean()), *_boot_ci(d, np.mean)]
+        s["hit_loose"] = {f"{rel:g}": {str(b): float(np.mean([r[f"trials_to_hit@{rel:g}"] is not None
+                                                              and r[f"trials_to_hit@{rel:g}"] <= b for r in rows]))
+                                       for b in BUDGETS} for rel in LOOSE}
         key = "ece_ratio" if objective == "single" else "hv"
         for b in BUDGETS:
             v = np.array([r[f"{key}@{b}"] for r in rows], dtype=np.float64)
@@ -406,13 +419,16 @@ def summarise(runs: dict[str, list[dict[str, Any]]], objective: str, cap: int) -
 
 
 def compare(table: Table, lr_low: float, lr_high: float, objective: str, seeds: int, cap: int,
-            concurrency: int, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every sampler over `seeds` search seeds against one table, one objective."""
+            concurrency: int, log: Callable[[str], None] = print,
+            visited_out: dict[str, list[list[str]]] | None = None) -> dict[str, Any]:
+    """Every sampler over `seeds` search seeds against one table, one objective (`visited_out`:
+    filled with each sampler's visited cells per seed)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = search_space(table.calibrators, lr_low, lr_high)
-    hits = single_hits(table) if objective == "single" else multi_hits(table)
+    hit_by = hit_sets(table, objective)
+    hits = hit_by[0.10]
     ok = [k for k in table.cells if table.ok(k)]
     hv_ref = (min(table.cells[k]["val_accuracy"] for k in ok), max(table.cells[k]["val_ece"] for k in ok))
     hv_full = hypervolume([(table.cells[k]["val_accuracy"], table.cells[k]["val_ece"]) for k in ok], hv_ref)
@@ -424,7 +440,9 @@ def compare(table: Table, lr_low: float, lr_high: float, objective: str, seeds: 
         runs[label] = []
         for seed in range(seeds):
             visited = run_seed(table, space, factory, seed, objective, cap, concurrency)
-            runs[label].append(measure(table, visited, objective, hits, hv_ref, hv_full))
+            runs[label].append(measure(table, visited, objective, hit_by, hv_ref, hv_full))
+            if visited_out is not None:
+                visited_out.setdefault(label, []).append(visited)
             if label == TPE_SWEEP:
                 runs[label][-1]["first8"] = visited[:8]
             if label == RANDOM:
@@ -433,6 +451,9 @@ def compare(table: Table, lr_low: float, lr_high: float, objective: str, seeds: 
     for r in runs[TPE_SWEEP]:
         r.pop("first8", None)
     return {"objective": objective, "hits": sorted(hits), "cells": len(table.cells), "ok_cells": len(ok),
+            "loose_hits": {f"{rel:g}": sorted(hit_by[rel]) for rel in LOOSE},
+            "p_hit_random_trial_loose": {f"{rel:g}": sum(sampling_mass(table, k, lr_low, lr_high) for k in hit_by[rel])
+                                         for rel in LOOSE},
             "p_hit_random_trial": p, "expected_random_trials": 1 / p if p > 0 else float("inf"),
             "expected_grid_trials": (len(table.cells) + 1) / (len(hits) + 1),
             "tpe_first8_equals_random": first8_same / seeds,
@@ -544,6 +565,16 @@ def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dic
                       f"(expected {res['expected_random_trials']:.1f} trials); a shuffled grid needs "
                       f"{res['expected_grid_trials']:.1f} on average.", ""]
             lines += table_md(res, cap) + [""]
+            lines += [f"Looser hits, same searches: within {' / '.join(f'{100 * r:.0f} %' for r in LOOSE)} of the best "
+                      "ECE (" + "; ".join(f"{100 * float(r):.0f} %: {len(h)} cells, p = "
+                                          f"{res['p_hit_random_trial_loose'][r]:.3f} per random trial"
+                                          for r, h in res["loose_hits"].items()) + ").", "",
+                      "| sampler | " + " | ".join(f"{100 * r:.0f} %: hit by {b}" for r in LOOSE for b in BUDGETS) + " |",
+                      "|---|" + "---|" * (len(LOOSE) * len(BUDGETS))]
+            for label, s in res["summary"].items():
+                lines.append(f"| {label} | " + " | ".join(_pct(s["hit_loose"][f"{r:g}"][str(b)])
+                                                         for r in LOOSE for b in BUDGETS) + " |")
+            lines.append("")
         best = min((c for c in g["cells"].values() if c.get("status") == "completed"), key=lambda c: c["val_ece"])
         lines += [f"{name}: best val ECE cell {cell_key(best['calibrator'], best.get('lr'))}: val ECE "
                   f"{best['val_ece']:.4f}, val acc {best['val_accuracy']:.4f}, test ECE {best['test_ece']:.4f}.", ""]
@@ -552,7 +583,8 @@ def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dic
 
 
 def run_replay(grid: dict[str, Any], seeds: int, cap: int, step: int = 1,
-               log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+               log: Callable[[str], None] = print,
+               visited_out: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     for name, g in grid["datasets"].items():
         cfg = load_sweep(name)
@@ -563,8 +595,11 @@ def run_replay(grid: dict[str, Any], seeds: int, cap: int, step: int = 1,
         if missing:
             raise SystemExit(f"{name}: {len(missing)} grid cells not trained yet (run without --replay-only)")
         log(f"{name}: {len(table.cells)} cells")
-        results[name] = {obj: compare(table, g["lr_low"], g["lr_high"], obj, seeds, cap,
-                                      cfg.resources.max_concurrent, log) for obj in ("single", "multi")}
+        results[name] = {}
+        for obj in ("single", "multi"):
+            out = None if visited_out is None else visited_out.setdefault(name, {}).setdefault(obj, {})
+            results[name][obj] = compare(table, g["lr_low"], g["lr_high"], obj, seeds, cap,
+                                         cfg.resources.max_concurrent, log, out)
     return results
 
 
@@ -582,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="replay on every k-th grid lr only (2: the 8-point grid inside the 15-point one)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where bench_search.md / .json go")
     p.add_argument("--name", default="bench_search", help="result file stem")
+    p.add_argument("--save-visited", type=Path, default=None, help="also write every search's visited cells (JSON)")
     args = p.parse_args(argv)
     if not args.replay_only:
         run_grid(args.lrs, {"mnist1d": args.mnist1d_epochs, "digits": args.digits_epochs}, args.grid)
@@ -589,7 +625,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     grid = _read_grid(args.grid)
     t0 = time.perf_counter()
-    results = run_replay(grid, args.seeds, args.cap, args.lr_step)
+    visited: dict[str, Any] | None = {} if args.save_visited else None
+    results = run_replay(grid, args.seeds, args.cap, args.lr_step, visited_out=visited)
+    if args.save_visited:
+        write_json(args.save_visited, visited, compact=True)
     meta = {"command": command_line(__file__, argv), "date": utc_minute(), "measured": utc_now(),
             "host": host_line(), "host_info": host_info(), "grid_host": grid.get("host"), "seeds": args.seeds,
             "cap": args.cap, "lr_step": args.lr_step,

@@ -150,7 +150,8 @@ def test_hypervolume():
 
 def test_summarise_counts_hits_by_budget_and_pairs_with_random():
     def rows(ts):
-        return [{"trials_to_hit": x, "ece_ratio@8": 1.0, "ece_ratio@16": 1.0, "ece_ratio@32": 1.0} for x in ts]
+        return [{"trials_to_hit": x, "trials_to_hit@0.25": x, "trials_to_hit@0.5": 1, "ece_ratio@8": 1.0,
+                 "ece_ratio@16": 1.0, "ece_ratio@32": 1.0} for x in ts]
 
     runs = {TPE_SWEEP: rows([1, 9, 40, None]), RANDOM: rows([1, 20, None, None])}
     s = summarise(runs, "single", cap=64)
@@ -158,3 +159,4 @@ def test_summarise_counts_hits_by_budget_and_pairs_with_random():
     assert s[RANDOM]["hit"]["32"] == 0.5 and s[RANDOM]["censored"] == 2
     assert math.isclose(s[TPE_SWEEP]["mean_trials"], (1 + 9 + 40 + 64) / 4)  # censored counts as the cap
     assert math.isclose(s[TPE_SWEEP]["hit_vs_random"]["16"][0], 0.25)
+    assert s[TPE_SWEEP]["hit_loose"]["0.25"]["16"] == 0.5 and s[RANDOM]["hit_loose"]["0.5"]["8"] == 1.0
