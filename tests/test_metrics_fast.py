@@ -305,3 +305,63 @@ def test_environment_variable_turns_the_kernels_off():
         env = {**os.environ, _fast.DISABLE_ENV: value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == expected, (value, out.stderr)
+
+
+def _adaptive_stats(p, y, num_bins, thresholds, compiled):
+    from calib_core.metrics._inputs import prepare
+    from calib_core.metrics.calibration_error import binned_stats
+
+    previous = _fast.set_enabled(compiled)
+    try:
+        x = prepare(p, y)
+        return binned_stats(
+            x, num_bins=num_bins, binning="adaptive", top_label=False, class_conditional=True, thresholds=thresholds
+        )
+    finally:
+        _fast.set_enabled(previous)
+
+
+def _adaptive_cases():
+    rng = np.random.default_rng(5)
+    q = rng.integers(0, 5, (3000, 20)).astype(np.float32)
+    q[:, 0] += 1
+    onehot = np.zeros((2000, 30), np.float32)
+    onehot[np.arange(2000), rng.integers(0, 30, 2000)] = 1.0
+    large, large_y = _large(torch.float32)
+    return [
+        (large, large_y),  # ties, exact 1.0 rows, zeros, quantised rows
+        (torch.from_numpy(q / q.sum(1, keepdims=True)), torch.from_numpy(rng.integers(0, 20, 3000))),  # ties at edges
+        (torch.from_numpy(onehot), torch.from_numpy(rng.integers(0, 30, 2000))),  # mostly exact zeros
+        (torch.softmax(torch.randn(20_000, 3, dtype=torch.float32) * 4, 1), torch.randint(0, 3, (20_000,))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_compiled_adaptive_columns_bin_exactly_as_the_sort_path(case, monkeypatch):
+    """The histogram-selection kernel for class-conditional adaptive bins (float32) gives the same
+    counts and correctness counts as sorting each column, and the same sums up to float64 rounding,
+    for any bin count and thresholds (ties at the edges, zeros, empty groups, > 2 thresholds)."""
+    monkeypatch.setattr(_fast, "FAST_MIN_ELEMENTS", 1)
+    used = []
+    kernel = _fast.adaptive_columns
+    monkeypatch.setattr(_fast, "adaptive_columns", lambda *a, **k: used.append(1) or kernel(*a, **k))
+    p, y = _adaptive_cases()[case]
+    for num_bins in (1, 2, 15, 40):
+        for thresholds in ([0.0, 0.01], [None], [0.5, 0.999], [None, 0.0, 0.01, 0.2]):
+            fast = _adaptive_stats(p, y, num_bins, thresholds, True)
+            slow = _adaptive_stats(p, y, num_bins, thresholds, False)
+            for (fc, fs, fk), (sc, ss, sk) in zip(fast, slow, strict=True):
+                assert torch.equal(fc, sc) and torch.equal(fk, sk), (num_bins, thresholds)
+                assert torch.allclose(fs, ss, rtol=1e-12, atol=1e-9), (num_bins, thresholds)
+    assert used
+
+
+def test_compiled_adaptive_columns_leave_negative_zero_to_the_sort_path(monkeypatch):
+    monkeypatch.setattr(_fast, "FAST_MIN_ELEMENTS", 1)
+    p = torch.softmax(torch.randn(500, 10), 1)
+    p[3] = 0.0
+    p[3, 7] = 1.0
+    p[3, 5] = -0.0
+    y = torch.randint(0, 10, (500,))
+    assert _fast.adaptive_columns(p, p[:, 0], y, [0.0], 15) is None
+    assert float(M.ace(p, y)) == pytest.approx(float(_torch_path(M.ace, p, y)), abs=1e-12)

@@ -17,6 +17,12 @@ numbers are the same either way (tests/test_metrics_fast.py checks both paths ag
   matrix, per column or pooled) are the bucketize + bincount of even binning in one loop,
   each thread filling its own partial bins; the float64 sums equal the torch path's up to
   the order of additions.
+* :func:`adaptive_columns` gives class-conditional adaptive-bin statistics of a float32
+  matrix without sorting its columns: per column, a histogram of the values' top 16 bits
+  (count and float64 sum per bucket) locates each equal-mass edge's bucket by cumulative
+  counts; only those buckets are gathered and sorted to read the edges exactly, and every
+  other bucket lies wholly inside one bin. Same edges, counts and correctness counts as
+  the sort path; sums up to the order of float64 additions.
 
 Parallelism: the row range is split over ``torch.get_num_threads()`` Python threads (the
 kernels release the GIL), not numba's own thread pool, so concurrent callers are safe and
@@ -222,6 +228,155 @@ def _build() -> dict[str, Callable] | None:
             out[b] = total / cw[n]
         return 0
 
+    def adaptive_cols(bits, tbits, tvals, nb, cnt, sums, edges, lo, hi):
+        # adaptive bins of columns lo..hi-1 of a float32 (N, K) matrix, each column its own group,
+        # without sorting a column: the columns are copied W at a time into contiguous rows; per
+        # column a histogram of the top 16 bits (sign, exponent, 7 mantissa bits) gives each
+        # bucket's count and float64 sum and, by cumulative counts, the bucket holding each
+        # edge's sorted rank; only those buckets (and each threshold's) are gathered and sorted.
+        # Every other bucket lies wholly inside one bin. Returns 1 (nothing written for the
+        # column) on a value outside [0, 1] by its bits (e.g. -0.0), for the sort path to serve.
+        n = bits.shape[0]
+        nt = tbits.shape[0]
+        ne = nb - 1
+        width = 16
+        nbk = (0x3F800000 >> 16) + 1
+        tile = 256
+        bblk = np.empty((width, n), np.int32)
+        hc = np.zeros(nbk, np.int32)
+        hs = np.zeros(nbk)
+        cum = np.zeros(nbk + 1, np.int64)
+        slot = np.full(nbk, -1, np.int32)
+        t0 = tbits[0] if nt > 0 else -1
+        t1 = tbits[1] if nt > 1 else -1
+        buf = np.empty(n, np.float32)
+        ms = nt * (ne + 1)
+        seg_b = np.empty(ms, np.int64)
+        seg_s = np.empty(ms + 1, np.int64)
+        seg_f = np.empty(ms, np.int64)
+        seg_sort = np.zeros(ms, np.bool_)
+        le = np.zeros(nt, np.int64)
+        rk = np.empty((nt, max(ne, 1)), np.int64)
+        eb = np.empty((nt, max(ne, 1)), np.int64)
+        for b0 in range(lo, hi, width):
+            w = min(width, hi - b0)
+            for i0 in range(0, n, tile):  # transposed in tiles that stay in L1
+                i1 = min(n, i0 + tile)
+                for j in range(w):
+                    for i in range(i0, i1):
+                        bblk[j, i] = bits[i, b0 + j]
+            for j in range(w):
+                col = b0 + j
+                bv = bblk[j]
+                v = bv.view(np.float32)
+                bmin = 0x3F800000
+                bmax = 0
+                le0 = 0
+                le1 = 0
+                for i in range(n):
+                    b = bv[i]
+                    if b < 0 or b > 0x3F800000:  # checked before indexing: -0.0, NaN, > 1
+                        return 1
+                    bmin = min(bmin, b)
+                    bmax = max(bmax, b)
+                    hc[b >> 16] += 1
+                    hs[b >> 16] += v[i]
+                    le0 += b <= t0  # the first two thresholds in registers
+                    le1 += b <= t1
+                le[0] = le0
+                if nt > 1:
+                    le[1] = le1
+                for t in range(2, nt):
+                    le[t] = 0
+                    for i in range(n):
+                        le[t] += bv[i] <= tbits[t]
+                ulo = bmin >> 16
+                uhi = (bmax >> 16) + 1  # buckets ulo..uhi-1 hold the column
+                for u in range(ulo + 1):
+                    cum[u] = 0
+                for u in range(ulo, uhi):
+                    cum[u + 1] = cum[u] + hc[u]
+                for u in range(uhi, nbk):
+                    cum[u + 1] = n
+                nseg = 0
+                for t in range(nt):
+                    start = le[t]
+                    kept = n - start
+                    step = kept / nb
+                    for e in range(ne):
+                        off = min(np.round((e + 1) * step), kept - 1.0)
+                        r = min(start + max(np.int64(off), 0), n - 1)
+                        u = np.searchsorted(cum, r, side="right") - 1  # cum[u] <= r < cum[u + 1]
+                        rk[t, e] = r
+                        eb[t, e] = u
+                        if slot[u] < 0:
+                            slot[u] = nseg
+                            seg_b[nseg] = u
+                            seg_sort[nseg] = False
+                            nseg += 1
+                        seg_sort[slot[u]] = True
+                    if tbits[t] >= 0:
+                        u = tbits[t] >> 16
+                        if slot[u] < 0 and hc[u] > 0:
+                            slot[u] = nseg
+                            seg_b[nseg] = u
+                            seg_sort[nseg] = False
+                            nseg += 1
+                seg_s[0] = 0
+                for s in range(nseg):
+                    seg_s[s + 1] = seg_s[s] + hc[seg_b[s]]
+                    seg_f[s] = seg_s[s]
+                for i in range(n):
+                    s = slot[bv[i] >> 16]
+                    if s >= 0:
+                        buf[seg_f[s]] = v[i]
+                        seg_f[s] += 1
+                for s in range(nseg):
+                    if seg_sort[s]:
+                        buf[seg_s[s] : seg_s[s + 1]].sort()
+                for t in range(nt):
+                    for e in range(ne):
+                        u = eb[t, e]
+                        edges[t, col, e] = buf[seg_s[slot[u]] + rk[t, e] - cum[u]]
+                    # buckets without an edge or a threshold lie inside one bin: after the
+                    # edges of lower buckets, and dropped when below the threshold's bucket
+                    tb = tbits[t] >> 16 if tbits[t] >= 0 else -1
+                    e = 0
+                    for u in range(max(tb + 1, ulo), uhi):
+                        if hc[u] == 0 or slot[u] >= 0:
+                            continue
+                        while e < ne and eb[t, e] < u:
+                            e += 1
+                        cnt[t, col, e] += hc[u]
+                        sums[t, col, e] += hs[u]
+                    for i in range(seg_s[nseg]):
+                        x = buf[i]
+                        if x > tvals[t]:
+                            e = 0
+                            while e < ne and edges[t, col, e] <= x:
+                                e += 1
+                            cnt[t, col, e] += 1.0
+                            sums[t, col, e] += x
+                for s in range(nseg):
+                    slot[seg_b[s]] = -1
+                hc[ulo:uhi] = 0
+                hs[ulo:uhi] = 0.0
+        return 0
+
+    def adaptive_correct(p_true, labels, edges, tvals, out):
+        # correctness sums of class-conditional adaptive bins: row i counts in its label's group
+        nt, _, ne = edges.shape
+        for i in range(p_true.shape[0]):
+            c = labels[i]
+            x = p_true[i]
+            for t in range(nt):
+                if x > tvals[t]:
+                    e = 0
+                    while e < ne and edges[t, c, e] <= x:
+                        e += 1
+                    out[t, c, e] += 1.0
+        return 0
+
     return {
         "scan64": _njit(scan_search, fastmath=fast),
         "scan32": _njit(scan_key32, fastmath=fast),
@@ -229,6 +384,8 @@ def _build() -> dict[str, Callable] | None:
         "hist2d": _njit(hist2d),
         "adaptive_reps": _njit(adaptive_reps),
         "aurc_reps": _njit(aurc_reps),
+        "adaptive_cols": _njit(adaptive_cols),
+        "adaptive_correct": _njit(adaptive_correct),
     }
 
 
@@ -393,3 +550,38 @@ def aurc_replicates(w: Tensor, order: Tensor, err: Tensor, first: Tensor) -> Ten
     args = (wn, order.numpy(), err.numpy().astype(np.float64), first.numpy(), out)
     _split(_kernel("aurc_reps"), wn.shape[0], lambda t: args, min_rows=8)
     return torch.from_numpy(out)
+
+
+def adaptive_columns(
+    probs: Tensor, p_true: Tensor, labels: Tensor, thresholds: list[float], num_bins: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None:
+    """Class-conditional adaptive-bin statistics of every column of a float32 (N, K) matrix.
+
+    ``thresholds`` are floored thresholds (values kept when > t; -inf keeps all). Returns
+    (counts, sums, correct, edges, kept), shapes (T, K, B) float64 x 3, (T, K, B - 1) float32,
+    (T, K) int64 -- the numbers of the sort path (bins by the same edges, so the same counts;
+    sums up to the order of float64 additions) -- or None when a value's bits are outside
+    [0, 1] (the sort path then serves).
+    """
+    arr = probs.numpy()
+    n, k = arr.shape
+    nt = len(thresholds)
+    tv = np.asarray(thresholds, dtype=np.float64)
+    tb = np.array([-1 if t == -np.inf else int(np.float32(t).view(np.int32)) for t in thresholds], dtype=np.int32)
+    cnt = np.zeros((nt, k, num_bins))
+    sums = np.zeros((nt, k, num_bins))
+    edges = np.zeros((nt, k, num_bins - 1), dtype=np.float32)
+    bits = arr.view(np.int32)
+    bad = _split(_kernel("adaptive_cols"), k, lambda t: (bits, tb, tv, num_bins, cnt, sums, edges), min_rows=1)
+    if any(bad):
+        return None
+    corr = np.zeros((nt, k, num_bins))
+    _kernel("adaptive_correct")(p_true.numpy(), labels.numpy(), edges, tv, corr)
+    kept = np.rint(cnt.sum(axis=2)).astype(np.int64)
+    return (
+        torch.from_numpy(cnt),
+        torch.from_numpy(sums),
+        torch.from_numpy(corr),
+        torch.from_numpy(edges),
+        torch.from_numpy(kept),
+    )

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import _fast
 from . import binning as _binning
 from ._inputs import BINNINGS, NORMS, MetricInputs, check_bool, check_choice, check_num_bins, check_threshold, prepare
 from .binning import (
@@ -123,7 +124,14 @@ def binned_stats(
         stats = adaptive_stats_1d(probs.reshape(-1), onehot.reshape(-1), thresholds, num_bins)
         return _with_correct(stats)
 
-    # adaptive, class-conditional over columns: sort column blocks, bins are position ranges
+    # adaptive, class-conditional over columns: compiled per-column selection of the edges
+    # (float32 CPU), else sort column blocks, bins are position ranges
+    if probs.dtype == torch.float32 and _fast.usable(probs):
+        floors = [floor_threshold(t, x.dtype) for t in thresholds]
+        fast = _fast.adaptive_columns(probs, p_true, labels, floors, num_bins)
+        if fast is not None:
+            cnt_t, sums_t, corr_t, _, _ = fast
+            return [(cnt_t[i], sums_t[i], corr_t[i]) for i in range(len(thresholds))]
     parts: list[list] = [[] for _ in thresholds]
     block = max(1, _binning.CHUNK_ELEMENTS // max(x.n, 1))
     for c0 in range(0, k, block):
