@@ -11,15 +11,20 @@ Public API (docs/interfaces.md):
 * :func:`reliability_diagram` - PNG reliability diagram with a confidence histogram.
 * :func:`resample_counts`, :func:`bootstrap_metrics` - paired bootstrap replicates of every
   metric of ``compute_all`` (same counts for every model on a split), :func:`centered_interval`
-  (the intervals the service reports), :func:`percentile_interval`.
+  (the bootstrap interval), :func:`percentile_interval`.
+* :func:`calibrated_null`, :func:`calibration_interval` - consistency resampling (labels drawn
+  from the model's own probabilities) and the interval the service reports for calibration
+  errors: the bootstrap interval, reaching down to 0 where "calibrated" is not rejected.
 
 Modules: ``_inputs`` (validation, conversion), ``binning`` (the one binning core),
 ``calibration_error`` (GCE + presets), ``scores`` (non-binned scores, compute_all),
-``streaming`` (accumulator), ``reliability`` (diagram).
+``streaming`` (accumulator), ``reliability`` (diagram), ``bootstrap`` and ``consistency``
+(uncertainty), ``debiased`` (less biased estimators).
 """
 
 from .bootstrap import bootstrap_metrics, centered_interval, percentile_interval, prob_not_greater, resample_counts
 from .calibration_error import ace, calibration_error, classwise_ece, ece, mce, rmsce, sce, tace
+from .consistency import CALIBRATION_ERRORS, calibrated_null, calibration_interval, calibration_p_value
 from .debiased import debiased_l2_ce, ece_sweep, smooth_ece
 from .reliability import reliability_diagram
 from .scores import METRIC_NAMES, accuracy, aurc, brier, compute_all, nll
@@ -50,4 +55,8 @@ __all__ = [
     "percentile_interval",
     "centered_interval",
     "prob_not_greater",
+    "CALIBRATION_ERRORS",
+    "calibrated_null",
+    "calibration_p_value",
+    "calibration_interval",
 ]

@@ -18,6 +18,8 @@ nominal rate, where the bootstrap interval alone almost never does.
 The null draws reuse the bootstrap machinery exactly: each example is expanded into K rows, one
 per class, and a draw is a 0/1 weight vector that selects the drawn class of every example, so a
 null replicate is the metric computed on the relabelled data, with no Python loop over draws.
+Top-label errors (ECE, MCE, RMSCE) only see whether the drawn label is the predicted class, so
+for them two rows per example suffice (predicted class, another class).
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from torch import Tensor
 
 from ._inputs import prepare
 from .bootstrap import bootstrap_metrics, centered_interval
+from .calibration_error import PRESETS
 
 __all__ = ["CALIBRATION_ERRORS", "calibrated_null", "calibration_p_value", "calibration_interval"]
 
 # The metrics that are calibration errors: 0 exactly for a calibrated model, biased upwards.
 CALIBRATION_ERRORS = ("ece", "mce", "sce", "classwise_ece", "rmsce", "ace", "tace")
+_CHUNK_ELEMENTS = 1 << 24
 
 
 def calibrated_null(
@@ -57,19 +61,43 @@ def calibrated_null(
     x = prepare(probs, labels, from_logits=from_logits)
     p = x.probs.detach().cpu()
     n, k = p.shape
-    # Inverse-CDF draws: the class whose cumulative probability first exceeds u (clamped so rows
-    # summing to 1 - eps still give a valid class); one draw at a time bounds the memory to N x K.
+    drawn = _draw_labels(p, num_draws, seed)
+    out: dict[str, Tensor] = {}
+    top = tuple(m for m in names if PRESETS[m]["top_label"])
+    if top:
+        # Top-label errors see only whether the drawn label is the predicted class: two rows per
+        # example (right, wrong) instead of K.
+        pred = p.argmax(dim=1).numpy()
+        right = (drawn == pred[None, :]).astype(np.float32)
+        weights = np.stack((right, 1.0 - right), axis=2).reshape(num_draws, 2 * n)
+        wrong = (pred + 1) % k
+        rows = p.repeat_interleave(2, dim=0)
+        classes = torch.from_numpy(np.stack((pred, wrong), axis=1).reshape(-1))
+        out.update(bootstrap_metrics(rows, classes, torch.from_numpy(weights), num_bins=num_bins, names=top))
+    per_class = tuple(m for m in names if not PRESETS[m]["top_label"])
+    if per_class:
+        rows = p.repeat_interleave(k, dim=0)
+        classes = torch.arange(k).repeat(n)
+        chunk = max(1, _CHUNK_ELEMENTS // (n * k))  # bounds the (draws, N * K) weight matrix
+        parts: dict[str, list[Tensor]] = {m: [] for m in per_class}
+        for b0 in range(0, num_draws, chunk):
+            sel = drawn[b0 : b0 + chunk]
+            weights = np.zeros((len(sel), n * k), dtype=np.float32)
+            weights[np.arange(len(sel))[:, None], np.arange(n)[None, :] * k + sel] = 1.0
+            reps = bootstrap_metrics(rows, classes, torch.from_numpy(weights), num_bins=num_bins, names=per_class)
+            for m in per_class:
+                parts[m].append(reps[m])
+        out.update({m: torch.cat(v) for m, v in parts.items()})
+    return {m: out[m] for m in names}
+
+
+def _draw_labels(p: Tensor, num_draws: int, seed: int) -> np.ndarray:
+    """(draws, N) labels by inverse CDF: the first class whose cumulative probability exceeds u."""
     rng = np.random.default_rng(seed)
     cum = torch.cumsum(p.double(), dim=1).numpy()
-    u = rng.random((num_draws, n))
-    weights = np.zeros((num_draws, n * k), dtype=np.float32)
-    offsets = np.arange(n) * k
-    for b in range(num_draws):
-        drawn = np.minimum((u[b][:, None] > cum).sum(axis=1), k - 1)
-        weights[b, offsets + drawn] = 1.0
-    expanded = p.repeat_interleave(k, dim=0)
-    classes = torch.arange(k).repeat(n)
-    return bootstrap_metrics(expanded, classes, torch.from_numpy(weights), num_bins=num_bins, names=names)
+    u = rng.random((num_draws, p.shape[0]))
+    # One draw at a time bounds the memory to N x K; the clamp keeps rows that sum to 1 - eps valid.
+    return np.stack([np.minimum((u[b][:, None] > cum).sum(axis=1), p.shape[1] - 1) for b in range(num_draws)])
 
 
 def calibration_p_value(null: Tensor, point: float) -> float:
