@@ -23,6 +23,7 @@ from benchmarks.bench_search import (
     single_hits,
     summarise,
     trials_to_hit,
+    verdict,
 )
 
 LOW, HIGH = 1e-4, 1e-1
@@ -160,3 +161,19 @@ def test_summarise_counts_hits_by_budget_and_pairs_with_random():
     assert math.isclose(s[TPE_SWEEP]["mean_trials"], (1 + 9 + 40 + 64) / 4)  # censored counts as the cap
     assert math.isclose(s[TPE_SWEEP]["hit_vs_random"]["16"][0], 0.25)
     assert s[TPE_SWEEP]["hit_loose"]["0.25"]["16"] == 0.5 and s[RANDOM]["hit_loose"]["0.5"]["8"] == 1.0
+
+
+def test_verdict_says_no_when_tpe_is_random_at_eight_trials():
+    def res(tpe_hits16):
+        s = summarise({TPE_SWEEP: [{"trials_to_hit": t, "trials_to_hit@0.25": t, "trials_to_hit@0.5": t,
+                                    "ece_ratio@8": 1.0, "ece_ratio@16": 1.0, "ece_ratio@32": 1.0}
+                                   for t in tpe_hits16],
+                       RANDOM: [{"trials_to_hit": t, "trials_to_hit@0.25": t, "trials_to_hit@0.5": t,
+                                 "ece_ratio@8": 1.0, "ece_ratio@16": 1.0, "ece_ratio@32": 1.0}
+                                for t in [1] * 5 + [None] * 45]}, "single", cap=64)
+        return {"d": {"single": {"summary": s, "tpe_first8_equals_random": 1.0}}}
+
+    text = "\n".join(verdict(res([1] * 5 + [12] * 45)))  # same at 8, far better by 16
+    assert "**Verdict: no.**" in text and "keeping TPE" in text
+    text = "\n".join(verdict(res([1] * 5 + [None] * 45)))  # identical throughout
+    assert "**Verdict: no.**" in text and "neither" in text
