@@ -77,18 +77,19 @@ def load_result(cfg: SweepConfig) -> Any:
     import pandas as pd
     from mlflow import MlflowClient
 
+    from sweeps.contract import ROLE_PARENT, ROLE_TRIAL, TAG_CHAMPION_RUN, TAG_ROLE, TAG_SWEEP, TAG_TRIAL
     from sweeps.service import SweepError, SweepResult
     from sweeps.study import MEMORY
-    from sweeps.tracking import TAG_ROLE, TAG_SWEEP, TAG_TRIAL, find_run
+    from sweeps.tracking import find_run
 
     assert cfg.tracking.uri
     client = MlflowClient(cfg.tracking.uri)
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
-    parent = find_run(client, exp.experiment_id, {TAG_SWEEP: cfg.name, TAG_ROLE: "parent"}) if exp else None
-    if parent is None or "calib.champion_run" not in parent.data.tags:
+    parent = find_run(client, exp.experiment_id, {TAG_SWEEP: cfg.name, TAG_ROLE: ROLE_PARENT}) if exp else None
+    if parent is None or TAG_CHAMPION_RUN not in parent.data.tags:
         raise SweepError(f"sweep {cfg.name!r} has no selected champion in {cfg.tracking.uri}")
     assert exp is not None  # the parent run was found in it
-    champion_run = parent.data.tags["calib.champion_run"]
+    champion_run = parent.data.tags[TAG_CHAMPION_RUN]
     model = cfg.tracking.registered_model
     versions = [v for v in client.search_model_versions(f"run_id = '{champion_run}'") if v.name == model]
     if not versions:
@@ -97,7 +98,7 @@ def load_result(cfg: SweepConfig) -> Any:
     with tempfile.TemporaryDirectory() as d:
         board = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep/leaderboard.csv", d))
         sel = json.loads(Path(client.download_artifacts(parent.info.run_id, "sweep/selection.json", d)).read_text())
-    flt = f"tags.`{TAG_SWEEP}` = '{cfg.name}' and tags.`{TAG_ROLE}` = 'trial'"
+    flt = f"tags.`{TAG_SWEEP}` = '{cfg.name}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'"
     intervals: dict[str, dict[str, tuple[float, float]]] = {}
     for run in client.search_runs([exp.experiment_id], filter_string=flt, max_results=10000):
         m = run.data.metrics

@@ -11,22 +11,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from calib_core.config import ConfigError, RunConfig, apply_overrides, build_model, read_yaml
 
+# The metric names live in sweeps.contract (what trials report); re-exported for the benchmarks.
+from sweeps.contract import (  # noqa: F401
+    DEBIASED_METRICS,
+    FINAL_ONLY_METRICS,
+    METRIC_NAMES,
+    OOD_METRICS,
+    PER_EPOCH_METRICS,
+    SHIFT_METRICS,
+)
+
 # What search.calibrators searches when a config does not say: the built-in one-go calibrators. Any
 # calibrator registered in calib_core.calibrators (plugins included) may be listed; the names are
 # checked against the registry once the rest of the config is valid (SweepConfig._registered).
 DEFAULT_CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer")
 # Reference points a sweep may include beside the one-go calibrators (no calibrator lr is searched).
 BASELINE_CHOICES = ("none", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")
-OOD_METRICS = ("ood_msp_auroc", "ood_entropy_auroc", "ood_msp_fpr95", "ood_entropy_fpr95")
-# Less biased calibration estimators (calib_core.metrics.debiased), measured after training.
-DEBIASED_METRICS = ("debiased_l2_ce", "ece_sweep", "smooth_ece")
-# Measured once after training (not per epoch); shift and OOD only when `evaluation` switches them on.
-FINAL_ONLY_METRICS = ("shift_ece",) + OOD_METRICS + DEBIASED_METRICS
-# calib_core.metrics.METRIC_NAMES, spelled out so that validating a config imports no torch
-# (tests/test_sweep_config.py checks the two agree).
-PER_EPOCH_METRICS = ("accuracy", "nll", "brier", "ece", "mce", "rmsce", "sce", "ace", "tace", "classwise_ece", "aurc")
-METRIC_NAMES = PER_EPOCH_METRICS + FINAL_ONLY_METRICS
-
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "mnist1d_demo.yaml"
 
 
@@ -227,8 +227,10 @@ class SweepConfig(_Strict):
         uses = {self.selection.metric}
         if self.search.objective == "single":
             uses.add(self.search.metric)
-        if "val_shift_ece" in uses and not self.evaluation.shift:
-            raise ValueError("search.metric / selection.metric val_shift_ece needs evaluation.shift: true")
+        shift_keys = {f"val_{m}" for m in SHIFT_METRICS}
+        if uses & shift_keys and not self.evaluation.shift:
+            used = ", ".join(sorted(uses & shift_keys))
+            raise ValueError(f"search.metric / selection.metric {used} needs evaluation.shift: true")
         if any(m.removeprefix("val_") in OOD_METRICS for m in uses) and self.evaluation.ood == "none":
             raise ValueError(
                 "search.metric / selection.metric: OOD metrics need evaluation.ood: gaussian_noise or permuted"

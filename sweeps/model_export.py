@@ -43,15 +43,22 @@ from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel
 from mlflow.types import Schema, TensorSpec
 
-CHAMPION_ALIAS = "champion"
+from sweeps.contract import (
+    CHAMPION_ALIAS,
+    FINAL_FILE,
+    MODEL_FILE,
+    SUMMARY_FILE,
+    TAG_EXPORT_COMPLETE,
+    TAG_EXPORT_FORMAT,
+    TAG_SOURCE_RUN,
+    is_finite_number,
+)
+
 LOGGED_MODEL_NAME = "model"
 MODEL_CODE = Path(__file__).with_name("champion_pyfunc.py")
 # distributions the model imports when it loads (calib_core.trainer needs pydantic and pyyaml)
 REQUIRED_DISTRIBUTIONS = ("torch", "numpy", "pydantic", "pyyaml", "mlflow")
 EXPORT_FORMAT = "mlflow-models-from-code/calib_core-spec-v1"
-TAG_EXPORT_FORMAT = "calib.export_format"
-TAG_EXPORT_COMPLETE = "calib.export_complete"
-TAG_SOURCE_RUN = "source_run_id"
 VAL_METRICS = (("accuracy", "accuracy"), ("ece", "ECE"), ("sce", "SCE"), ("ace", "ACE"), ("tace", "TACE"),
                ("mce", "MCE"), ("rmsce", "RMSCE"), ("nll", "NLL"), ("brier", "Brier"), ("aurc", "AURC"),
                ("shift_ece", "ECE under shift"))
@@ -127,7 +134,7 @@ def default_description(summary: dict[str, Any], metrics: dict[str, Any], spec: 
     vals = []
     for key, label in VAL_METRICS:
         v = metrics.get(f"val_{key}")
-        if isinstance(v, (int, float)) and math.isfinite(v):
+        if is_finite_number(v):
             vals.append(f"{label} {_fmt_metric(key, float(v))}")
     outs = output_classes(spec)
     if outs[0][0] is None:
@@ -150,8 +157,6 @@ def default_description(summary: dict[str, Any], metrics: dict[str, Any], spec: 
 
 
 def _read_metrics(client: MlflowClient, run_id: str, ckpt: Path) -> dict[str, Any]:
-    from sweeps.trainable import FINAL_FILE
-
     metrics: dict[str, Any] = dict(client.get_run(run_id).data.metrics)
     if (ckpt / FINAL_FILE).is_file():
         metrics.update(json.loads((ckpt / FINAL_FILE).read_text()))
@@ -174,9 +179,7 @@ def _completed_export(client: MlflowClient, run_id: str) -> str | None:
 
 
 def _load_trained(ckpt: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The trial's calibrated module and summary from its final checkpoint (sweeps.trainable)."""
-    from sweeps.trainable import MODEL_FILE, SUMMARY_FILE
-
+    """The trial's calibrated module and summary from its final checkpoint (sweeps.contract's layout)."""
     summary = json.loads((ckpt / SUMMARY_FILE).read_text())
     if not (ckpt / MODEL_FILE).is_file():
         raise FileNotFoundError(f"{ckpt / MODEL_FILE} is missing: the trial did not complete "

@@ -29,15 +29,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError
+from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE re-exported: tests/test_cli_malformed.py)
+    CHAMPION_ALIAS,
+    ROLE_PARENT,
+    TAG_CHAMPION_RUN,
+    TAG_CHAMPION_TRIAL,
+    TAG_ROLE,
+    TAG_SWEEP,
+)
 
 if TYPE_CHECKING:
     from sweeps.config import SweepConfig
 
 # Seconds to wait for a tracking server, a database or a Ray head to answer.
 TIMEOUT_S = float(os.environ.get("CALIB_PREFLIGHT_TIMEOUT_S", "3"))
-# sweeps.tracking's tags of the parent run (spelled out: importing sweeps.tracking imports Ray;
-# tests/test_cli_malformed.py checks they agree).
-TAG_SWEEP, TAG_ROLE = "calib.sweep", "calib.role"
 # Datasets read from torchvision's files under run.data.root (calib_core.data).
 ROOT_DATASETS = ("cifar10", "cifar100", "svhn", "mnist", "fashionmnist", "celeba")
 # File systems that cannot hold a store (kernel interfaces).
@@ -247,21 +252,8 @@ def check_tracking(uri: str, cluster: bool) -> None:
     """The MLflow store: a SQLite file whose folder exists and is writable, or a server that answers."""
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))
-        parent = db.parent
-        if not parent.exists():
-            raise ConfigError(f"tracking.uri: the folder {parent} of the SQLite store does not exist "
-                              "(create it, or point the URI elsewhere)")
-        _check_writable_dir("tracking.uri", parent, what="the folder of the SQLite store")
-        if db.exists():
-            if not db.is_file():
-                raise ConfigError(f"tracking.uri: {db} is not a file")
-            if not os.access(db, os.R_OK | os.W_OK):
-                raise ConfigError(f"tracking.uri: {db} is not writable")
-            with open(db, "rb") as f:
-                head = f.read(16)
-            if head and head != b"SQLite format 3\x00":
-                raise ConfigError(f"tracking.uri: {db} is not a SQLite database")
-        artifacts = parent / "mlartifacts"  # sweeps.tracking.ensure_experiment keeps artifacts there
+        _check_sqlite_file("tracking.uri", db, "store", "URI")
+        artifacts = db.parent / "mlartifacts"  # ensure_experiment keeps a SQLite store's artifacts there
         if artifacts.exists() and not artifacts.is_dir():
             raise ConfigError(f"tracking.uri: {artifacts} (the artifact folder beside the store) is not a folder")
     elif uri.startswith(("http://", "https://")):
@@ -270,46 +262,48 @@ def check_tracking(uri: str, cluster: bool) -> None:
             raise ConfigError(f"tracking.uri: no MLflow server answers at {redact(uri)} ({reason}); start it or "
                               "fix the URI")
     elif uri.startswith(("postgresql", "mysql")):
-        parts = urllib.parse.urlsplit(uri)
-        if parts.hostname:
-            default = 5432 if uri.startswith("postgresql") else 3306
-            try:
-                port = parts.port or default
-            except ValueError:
-                raise ConfigError(f"tracking.uri: {redact(uri)!r} has an invalid port") from None
-            reason = _probe_tcp(parts.hostname, port)
-            if reason:
-                raise ConfigError(f"tracking.uri: no database answers at {parts.hostname}:{port} ({reason})")
+        _check_database_server("tracking.uri", uri)
 
 
 def check_study_storage(url: str) -> None:
     """The Optuna storage: a SQLite file whose folder exists and is writable, or a database that answers."""
     if url.startswith("sqlite:///"):
-        db = Path(url.removeprefix("sqlite:///"))
-        if not db.parent.exists():
-            raise ConfigError(f"search.storage: the folder {db.parent} of the SQLite study does not exist "
-                              "(create it, or point the URL elsewhere)")
-        _check_writable_dir("search.storage", db.parent, what="the folder of the SQLite study")
-        if db.exists():
-            if not db.is_file():
-                raise ConfigError(f"search.storage: {db} is not a file")
-            if not os.access(db, os.R_OK | os.W_OK):
-                raise ConfigError(f"search.storage: {db} is not writable")
-            with open(db, "rb") as f:
-                head = f.read(16)
-            if head and head != b"SQLite format 3\x00":
-                raise ConfigError(f"search.storage: {db} is not a SQLite database")
+        _check_sqlite_file("search.storage", Path(url.removeprefix("sqlite:///")), "study", "URL")
     elif url.startswith(("postgresql", "mysql")):
-        parts = urllib.parse.urlsplit(url)
-        if parts.hostname:
-            default = 5432 if url.startswith("postgresql") else 3306
-            try:
-                port = parts.port or default
-            except ValueError:
-                raise ConfigError(f"search.storage: {redact(url)!r} has an invalid port") from None
-            reason = _probe_tcp(parts.hostname, port)
-            if reason:
-                raise ConfigError(f"search.storage: no database answers at {parts.hostname}:{port} ({reason})")
+        _check_database_server("search.storage", url)
+
+
+def _check_sqlite_file(field: str, db: Path, what: str, address: str) -> None:
+    """A SQLite database `db` (the `what`: store or study): its folder exists and is writable; the file,
+    if there, is a readable and writable SQLite database. A missing file is fine (it is created)."""
+    if not db.parent.exists():
+        raise ConfigError(f"{field}: the folder {db.parent} of the SQLite {what} does not exist "
+                          f"(create it, or point the {address} elsewhere)")
+    _check_writable_dir(field, db.parent, what=f"the folder of the SQLite {what}")
+    if db.exists():
+        if not db.is_file():
+            raise ConfigError(f"{field}: {db} is not a file")
+        if not os.access(db, os.R_OK | os.W_OK):
+            raise ConfigError(f"{field}: {db} is not writable")
+        with open(db, "rb") as f:
+            head = f.read(16)
+        if head and head != b"SQLite format 3\x00":
+            raise ConfigError(f"{field}: {db} is not a SQLite database")
+
+
+def _check_database_server(field: str, url: str) -> None:
+    """A PostgreSQL or MySQL URL: its host answers on its port (the default port when none is given)."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname:
+        return
+    default = 5432 if url.startswith("postgresql") else 3306
+    try:
+        port = parts.port or default
+    except ValueError:
+        raise ConfigError(f"{field}: {redact(url)!r} has an invalid port") from None
+    reason = _probe_tcp(parts.hostname, port)
+    if reason:
+        raise ConfigError(f"{field}: no database answers at {parts.hostname}:{port} ({reason})")
 
 
 def check_storage(storage: str, cluster: bool) -> None:
@@ -724,7 +718,7 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
         exp = client.get_experiment_by_name(cfg.tracking.experiment)
         if exp is None:
             return None
-        flt = f"tags.`{TAG_SWEEP}` = '{cfg.name}' and tags.`{TAG_ROLE}` = 'parent'"
+        flt = f"tags.`{TAG_SWEEP}` = '{cfg.name}' and tags.`{TAG_ROLE}` = '{ROLE_PARENT}'"
         runs = client.search_runs([exp.experiment_id], filter_string=flt, max_results=2)
     except Exception as exc:  # MlflowException, or SQLAlchemy's own for a damaged SQLite file
         raise ConfigError(f"tracking.uri: cannot read the MLflow store at {redact(uri)}: "
@@ -737,8 +731,8 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
                           f"run {run.info.run_id}, {run.info.status}); pass --resume to continue it or --name "
                           "for a new one")
     tags = run.data.tags
-    champion_run = tags.get("calib.champion_run")
-    if run.info.status != "FINISHED" or "calib.champion_trial" not in tags or not champion_run:
+    champion_run = tags.get(TAG_CHAMPION_RUN)
+    if run.info.status != "FINISHED" or TAG_CHAMPION_TRIAL not in tags or not champion_run:
         return None
     model = cfg.tracking.registered_model
     try:  # as sweeps.model_export finds the versions registered from a run
@@ -749,9 +743,9 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
         return None  # selection ran but registration did not: resume registers the champion
     version = max(versions, key=lambda v: int(v.version))
     try:
-        alias = " (alias champion)" if client.get_model_version_by_alias(model, "champion").version == \
+        alias = " (alias champion)" if client.get_model_version_by_alias(model, CHAMPION_ALIAS).version == \
             version.version else ""
     except MlflowException:
         alias = ""
-    return (f"sweep {cfg.name!r} already finished: champion trial {tags['calib.champion_trial']} is registered "
+    return (f"sweep {cfg.name!r} already finished: champion trial {tags[TAG_CHAMPION_TRIAL]} is registered "
             f"as {model} version {version.version}{alias}; nothing to resume, nothing changed")

@@ -24,9 +24,9 @@ from ray import tune
 from ray.tune import CLIReporter
 
 from sweeps.config import SelectionConfig
+from sweeps.contract import STOPPED_EARLY, is_number
 from sweeps.search_space import describe_params
 from sweeps.selection import TrialRecord, select
-from sweeps.tracking import STOPPED_EARLY
 
 
 def _clock(seconds: float) -> str:
@@ -76,7 +76,7 @@ class ProgressCallback(tune.Callback):
                 records.append(TrialRecord(
                     trial_id=t.trial_id, label=describe_params(t.config), status=str(r.get("status", "")),
                     metrics={k: float(v) for k, v in r.items()
-                             if k.startswith("val_") and isinstance(v, (int, float)) and not isinstance(v, bool)}))
+                             if k.startswith("val_") and is_number(v)}))
         finished = min(sum(t.status in ("TERMINATED", "ERROR") for t in trials) + 1, self.total)
         best_txt = self._best_text(records)
         print(f"[{finished}/{self.total} trials done, {self.timing(finished)}] {describe_params(trial.config)}: "

@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from sweeps.contract import SPLITS, is_number  # noqa: E402
+
 
 def shift_table(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Write one row per (corruption, severity) with accuracy and ECE as CSV."""
@@ -47,9 +49,9 @@ def per_task_table(result: dict[str, Any], tasks: list[str], path: str | Path) -
     for task in tasks:
         row: dict[str, Any] = {"task": task}
         for key, value in result.items():
-            for split in ("val", "test"):
+            for split in SPLITS:
                 prefix = f"{split}_{task}_"
-                if key.startswith(prefix) and isinstance(value, (int, float)):
+                if key.startswith(prefix) and is_number(value):
                     row[f"{split}_{key.removeprefix(prefix)}"] = value
         rows.append(row)
     out = Path(path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import tempfile
@@ -23,16 +22,34 @@ from ray.tune.schedulers import ASHAScheduler
 from calib_core.config import RunConfig
 from calib_core.plugins import plugin_modules
 from sweeps.config import SweepConfig
+from sweeps.contract import (
+    MULTI_OBJECTIVE,
+    NOTE_TAG,
+    PREDICTIONS_FILE,
+    ROLE_PARENT,
+    SPLITS,
+    SUMMARY_FILE,
+    TAG_CALIBRATOR,
+    TAG_CHAMPION_RUN,
+    TAG_CHAMPION_TRIAL,
+    TAG_DATASET,
+    TAG_LABEL,
+    TAG_LOST_TRIALS,
+    TAG_METHOD,
+    TAG_REASON,
+    TAG_ROLE,
+    TAG_SELECTION_RULE,
+    TAG_SWEEP,
+    TAG_TRIAL,
+    is_finite_number,
+    is_number,
+)
 from sweeps.preflight import redact
 from sweeps.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
 from sweeps.selection import TrialRecord, format_leaderboard, leaderboard, pareto_plot, rank_agreement, select
 from sweeps.study import MEMORY, SweepSearch, make_storage
 from sweeps.tracking import (
-    NOTE_TAG,
-    TAG_ROLE,
-    TAG_SWEEP,
-    TAG_TRIAL,
     MLflowTrackingCallback,
     close_open_runs,
     drop_orphan_runs,
@@ -43,7 +60,7 @@ from sweeps.tracking import (
     run_link,
     source_tags,
 )
-from sweeps.trainable import SUMMARY_FILE, train_trial
+from sweeps.trainable import train_trial
 from sweeps.uncertainty import Replicates, compute_replicates, interval_metrics, load_predictions
 
 
@@ -99,8 +116,8 @@ class TrialParams:
         resolved = run_cfg.model_dump(mode="json")
         params = flatten(resolved)
         params.update({f"search.{k}": v for k, v in config.items()})
-        tags = {"calib.dataset": self.dataset, "calib.calibrator": str(config.get("calibrator", "")),
-                "calib.method": run_cfg.train.method, "calib.label": describe_params(config)}
+        tags = {TAG_DATASET: self.dataset, TAG_CALIBRATOR: str(config.get("calibrator", "")),
+                TAG_METHOD: run_cfg.train.method, TAG_LABEL: describe_params(config)}
         return params, tags, resolved
 
 
@@ -125,7 +142,7 @@ def _searcher(cfg: SweepConfig) -> SweepSearch:
     metric: str | list[str]
     mode: str | list[str]
     if s.objective == "multi":
-        metric, mode = ["val_accuracy", "val_ece"], ["max", "min"]
+        metric, mode = [m for m, _ in MULTI_OBJECTIVE], [d for _, d in MULTI_OBJECTIVE]
     else:
         metric, mode = s.metric, s.mode
     return SweepSearch(space=SearchSpace(s), metric=metric, mode=mode, seed=s.seed, study_name=cfg.name,
@@ -178,8 +195,8 @@ def _records(results: Any, client: MlflowClient, experiment_id: str, sweep: str)
         tid = m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1])
         run = find_run(client, experiment_id, {TAG_SWEEP: sweep, TAG_TRIAL: str(tid)}) if tid else None
         status = m.get("status") or ("errored" if res.error else "stopped")
-        metrics = {k: float(v) for k, v in m.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k.startswith(("val_", "test_"))}
+        # NaN stays: selection and the leaderboard see a diverged trial's metric as NaN
+        metrics = {k: float(v) for k, v in m.items() if is_number(v) and k.startswith(tuple(f"{s}_" for s in SPLITS))}
         records.append(TrialRecord(trial_id=str(tid), label=describe_params(res.config or {}), status=status,
                                    metrics=metrics, params=dict(res.config or {}),
                                    run_id=run.info.run_id if run else None, checkpoint=res.checkpoint))
@@ -188,8 +205,6 @@ def _records(results: Any, client: MlflowClient, experiment_id: str, sweep: str)
 
 def _replicates(records: list[TrialRecord], cfg: SweepConfig) -> Replicates:
     """Paired bootstrap replicates of every completed trial, from the predictions in its final checkpoint."""
-    from sweeps.trainable import PREDICTIONS_FILE
-
     predictions = {}
     for rec in records:
         if rec.ok and rec.checkpoint is not None:
@@ -207,7 +222,7 @@ def _log_intervals(client: MlflowClient, records: list[TrialRecord], reps: Repli
         have = client.get_run(rec.run_id).data.metrics
         ts = int(time.time() * 1000)
         batch = [Metric(k, float(v), ts, 0) for k, v in interval_metrics(reps, rec.trial_id).items()
-                 if k not in have and math.isfinite(v)]
+                 if k not in have and is_finite_number(v)]
         for i in range(0, len(batch), 900):
             client.log_batch(rec.run_id, metrics=batch[i:i + 900])
 
@@ -229,10 +244,10 @@ def _log_sweep_artifacts(client: MlflowClient, parent_id: str, records: list[Tri
         for name in ("leaderboard.csv", "rank_agreement_spearman.csv", "pareto.png", "selection.json"):
             client.log_artifact(parent_id, str(Path(d) / name), artifact_path="sweep")
     _log_intervals(client, records, reps)
-    client.set_tag(parent_id, "calib.champion_trial", chosen.trial_id)
+    client.set_tag(parent_id, TAG_CHAMPION_TRIAL, chosen.trial_id)
     if chosen.run_id:
-        client.set_tag(parent_id, "calib.champion_run", chosen.run_id)
-    client.set_tag(parent_id, "calib.selection_rule", why[:5000])
+        client.set_tag(parent_id, TAG_CHAMPION_RUN, chosen.run_id)
+    client.set_tag(parent_id, TAG_SELECTION_RULE, why[:5000])
     for k, v in chosen.metrics.items():
         client.log_metric(parent_id, f"champion_{k}", v)
     return board, ranks
@@ -329,7 +344,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
     exp_path = f"{cfg.storage_path.rstrip('/')}/{cfg.name}"
     client = MlflowClient(cfg.tracking.uri)
     experiment_id = ensure_experiment(client, cfg.tracking.experiment, cfg.tracking.uri)
-    existing = find_run(client, experiment_id, {TAG_SWEEP: cfg.name, TAG_ROLE: "parent"})
+    existing = find_run(client, experiment_id, {TAG_SWEEP: cfg.name, TAG_ROLE: ROLE_PARENT})
     can_restore = tune.Tuner.can_restore(exp_path)
     if not resume and (existing is not None or can_restore):
         raise SweepError(f"sweep {cfg.name!r} already exists ({exp_path} or MLflow experiment "
@@ -337,7 +352,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
 
     base = cfg.run.model_dump(mode="json")
     sources = source_tags()
-    parent_id = find_or_create_parent(client, experiment_id, cfg.name, {**sources, "calib.dataset": cfg.run.data.name,
+    parent_id = find_or_create_parent(client, experiment_id, cfg.name, {**sources, TAG_DATASET: cfg.run.data.name,
                                                                         NOTE_TAG: _sweep_note(cfg)})
     if existing is None:
         flat = flatten(cfg.model_dump(mode="json"))
@@ -350,7 +365,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         num_bins=cfg.run.train.num_bins, scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler")
     r = cfg.resources
     trainable = tune.with_resources(tune.with_parameters(train_trial, base=base,
-                                                         evaluation=cfg.evaluation.model_dump(mode="json"),
+                                                         evaluation=cfg.evaluation,
                                                          plugins=plugin_modules(cfg.plugins), quiet=not verbose),
                                     {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial})
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
@@ -377,7 +392,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         records = _records(results, client, experiment_id, cfg.name)
         lost = drop_orphan_runs(client, experiment_id, cfg.name, {rec.trial_id for rec in records})
         if lost:
-            client.set_tag(parent_id, "calib.lost_trials", ",".join(lost))
+            client.set_tag(parent_id, TAG_LOST_TRIALS, ",".join(lost))
         close_open_runs(client, experiment_id, cfg.name, "KILLED")
         done = sum(rec.status == "completed" for rec in records)
         # ASHA-stopped trials are TERMINATED too; interrupted ones are neither terminated nor errored.
@@ -438,6 +453,6 @@ def _runs_closed_on_failure(client: MlflowClient, experiment_id: str, parent_id:
 def _fail(client: MlflowClient, experiment_id: str, parent_id: str, sweep: str, exc: BaseException) -> None:
     """Nothing stays RUNNING: open trial runs are KILLED, the sweep FAILED with its reason."""
     close_open_runs(client, experiment_id, sweep, "KILLED")
-    client.set_tag(parent_id, "calib.failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
+    client.set_tag(parent_id, TAG_REASON, f"{type(exc).__name__}: {exc}"[:5000])
     client.set_terminated(parent_id, status="FAILED")
 

@@ -20,26 +20,36 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from ray import tune
 
+from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY, ... re-exported for the benchmarks)
+    CLASSIC_ML,
+    EXPERIMENT_KIND_TAG,
+    GIT_COMMIT_TAG,
+    NOTE_TAG,
+    PARENT_TAG,
+    PREDICTIONS_FILE,
+    ROLE_PARENT,
+    ROLE_TRIAL,
+    SHIFT_FILE,
+    SPLITS,
+    STOPPED_EARLY,
+    SUMMARY_FILE,
+    TAG_GIT_COMMIT,
+    TAG_LABEL,
+    TAG_LOST_FROM_TUNE,
+    TAG_NODE,
+    TAG_REASON,
+    TAG_ROLE,
+    TAG_STATUS,
+    TAG_STOP_REASON,
+    TAG_SWEEP,
+    TAG_TRIAL,
+    is_finite_number,
+    is_number,
+)
 from sweeps.search_space import describe_params
 
 log = logging.getLogger(__name__)
 
-TAG_SWEEP = "calib.sweep"
-TAG_ROLE = "calib.role"
-TAG_TRIAL = "calib.trial_id"
-TAG_REASON = "calib.failure_reason"
-TAG_STATUS = "calib.status"  # completed | stopped_early | diverged | errored
-TAG_STOP_REASON = "calib.stop_reason"
-# The status of a trial the scheduler (ASHA) stopped at a rung: a normal end, not a failure.
-STOPPED_EARLY = "stopped_early"
-PARENT_TAG = "mlflow.parentRunId"
-RUN_NAME_TAG = "mlflow.runName"
-# MLflow's own conventions: the run description the UI shows and edits, the source commit, and the
-# experiment kind (the UI's "machine learning" workflow rather than GenAI).
-NOTE_TAG = "mlflow.note.content"
-GIT_COMMIT_TAG = "mlflow.source.git.commit"
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-CLASSIC_ML = "custom_model_development"
 MAX_BATCH = 900  # MLflow log_batch takes at most 1000 metrics
 
 
@@ -60,7 +70,7 @@ def source_tags() -> dict[str, str]:
 
     tags = {k: str(v) for k, v in resolve_tags({}).items() if k.startswith(("mlflow.source.", "mlflow.user"))}
     commit = git_commit()
-    tags["calib.git_commit"] = commit
+    tags[TAG_GIT_COMMIT] = commit
     if commit != "unknown":
         tags[GIT_COMMIT_TAG] = commit
     return tags
@@ -100,10 +110,10 @@ def find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> 
 
 def find_or_create_parent(client: MlflowClient, experiment_id: str, sweep: str, tags: dict[str, str]) -> str:
     """The sweep's parent run id; reopened (RUNNING) if it exists."""
-    run = find_run(client, experiment_id, {TAG_SWEEP: sweep, TAG_ROLE: "parent"})
+    run = find_run(client, experiment_id, {TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT})
     if run is None:
         run = client.create_run(experiment_id, run_name=sweep,
-                                tags={TAG_SWEEP: sweep, TAG_ROLE: "parent", **tags})
+                                tags={TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT, **tags})
     elif run.info.status != "RUNNING":
         client.update_run(run.info.run_id, status="RUNNING")
     return run.info.run_id
@@ -132,7 +142,7 @@ class MLflowTrackingCallback(tune.Callback):
         self.parent_run_id = parent_run_id
         self.sweep = sweep
         self.base_tags = dict(base_tags)
-        self.trial_params = trial_params  # callable: trial config -> (flat params, tags)
+        self.trial_params = trial_params  # callable: trial config -> (flat params, tags, run config dict)
         self.num_bins = num_bins
         self.scheduler = scheduler  # named in the reason of trials it stops early
         self._client: MlflowClient | None = None
@@ -163,8 +173,8 @@ class MLflowTrackingCallback(tune.Callback):
             params, tags, run_config = self.trial_params(trial.config)
             note = (f"Trial `{tid}` of sweep {run_link(self.experiment_id, self.parent_run_id, self.sweep)}: "
                     f"{describe_run(run_config)}.")
-            run = self.client.create_run(self.experiment_id, run_name=tags.get("calib.label", tid), tags={
-                **self.base_tags, **tags, TAG_SWEEP: self.sweep, TAG_ROLE: "trial", TAG_TRIAL: tid,
+            run = self.client.create_run(self.experiment_id, run_name=tags.get(TAG_LABEL, tid), tags={
+                **self.base_tags, **tags, TAG_SWEEP: self.sweep, TAG_ROLE: ROLE_TRIAL, TAG_TRIAL: tid,
                 PARENT_TAG: self.parent_run_id, NOTE_TAG: note,
             })
             items = [Param(k, str(v)[:6000]) for k, v in params.items()]
@@ -193,9 +203,7 @@ class MLflowTrackingCallback(tune.Callback):
         ts = int(time.time() * 1000)
         batch = []
         for k, v in metrics.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (k, step) in seen:
-                continue
-            if not np.isfinite(v):
+            if not is_finite_number(v) or (k, step) in seen:
                 continue
             batch.append(Metric(k, float(v), ts, step))
             seen.add((k, step))
@@ -238,7 +246,7 @@ class MLflowTrackingCallback(tune.Callback):
             return
         self.client.set_tag(rid, TAG_STATUS, str(status))
         if result.get("node_id"):
-            self.client.set_tag(rid, "calib.node_id", str(result["node_id"]))
+            self.client.set_tag(rid, TAG_NODE, str(result["node_id"]))
         final = {k: v for k, v in result.items()
                  if k.startswith(("val_", "test_", "calibrator_")) or k == "wall_time"}
         self.log_metrics(rid, final, step=step)
@@ -280,7 +288,6 @@ class MLflowTrackingCallback(tune.Callback):
         """Reliability diagrams; shift tables and ECE-vs-severity plots; the per-task table."""
         from calib_core.metrics import reliability_diagram
         from sweeps.reports import per_task_table, shift_plot, shift_table
-        from sweeps.trainable import PREDICTIONS_FILE, SHIFT_FILE, SUMMARY_FILE
 
         ckpt = trial.checkpoint
         if ckpt is None:
@@ -289,7 +296,7 @@ class MLflowTrackingCallback(tune.Callback):
             preds = np.load(Path(d) / PREDICTIONS_FILE)
             # kept with the run so paired statistics and any metric can be recomputed later
             self.client.log_artifact(run_id, str(Path(d) / PREDICTIONS_FILE), artifact_path="predictions")
-            for split in ("val", "test"):
+            for split in SPLITS:
                 path = Path(out) / f"reliability_{split}.png"
                 what = "validation" if split == "val" else "test"
                 reliability_diagram(preds[f"{split}_probs"], preds[f"{split}_labels"], path,
@@ -327,7 +334,7 @@ def _outcome(result: dict[str, Any]) -> str:
     """The headline numbers of a completed trial, for its description."""
     def pct(key: str) -> str:
         v = result.get(key)
-        return f"{100 * float(v):.1f} %" if isinstance(v, (int, float)) else "n/a"
+        return f"{100 * float(v):.1f} %" if is_number(v) else "n/a"
 
     return (f"**Result:** val accuracy {pct('val_accuracy')}, val ECE {pct('val_ece')}; test accuracy "
             f"{pct('test_accuracy')}, test ECE {pct('test_ece')}; diagrams under `diagrams/`, predictions under "
@@ -342,14 +349,14 @@ def drop_orphan_runs(client: MlflowClient, experiment_id: str, sweep: str, trial
     second, dead run for one slot of the sweep, so it is deleted (soft: `mlflow gc` not run); a
     finished one is real work and stays, tagged `calib.lost_from_tune` (selection ignores it).
     """
-    flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and tags.`{TAG_ROLE}` = 'trial'"
+    flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'"
     lost = []
     for run in client.search_runs([experiment_id], filter_string=flt, max_results=10000):
         tid = run.data.tags.get(TAG_TRIAL, "")
         if tid in trial_ids:
             continue
         if run.info.status == "FINISHED":
-            client.set_tag(run.info.run_id, "calib.lost_from_tune", "true")
+            client.set_tag(run.info.run_id, TAG_LOST_FROM_TUNE, "true")
         else:
             if run.info.status == "RUNNING":
                 client.set_terminated(run.info.run_id, status="KILLED")
@@ -363,7 +370,7 @@ def close_open_runs(client: MlflowClient, experiment_id: str, sweep: str, status
     flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and attributes.status = 'RUNNING'"
     n = 0
     for run in client.search_runs([experiment_id], filter_string=flt, max_results=10000):
-        if run.data.tags.get(TAG_ROLE) == "parent":
+        if run.data.tags.get(TAG_ROLE) == ROLE_PARENT:
             continue
         client.set_terminated(run.info.run_id, status=status)
         n += 1

@@ -22,14 +22,22 @@ from ray import tune
 from calib_core.config import RunConfig
 from calib_core.data import load_dataset
 from calib_core.trainer import Trainer, make_trainer
+from sweeps.config import EvaluationConfig
+from sweeps.contract import (
+    DEBIASED_METRICS,
+    FINAL_FILE,
+    MODEL_FILE,
+    OOD_SCORES,
+    PREDICTIONS_FILE,
+    SHIFT_FILE,
+    SPLITS,
+    STATE_FILE,
+    SUMMARY_FILE,
+    final_only_keys,
+    is_number,
+    metric_key,
+)
 from sweeps.search_space import resolve_run_config
-
-STATE_FILE = "state.pt"
-MODEL_FILE = "model.pt"
-PREDICTIONS_FILE = "predictions.npz"
-SUMMARY_FILE = "summary.json"
-FINAL_FILE = "final.json"
-SHIFT_FILE = "shift.json"
 
 # Test hooks for fault injection (see tests/test_sweep_faults.py): kill the trial process once,
 # at the given epoch, leaving a marker file so the retry does not kill itself again.
@@ -87,13 +95,16 @@ def _finite(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in metrics.items()}
 
 
-def train_trial(config: dict[str, Any], base: dict[str, Any], evaluation: dict[str, Any] | None = None,
+def train_trial(config: dict[str, Any], base: dict[str, Any],
+                evaluation: EvaluationConfig | dict[str, Any] | None = None,
                 plugins: list[str] | None = None, quiet: bool = False) -> None:
     """Run one trial: resolve its config, resume from Tune's checkpoint if any, report per epoch.
 
+    `evaluation`: what is measured after training (a dict is validated into an EvaluationConfig).
     `plugins`: modules that register models, datasets or calibrators (imported here too: a trial
     runs in its own process). `quiet`: Ray Train's per-checkpoint INFO line off (sweeps.progress).
     """
+    evaluation = EvaluationConfig.model_validate(evaluation or {})
     if quiet:
         from sweeps.progress import QUIET_WORKER_LOGGERS
 
@@ -135,25 +146,14 @@ def train_trial(config: dict[str, Any], base: dict[str, Any], evaluation: dict[s
             with tempfile.TemporaryDirectory() as d:
                 torch.save(report.state(), Path(d) / STATE_FILE)
                 # Measured once, after training; Tune and Optuna need the keys in every result.
-                for key in _final_only_keys(evaluation or {}):
+                for key in final_only_keys(shift=evaluation.shift, ood=evaluation.ood != "none"):
                     metrics[key] = float("nan")
                 tune.report(_lead_columns({**metrics, "epoch": report.epoch, "done": False}),
                             checkpoint=tune.Checkpoint.from_directory(d))
         _maybe_inject_fault(report.epoch)
 
     result = trainer.fit(on_epoch=on_epoch, resume_state=resume_state)
-    _report_final(trainer, result, run_cfg, data, evaluation or {}, last_epoch)
-
-
-def _final_only_keys(evaluation: dict[str, Any]) -> list[str]:
-    """Validation metrics that exist only in the final report under this evaluation config."""
-    from sweeps.config import DEBIASED_METRICS, OOD_METRICS
-
-    keys = [f"val_{m}" for m in DEBIASED_METRICS]
-    keys += ["val_shift_ece"] if evaluation.get("shift") else []
-    if evaluation.get("ood", "none") != "none":
-        keys += [f"val_{m}" for m in OOD_METRICS]
-    return keys
+    _report_final(trainer, result, run_cfg, data, evaluation, last_epoch)
 
 
 def _ood_scores(result: Any, data: Any, run_cfg: RunConfig, kind: str) -> dict[str, float]:
@@ -162,35 +162,34 @@ def _ood_scores(result: Any, data: Any, run_cfg: RunConfig, kind: str) -> dict[s
 
     out = {}
     with torch.no_grad():
-        for i, split in enumerate(("val", "test")):
+        for i, split in enumerate(SPLITS):
             x_in = getattr(data, split).x
             x_out = make_ood_inputs(x_in, kind, seed=run_cfg.seed * 1000 + 17 + i)
             for k, v in ood_metrics(result.predict_proba, x_in, x_out).items():
-                if "_" in k and k.split("_")[0] in ("msp", "entropy"):
-                    out[f"{split}_ood_{k}"] = float(v)
+                if "_" in k and k.split("_")[0] in OOD_SCORES:
+                    out[metric_key(split, f"ood_{k}")] = float(v)
     return out
 
 
-def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: dict[str, Any]) -> dict[str, list]:
+def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: EvaluationConfig) -> dict[str, list]:
     """Accuracy and ECE per corruption and severity on val (for selection) and test (for the record)."""
     from calib_core.evaluation import shift_metrics
 
-    kw = {"names": evaluation.get("shift_corruptions"),
-          "severities": evaluation.get("shift_severities", (1, 2, 3, 4, 5)),
-          "num_bins": run_cfg.train.num_bins}
     with torch.no_grad():
-        return {split: shift_metrics(result.predict_proba, data, run_cfg.seed, split=split, **kw)
-                for split in ("val", "test")}
+        return {split: shift_metrics(result.predict_proba, data, run_cfg.seed, split=split,
+                                     names=evaluation.shift_corruptions, severities=evaluation.shift_severities,
+                                     num_bins=run_cfg.train.num_bins)
+                for split in SPLITS}
 
 
 def _prediction_arrays(result: Any, data: Any) -> dict[str, np.ndarray]:
     """Validation and test predictions (sweeps.uncertainty.load_predictions reads them); for
     multi-task runs every task's probabilities over all rows and the (N, T) labels, -1 = missing."""
     arrays = {f"{split}_{what}": getattr(result, f"{split}_{what}").numpy()
-              for split in ("val", "test") for what in ("probs", "labels")}
+              for split in SPLITS for what in ("probs", "labels")}
     if getattr(result, "task_val_probs", None) is not None:
         arrays["tasks"] = np.array([str(t[0]) for t in data.tasks])
-        for split in ("val", "test"):
+        for split in SPLITS:
             arrays[f"{split}_task_labels"] = getattr(result, f"task_{split}_labels").numpy()
             for t, probs in enumerate(getattr(result, f"task_{split}_probs")):
                 arrays[f"{split}_task{t}_probs"] = probs.numpy()
@@ -201,10 +200,9 @@ def _debiased_metrics(arrays: dict[str, np.ndarray]) -> dict[str, float]:
     """Less biased calibration estimators (calib_core.metrics.debiased) on val and test; for
     multi-task runs the mean over tasks of each task's value on its labelled rows."""
     from calib_core import metrics
-    from sweeps.config import DEBIASED_METRICS
 
     out = {}
-    for split in ("val", "test"):
+    for split in SPLITS:
         if "tasks" in arrays:
             labels = arrays[f"{split}_task_labels"]
             parts = [(arrays[f"{split}_task{t}_probs"], labels[:, t]) for t in range(labels.shape[1])]
@@ -213,11 +211,11 @@ def _debiased_metrics(arrays: dict[str, np.ndarray]) -> dict[str, float]:
         parts = [(p[y >= 0], y[y >= 0]) for p, y in parts if (y >= 0).any()]
         for name in DEBIASED_METRICS:
             fn = getattr(metrics, name)
-            out[f"{split}_{name}"] = float(np.mean([float(fn(p.astype(np.float64), y)) for p, y in parts]))
+            out[metric_key(split, name)] = float(np.mean([float(fn(p.astype(np.float64), y)) for p, y in parts]))
     return out
 
 
-def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, evaluation: dict[str, Any],
+def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, evaluation: EvaluationConfig,
                   last_epoch: dict[str, float] | None = None) -> None:
     """Last report: final val/test metrics plus the model and predictions for the driver.
 
@@ -245,15 +243,15 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, 
         final["val_ece"] = float("nan")
         final["val_accuracy"] = float("nan")
     shift: dict[str, list] = {}
-    if result.status == "completed" and evaluation.get("shift"):
+    if result.status == "completed" and evaluation.shift:
         shift = _shift_tables(result, data, run_cfg, evaluation)
         for split, rows in shift.items():
             final[f"{split}_shift_ece"] = float(np.mean([r["ece"] for r in rows]))
             final[f"{split}_shift_accuracy"] = float(np.mean([r["accuracy"] for r in rows]))
-    if result.status == "completed" and evaluation.get("ood", "none") != "none":
-        final.update(_ood_scores(result, data, run_cfg, evaluation["ood"]))
+    if result.status == "completed" and evaluation.ood != "none":
+        final.update(_ood_scores(result, data, run_cfg, evaluation.ood))
     for k, v in (result.calibrator_info or {}).items():
-        if isinstance(v, (int, float)):
+        if is_number(v):
             final[f"calibrator_{k}"] = float(v)
     with tempfile.TemporaryDirectory() as d:
         torch.save(trainer.state_dict(), Path(d) / STATE_FILE)

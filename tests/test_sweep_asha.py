@@ -13,10 +13,22 @@ from ray.tune.schedulers import TrialScheduler
 
 from calib_core.config import RunConfig
 from sweeps import trainable
-from sweeps.config import SelectionConfig, load_sweep_config
+from sweeps.config import SearchConfig, SelectionConfig, load_sweep_config
+from sweeps.contract import (
+    FINAL_FILE,
+    METRIC_NAMES,
+    MODEL_FILE,
+    PREDICTIONS_FILE,
+    STATE_FILE,
+    STOPPED_EARLY,
+    SUMMARY_FILE,
+    TAG_REASON,
+    TAG_STATUS,
+    TAG_STOP_REASON,
+)
 from sweeps.progress import ProgressCallback
 from sweeps.selection import TrialRecord, select
-from sweeps.tracking import STOPPED_EARLY, TAG_REASON, TAG_STATUS, TAG_STOP_REASON, MLflowTrackingCallback
+from sweeps.tracking import MLflowTrackingCallback
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "sweeps" / "configs" / "digits_demo.yaml"
@@ -44,7 +56,7 @@ def reports(tmp_path_factory) -> list[tuple[dict, Path | None]]:
     mp.setattr(trainable, "_node_id", lambda: "local")
     try:
         trainable.train_trial({"calibrator": "temperature", "calibrator_lr": 0.01},
-                              base=cfg.run.model_dump(mode="json"), evaluation=cfg.evaluation.model_dump(mode="json"))
+                              base=cfg.run.model_dump(mode="json"), evaluation=cfg.evaluation)
     finally:
         mp.undo()
     return got
@@ -58,9 +70,20 @@ def test_last_epoch_is_reported_once_by_the_final_report(reports):
     assert final["status"] == "completed"
     for key in ("val_ece", "val_accuracy", "test_ece", "test_accuracy", "train_loss", "epoch_time", "wall_time"):
         assert key in final, key
-    assert {p.name for p in ckpt.iterdir()} >= {trainable.MODEL_FILE, trainable.PREDICTIONS_FILE,
-                                                trainable.SUMMARY_FILE, trainable.FINAL_FILE, trainable.STATE_FILE}
-    assert all(c is not None and (c / trainable.STATE_FILE).is_file() for _, c in reports[:-1])
+    assert {p.name for p in ckpt.iterdir()} >= {MODEL_FILE, PREDICTIONS_FILE, SUMMARY_FILE, FINAL_FILE, STATE_FILE}
+    assert all(c is not None and (c / STATE_FILE).is_file() for _, c in reports[:-1])
+
+
+def test_every_reported_validation_metric_is_a_valid_search_metric(reports):
+    """sweeps.contract's names are what a trial reports: each val_ metric of the final report (no
+    shift or OOD here) may be searched, and every per-epoch and debiased name is reported."""
+    final, _ = reports[-1]
+    reported = {k for k in final if k.startswith("val_")}
+    for key in reported:
+        assert SearchConfig(objective="single", metric=key).metric == key
+    expected = {f"val_{m}" for m in METRIC_NAMES if not m.startswith(("shift_", "ood_"))}
+    assert expected <= reported
+    assert all(set(r) >= expected for r, _ in reports[:-1])  # Tune and Optuna need every key in every result
 
 
 def test_asha_never_stops_the_trial_before_its_final_report(reports):

@@ -37,6 +37,9 @@ BAD_CASES = [
     ("bad-name", ["--name", "my sweep!"], None, "name"),
     ("shift-metric-without-shift", ["--set", "search.objective=single", "--set", "search.metric=val_shift_ece"],
      None, "evaluation.shift"),
+    ("shift-accuracy-without-shift", ["--set", "selection.rule=min_metric", "--set",
+                                      "selection.metric=val_shift_accuracy", "--set", "selection.mode=max"],
+     None, "evaluation.shift"),
     ("ood-metric-without-ood", ["--set", "selection.rule=min_metric", "--set", "selection.metric=val_ood_msp_auroc"],
      None, "evaluation.ood"),
     ("unknown-ood-kind", ["--set", "evaluation.ood=svhn"], None, "evaluation.ood"),
@@ -151,10 +154,13 @@ def test_yaml_config_file_roundtrip(tmp_path):
 
 
 def test_searchable_metric_names_follow_calib_core() -> None:
+    from calib_core import metrics
     from calib_core.metrics import METRIC_NAMES as CORE
     from sweeps.config import PER_EPOCH_METRICS, SweepConfig
+    from sweeps.contract import DEBIASED_METRICS
 
     assert set(PER_EPOCH_METRICS) == set(CORE)
+    assert all(callable(getattr(metrics, name, None)) for name in DEBIASED_METRICS)
     for name in ("val_classwise_ece", "val_smooth_ece", "val_ece_sweep", "val_debiased_l2_ce"):
         cfg = SweepConfig.model_validate({"search": {"objective": "single", "metric": name},
                                           "selection": {"metric": name}})

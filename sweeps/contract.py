@@ -1,0 +1,98 @@
+"""The sweep's contract: what a trial leaves in its checkpoints, the metric keys it reports, the MLflow tags.
+
+One place for the names the trials (sweeps/trainable.py), the driver (service, tracking, selection,
+model_export) and the config checks (sweeps/config.py) must agree on. It imports neither torch,
+Ray nor MLflow: validating a config must stay fast (tests/test_cli_malformed.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeGuard
+
+# ---------------------------------------------------------------------------- checkpoint layout
+# Every epoch checkpoint holds STATE_FILE; the final one (the trial's last report) holds all of them.
+STATE_FILE = "state.pt"  # the trainer's resumable state
+MODEL_FILE = "model.pt"  # the calibrated module, pickled (completed trials only)
+PREDICTIONS_FILE = "predictions.npz"  # val/test probabilities and labels (sweeps.uncertainty.load_predictions)
+SUMMARY_FILE = "summary.json"  # run config, input shape, tasks, calibrator info, status
+FINAL_FILE = "final.json"  # the final report itself: a restarted finished trial reports it again
+SHIFT_FILE = "shift.json"  # accuracy and ECE per corruption and severity (evaluation.shift)
+
+# ---------------------------------------------------------------------------- metric keys
+SPLITS = ("val", "test")
+# calib_core.metrics.METRIC_NAMES (the keys of compute_all, reported every epoch), spelled out because
+# importing calib_core.metrics imports torch; tests/test_sweep_config.py checks the two agree.
+PER_EPOCH_METRICS = ("accuracy", "nll", "brier", "ece", "mce", "rmsce", "sce", "ace", "tace", "classwise_ece", "aurc")
+# Less biased calibration estimators, functions of calib_core.metrics by these names, measured after training.
+DEBIASED_METRICS = ("debiased_l2_ce", "ece_sweep", "smooth_ece")
+# Means over the corruption suite (evaluation.shift).
+SHIFT_METRICS = ("shift_ece", "shift_accuracy")
+# OOD detection against synthetic inputs (evaluation.ood): `ood_<score>_<measure>`.
+OOD_SCORES = ("msp", "entropy")
+OOD_METRICS = ("ood_msp_auroc", "ood_entropy_auroc", "ood_msp_fpr95", "ood_entropy_fpr95")
+# Measured once after training (not per epoch); shift and OOD only when `evaluation` switches them on.
+FINAL_ONLY_METRICS = SHIFT_METRICS + OOD_METRICS + DEBIASED_METRICS
+METRIC_NAMES = PER_EPOCH_METRICS + FINAL_ONLY_METRICS
+# The multi-objective search: validation accuracy up, validation ECE down.
+MULTI_OBJECTIVE = (("val_accuracy", "max"), ("val_ece", "min"))
+
+
+def metric_key(split: str, name: str) -> str:
+    """The reported key of metric `name` on `split` ('val' or 'test'), e.g. val_ece."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return f"{split}_{name}"
+
+
+def final_only_keys(shift: bool, ood: bool) -> list[str]:
+    """Validation keys that exist only in the final report, given what the evaluation switches on."""
+    names = list(DEBIASED_METRICS) + (list(SHIFT_METRICS) if shift else []) + (list(OOD_METRICS) if ood else [])
+    return [metric_key("val", m) for m in names]
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    """A real number as a metric (int or float, not bool); NaN counts (a diverged trial's metric)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_finite_number(value: Any) -> TypeGuard[int | float]:
+    """A real, finite number (not bool, NaN or infinity): what MLflow can log and a ranking can use."""
+    return is_number(value) and math.isfinite(value)
+
+
+# ---------------------------------------------------------------------------- MLflow tags
+TAG_SWEEP = "calib.sweep"  # the sweep's name, on the parent and every child run
+TAG_ROLE = "calib.role"  # ROLE_PARENT | ROLE_TRIAL
+ROLE_PARENT = "parent"
+ROLE_TRIAL = "trial"
+TAG_TRIAL = "calib.trial_id"  # Tune's trial id, on the trial's run
+TAG_DATASET = "calib.dataset"
+TAG_CALIBRATOR = "calib.calibrator"
+TAG_METHOD = "calib.method"
+TAG_LABEL = "calib.label"  # the trial's short description (describe_params), also its run name
+TAG_GIT_COMMIT = "calib.git_commit"  # kept beside MLflow's own for old queries
+TAG_NODE = "calib.node_id"  # the Ray node a trial ran on
+TAG_STATUS = "calib.status"  # completed | stopped_early | diverged | errored
+TAG_STOP_REASON = "calib.stop_reason"
+TAG_REASON = "calib.failure_reason"  # on a failed trial's run and on a failed sweep's parent
+# The status of a trial the scheduler (ASHA) stopped at a rung: a normal end, not a failure.
+STOPPED_EARLY = "stopped_early"
+TAG_LOST_FROM_TUNE = "calib.lost_from_tune"  # a finished run of a trial Tune forgot (selection ignores it)
+TAG_LOST_TRIALS = "calib.lost_trials"  # on the parent: trial ids whose runs were dropped on resume
+TAG_CHAMPION_TRIAL = "calib.champion_trial"
+TAG_CHAMPION_RUN = "calib.champion_run"
+TAG_SELECTION_RULE = "calib.selection_rule"  # the selection sentence
+# The champion's logged model and registered version.
+TAG_EXPORT_FORMAT = "calib.export_format"
+TAG_EXPORT_COMPLETE = "calib.export_complete"
+TAG_SOURCE_RUN = "source_run_id"
+# MLflow's own conventions: the parent of a nested run, the run description the UI shows and edits,
+# the source commit, and the experiment kind (the UI's "machine learning" workflow rather than GenAI).
+PARENT_TAG = "mlflow.parentRunId"
+RUN_NAME_TAG = "mlflow.runName"
+NOTE_TAG = "mlflow.note.content"
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+CLASSIC_ML = "custom_model_development"
+CHAMPION_ALIAS = "champion"
