@@ -172,43 +172,6 @@ def _build() -> dict[str, Callable] | None:
                 sums[slot] += v
         return 0
 
-    def adaptive_reps(w, order, v, c, tie_start, starts, nb, out_cnt, out_sum, out_cor, lo, hi):
-        # per resample b: the resample's equal-mass edges over the sorted values, then bin sums
-        n = order.shape[0]
-        cum = np.empty(n + 1)
-        wo = np.empty(n)
-        bounds = np.empty(nb + 1, np.int64)
-        for b in range(lo, hi):
-            cum[0] = 0.0
-            for i in range(n):
-                wo[i] = w[b, order[i]]
-                cum[i + 1] = cum[i] + wo[i]
-            for t in range(starts.shape[0]):
-                s0 = starts[t]
-                before = cum[s0]
-                kept = cum[n] - before
-                if kept <= 0.0:
-                    continue
-                step = kept / nb
-                bounds[0] = s0
-                src = s0
-                for j in range(1, nb):
-                    q = min(np.round(j * step), kept - 1.0) + before  # round half to even, as numpy
-                    while cum[src + 1] <= q:  # the entry holding resample position q
-                        src += 1
-                    bounds[j] = tie_start[src]
-                bounds[nb] = n
-                for j in range(nb):
-                    sm = 0.0
-                    cr = 0.0
-                    for i in range(bounds[j], bounds[j + 1]):
-                        sm += wo[i] * v[i]
-                        cr += wo[i] * c[i]
-                    out_cnt[t, b, j] = cum[bounds[j + 1]] - cum[bounds[j]]
-                    out_sum[t, b, j] = sm
-                    out_cor[t, b, j] = cr
-        return 0
-
     def aurc_reps(w, order, err, first, out, lo, hi):
         n = order.shape[0]
         cw = np.empty(n + 1)
@@ -377,14 +340,117 @@ def _build() -> dict[str, Callable] | None:
                     out[t, c, e] += 1.0
         return 0
 
+    def even_reps(w, sub, v, corr_col, cnt, sums, cor, lo, hi):
+        # per resample b: each drawn row adds its count to its sub-bin in every column, its
+        # weighted value to the sums, and to the correctness sums of the column it is correct in
+        n, c = sub.shape
+        for b in range(lo, hi):
+            for i in range(n):
+                wi = np.float64(w[b, i])
+                if wi == 0.0:
+                    continue
+                for j in range(c):
+                    s = sub[i, j]
+                    cnt[b, j, s] += wi
+                    sums[b, j, s] += wi * v[i, j]
+                cc = corr_col[i]
+                if cc >= 0:
+                    cor[b, cc, sub[i, cc]] += wi
+        return 0
+
+    def adaptive_all(w, order, v, c, tie_start, starts, nb, out_cnt, out_sum, out_cor, lo, hi):
+        # per resample b and group k, along the group's fixed sorted order: sums of weights,
+        # weighted values and weighted correctness per block of L entries (vectorised
+        # reductions), their prefix sums, then for each threshold the equal-mass edge positions
+        # by binary search over the block prefixes and a scan inside one block; the bin
+        # statistics are differences of prefix sums at the bounds: O(N + bins L) per resample
+        # and group, no pass per threshold and no sort
+        g, n = order.shape
+        nt = starts.shape[1]
+        L = 32
+        nblk = (n + L - 1) // L
+        bw = np.empty(nblk + 1)
+        bs = np.empty(nblk + 1)
+        bc = np.empty(nblk + 1)
+        bounds = np.empty(nb + 1, np.int64)
+        pw = np.empty(nb + 1)
+        ps = np.empty(nb + 1)
+        pc = np.empty(nb + 1)
+        for b in range(lo, hi):
+            wrow = w[b]
+            for k in range(g):
+                ok = order[k]
+                vk = v[k]
+                ck = c[k]
+                bw[0] = 0.0
+                bs[0] = 0.0
+                bc[0] = 0.0
+                for blk in range(nblk):
+                    sw = 0.0
+                    sv = 0.0
+                    sc = 0.0
+                    for i in range(blk * L, min(n, blk * L + L)):
+                        wi = np.float64(wrow[ok[i]])
+                        sw += wi
+                        sv += wi * vk[i]
+                        sc += wi * ck[i]
+                    bw[blk + 1] = bw[blk] + sw
+                    bs[blk + 1] = bs[blk] + sv
+                    bc[blk + 1] = bc[blk] + sc
+                total = bw[nblk]
+                for t in range(nt):
+                    s0 = starts[k, t]
+                    # weight before s0: block prefix plus the start of s0's block
+                    before = bw[s0 // L]
+                    for i in range((s0 // L) * L, s0):
+                        before += wrow[ok[i]]
+                    kept = total - before
+                    if kept <= 0.0:
+                        continue
+                    step = kept / nb
+                    bounds[0] = s0
+                    for j in range(1, nb):
+                        q = min(np.round(j * step), kept - 1.0) + before  # round half to even, as numpy
+                        # entry holding resample position q: the first with cumulative weight > q
+                        blk = np.searchsorted(bw, q, side="right") - 1  # bw[blk] <= q < bw[blk + 1]
+                        cum = bw[blk]
+                        src = blk * L
+                        while True:
+                            cum += wrow[ok[src]]
+                            if cum > q:
+                                break
+                            src += 1
+                        bounds[j] = tie_start[k, src]  # values equal to an edge belong to the bin above
+                    bounds[nb] = n
+                    for j in range(nb + 1):  # prefix sums at each bound
+                        p = bounds[j]
+                        blk = p // L
+                        sw = bw[blk]
+                        sv = bs[blk]
+                        sc = bc[blk]
+                        for i in range(blk * L, p):
+                            wi = np.float64(wrow[ok[i]])
+                            sw += wi
+                            sv += wi * vk[i]
+                            sc += wi * ck[i]
+                        pw[j] = sw
+                        ps[j] = sv
+                        pc[j] = sc
+                    for j in range(nb):
+                        out_cnt[t, k, b, j] = pw[j + 1] - pw[j]
+                        out_sum[t, k, b, j] = ps[j + 1] - ps[j]
+                        out_cor[t, k, b, j] = pc[j + 1] - pc[j]
+        return 0
+
     return {
         "scan64": _njit(scan_search, fastmath=fast),
         "scan32": _njit(scan_key32, fastmath=fast),
         "hist": _njit(hist),
         "hist2d": _njit(hist2d),
-        "adaptive_reps": _njit(adaptive_reps),
         "aurc_reps": _njit(aurc_reps),
         "adaptive_cols": _njit(adaptive_cols),
+        "even_reps": _njit(even_reps),
+        "adaptive_all": _njit(adaptive_all, fastmath=fast),
         "adaptive_correct": _njit(adaptive_correct),
     }
 
@@ -519,30 +585,6 @@ def even_histogram_2d(probs: Tensor, boundaries: Tensor, columns: bool) -> tuple
     return torch.from_numpy(counts).view(view), torch.from_numpy(sums).view(view)
 
 
-def adaptive_replicates(
-    w: Tensor, order: Tensor, v: Tensor, c: Tensor, tie_start: Tensor, starts: list[int], num_bins: int
-) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Bootstrap replicates of one group's adaptive-bin statistics (calib_core.metrics.bootstrap):
-    for each threshold start, (counts, value sums, correctness sums), each (B, num_bins) float64."""
-    wn = w.numpy()
-    b = wn.shape[0]
-    st = np.asarray(starts, dtype=np.int64)
-    out = [np.zeros((len(starts), b, num_bins)) for _ in range(3)]
-    args = (
-        wn,
-        order.numpy(),
-        v.numpy().astype(np.float64),
-        c.numpy().astype(np.float64),
-        tie_start.numpy(),
-        st,
-        num_bins,
-        *out,
-    )
-    _split(_kernel("adaptive_reps"), b, lambda t: args, min_rows=8)
-    cnt, val, cor = out
-    return [(torch.from_numpy(cnt[t]), torch.from_numpy(val[t]), torch.from_numpy(cor[t])) for t in range(len(starts))]
-
-
 def aurc_replicates(w: Tensor, order: Tensor, err: Tensor, first: Tensor) -> Tensor:
     """Bootstrap replicates (B,) of AURC from confidence order, errors and tie-block starts."""
     wn = w.numpy()
@@ -585,3 +627,38 @@ def adaptive_columns(
         torch.from_numpy(edges),
         torch.from_numpy(kept),
     )
+
+
+def even_replicates_scatter(
+    w: Tensor, sub: Tensor, values: Tensor, corr_col: Tensor, num_sub: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Bootstrap replicates of even-bin sub-bin statistics (calib_core.metrics.bootstrap):
+    (counts, value sums, correctness sums), each (B, C, num_sub) float64, where row i of the
+    data lies in sub-bin ``sub[i, j]`` of column j and is correct in column ``corr_col[i]``
+    (-1: none). One pass over each resample's drawn rows; resamples split over threads."""
+    wn = w.numpy()
+    b = wn.shape[0]
+    c = sub.shape[1]
+    out = [np.zeros((b, c, num_sub)) for _ in range(3)]
+    args = (wn, sub.numpy(), values.numpy(), corr_col.numpy(), *out)
+    _split(_kernel("even_reps"), b, lambda t: args, min_rows=8)
+    cnt, val, cor = out
+    return torch.from_numpy(cnt), torch.from_numpy(val), torch.from_numpy(cor)
+
+
+def adaptive_replicates_groups(
+    w: Tensor, order: Tensor, v: Tensor, c: Tensor, tie_start: Tensor, starts: Tensor, num_bins: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Bootstrap replicates of adaptive-bin statistics of G groups of N values at once: ``order``
+    (G, N) sorts each group's values ``v`` (G, N, sorted, float64) with correctness ``c``,
+    ``tie_start`` (G, N) the first sorted index of each value's tie block, ``starts`` (G, T)
+    each threshold's first kept index. Returns (counts, value sums, correctness sums), each
+    (T, G, B, num_bins) float64, every resample's edges derived from its own kept values."""
+    wn = w.numpy()
+    b = wn.shape[0]
+    g, t = starts.shape
+    out = [np.zeros((t, g, b, num_bins)) for _ in range(3)]
+    args = (wn, order.numpy(), v.numpy(), c.numpy(), tie_start.numpy(), starts.numpy(), num_bins, *out)
+    _split(_kernel("adaptive_all"), b, lambda t: args, min_rows=8)
+    cnt, val, cor = out
+    return torch.from_numpy(cnt), torch.from_numpy(val), torch.from_numpy(cor)

@@ -70,6 +70,12 @@ def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Ten
     nb = binner.num_bins + 1
     b = w.shape[0]
     sub = binner.sub_index(values.contiguous())
+    if _fast.usable(w, min_elements=1) and values.device.type == "cpu" and bool((correct.sum(dim=1) <= 1).all()):
+        # each row is correct in at most one column: one scatter pass per resample, no design matrix
+        corr_col = torch.where(correct.any(dim=1), correct.to(torch.int8).argmax(dim=1), -1)
+        cnt_s, sums_s, corr_s = _fast.even_replicates_scatter(w, sub, values.contiguous(), corr_col, binner.num_sub)
+        flat = [t.view(b * c, binner.num_sub) for t in (cnt_s, sums_s, corr_s)]
+        return [tuple(binner.collapse(t, i) for t in flat) for i in range(len(binner.thresholds))]  # type: ignore[misc]
     bins = binner.sub_bin[sub]
     out = []
     for i in range(len(binner.thresholds)):
@@ -89,14 +95,10 @@ def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Ten
     return out
 
 
-def _adaptive_replicates(
-    w: Tensor, values: Tensor, correct: Tensor, thresholds: Sequence[float | None], num_bins: int
-) -> list[BinStats]:
-    """Adaptive-bin (counts, value sums, correctness sums), (B, bins), of one group of N values
-    per resample, each resample's edges derived from its own kept values."""
+def _sorted_group(values: Tensor, thresholds: Sequence[float | None]) -> tuple[Tensor, Tensor, Tensor, list[int]]:
+    """(order, sorted values, tie-block starts, first kept index per threshold) of one group."""
     order = argsort_1d(values)
     v = values[order]
-    n = v.numel()
     tie_start = torch.searchsorted(v, v, right=False)  # first sorted index of each value's tie block
     starts = []
     for t in thresholds:
@@ -106,9 +108,65 @@ def _adaptive_replicates(
             if tf == -np.inf
             else int(torch.searchsorted(v, torch.tensor(tf, dtype=v.dtype, device=v.device), right=True))
         )
-    if _fast.usable(w, min_elements=1):
-        return _fast.adaptive_replicates(w, order, v, correct[order], tie_start, starts, num_bins)
-    c = correct[order].to(_WORK)
+    return order, v, tie_start, starts
+
+
+def _adaptive_replicates(
+    w: Tensor, groups: Sequence[tuple[Tensor, Tensor]], thresholds: Sequence[float | None], num_bins: int
+) -> list[BinStats]:
+    """Adaptive-bin (counts, value sums, correctness sums) of G groups, each given as (N values,
+    correctness): (G * B, bins) per threshold (group-major), each resample's edges derived from
+    its own kept values. The sort of each group is shared by all resamples."""
+    if _fast.usable(w, min_elements=1) and groups[0][0].device.type == "cpu":
+        # every group sorted at once in numpy: order, sorted values, tie-block starts, kept starts
+        vals = np.stack([values.numpy() for values, _ in groups])
+        order_np = np.argsort(vals, axis=1, kind="stable")
+        v_np = np.take_along_axis(vals, order_np, axis=1)
+        idx = np.broadcast_to(np.arange(v_np.shape[1]), v_np.shape)
+        new_block = np.ones(v_np.shape, dtype=bool)
+        new_block[:, 1:] = v_np[:, 1:] != v_np[:, :-1]
+        tie_np = np.maximum.accumulate(np.where(new_block, idx, 0), axis=1)
+        starts_np = np.stack(
+            [
+                np.zeros(len(groups), np.int64)
+                if floor_threshold(t, groups[0][0].dtype) == -np.inf
+                else (v_np <= floor_threshold(t, groups[0][0].dtype)).sum(axis=1)
+                for t in thresholds
+            ],
+            axis=1,
+        )
+        c_np = np.take_along_axis(np.stack([correct.numpy() for _, correct in groups]), order_np, axis=1)
+        cnt, sums, corr = _fast.adaptive_replicates_groups(
+            w,
+            torch.from_numpy(order_np),
+            torch.from_numpy(v_np.astype(np.float64)),
+            torch.from_numpy(c_np.astype(np.float64)),
+            torch.from_numpy(tie_np),
+            torch.from_numpy(starts_np.astype(np.int64)),
+            num_bins,
+        )
+        b = w.shape[0]
+        return [
+            tuple(t[i].reshape(len(groups) * b, num_bins) for t in (cnt, sums, corr))  # type: ignore[misc]
+            for i in range(len(thresholds))
+        ]
+    sorted_groups = [(_sorted_group(values, thresholds), correct) for values, correct in groups]
+    per_group = [
+        _adaptive_replicates_torch(w, order, v, correct[order], tie_start, starts, num_bins)
+        for (order, v, tie_start, starts), correct in sorted_groups
+    ]
+    return [
+        tuple(torch.cat([g[i][s] for g in per_group]) for s in range(3))  # type: ignore[misc]
+        for i in range(len(thresholds))
+    ]
+
+
+def _adaptive_replicates_torch(
+    w: Tensor, order: Tensor, v: Tensor, correct: Tensor, tie_start: Tensor, starts: list[int], num_bins: int
+) -> list[BinStats]:
+    """One group's adaptive-bin replicates by cumulative sums over the sorted order (torch)."""
+    n = v.numel()
+    c = correct.to(_WORK)
     wv = w[:, order]  # (B, N)
     cw = torch.nn.functional.pad(torch.cumsum(wv, dim=1), (1, 0))  # resample positions before each entry
     cs = torch.nn.functional.pad(torch.cumsum(wv * v.to(_WORK), dim=1), (1, 0))
@@ -156,9 +214,10 @@ def _aurc_replicates(w: Tensor, x: MetricInputs) -> Tensor:
 def _replicates_from_inputs(x: MetricInputs, w: Tensor, num_bins: int, names: Sequence[str]) -> dict[str, Tensor]:
     k, b = x.num_classes, w.shape[0]
     w = w.to(device=x.device, dtype=_WORK)
-    total = w.sum(dim=1).double()
     out: dict[str, Tensor] = {}
     want = set(names)
+    if want & {"accuracy", "nll", "brier"}:
+        total = w.sum(dim=1).double()
     rows = {
         "accuracy": lambda: x.correct().to(_WORK),
         "nll": lambda: x.nll_per_row().to(_WORK),
@@ -187,21 +246,14 @@ def _replicates_from_inputs(x: MetricInputs, w: Tensor, num_bins: int, names: Se
             if name in want:
                 out[name] = group_errors(*st, "l1").view(b, k).sum(dim=1) / k
     if "rmsce" in want:
-        ((cnt, sums, corr),) = _adaptive_replicates(w, conf, correct, [0.0], num_bins)
+        ((cnt, sums, corr),) = _adaptive_replicates(w, [(conf, correct)], [0.0], num_bins)
         out["rmsce"] = group_errors(cnt, sums, corr, "l2").sqrt()
     if want & {"ace", "tace"}:
-        acc = {
-            "ace": torch.zeros(b, dtype=torch.float64, device=x.device),
-            "tace": torch.zeros(b, dtype=torch.float64, device=x.device),
-        }
-        for cls in range(k):
-            col = x.probs[:, cls].contiguous()
-            stats = _adaptive_replicates(w, col, x.labels == cls, [0.0, 0.01], num_bins)
-            for name, st in zip(("ace", "tace"), stats, strict=True):
-                acc[name] += group_errors(*st, "l1")
-        for name in ("ace", "tace"):
+        columns = [(x.probs[:, cls].contiguous(), x.labels == cls) for cls in range(k)]
+        stats = _adaptive_replicates(w, columns, [0.0, 0.01], num_bins)
+        for name, st in zip(("ace", "tace"), stats, strict=True):
             if name in want:
-                out[name] = acc[name] / k
+                out[name] = group_errors(*st, "l1").view(k, b).sum(dim=0) / k
     if "aurc" in want:
         out["aurc"] = _aurc_replicates(w, x)
     return {name: out[name] for name in names}
