@@ -75,32 +75,30 @@ def load_result(cfg: SweepConfig) -> Any:
     import tempfile
 
     import pandas as pd
-    from mlflow import MlflowClient
 
-    from sweeps.contract import ROLE_PARENT, ROLE_TRIAL, TAG_CHAMPION_RUN, TAG_ROLE, TAG_SWEEP, TAG_TRIAL
+    from sweeps.contract import TAG_CHAMPION_RUN, TAG_TRIAL
     from sweeps.service import SweepError, SweepResult
+    from sweeps.store import MlflowStore
     from sweeps.study import MEMORY
-    from sweeps.tracking import find_run
 
     assert cfg.tracking.uri
-    client = MlflowClient(cfg.tracking.uri)
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
-    parent = find_run(client, exp.experiment_id, {TAG_SWEEP: cfg.name, TAG_ROLE: ROLE_PARENT}) if exp else None
+    store = MlflowStore(cfg.tracking.uri)
+    experiment_id = store.experiment_id(cfg.tracking.experiment)
+    parent = store.parent_run(experiment_id, cfg.name) if experiment_id is not None else None
     if parent is None or TAG_CHAMPION_RUN not in parent.data.tags:
         raise SweepError(f"sweep {cfg.name!r} has no selected champion in {cfg.tracking.uri}")
-    assert exp is not None  # the parent run was found in it
+    assert experiment_id is not None  # the parent run was found in it
     champion_run = parent.data.tags[TAG_CHAMPION_RUN]
     model = cfg.tracking.registered_model
-    versions = [v for v in client.search_model_versions(f"run_id = '{champion_run}'") if v.name == model]
+    versions = store.versions_of_run(model, champion_run)
     if not versions:
         raise SweepError(f"sweep {cfg.name!r}: its champion run {champion_run} is not registered as {model}")
     version = str(max(int(v.version) for v in versions))
     with tempfile.TemporaryDirectory() as d:
-        board = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep/leaderboard.csv", d))
-        sel = json.loads(Path(client.download_artifacts(parent.info.run_id, "sweep/selection.json", d)).read_text())
-    flt = f"tags.`{TAG_SWEEP}` = '{cfg.name}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'"
+        board = pd.read_csv(store.download_artifact(parent.info.run_id, "sweep/leaderboard.csv", d))
+        sel = json.loads(Path(store.download_artifact(parent.info.run_id, "sweep/selection.json", d)).read_text())
     intervals: dict[str, dict[str, tuple[float, float]]] = {}
-    for run in client.search_runs([exp.experiment_id], filter_string=flt, max_results=10000):
+    for run in store.trial_runs(experiment_id, cfg.name):
         m = run.data.metrics
         ci = {k.removesuffix("_ci_low"): (m[k], m[k.removesuffix("_low") + "_high"])
               for k in m if k.endswith("_ci_low") and k.removesuffix("_low") + "_high" in m}
@@ -110,7 +108,7 @@ def load_result(cfg: SweepConfig) -> Any:
         name=cfg.name, champion_run_id=champion_run, champion_trial_id=sel["champion_trial"],
         champion_label=sel["label"], model_uri=f"models:/{model}/{version}", model_version=version,
         leaderboard=board, selection=sel["why"], intervals=intervals, confidence=float(sel["confidence"]),
-        parent_run_id=parent.info.run_id, experiment_id=exp.experiment_id, tracking_uri=cfg.tracking.uri,
+        parent_run_id=parent.info.run_id, experiment_id=experiment_id, tracking_uri=cfg.tracking.uri,
         study_storage=cfg.search.storage or MEMORY, replicates=None)
 
 

@@ -37,8 +37,6 @@ from typing import Any
 import mlflow
 import numpy as np
 import torch
-from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel
 from mlflow.types import Schema, TensorSpec
@@ -48,11 +46,11 @@ from sweeps.contract import (
     FINAL_FILE,
     MODEL_FILE,
     SUMMARY_FILE,
-    TAG_EXPORT_COMPLETE,
     TAG_EXPORT_FORMAT,
     TAG_SOURCE_RUN,
     is_finite_number,
 )
+from sweeps.store import MlflowStore
 
 LOGGED_MODEL_NAME = "model"
 MODEL_CODE = Path(__file__).with_name("champion_pyfunc.py")
@@ -156,26 +154,11 @@ def default_description(summary: dict[str, Any], metrics: dict[str, Any], spec: 
     return "\n".join(lines)
 
 
-def _read_metrics(client: MlflowClient, run_id: str, ckpt: Path) -> dict[str, Any]:
-    metrics: dict[str, Any] = dict(client.get_run(run_id).data.metrics)
+def _read_metrics(store: MlflowStore, run_id: str, ckpt: Path) -> dict[str, Any]:
+    metrics: dict[str, Any] = dict(store.get_run(run_id).data.metrics)
     if (ckpt / FINAL_FILE).is_file():
         metrics.update(json.loads((ckpt / FINAL_FILE).read_text()))
     return metrics
-
-
-def _versions_of_run(client: MlflowClient, model_name: str, run_id: str) -> list[Any]:
-    """The registered model's versions created from `run_id`, oldest first."""
-    found = client.search_model_versions(f"run_id = '{run_id}'")
-    return sorted((v for v in found if v.name == model_name), key=lambda v: int(v.version))
-
-
-def _completed_export(client: MlflowClient, run_id: str) -> str | None:
-    """Id of a portable model an earlier call logged on `run_id` completely, if any."""
-    experiment_id = client.get_run(run_id).info.experiment_id
-    models = client.search_logged_models(experiment_ids=[experiment_id], filter_string=f"source_run_id = '{run_id}'")
-    done = [m for m in models
-            if m.tags.get(TAG_EXPORT_COMPLETE) == "true" and m.tags.get(TAG_EXPORT_FORMAT) == EXPORT_FORMAT]
-    return max(done, key=lambda m: m.creation_timestamp).model_id if done else None
 
 
 def _load_trained(ckpt: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -210,12 +193,12 @@ def _stage(module: torch.nn.Module, spec: dict[str, Any], out: Path) -> None:
         raise RuntimeError(f"the module rebuilt from spec {spec} differs from the trained one; not registering it")
 
 
-def _log_portable_model(client: MlflowClient, run_id: str, module: torch.nn.Module, spec: dict[str, Any]) -> str:
+def _log_portable_model(store: MlflowStore, run_id: str, module: torch.nn.Module, spec: dict[str, Any]) -> str:
     """Log the portable model on `run_id` (its status and end time unchanged); return its model id."""
     with tempfile.TemporaryDirectory(prefix="calib-export-") as tmp:
         out = Path(tmp)
         _stage(module, spec, out)
-        before = client.get_run(run_id).info
+        before = store.get_run(run_id).info
         saved_path = list(sys.path)
         try:
             with mlflow.start_run(run_id=run_id, nested=False):
@@ -235,21 +218,9 @@ def _log_portable_model(client: MlflowClient, run_id: str, module: torch.nn.Modu
             # model's (temporary) code directory to sys.path.
             sys.path[:] = saved_path
             # start_run/end_run stamps a new end time; the trial's run keeps its own status and end time.
-            client.set_terminated(run_id, status=before.status, end_time=before.end_time)
-    client.set_logged_model_tags(info.model_id, {TAG_EXPORT_COMPLETE: "true"})
+            store.terminate(run_id, before.status, end_time=before.end_time)
+    store.mark_export_complete(info.model_id)
     return info.model_id
-
-
-def _register(client: MlflowClient, model_name: str, model_id: str, run_id: str, description: str) -> str:
-    try:
-        client.create_registered_model(model_name)
-    except MlflowException as exc:
-        if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
-            raise
-    mv = client.create_model_version(model_name, source=f"models:/{model_id}", run_id=run_id, model_id=model_id,
-                                     description=description,
-                                     tags={TAG_SOURCE_RUN: run_id, TAG_EXPORT_FORMAT: EXPORT_FORMAT})
-    return str(mv.version)
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -262,24 +233,24 @@ def log_and_register(run_id: str, checkpoint_dir: str | Path, input_shape: tuple
     second one. `description` replaces the default one built from the run's summary."""
     from calib_core.export import model_spec
 
-    mlflow.set_tracking_uri(tracking_uri)
-    client = MlflowClient(tracking_uri)
+    mlflow.set_tracking_uri(tracking_uri)  # mlflow.pyfunc.log_model logs through the fluent API
+    store = MlflowStore(tracking_uri)
     ckpt = Path(checkpoint_dir)
     input_shape = tuple(int(s) for s in input_shape)
-    existing = _versions_of_run(client, model_name, run_id)
+    existing = store.versions_of_run(model_name, run_id)
     if existing:
         mv = next((v for v in reversed(existing) if v.tags.get(TAG_EXPORT_FORMAT) == EXPORT_FORMAT), existing[-1])
         version = str(mv.version)
         if description is not None and description != mv.description:
-            client.update_model_version(model_name, version, description=description)
+            store.describe_version(model_name, version, description)
     else:
         module, summary = _load_trained(ckpt)
         spec = model_spec(module, summary["run_config"], input_shape)
         # an earlier call that died between logging and registering left a complete model: reuse it
-        model_id = _completed_export(client, run_id) or _log_portable_model(client, run_id, module, spec)
+        model_id = store.completed_export(run_id, EXPORT_FORMAT) or _log_portable_model(store, run_id, module, spec)
         if description is None:
-            description = default_description(summary, _read_metrics(client, run_id, ckpt), spec, run_id)
-        version = _register(client, model_name, model_id, run_id, description)
-    client.set_registered_model_alias(model_name, alias, version)
-    client.set_model_version_tag(model_name, version, TAG_SOURCE_RUN, run_id)
+            description = default_description(summary, _read_metrics(store, run_id, ckpt), spec, run_id)
+        version = store.register(model_name, model_id, run_id, description,
+                                 tags={TAG_SOURCE_RUN: run_id, TAG_EXPORT_FORMAT: EXPORT_FORMAT})
+    store.point_alias(model_name, alias, version, tags={TAG_SOURCE_RUN: run_id})
     return version

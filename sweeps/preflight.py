@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 from calib_core.config import ConfigError
 from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE re-exported: tests/test_cli_malformed.py)
     CHAMPION_ALIAS,
-    ROLE_PARENT,
     TAG_CHAMPION_RUN,
     TAG_CHAMPION_TRIAL,
     TAG_ROLE,
@@ -710,22 +709,21 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
         db = Path(uri.removeprefix("sqlite:///"))
         if not db.is_file() or db.stat().st_size == 0:
             return None
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
+    from sweeps.store import MlflowStore
+
+    store = MlflowStore(uri)
     try:
-        client = MlflowClient(uri)
-        exp = client.get_experiment_by_name(cfg.tracking.experiment)
-        if exp is None:
+        experiment_id = store.experiment_id(cfg.tracking.experiment)
+        if experiment_id is None:
             return None
-        flt = f"tags.`{TAG_SWEEP}` = '{cfg.name}' and tags.`{TAG_ROLE}` = '{ROLE_PARENT}'"
-        runs = client.search_runs([exp.experiment_id], filter_string=flt, max_results=2)
+        run = store.parent_run(experiment_id, cfg.name)
     except Exception as exc:  # MlflowException, or SQLAlchemy's own for a damaged SQLite file
         raise ConfigError(f"tracking.uri: cannot read the MLflow store at {redact(uri)}: "
                           f"{' '.join(str(exc).split())[:300]}") from None
-    if not runs:
+    if run is None:
         return None
-    run = runs[0]
     if not resume:
         raise ConfigError(f"name: sweep {cfg.name!r} already exists (MLflow experiment {cfg.tracking.experiment!r}, "
                           f"run {run.info.run_id}, {run.info.status}); pass --resume to continue it or --name "
@@ -736,16 +734,12 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
         return None
     model = cfg.tracking.registered_model
     try:  # as sweeps.model_export finds the versions registered from a run
-        versions = [v for v in client.search_model_versions(f"run_id = '{champion_run}'") if v.name == model]
+        versions = store.versions_of_run(model, champion_run)
     except MlflowException:
         return None
     if not versions:
         return None  # selection ran but registration did not: resume registers the champion
-    version = max(versions, key=lambda v: int(v.version))
-    try:
-        alias = " (alias champion)" if client.get_model_version_by_alias(model, CHAMPION_ALIAS).version == \
-            version.version else ""
-    except MlflowException:
-        alias = ""
+    version = versions[-1]
+    alias = " (alias champion)" if store.alias_version(model, CHAMPION_ALIAS) == str(version.version) else ""
     return (f"sweep {cfg.name!r} already finished: champion trial {tags[TAG_CHAMPION_TRIAL]} is registered "
             f"as {model} version {version.version}{alias}; nothing to resume, nothing changed")

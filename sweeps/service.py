@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from mlflow import MlflowClient
-from mlflow.entities import Metric
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
@@ -26,7 +24,6 @@ from sweeps.contract import (
     MULTI_OBJECTIVE,
     NOTE_TAG,
     PREDICTIONS_FILE,
-    ROLE_PARENT,
     SPLITS,
     SUMMARY_FILE,
     TAG_CALIBRATOR,
@@ -37,29 +34,19 @@ from sweeps.contract import (
     TAG_LOST_TRIALS,
     TAG_METHOD,
     TAG_REASON,
-    TAG_ROLE,
     TAG_SELECTION_RULE,
-    TAG_SWEEP,
-    TAG_TRIAL,
     is_finite_number,
     is_number,
 )
+from sweeps.live_hooks import LiveCallbacks, LiveReporter, installed
 from sweeps.preflight import redact
 from sweeps.progress import ProgressCallback, StatusReporter, quiet_output
+from sweeps.reports import sweep_report_files
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
-from sweeps.selection import TrialRecord, format_leaderboard, leaderboard, pareto_plot, rank_agreement, select
+from sweeps.selection import TrialRecord, format_leaderboard, select
+from sweeps.store import MAX_TAG_CHARS, MlflowStore
 from sweeps.study import MEMORY, SweepSearch, make_storage
-from sweeps.tracking import (
-    MLflowTrackingCallback,
-    close_open_runs,
-    drop_orphan_runs,
-    ensure_experiment,
-    find_or_create_parent,
-    find_run,
-    flatten,
-    run_link,
-    source_tags,
-)
+from sweeps.tracking import MLflowTrackingCallback, flatten, run_link, source_tags
 from sweeps.trainable import train_trial
 from sweeps.uncertainty import Replicates, compute_replicates, interval_metrics, load_predictions
 
@@ -166,7 +153,8 @@ def _scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
                          stop_last_trials=False)
 
 
-def _build_tuner(cfg: SweepConfig, callbacks: list, trainable: Any, reporter: Any = None) -> tune.Tuner:
+def _build_tuner(cfg: SweepConfig, trainable: Any) -> tune.Tuner:
+    """A new Tuner; its callbacks and reporter are stand-ins for the installed ones (sweeps/live_hooks.py)."""
     s, r = cfg.search, cfg.resources
     scheduler = _scheduler(cfg)
     metric = mode = None
@@ -179,21 +167,22 @@ def _build_tuner(cfg: SweepConfig, callbacks: list, trainable: Any, reporter: An
                                     # a trial process keeps torch, the code and cached data loaded
                                     reuse_actors=True),
         run_config=tune.RunConfig(
-            name=cfg.name, storage_path=cfg.storage_path, callbacks=callbacks,
+            name=cfg.name, storage_path=cfg.storage_path, callbacks=[LiveCallbacks(cfg.name)],
             failure_config=tune.FailureConfig(max_failures=r.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=r.checkpoints_to_keep),
-            progress_reporter=reporter,  # None: Tune's default output (--verbose)
+            progress_reporter=LiveReporter(cfg.name),  # none installed: Tune's default output (--verbose)
             verbose=1,
         ),
     )
 
 
-def _records(results: Any, client: MlflowClient, experiment_id: str, sweep: str) -> list[TrialRecord]:
+def _records(results: Any, store: MlflowStore, experiment_id: str, sweep: str) -> list[TrialRecord]:
+    """Every trial Tune knows, as selection sees it, with its MLflow run."""
     records = []
     for res in results:
         m = dict(res.metrics or {})
         tid = m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1])
-        run = find_run(client, experiment_id, {TAG_SWEEP: sweep, TAG_TRIAL: str(tid)}) if tid else None
+        run = store.trial_run(experiment_id, sweep, str(tid)) if tid else None
         status = m.get("status") or ("errored" if res.error else "stopped")
         # NaN stays: selection and the leaderboard see a diverged trial's metric as NaN
         metrics = {k: float(v) for k, v in m.items() if is_number(v) and k.startswith(tuple(f"{s}_" for s in SPLITS))}
@@ -214,42 +203,29 @@ def _replicates(records: list[TrialRecord], cfg: SweepConfig) -> Replicates:
                               level=cfg.selection.confidence, seed=cfg.search.seed)
 
 
-def _log_intervals(client: MlflowClient, records: list[TrialRecord], reps: Replicates) -> None:
+def _log_intervals(store: MlflowStore, records: list[TrialRecord], reps: Replicates) -> None:
     """`<metric>_ci_low/high` on each trial's run (once: a resumed sweep finds them there)."""
     for rec in records:
         if rec.run_id is None or rec.trial_id not in reps.values:
             continue
-        have = client.get_run(rec.run_id).data.metrics
-        ts = int(time.time() * 1000)
-        batch = [Metric(k, float(v), ts, 0) for k, v in interval_metrics(reps, rec.trial_id).items()
-                 if k not in have and is_finite_number(v)]
-        for i in range(0, len(batch), 900):
-            client.log_batch(rec.run_id, metrics=batch[i:i + 900])
+        have = store.get_run(rec.run_id).data.metrics
+        store.log_metrics(rec.run_id, {k: float(v) for k, v in interval_metrics(reps, rec.trial_id).items()
+                                       if k not in have and is_finite_number(v)})
 
 
-def _log_sweep_artifacts(client: MlflowClient, parent_id: str, records: list[TrialRecord],
-                         chosen: TrialRecord, why: str, reps: Replicates, cfg: SweepConfig) -> Any:
-    board = leaderboard(records, chosen, reps, cfg.selection)
-    ranks = rank_agreement(records)
-    champion_ci = {k: list(reps.interval(chosen.trial_id, k)) for k in reps.values.get(chosen.trial_id, {})}
+def _log_selection(store: MlflowStore, parent_id: str, records: list[TrialRecord], chosen: TrialRecord, why: str,
+                   reps: Replicates, cfg: SweepConfig) -> Any:
+    """The sweep's report files, the trials' intervals and the champion's tags and metrics on the parent run."""
     with tempfile.TemporaryDirectory() as d:
-        board.to_csv(Path(d) / "leaderboard.csv", index=False)
-        ranks.to_csv(Path(d) / "rank_agreement_spearman.csv")
-        pareto_plot(records, chosen, Path(d) / "pareto.png", reps)
-        (Path(d) / "selection.json").write_text(json.dumps(
-            {"champion_trial": chosen.trial_id, "champion_run": chosen.run_id, "label": chosen.label,
-             "rule": cfg.selection.rule, "why": why, "confidence": reps.level, "num_resamples": reps.num_resamples,
-             "val_metrics": {k: v for k, v in chosen.metrics.items() if k.startswith("val_")},
-             "intervals": champion_ci}, indent=1))
-        for name in ("leaderboard.csv", "rank_agreement_spearman.csv", "pareto.png", "selection.json"):
-            client.log_artifact(parent_id, str(Path(d) / name), artifact_path="sweep")
-    _log_intervals(client, records, reps)
-    client.set_tag(parent_id, TAG_CHAMPION_TRIAL, chosen.trial_id)
+        board, ranks, files = sweep_report_files(Path(d), records, chosen, why, reps, cfg)
+        store.log_artifacts(parent_id, files)
+    _log_intervals(store, records, reps)
+    tags = {TAG_CHAMPION_TRIAL: chosen.trial_id}
     if chosen.run_id:
-        client.set_tag(parent_id, TAG_CHAMPION_RUN, chosen.run_id)
-    client.set_tag(parent_id, TAG_SELECTION_RULE, why[:5000])
-    for k, v in chosen.metrics.items():
-        client.log_metric(parent_id, f"champion_{k}", v)
+        tags[TAG_CHAMPION_RUN] = chosen.run_id
+    tags[TAG_SELECTION_RULE] = why[:MAX_TAG_CHARS]
+    store.set_tags(parent_id, tags)
+    store.log_metrics(parent_id, {f"champion_{k}": v for k, v in chosen.metrics.items()})
     return board, ranks
 
 
@@ -337,85 +313,46 @@ def execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = Fa
 
 
 def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) -> SweepResult:
-    from sweeps.model_export import log_and_register
     from sweeps.resource_wait import PendingTimeout
 
     assert cfg.tracking.uri and cfg.storage_path
     exp_path = f"{cfg.storage_path.rstrip('/')}/{cfg.name}"
-    client = MlflowClient(cfg.tracking.uri)
-    experiment_id = ensure_experiment(client, cfg.tracking.experiment, cfg.tracking.uri)
-    existing = find_run(client, experiment_id, {TAG_SWEEP: cfg.name, TAG_ROLE: ROLE_PARENT})
-    can_restore = tune.Tuner.can_restore(exp_path)
-    if not resume and (existing is not None or can_restore):
-        raise SweepError(f"sweep {cfg.name!r} already exists ({exp_path} or MLflow experiment "
-                         f"{cfg.tracking.experiment!r}); pass --resume to continue it or --name for a new one")
-
-    base = cfg.run.model_dump(mode="json")
+    store = MlflowStore(cfg.tracking.uri)
+    experiment_id = store.ensure_experiment(cfg.tracking.experiment)
+    existing = store.parent_run(experiment_id, cfg.name)
+    restoring = _restoring(cfg, exp_path, resume, exists=existing is not None)
     sources = source_tags()
-    parent_id = find_or_create_parent(client, experiment_id, cfg.name, {**sources, TAG_DATASET: cfg.run.data.name,
-                                                                        NOTE_TAG: _sweep_note(cfg)})
-    if existing is None:
-        flat = flatten(cfg.model_dump(mode="json"))
-        flat["search.storage"] = redact(str(flat.get("search.storage")))  # no database password in a param
-        for k, v in flat.items():
-            client.log_param(parent_id, k, str(v)[:6000])
-    callback = MLflowTrackingCallback(
-        cfg.tracking.uri, experiment_id, parent_id, cfg.name,
-        base_tags=sources, trial_params=TrialParams(base, cfg.run.data.name),
-        num_bins=cfg.run.train.num_bins, scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler")
+    parent_id = _open_parent(cfg, store, experiment_id, sources, new=existing is None)
     r = cfg.resources
-    trainable = tune.with_resources(tune.with_parameters(train_trial, base=base,
-                                                         evaluation=cfg.evaluation,
-                                                         plugins=plugin_modules(cfg.plugins), quiet=not verbose),
-                                    {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial})
+    callbacks = [_tracking_callback(cfg, store, experiment_id, parent_id, sources),
+                 ProgressCallback(cfg.search.num_samples, cfg.selection),
+                 PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial)]  # end a hopeless wait
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
+    trainable = _trainable(cfg, verbose)
 
-    callbacks = [callback, ProgressCallback(cfg.search.num_samples, cfg.selection)]
-    callbacks.append(PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial))  # end a hopeless wait
     t_start = time.perf_counter()
-    with _runs_closed_on_failure(client, experiment_id, parent_id, cfg.name):
+    with _runs_closed_on_failure(store, experiment_id, parent_id, cfg.name), installed(cfg.name, callbacks, reporter):
         _connect_ray(cluster)
-        print(_intro(cfg, exp_path, parent_id, resumed=resume and can_restore), flush=True)
-        if resume and can_restore:
-            tuner = tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
-            # Tune restores the callbacks pickled with the experiment; use this invocation's
-            # (same sweep, possibly a new tracking URI) and its output settings.
-            local_tuner = tuner._local_tuner
-            assert local_tuner is not None  # a Tuner restored on this machine
-            local_tuner.get_run_config().callbacks = callbacks
-            local_tuner.get_run_config().progress_reporter = reporter
-        else:
-            tuner = _build_tuner(cfg, callbacks, trainable, reporter)
+        print(_intro(cfg, exp_path, parent_id, resumed=restoring), flush=True)
+        tuner = (tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True) if restoring
+                 else _build_tuner(cfg, trainable))
         t_fit = time.perf_counter()
         results = tuner.fit()
         t_trials = time.perf_counter()
-        records = _records(results, client, experiment_id, cfg.name)
-        lost = drop_orphan_runs(client, experiment_id, cfg.name, {rec.trial_id for rec in records})
-        if lost:
-            client.set_tag(parent_id, TAG_LOST_TRIALS, ",".join(lost))
-        close_open_runs(client, experiment_id, cfg.name, "KILLED")
-        done = sum(rec.status == "completed" for rec in records)
-        # ASHA-stopped trials are TERMINATED too; interrupted ones are neither terminated nor errored.
-        unfinished = len(results) - results.num_terminated - results.num_errors
-        incomplete = bool(unfinished or len(records) < cfg.search.num_samples)
-        if incomplete:
-            client.set_terminated(parent_id, status="KILLED")
+        records = _records(results, store, experiment_id, cfg.name)
+        incomplete = _close_trials(cfg, store, experiment_id, parent_id, results, records)
     if incomplete:
-        raise SweepIncomplete(done, cfg.search.num_samples)
-    with _runs_closed_on_failure(client, experiment_id, parent_id, cfg.name):
+        raise SweepIncomplete(sum(rec.status == "completed" for rec in records), cfg.search.num_samples)
+    with _runs_closed_on_failure(store, experiment_id, parent_id, cfg.name):
         try:
             reps = _replicates(records, cfg)
             chosen, why = select(records, cfg.selection, reps)
         except ValueError as exc:
             raise SweepError(str(exc)) from None
-        board, ranks = _log_sweep_artifacts(client, parent_id, records, chosen, why, reps, cfg)
-        with chosen.checkpoint.as_directory() as d:
-            summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
-            assert chosen.run_id is not None  # the champion's trial logged an MLflow run
-            version = log_and_register(chosen.run_id, d, tuple(summary["input_shape"]),
-                                       cfg.tracking.registered_model, cfg.tracking.uri)
-        client.set_tag(parent_id, NOTE_TAG, _sweep_note(cfg, experiment_id, chosen, why, version))
-        client.set_terminated(parent_id, status="FINISHED")
+        board, ranks = _log_selection(store, parent_id, records, chosen, why, reps, cfg)
+        version = _register_champion(cfg, chosen)
+        store.set_tags(parent_id, {NOTE_TAG: _sweep_note(cfg, experiment_id, chosen, why, version)})
+        store.terminate(parent_id, "FINISHED")
         t_end = time.perf_counter()
     _print_summary(board, ranks, why, cfg, version)
     timings = {"ray_start_s": t_fit - t_start, "trials_s": t_trials - t_fit,
@@ -431,28 +368,93 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         study_storage=cfg.search.storage or MEMORY, replicates=reps, timings=timings)
 
 
+def _restoring(cfg: SweepConfig, exp_path: str, resume: bool, exists: bool) -> bool:
+    """Whether Tune's experiment is restored; a sweep that `exists` in MLflow or Tune is refused without --resume."""
+    can_restore = tune.Tuner.can_restore(exp_path)
+    if not resume and (exists or can_restore):
+        raise SweepError(f"sweep {cfg.name!r} already exists ({exp_path} or MLflow experiment "
+                         f"{cfg.tracking.experiment!r}); pass --resume to continue it or --name for a new one")
+    return resume and can_restore
+
+
+def _open_parent(cfg: SweepConfig, store: MlflowStore, experiment_id: str, sources: dict[str, str],
+                 new: bool) -> str:
+    """The sweep's parent run: created (`new`) with the sweep config as params, else reopened (--resume)."""
+    parent_id = store.find_or_create_parent(experiment_id, cfg.name, {**sources, TAG_DATASET: cfg.run.data.name,
+                                                                      NOTE_TAG: _sweep_note(cfg)})
+    if new:
+        flat = flatten(cfg.model_dump(mode="json"))
+        flat["search.storage"] = redact(str(flat.get("search.storage")))  # no database password in a param
+        store.log_params(parent_id, flat)
+    return parent_id
+
+
+def _tracking_callback(cfg: SweepConfig, store: MlflowStore, experiment_id: str, parent_id: str,
+                       sources: dict[str, str]) -> MLflowTrackingCallback:
+    """The callback that mirrors every trial into its MLflow child run."""
+    return MLflowTrackingCallback(
+        store, experiment_id, parent_id, cfg.name,
+        base_tags=sources, trial_params=TrialParams(cfg.run.model_dump(mode="json"), cfg.run.data.name),
+        num_bins=cfg.run.train.num_bins, scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler")
+
+
+def _trainable(cfg: SweepConfig, verbose: bool) -> Any:
+    """The trial function with its fixed arguments and per-trial resources."""
+    r = cfg.resources
+    return tune.with_resources(tune.with_parameters(train_trial, base=cfg.run.model_dump(mode="json"),
+                                                    evaluation=cfg.evaluation, plugins=plugin_modules(cfg.plugins),
+                                                    quiet=not verbose),
+                               {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial})
+
+
+def _close_trials(cfg: SweepConfig, store: MlflowStore, experiment_id: str, parent_id: str, results: Any,
+                  records: list[TrialRecord]) -> bool:
+    """After Tune returns: runs of trials Tune forgot dropped, open runs KILLED; True when trials are left
+    unfinished (the parent then ends KILLED, resumable)."""
+    lost = store.drop_orphan_runs(experiment_id, cfg.name, {rec.trial_id for rec in records})
+    if lost:
+        store.set_tags(parent_id, {TAG_LOST_TRIALS: ",".join(lost)})
+    store.close_open_runs(experiment_id, cfg.name, "KILLED")
+    # ASHA-stopped trials are TERMINATED too; interrupted ones are neither terminated nor errored.
+    unfinished = len(results) - results.num_terminated - results.num_errors
+    incomplete = bool(unfinished or len(records) < cfg.search.num_samples)
+    if incomplete:
+        store.terminate(parent_id, "KILLED")
+    return incomplete
+
+
+def _register_champion(cfg: SweepConfig, chosen: TrialRecord) -> str:
+    """The champion's portable model logged on its run and registered with alias `champion`; the version."""
+    from sweeps.model_export import log_and_register
+
+    assert cfg.tracking.uri and chosen.run_id is not None  # the champion's trial logged an MLflow run
+    with chosen.checkpoint.as_directory() as d:
+        summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
+        return log_and_register(chosen.run_id, d, tuple(summary["input_shape"]), cfg.tracking.registered_model,
+                                cfg.tracking.uri)
+
+
 def _float_pair(interval: tuple[float, float]) -> tuple[float, float]:
     low, high = interval
     return float(low), float(high)
 
 
 @contextmanager
-def _runs_closed_on_failure(client: MlflowClient, experiment_id: str, parent_id: str, sweep: str) -> Iterator[None]:
+def _runs_closed_on_failure(store: MlflowStore, experiment_id: str, parent_id: str, sweep: str) -> Iterator[None]:
     """On Ctrl+C the sweep's open runs and its parent end KILLED (resumable); on any other error FAILED."""
     try:
         yield
     except KeyboardInterrupt:
-        close_open_runs(client, experiment_id, sweep, "KILLED")
-        client.set_terminated(parent_id, status="KILLED")
+        store.close_open_runs(experiment_id, sweep, "KILLED")
+        store.terminate(parent_id, "KILLED")
         raise
     except BaseException as exc:
-        _fail(client, experiment_id, parent_id, sweep, exc)
+        _fail(store, experiment_id, parent_id, sweep, exc)
         raise
 
 
-def _fail(client: MlflowClient, experiment_id: str, parent_id: str, sweep: str, exc: BaseException) -> None:
+def _fail(store: MlflowStore, experiment_id: str, parent_id: str, sweep: str, exc: BaseException) -> None:
     """Nothing stays RUNNING: open trial runs are KILLED, the sweep FAILED with its reason."""
-    close_open_runs(client, experiment_id, sweep, "KILLED")
-    client.set_tag(parent_id, TAG_REASON, f"{type(exc).__name__}: {exc}"[:5000])
-    client.set_terminated(parent_id, status="FAILED")
-
+    store.close_open_runs(experiment_id, sweep, "KILLED")
+    store.set_tags(parent_id, {TAG_REASON: f"{type(exc).__name__}: {exc}"[:MAX_TAG_CHARS]})
+    store.terminate(parent_id, "FAILED")

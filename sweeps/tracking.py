@@ -1,41 +1,29 @@
-"""MLflow tracking: one parent run per sweep, exactly one child run per trial.
+"""MLflow tracking of the trials: one parent run per sweep, exactly one child run per trial.
 
 The driver is the only writer. Runs are found by tags before any is created, so trial
 retries and `--resume` reattach to the same runs; metrics carry step=epoch and a step that
-was already logged is never logged again.
+was already logged is never logged again. Every MLflow call goes through sweeps/store.py.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from mlflow import MlflowClient
-from mlflow.entities import Metric, Param
 from ray import tune
 
 from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY, ... re-exported for the benchmarks)
-    CLASSIC_ML,
-    EXPERIMENT_KIND_TAG,
     GIT_COMMIT_TAG,
     NOTE_TAG,
     PARENT_TAG,
     PREDICTIONS_FILE,
-    ROLE_PARENT,
     ROLE_TRIAL,
-    SHIFT_FILE,
-    SPLITS,
     STOPPED_EARLY,
-    SUMMARY_FILE,
     TAG_GIT_COMMIT,
     TAG_LABEL,
-    TAG_LOST_FROM_TUNE,
     TAG_NODE,
     TAG_REASON,
     TAG_ROLE,
@@ -47,10 +35,9 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY
     is_number,
 )
 from sweeps.search_space import describe_params
+from sweeps.store import MAX_TAG_CHARS, MlflowStore, find_run  # noqa: F401  (find_run: benchmarks/method_study.py)
 
 log = logging.getLogger(__name__)
-
-MAX_BATCH = 900  # MLflow log_batch takes at most 1000 metrics
 
 
 def git_commit() -> str:
@@ -81,44 +68,6 @@ def run_link(experiment_id: str, run_id: str, text: str) -> str:
     return f"[{text}](#/experiments/{experiment_id}/runs/{run_id})"
 
 
-def ensure_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
-    """Return the experiment id, creating it (artifacts beside a local SQLite store) if needed, tagged
-    as a classic ML experiment (`mlflow.experimentKind`) unless someone chose another kind."""
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        if exp.lifecycle_stage == "deleted":
-            client.restore_experiment(exp.experiment_id)
-        if EXPERIMENT_KIND_TAG not in exp.tags:
-            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_ML)
-        return exp.experiment_id
-    artifact_location = None
-    if tracking_uri.startswith("sqlite:///"):
-        db_path = Path(tracking_uri.removeprefix("sqlite:///"))
-        artifact_location = (db_path.parent / "mlartifacts").as_uri()
-    return client.create_experiment(name, artifact_location=artifact_location,
-                                    tags={EXPERIMENT_KIND_TAG: CLASSIC_ML})
-
-
-def find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> Any | None:
-    """The single run carrying all `tags`, or None."""
-    flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    runs = client.search_runs([experiment_id], filter_string=flt, max_results=2)
-    if len(runs) > 1:
-        raise RuntimeError(f"more than one MLflow run has tags {tags}: the store was edited by hand")
-    return runs[0] if runs else None
-
-
-def find_or_create_parent(client: MlflowClient, experiment_id: str, sweep: str, tags: dict[str, str]) -> str:
-    """The sweep's parent run id; reopened (RUNNING) if it exists."""
-    run = find_run(client, experiment_id, {TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT})
-    if run is None:
-        run = client.create_run(experiment_id, run_name=sweep,
-                                tags={TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT, **tags})
-    elif run.info.status != "RUNNING":
-        client.update_run(run.info.run_id, status="RUNNING")
-    return run.info.run_id
-
-
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Flatten nested dicts into dotted keys."""
     out: dict[str, Any] = {}
@@ -134,10 +83,10 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 class MLflowTrackingCallback(tune.Callback):
     """Tune callback mirroring trials into MLflow child runs (single writer: the driver)."""
 
-    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str, sweep: str,
+    def __init__(self, store: MlflowStore, experiment_id: str, parent_run_id: str, sweep: str,
                  base_tags: dict[str, str], trial_params: Any, num_bins: int = 15,
                  scheduler: str = "the scheduler") -> None:
-        self.tracking_uri = tracking_uri
+        self.store = store
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
         self.sweep = sweep
@@ -145,70 +94,51 @@ class MLflowTrackingCallback(tune.Callback):
         self.trial_params = trial_params  # callable: trial config -> (flat params, tags, run config dict)
         self.num_bins = num_bins
         self.scheduler = scheduler  # named in the reason of trials it stops early
-        self._client: MlflowClient | None = None
         self._runs: dict[str, str] = {}
         self._logged: dict[str, set[tuple[str, int]]] = {}
         self._finished: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
-        # Tune pickles callbacks with the experiment; live clients and caches stay behind.
+        # Caches of runs and logged steps belong to one driver process.
         state = self.__dict__.copy()
-        state.update(_client=None, _runs={}, _logged={}, _finished=set())
+        state.update(_runs={}, _logged={}, _finished=set())
         return state
-
-    @property
-    def client(self) -> MlflowClient:
-        """A lazily created MLflow client."""
-        if self._client is None:
-            self._client = MlflowClient(self.tracking_uri)
-        return self._client
 
     def run_id_for(self, trial: Any) -> str:
         """The trial's child run: found by tags, created once with params, reopened if needed."""
         tid = trial.trial_id
         if tid in self._runs:
             return self._runs[tid]
-        run = find_run(self.client, self.experiment_id, {TAG_SWEEP: self.sweep, TAG_TRIAL: tid})
+        run = self.store.trial_run(self.experiment_id, self.sweep, tid)
         if run is None:
             params, tags, run_config = self.trial_params(trial.config)
             note = (f"Trial `{tid}` of sweep {run_link(self.experiment_id, self.parent_run_id, self.sweep)}: "
                     f"{describe_run(run_config)}.")
-            run = self.client.create_run(self.experiment_id, run_name=tags.get(TAG_LABEL, tid), tags={
+            rid = self.store.create_run(self.experiment_id, tags.get(TAG_LABEL, tid), {
                 **self.base_tags, **tags, TAG_SWEEP: self.sweep, TAG_ROLE: ROLE_TRIAL, TAG_TRIAL: tid,
                 PARENT_TAG: self.parent_run_id, NOTE_TAG: note,
             })
-            items = [Param(k, str(v)[:6000]) for k, v in params.items()]
-            for i in range(0, len(items), 90):
-                self.client.log_batch(run.info.run_id, params=items[i:i + 90])
+            self.store.log_params(rid, params)
             # The exact run config, loadable with RunConfig.model_validate (params are strings).
-            self.client.log_dict(run.info.run_id, run_config, "run_config.json")
-            self._logged[run.info.run_id] = set()
+            self.store.log_dict(rid, run_config, "run_config.json")
+            self._logged[rid] = set()
         else:
             rid = run.info.run_id
-            history = self.client.get_metric_history(rid, "epoch_time")
-            self._logged[rid] = {("epoch_time", m.step) for m in history}
-            self._logged[rid] |= {(k, m.step) for k in run.data.metrics
-                                  for m in ([] if k == "epoch_time" else self.client.get_metric_history(rid, k))}
+            self._logged[rid] = self.store.logged_steps(run)
             if run.info.status == "FINISHED":
                 # Finished before a driver restart: Tune may replay its final result; keep the run as is.
                 self._finished.add(rid)
             elif run.info.status != "RUNNING":
-                self.client.update_run(rid, status="RUNNING")
-        self._runs[tid] = run.info.run_id
-        return run.info.run_id
+                self.store.reopen(rid)
+        self._runs[tid] = rid
+        return rid
 
     def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int) -> None:
         """Log finite numeric metrics at `step`, skipping (key, step) pairs already logged."""
         seen = self._logged.setdefault(run_id, set())
-        ts = int(time.time() * 1000)
-        batch = []
-        for k, v in metrics.items():
-            if not is_finite_number(v) or (k, step) in seen:
-                continue
-            batch.append(Metric(k, float(v), ts, step))
-            seen.add((k, step))
-        for i in range(0, len(batch), MAX_BATCH):
-            self.client.log_batch(run_id, metrics=batch[i:i + MAX_BATCH])
+        new = {k: float(v) for k, v in metrics.items() if is_finite_number(v) and (k, step) not in seen}
+        seen.update((k, step) for k in new)
+        self.store.log_metrics(run_id, new, step=step)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """Create or reopen the trial's run as soon as it starts."""
@@ -240,13 +170,12 @@ class MLflowTrackingCallback(tune.Callback):
             # The scheduler stopped the trial at a rung, before its final report: it ran the
             # epochs it was given, so the run is FINISHED; its status tag and reason say how.
             reason = result.get("reason") or f"stopped early by {self.scheduler} at epoch {step}"
-            self.client.set_tag(rid, TAG_STATUS, STOPPED_EARLY)
-            self.client.set_tag(rid, TAG_STOP_REASON, reason)
+            self.store.set_tags(rid, {TAG_STATUS: STOPPED_EARLY, TAG_STOP_REASON: reason})
             self._terminate(rid, "FINISHED", outcome=f"**Ended:** {reason}.")
             return
-        self.client.set_tag(rid, TAG_STATUS, str(status))
+        self.store.set_tags(rid, {TAG_STATUS: str(status)})
         if result.get("node_id"):
-            self.client.set_tag(rid, TAG_NODE, str(result["node_id"]))
+            self.store.set_tags(rid, {TAG_NODE: str(result["node_id"])})
         final = {k: v for k, v in result.items()
                  if k.startswith(("val_", "test_", "calibrator_")) or k == "wall_time"}
         self.log_metrics(rid, final, step=step)
@@ -262,7 +191,7 @@ class MLflowTrackingCallback(tune.Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """A trial that exhausted its retries: FAILED with the error's first line."""
         rid = self.run_id_for(trial)
-        self.client.set_tag(rid, TAG_STATUS, "errored")
+        self.store.set_tags(rid, {TAG_STATUS: "errored"})
         reason = "trial errored"
         err = trial.error_file
         if err and Path(err).is_file():
@@ -272,47 +201,25 @@ class MLflowTrackingCallback(tune.Callback):
 
     def _terminate(self, run_id: str, status: str, reason: str | None = None, outcome: str | None = None) -> None:
         if reason:
-            self.client.set_tag(run_id, TAG_REASON, reason[:5000])
-        self._add_to_note(run_id, outcome or (f"**Ended:** {reason}" if reason else None))
-        self.client.set_terminated(run_id, status=status)
-
-    def _add_to_note(self, run_id: str, text: str | None) -> None:
-        """Append a paragraph to the run's description (once: a replayed result adds nothing)."""
-        if not text:
-            return
-        note = self.client.get_run(run_id).data.tags.get(NOTE_TAG, "")
-        if text not in note:
-            self.client.set_tag(run_id, NOTE_TAG, f"{note}\n\n{text}".strip())
+            self.store.set_tags(run_id, {TAG_REASON: reason[:MAX_TAG_CHARS]})
+        note = outcome or (f"**Ended:** {reason}" if reason else None)
+        if note:
+            self.store.append_to_note(run_id, note)
+        self.store.terminate(run_id, status)
 
     def _log_trial_artifacts(self, run_id: str, trial: Any) -> None:
-        """Reliability diagrams; shift tables and ECE-vs-severity plots; the per-task table."""
-        from calib_core.metrics import reliability_diagram
-        from sweeps.reports import per_task_table, shift_plot, shift_table
+        """The predictions, then the trial's report files (sweeps.reports.trial_report_files)."""
+        from sweeps.reports import trial_report_files
 
         ckpt = trial.checkpoint
         if ckpt is None:
             return
         with ckpt.as_directory() as d, tempfile.TemporaryDirectory() as out:
-            preds = np.load(Path(d) / PREDICTIONS_FILE)
             # kept with the run so paired statistics and any metric can be recomputed later
-            self.client.log_artifact(run_id, str(Path(d) / PREDICTIONS_FILE), artifact_path="predictions")
-            for split in SPLITS:
-                path = Path(out) / f"reliability_{split}.png"
-                what = "validation" if split == "val" else "test"
-                reliability_diagram(preds[f"{split}_probs"], preds[f"{split}_labels"], path,
-                                    num_bins=self.num_bins, title=f"{describe_params(trial.config)} ({what})")
-                self.client.log_artifact(run_id, str(path), artifact_path="diagrams")
-            if (Path(d) / SHIFT_FILE).is_file():
-                tables = json.loads((Path(d) / SHIFT_FILE).read_text())
-                for split, rows in tables.items():
-                    self.client.log_artifact(run_id, str(shift_table(rows, Path(out) / f"shift_{split}.csv")), "shift")
-                    plot = shift_plot(rows, Path(out) / f"shift_ece_{split}.png", f"ECE under shift ({split})")
-                    self.client.log_artifact(run_id, str(plot), "shift")
-            summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
-            tasks = summary.get("tasks")
-            if tasks:
-                table = per_task_table(trial.last_result or {}, tasks, Path(out) / "per_task.csv")
-                self.client.log_artifact(run_id, str(table), "tasks")
+            self.store.log_artifacts(run_id, [(Path(d) / PREDICTIONS_FILE, "predictions")])
+            files = trial_report_files(Path(d), Path(out), trial.last_result or {}, num_bins=self.num_bins,
+                                       title=describe_params(trial.config))
+            self.store.log_artifacts(run_id, files)
 
 
 def describe_run(run_config: dict[str, Any]) -> str:
@@ -339,39 +246,3 @@ def _outcome(result: dict[str, Any]) -> str:
     return (f"**Result:** val accuracy {pct('val_accuracy')}, val ECE {pct('val_ece')}; test accuracy "
             f"{pct('test_accuracy')}, test ECE {pct('test_ece')}; diagrams under `diagrams/`, predictions under "
             "`predictions/`.")
-
-
-def drop_orphan_runs(client: MlflowClient, experiment_id: str, sweep: str, trial_ids: set[str]) -> list[str]:
-    """Deal with child runs of trials Ray Tune no longer knows; return their trial ids.
-
-    A trial that started after Tune's last experiment snapshot is forgotten when the driver
-    dies, and on resume Tune samples a replacement. An unfinished run of such a trial would be a
-    second, dead run for one slot of the sweep, so it is deleted (soft: `mlflow gc` not run); a
-    finished one is real work and stays, tagged `calib.lost_from_tune` (selection ignores it).
-    """
-    flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'"
-    lost = []
-    for run in client.search_runs([experiment_id], filter_string=flt, max_results=10000):
-        tid = run.data.tags.get(TAG_TRIAL, "")
-        if tid in trial_ids:
-            continue
-        if run.info.status == "FINISHED":
-            client.set_tag(run.info.run_id, TAG_LOST_FROM_TUNE, "true")
-        else:
-            if run.info.status == "RUNNING":
-                client.set_terminated(run.info.run_id, status="KILLED")
-            client.delete_run(run.info.run_id)
-        lost.append(tid)
-    return lost
-
-
-def close_open_runs(client: MlflowClient, experiment_id: str, sweep: str, status: str) -> int:
-    """Mark every still-RUNNING trial run of the sweep with `status`; return the count."""
-    flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and attributes.status = 'RUNNING'"
-    n = 0
-    for run in client.search_runs([experiment_id], filter_string=flt, max_results=10000):
-        if run.data.tags.get(TAG_ROLE) == ROLE_PARENT:
-            continue
-        client.set_terminated(run.info.run_id, status=status)
-        n += 1
-    return n

@@ -341,6 +341,7 @@ def test_loads_and_predicts_in_a_fresh_process_without_the_repository(store, tmp
 # ---------------------------------------------------------------------------- idempotence
 def test_registration_is_idempotent_and_survives_a_death_before_registering(store):
     from sweeps.model_export import _load_trained, _log_portable_model, log_and_register
+    from sweeps.store import MlflowStore
 
     client, name = store.client, MODEL + "-idempotence"
     with contextlib.chdir(store.dir):
@@ -353,7 +354,7 @@ def test_registration_is_idempotent_and_survives_a_death_before_registering(stor
         # a second champion run whose registration died after the model was logged
         run_b = _finished_run(client, store.experiment_id)
         module, summary = _load_trained(store.ckpt)
-        logged = _log_portable_model(client, run_b, module,
+        logged = _log_portable_model(MlflowStore(store.uri), run_b, module,
                                      model_spec(module, summary["run_config"], (40,)))
         second = log_and_register(run_b, store.ckpt, (40,), name, store.uri)
         third = log_and_register(run_b, store.ckpt, (40,), name, store.uri, description="richer text")

@@ -28,6 +28,7 @@ from sweeps.contract import (
 )
 from sweeps.progress import ProgressCallback
 from sweeps.selection import TrialRecord, select
+from sweeps.store import MlflowStore
 from sweeps.tracking import MLflowTrackingCallback
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +107,7 @@ def test_asha_never_stops_the_trial_before_its_final_report(reports):
 
 
 class MemoryClient:
-    """The MlflowClient calls the tracking callback makes, in memory (a SQLite store takes
+    """The MlflowClient calls the tracking callback makes through its store, in memory (a SQLite store takes
     seconds to create; the slow end-to-end tests use the real one)."""
 
     def __init__(self) -> None:
@@ -135,7 +136,7 @@ class MemoryClient:
         return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=run["status"]),
                                data=SimpleNamespace(tags=dict(run["tags"]), metrics={}))
 
-    def set_terminated(self, run_id, status="FINISHED") -> None:
+    def set_terminated(self, run_id, status="FINISHED", end_time=None) -> None:
         self.runs[run_id]["status"] = status
 
 
@@ -150,10 +151,11 @@ def _epoch(epoch: int, ece: float) -> dict:
 
 
 def test_scheduler_stop_is_recorded_as_stopped_early_not_as_failure(capsys):
-    cb = MLflowTrackingCallback("sqlite:///unused.db", "0", "parent", "asha-unit", base_tags={},
-                                trial_params=lambda c: ({"x": 1}, {"calib.label": str(c)},
-                                                        RunConfig().model_dump(mode="json")), scheduler="ASHA")
-    cb._client = client = MemoryClient()
+    client = MemoryClient()
+    cb = MLflowTrackingCallback(MlflowStore("sqlite:///unused.db", client=client), "0", "parent", "asha-unit",
+                                base_tags={}, trial_params=lambda c: ({"x": 1}, {"calib.label": str(c)},
+                                                                      RunConfig().model_dump(mode="json")),
+                                scheduler="ASHA")
     progress = ProgressCallback(2, SelectionConfig(rule="min_metric", metric="val_ece"))
     stopped, completed = _trial("stop1", "matrix"), _trial("done1", "temperature")
     for t in (stopped, completed):

@@ -1,0 +1,260 @@
+"""The sweep's MLflow store: every run, tag, metric, artifact, search and registry call the service makes.
+
+Runs are found by tags before any is created (`find_run`), so trial retries and `--resume` reattach
+to the same runs; what a run means (which tags, which notes) is decided by the callers
+(sweeps/service.py, sweeps/tracking.py, sweeps/model_export.py), which draw nothing here either:
+reports are files written elsewhere (sweeps/reports.py) and logged through `log_artifacts`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
+
+from sweeps.contract import (
+    CLASSIC_ML,
+    EXPERIMENT_KIND_TAG,
+    NOTE_TAG,
+    ROLE_PARENT,
+    ROLE_TRIAL,
+    TAG_EXPORT_COMPLETE,
+    TAG_EXPORT_FORMAT,
+    TAG_LOST_FROM_TUNE,
+    TAG_ROLE,
+    TAG_SWEEP,
+    TAG_TRIAL,
+)
+
+MAX_METRICS = 900  # MLflow's log_batch takes at most 1000 metrics
+MAX_PARAMS = 90  # ... and at most 100 params
+MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
+MAX_TAG_CHARS = 5000  # what the service keeps of a long tag (a reason, a selection sentence)
+ALL_RUNS = 10000  # search_runs page size: a sweep has far fewer runs
+
+
+def find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> Any | None:
+    """The single run carrying all `tags`, or None (more than one: the store was edited by hand)."""
+    flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = client.search_runs([experiment_id], filter_string=flt, max_results=2)
+    if len(runs) > 1:
+        raise RuntimeError(f"more than one MLflow run has tags {tags}: the store was edited by hand")
+    return runs[0] if runs else None
+
+
+class MlflowStore:
+    """One MLflow tracking store (a URI), with the operations the sweep needs; picklable (the client is not kept)."""
+
+    def __init__(self, tracking_uri: str, client: Any = None) -> None:
+        self.tracking_uri = tracking_uri
+        self._client = client
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"tracking_uri": self.tracking_uri, "_client": None}
+
+    @property
+    def client(self) -> MlflowClient:
+        """The MLflow client, created on first use."""
+        if self._client is None:
+            self._client = MlflowClient(self.tracking_uri)
+        return self._client
+
+    # ------------------------------------------------------------------------ experiments
+    def experiment_id(self, name: str) -> str | None:
+        """The id of experiment `name`, or None when there is none."""
+        exp = self.client.get_experiment_by_name(name)
+        return exp.experiment_id if exp is not None else None
+
+    def ensure_experiment(self, name: str) -> str:
+        """The experiment's id, created if needed (a SQLite store's artifacts beside it), restored if deleted,
+        and tagged as a classic ML experiment (`mlflow.experimentKind`) unless someone chose another kind."""
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            if exp.lifecycle_stage == "deleted":
+                self.client.restore_experiment(exp.experiment_id)
+            if EXPERIMENT_KIND_TAG not in exp.tags:
+                self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_ML)
+            return exp.experiment_id
+        artifact_location = None
+        if self.tracking_uri.startswith("sqlite:///"):
+            db_path = Path(self.tracking_uri.removeprefix("sqlite:///"))
+            artifact_location = (db_path.parent / "mlartifacts").as_uri()
+        return self.client.create_experiment(name, artifact_location=artifact_location,
+                                             tags={EXPERIMENT_KIND_TAG: CLASSIC_ML})
+
+    # ------------------------------------------------------------------------ finding runs
+    def find_run(self, experiment_id: str, tags: dict[str, str]) -> Any | None:
+        """The single run carrying all `tags`, or None."""
+        return find_run(self.client, experiment_id, tags)
+
+    def parent_run(self, experiment_id: str, sweep: str) -> Any | None:
+        """The sweep's parent run, or None."""
+        return self.find_run(experiment_id, {TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT})
+
+    def trial_run(self, experiment_id: str, sweep: str, trial_id: str) -> Any | None:
+        """The run of one trial of the sweep, or None."""
+        return self.find_run(experiment_id, {TAG_SWEEP: sweep, TAG_TRIAL: trial_id})
+
+    def trial_runs(self, experiment_id: str, sweep: str) -> list[Any]:
+        """Every trial run of the sweep."""
+        flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'"
+        return list(self.client.search_runs([experiment_id], filter_string=flt, max_results=ALL_RUNS))
+
+    def get_run(self, run_id: str) -> Any:
+        """The run (info, data: metrics, params, tags)."""
+        return self.client.get_run(run_id)
+
+    # ------------------------------------------------------------------------ creating and ending runs
+    def find_or_create_parent(self, experiment_id: str, sweep: str, tags: dict[str, str]) -> str:
+        """The sweep's parent run id; reopened (RUNNING) if it exists."""
+        run = self.parent_run(experiment_id, sweep)
+        if run is None:
+            run = self.client.create_run(experiment_id, run_name=sweep,
+                                         tags={TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT, **tags})
+        elif run.info.status != "RUNNING":
+            self.reopen(run.info.run_id)
+        return run.info.run_id
+
+    def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str:
+        """A new run; its id."""
+        return self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+
+    def reopen(self, run_id: str) -> None:
+        """Mark the run RUNNING again (a retried or resumed trial, a resumed sweep)."""
+        self.client.update_run(run_id, status="RUNNING")
+
+    def terminate(self, run_id: str, status: str, end_time: int | None = None) -> None:
+        """End the run with `status` (FINISHED, FAILED, KILLED), at `end_time` (ms) or now."""
+        self.client.set_terminated(run_id, status=status, end_time=end_time)
+
+    def close_open_runs(self, experiment_id: str, sweep: str, status: str) -> int:
+        """Mark every still-RUNNING trial run of the sweep with `status`; return the count."""
+        flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and attributes.status = 'RUNNING'"
+        n = 0
+        for run in self.client.search_runs([experiment_id], filter_string=flt, max_results=ALL_RUNS):
+            if run.data.tags.get(TAG_ROLE) == ROLE_PARENT:
+                continue
+            self.terminate(run.info.run_id, status)
+            n += 1
+        return n
+
+    def drop_orphan_runs(self, experiment_id: str, sweep: str, trial_ids: set[str]) -> list[str]:
+        """Deal with child runs of trials Ray Tune no longer knows; return their trial ids.
+
+        A trial that started after Tune's last experiment snapshot is forgotten when the driver
+        dies, and on resume Tune samples a replacement. An unfinished run of such a trial would be a
+        second, dead run for one slot of the sweep, so it is deleted (soft: `mlflow gc` not run); a
+        finished one is real work and stays, tagged `calib.lost_from_tune` (selection ignores it).
+        """
+        lost = []
+        for run in self.trial_runs(experiment_id, sweep):
+            tid = run.data.tags.get(TAG_TRIAL, "")
+            if tid in trial_ids:
+                continue
+            if run.info.status == "FINISHED":
+                self.set_tags(run.info.run_id, {TAG_LOST_FROM_TUNE: "true"})
+            else:
+                if run.info.status == "RUNNING":
+                    self.terminate(run.info.run_id, "KILLED")
+                self.client.delete_run(run.info.run_id)
+            lost.append(tid)
+        return lost
+
+    # ------------------------------------------------------------------------ params, tags, metrics
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        """Log params as strings (cut to MLflow's limit), in batches."""
+        items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
+        for i in range(0, len(items), MAX_PARAMS):
+            self.client.log_batch(run_id, params=items[i:i + MAX_PARAMS])
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        """Set tags on the run, in order."""
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, value)
+
+    def append_to_note(self, run_id: str, text: str) -> None:
+        """Append a paragraph to the run's description (once: a replayed result adds nothing)."""
+        note = self.get_run(run_id).data.tags.get(NOTE_TAG, "")
+        if text not in note:
+            self.set_tags(run_id, {NOTE_TAG: f"{note}\n\n{text}".strip()})
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        """Log every metric as given (callers choose which are worth logging) at `step`, in batches."""
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
+        for i in range(0, len(batch), MAX_METRICS):
+            self.client.log_batch(run_id, metrics=batch[i:i + MAX_METRICS])
+
+    def logged_steps(self, run: Any) -> set[tuple[str, int]]:
+        """Every (metric, step) pair the run already has (a reattached trial never logs a step twice)."""
+        rid = run.info.run_id
+        # epoch_time is logged every epoch, so its history is asked for even when the summary lacks it
+        keys = {"epoch_time", *run.data.metrics}
+        return {(k, m.step) for k in keys for m in self.client.get_metric_history(rid, k)}
+
+    # ------------------------------------------------------------------------ artifacts
+    def log_dict(self, run_id: str, data: dict[str, Any], name: str) -> None:
+        """A JSON artifact `name` made from `data`."""
+        self.client.log_dict(run_id, data, name)
+
+    def log_artifacts(self, run_id: str, files: Iterable[tuple[str | Path, str | None]]) -> None:
+        """Log each (file, artifact folder) pair; folder None = the run's artifact root."""
+        for path, folder in files:
+            self.client.log_artifact(run_id, str(path), artifact_path=folder)
+
+    def download_artifact(self, run_id: str, path: str, dst: str | Path) -> str:
+        """Download the run's artifact `path` into `dst`; the local path."""
+        return self.client.download_artifacts(run_id, path, str(dst))
+
+    # ------------------------------------------------------------------------ models and the registry
+    def completed_export(self, run_id: str, export_format: str) -> str | None:
+        """Id of a logged model in `export_format` an earlier call completed on `run_id`, if any."""
+        experiment_id = self.get_run(run_id).info.experiment_id
+        models = self.client.search_logged_models(experiment_ids=[experiment_id],
+                                                  filter_string=f"source_run_id = '{run_id}'")
+        done = [m for m in models
+                if m.tags.get(TAG_EXPORT_COMPLETE) == "true" and m.tags.get(TAG_EXPORT_FORMAT) == export_format]
+        return max(done, key=lambda m: m.creation_timestamp).model_id if done else None
+
+    def mark_export_complete(self, model_id: str) -> None:
+        """Tag a logged model as completely written (a later call may register it)."""
+        self.client.set_logged_model_tags(model_id, {TAG_EXPORT_COMPLETE: "true"})
+
+    def versions_of_run(self, model_name: str, run_id: str) -> list[Any]:
+        """The registered model's versions created from `run_id`, oldest first."""
+        found = self.client.search_model_versions(f"run_id = '{run_id}'")
+        return sorted((v for v in found if v.name == model_name), key=lambda v: int(v.version))
+
+    def register(self, model_name: str, model_id: str, run_id: str, description: str,
+                 tags: dict[str, str]) -> str:
+        """A new version of `model_name` (created if needed) from logged model `model_id`; its number."""
+        try:
+            self.client.create_registered_model(model_name)
+        except MlflowException as exc:
+            if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+                raise
+        mv = self.client.create_model_version(model_name, source=f"models:/{model_id}", run_id=run_id,
+                                              model_id=model_id, description=description, tags=tags)
+        return str(mv.version)
+
+    def describe_version(self, model_name: str, version: str, description: str) -> None:
+        """Replace a model version's description."""
+        self.client.update_model_version(model_name, version, description=description)
+
+    def point_alias(self, model_name: str, alias: str, version: str, tags: dict[str, str]) -> None:
+        """Point `alias` at `version` and set the version's `tags`."""
+        self.client.set_registered_model_alias(model_name, alias, version)
+        for key, value in tags.items():
+            self.client.set_model_version_tag(model_name, version, key, value)
+
+    def alias_version(self, model_name: str, alias: str) -> str | None:
+        """The version `alias` points at, or None."""
+        try:
+            return str(self.client.get_model_version_by_alias(model_name, alias).version)
+        except MlflowException:
+            return None
