@@ -173,22 +173,31 @@ def _build() -> dict[str, Callable] | None:
         return 0
 
     def aurc_reps(w, order, err, first, out, lo, hi):
+        # one pass per resample down the confidence order, a tie block at a time: the block's
+        # rows are accepted together, so each adds its weight times the error rate of every
+        # row at least as confident (one division per block)
         n = order.shape[0]
-        cw = np.empty(n + 1)
-        ce = np.empty(n + 1)
+        wrow = np.empty(w.shape[1])
         for b in range(lo, hi):
-            cw[0] = 0.0
-            ce[0] = 0.0
-            for i in range(n):
-                wi = w[b, order[i]]
-                cw[i + 1] = cw[i] + wi
-                ce[i + 1] = ce[i] + wi * err[i]
+            for i in range(w.shape[1]):  # a sequential copy first: gathers from memory would miss
+                wrow[i] = w[b, i]
+            acc = 0.0
+            errs = 0.0
             total = 0.0
-            for i in range(n):
-                wi = cw[i + 1] - cw[i]
-                if wi > 0.0:  # rows at least as confident as this one's tie block are accepted
-                    total += wi * (ce[n] - ce[first[i]]) / max(cw[n] - cw[first[i]], 1.0)
-            out[b] = total / cw[n]
+            i = n - 1
+            while i >= 0:
+                f = first[i]
+                bw = 0.0
+                be = 0.0
+                for r in range(f, i + 1):
+                    wi = wrow[order[r]]
+                    bw += wi
+                    be += wi * err[r]
+                acc += bw
+                errs += be
+                total += bw * errs / max(acc, 1.0)  # no branch: an undrawn block adds 0
+                i = f - 1
+            out[b] = total / acc
         return 0
 
     def adaptive_cols(bits, tbits, tvals, nb, cnt, sums, edges, lo, hi):
@@ -347,7 +356,7 @@ def _build() -> dict[str, Callable] | None:
         for b in range(lo, hi):
             for i in range(n):
                 wi = np.float64(w[b, i])
-                if wi == 0.0:
+                if c >= 4 and wi == 0.0:  # skipping undrawn rows pays only for several columns
                     continue
                 for j in range(c):
                     s = sub[i, j]
@@ -376,70 +385,74 @@ def _build() -> dict[str, Callable] | None:
         pw = np.empty(nb + 1)
         ps = np.empty(nb + 1)
         pc = np.empty(nb + 1)
-        for b in range(lo, hi):
-            wrow = w[b]
-            for k in range(g):
-                ok = order[k]
-                vk = v[k]
-                ck = c[k]
-                bw[0] = 0.0
-                bs[0] = 0.0
-                bc[0] = 0.0
-                for blk in range(nblk):
-                    sw = 0.0
-                    sv = 0.0
-                    sc = 0.0
-                    for i in range(blk * L, min(n, blk * L + L)):
-                        wi = np.float64(wrow[ok[i]])
-                        sw += wi
-                        sv += wi * vk[i]
-                        sc += wi * ck[i]
-                    bw[blk + 1] = bw[blk] + sw
-                    bs[blk + 1] = bs[blk] + sv
-                    bc[blk + 1] = bc[blk] + sc
-                total = bw[nblk]
-                for t in range(nt):
-                    s0 = starts[k, t]
-                    # weight before s0: block prefix plus the start of s0's block
-                    before = bw[s0 // L]
-                    for i in range((s0 // L) * L, s0):
-                        before += wrow[ok[i]]
-                    kept = total - before
-                    if kept <= 0.0:
-                        continue
-                    step = kept / nb
-                    bounds[0] = s0
-                    for j in range(1, nb):
-                        q = min(np.round(j * step), kept - 1.0) + before  # round half to even, as numpy
-                        # entry holding resample position q: the first with cumulative weight > q
-                        blk = np.searchsorted(bw, q, side="right") - 1  # bw[blk] <= q < bw[blk + 1]
-                        cum = bw[blk]
-                        src = blk * L
-                        while True:
-                            cum += wrow[ok[src]]
-                            if cum > q:
-                                break
-                            src += 1
-                        bounds[j] = tie_start[k, src]  # values equal to an edge belong to the bin above
-                    bounds[nb] = n
-                    for j in range(nb + 1):  # prefix sums at each bound
-                        p = bounds[j]
-                        blk = p // L
-                        sw = bw[blk]
-                        sv = bs[blk]
-                        sc = bc[blk]
-                        for i in range(blk * L, p):
-                            wi = np.float64(wrow[ok[i]])
+        wrow = np.empty(w.shape[1])
+        gc = 4  # groups per sweep over the resamples: their sorted arrays stay in L2
+        for g0 in range(0, g, gc):
+            for b in range(lo, hi):
+                for i in range(w.shape[1]):  # a sequential copy first: gathers from memory would miss
+                    wrow[i] = w[b, i]
+                for k in range(g0, min(g, g0 + gc)):
+                    ok = order[k]
+                    vk = v[k]
+                    ck = c[k]
+                    bw[0] = 0.0
+                    bs[0] = 0.0
+                    bc[0] = 0.0
+                    for blk in range(nblk):
+                        sw = 0.0
+                        sv = 0.0
+                        sc = 0.0
+                        for i in range(blk * L, min(n, blk * L + L)):
+                            wi = wrow[ok[i]]
                             sw += wi
                             sv += wi * vk[i]
                             sc += wi * ck[i]
-                        pw[j] = sw
-                        ps[j] = sv
-                        pc[j] = sc
-                    for j in range(nb):
-                        out_cnt[t, k, b, j] = pw[j + 1] - pw[j]
-                        out_sum[t, k, b, j] = ps[j + 1] - ps[j]
-                        out_cor[t, k, b, j] = pc[j + 1] - pc[j]
+                        bw[blk + 1] = bw[blk] + sw
+                        bs[blk + 1] = bs[blk] + sv
+                        bc[blk + 1] = bc[blk] + sc
+                    total = bw[nblk]
+                    for t in range(nt):
+                        s0 = starts[k, t]
+                        # weight before s0: block prefix plus the start of s0's block
+                        before = bw[s0 // L]
+                        for i in range((s0 // L) * L, s0):
+                            before += wrow[ok[i]]
+                        kept = total - before
+                        if kept <= 0.0:
+                            continue
+                        step = kept / nb
+                        bounds[0] = s0
+                        for j in range(1, nb):
+                            q = min(np.round(j * step), kept - 1.0) + before  # round half to even, as numpy
+                            # entry holding resample position q: the first with cumulative weight > q
+                            blk = np.searchsorted(bw, q, side="right") - 1  # bw[blk] <= q < bw[blk + 1]
+                            cum = bw[blk]
+                            src = blk * L
+                            while True:
+                                cum += wrow[ok[src]]
+                                if cum > q:
+                                    break
+                                src += 1
+                            bounds[j] = tie_start[k, src]  # values equal to an edge belong to the bin above
+                        bounds[nb] = n
+                        for j in range(nb + 1):  # prefix sums at each bound
+                            p = bounds[j]
+                            blk = p // L
+                            sw = bw[blk]
+                            sv = bs[blk]
+                            sc = bc[blk]
+                            for i in range(blk * L, p):
+                                wi = wrow[ok[i]]
+                                sw += wi
+                                sv += wi * vk[i]
+                                sc += wi * ck[i]
+                            pw[j] = sw
+                            ps[j] = sv
+                            pc[j] = sc
+                        for j in range(nb):
+                            out_cnt[t, k, b, j] = pw[j + 1] - pw[j]
+                            out_sum[t, k, b, j] = ps[j + 1] - ps[j]
+                            out_cor[t, k, b, j] = pc[j + 1] - pc[j]
         return 0
 
     return {
