@@ -55,7 +55,7 @@ from .calibrator_batches import kfold_indices
 from .hypergradient import lookahead_params
 from .result import Evaluation, TrainResult, forward_in_batches, model_features, model_submodule
 from .snapshot import cpu_copy
-from .strategy import EVAL_BATCH, CalibratorBatch, Diverged, TaskStrategy
+from .strategy import EVAL_BATCH, CalibratorBatch, Diverged, TaskStrategy, add_regularization
 from .trainer import Trainer, crossfit_posthoc
 
 MISSING = -1
@@ -218,7 +218,7 @@ class MultiTask(TaskStrategy):
         live = [t for t in range(len(self.tasks)) if counts[t] > 0]
         if not live:
             return None
-        terms = [masked_cross_entropy(calibrators[t](inputs[t]), labels[:, t]) + calibrators[t].regularization()
+        terms = [add_regularization(masked_cross_entropy(calibrators[t](inputs[t]), labels[:, t]), calibrators[t])
                  for t in live]
         return cast(Tensor, sum(terms)), live  # a tensor: live is not empty
 

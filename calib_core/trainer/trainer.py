@@ -6,6 +6,10 @@ the calibrator phi (with `last_layer`: the model's head). Each has its own optim
      detached and computed in eval mode, i.e. on the model as it is evaluated;
   2. the backbone takes one step of its loss through the frozen calibrator on its own batch
      (`unrolled`: through the calibrator's one-step look-ahead, see hypergradient.py).
+With `calibrator_data: same` on a model whose forward does not depend on the mode (no
+BatchNorm, no dropout: modes.py) and without augmentation, the eval-mode outputs of the batch
+are the training forward's, so one forward serves both players (`_shared_step`, bit-identical
+to the two-forward order); otherwise the calibrator's inputs take their own eval-mode forward.
 With `last_layer` and `warmup_epochs > 0` the head trains with the backbone (in the backbone
 optimizer) during the warm-up and only through the calibrator's optimizer after it.
 Baselines share the loop: `ce`, `label_smoothing`, `focal` (no calibrator, full train split)
@@ -43,11 +47,12 @@ from calib_core.losses import LossFn, make_loss
 
 from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, kfold_indices
 from .hypergradient import unrolled_loss
+from .modes import ModeSwitch, forward_is_mode_free
 from .plan import plan_run
 from .result import CalibratedModel, EpochReport, Evaluation, TrainResult, model_features, model_submodule
 from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
 from .snapshot import cpu_copy, differing_keys
-from .strategy import EVAL_BATCH, CalibratorBatch, Diverged, TaskStrategy
+from .strategy import EVAL_BATCH, CalibratorBatch, Diverged, TaskStrategy, add_regularization
 
 STATE_VERSION = 1
 # config fields that may differ between a run and its resumption
@@ -135,7 +140,7 @@ class SingleTask(TaskStrategy):
                         labels: Tensor) -> tuple[Tensor, list[int]]:
         """CE of the calibrated inputs plus the calibrator's regularization."""
         cal = calibrators[0]
-        return F.cross_entropy(cal(inputs[0]), labels) + cal.regularization(), [0]
+        return add_regularization(F.cross_entropy(cal(inputs[0]), labels), cal), [0]
 
     def backbone_loss(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
                       lookahead: CalibratorBatch | None, calibrator_lr: float) -> Tensor:
@@ -239,6 +244,8 @@ class Trainer:
         self.val_split = data.val.to(self.device)
         self.test_split = data.test.to(self.device)
         self._augment = getattr(data, "augment", None)
+        # whether that changes a batch (DataSplits.augment is the identity while `augmentation` is None)
+        self._augments = self._augment is not None and getattr(data, "augmentation", True) is not None
 
     def __init__(
         self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None,
@@ -303,17 +310,27 @@ class Trainer:
         self.best: dict[str, Any] = {}
         self.trace: list[tuple[str, Tensor]] | None = None  # set to [] to record the indices each player steps on
         self._check_every = 1 if self.device.type == "cpu" else 25
+        # the eval-mode switch around calibrator forwards (skipped where the mode changes nothing), and
+        # whether `calibrator_data: same` takes the calibrator's inputs from the backbone's own training
+        # forward: only where that forward is the eval-mode one (mode-free model, no augmentation), so
+        # the numbers are those of the separate eval-mode forward, bit for bit (docs/design.md section 3)
+        self._mode_free = forward_is_mode_free(self.model)
+        self._modes = ModeSwitch(self.model)
+        self.shared_forward = self.cal_source == "same" and self._mode_free and not self._augments
 
     # ------------------------------------------------------------------ inputs and steps
     def _cal_inputs(self, x: Tensor, grad: bool = False) -> list[Tensor]:
         """What each calibrator consumes (logits or features), computed in eval mode."""
+        if self._mode_free:  # eval mode would compute the same function
+            with torch.set_grad_enabled(grad):
+                return self.strategy.inputs(self.model, self.calibrators, x)
         was = self.model.training
-        self.model.eval()
+        self._modes.set(False)
         try:
             with torch.set_grad_enabled(grad):
                 return self.strategy.inputs(self.model, self.calibrators, x)
         finally:
-            self.model.train(was)
+            self._modes.set(was)
 
     def _cached_inputs(self, x: Tensor) -> list[Tensor]:
         """`_cal_inputs` of a whole split, computed in EVAL_BATCH chunks."""
@@ -334,11 +351,13 @@ class Trainer:
                 f"{what} exploded ({value:.3g} > divergence_loss={limit:g}) at epoch {epoch + 1}, step {step + 1}"
             )
 
-    def _calibrator_step(self, idx: Tensor, epoch: int, step: int, inp: list[Tensor] | None = None) -> None:
+    def _calibrator_step(self, idx: Tensor, epoch: int, step: int, inp: list[Tensor] | None = None,
+                         y: Tensor | None = None) -> None:
         """One CE step of the calibrator(s) on batch `idx` (inputs detached; pass `inp` to reuse
-        inputs already computed for this batch under the current backbone). A calibrator without
-        a labelled row in the batch does not step (its gradient stays None)."""
-        y = self.train_split.y[idx]
+        inputs already computed for this batch under the current backbone, `y` its labels). A
+        calibrator without a labelled row in the batch does not step (its gradient stays None)."""
+        if y is None:
+            y = self.train_split.y[idx]
         if inp is None:
             inp = self._cal_inputs(self.train_split.x[idx])
         step_loss = self.strategy.calibrator_loss(self.train_calibrators, inp, y)
@@ -380,10 +399,28 @@ class Trainer:
         if self._augment is not None:
             x = self._augment(x, aug_gen)
         cx = cy = None
-        if cal_idx is not None:
+        if cal_idx is not None and self.tc.hypergradient == "unrolled":  # only the look-ahead reads them
             cx, cy = self.train_split.x[cal_idx], self.train_split.y[cal_idx]
         loss = self.backbone_loss(x, y, calibrating, cx, cy)
         return self._apply_backbone_step(loss, epoch, step, calibrating, idx)
+
+    def _shared_step(self, idx: Tensor, epoch: int, step: int) -> Tensor:
+        """`calibrator_data: same` on a mode-free model without augmentation (`shared_forward`):
+        one training forward of the batch gives the backbone its inputs and, detached, the
+        calibrator its (they equal the eval-mode ones); then the K_c calibrator steps and the
+        backbone's step through the stepped calibrator(s), exactly as the two-forward path."""
+        x, y = self.train_split.x[idx], self.train_split.y[idx]
+        self.model.train()
+        cals = self.train_calibrators
+        inputs = self.strategy.inputs(self.model, cals, x)
+        detached = [z.detach() for z in inputs]
+        for _ in range(self.tc.calibrator_steps):
+            self._calibrator_step(idx, epoch, step, detached, y)
+        lookahead = None
+        if self.tc.hypergradient == "unrolled":  # the look-ahead's own forward, with its graph to the backbone
+            lookahead = CalibratorBatch(self._cal_inputs(x, grad=True), y)
+        loss = self.strategy.backbone_loss(cals, inputs, y, lookahead, self.tc.calibrator_lr)
+        return self._apply_backbone_step(loss, epoch, step, True, idx)
 
     def _apply_backbone_step(self, loss: Tensor, epoch: int, step: int, calibrating: bool, idx: Tensor) -> Tensor:
         """Check the loss, then one optimizer step of the backbone's parameters on it."""
@@ -420,6 +457,9 @@ class Trainer:
         dev = self.device
         for i, idx in enumerate(batches):
             cal_idx = None
+            if calibrating and self.shared_forward:
+                total += self._shared_step(idx.to(dev), epoch, i)
+                continue
             if calibrating:
                 if self.cal_source == "holdout":
                     assert self.cycler is not None  # set whenever cal_source is 'holdout'
