@@ -173,9 +173,9 @@ def _build() -> dict[str, Callable] | None:
         return 0
 
     def aurc_reps(w, order, err, first, out, lo, hi):
-        # one pass per resample down the confidence order, a tie block at a time: the block's
-        # rows are accepted together, so each adds its weight times the error rate of every
-        # row at least as confident (one division per block)
+        # one pass per resample down the confidence order; a tie block's rows are accepted
+        # together, so when its lowest entry is reached the block adds its weight times the
+        # error rate of every row at least as confident (one division per block)
         n = order.shape[0]
         wrow = np.empty(w.shape[1])
         for b in range(lo, hi):
@@ -184,19 +184,18 @@ def _build() -> dict[str, Callable] | None:
             acc = 0.0
             errs = 0.0
             total = 0.0
-            i = n - 1
-            while i >= 0:
-                f = first[i]
-                bw = 0.0
-                be = 0.0
-                for r in range(f, i + 1):
-                    wi = wrow[order[r]]
-                    bw += wi
-                    be += wi * err[r]
-                acc += bw
-                errs += be
-                total += bw * errs / max(acc, 1.0)  # no branch: an undrawn block adds 0
-                i = f - 1
+            bw = 0.0
+            be = 0.0
+            for i in range(n - 1, -1, -1):
+                wi = wrow[order[i]]
+                bw += wi
+                be += wi * err[i]
+                if first[i] == i:  # the block is complete; an undrawn block adds 0
+                    acc += bw
+                    errs += be
+                    total += bw * errs / max(acc, 1.0)
+                    bw = 0.0
+                    be = 0.0
             out[b] = total / acc
         return 0
 
@@ -455,6 +454,38 @@ def _build() -> dict[str, Callable] | None:
                             out_cor[t, k, b, j] = pc[j + 1] - pc[j]
         return 0
 
+    def bin_errors(cnt, sums, cor, bin_of, keep, nbins, norm, out):
+        # per row m: sub-bin statistics collapsed into bins (sub-bin s -> bin_of[s] when
+        # keep[s]), then the calibration error of binning.group_errors (0: l1, 1: l2, 2: max)
+        m_rows, s_sub = cnt.shape
+        bc = np.empty(nbins)
+        bd = np.empty(nbins)
+        for m in range(m_rows):
+            bc[:] = 0.0
+            bd[:] = 0.0
+            for s in range(s_sub):
+                if keep[s]:
+                    bc[bin_of[s]] += cnt[m, s]
+                    bd[bin_of[s]] += cor[m, s] - sums[m, s]
+            n = 0.0
+            err = 0.0
+            for j in range(nbins):
+                n += bc[j]
+                if norm == 0:
+                    err += abs(bd[j])
+                elif bc[j] > 0.0:
+                    if norm == 1:
+                        err += bd[j] * bd[j] / bc[j]
+                    else:
+                        err = max(err, abs(bd[j]) / bc[j])
+            if n <= 0.0:
+                out[m] = 0.0
+            elif norm == 2:
+                out[m] = err
+            else:
+                out[m] = err / n
+        return 0
+
     return {
         "scan64": _njit(scan_search, fastmath=fast),
         "scan32": _njit(scan_key32, fastmath=fast),
@@ -462,6 +493,7 @@ def _build() -> dict[str, Callable] | None:
         "hist2d": _njit(hist2d),
         "aurc_reps": _njit(aurc_reps),
         "adaptive_cols": _njit(adaptive_cols),
+        "bin_errors": _njit(bin_errors),
         "even_reps": _njit(even_reps),
         "adaptive_all": _njit(adaptive_all, fastmath=fast),
         "adaptive_correct": _njit(adaptive_correct),
@@ -675,3 +707,24 @@ def adaptive_replicates_groups(
     _split(_kernel("adaptive_all"), b, lambda t: args, min_rows=8)
     cnt, val, cor = out
     return torch.from_numpy(cnt), torch.from_numpy(val), torch.from_numpy(cor)
+
+
+_NORM_CODES = {"l1": 0, "l2": 1, "max": 2}
+
+
+def bin_errors(
+    counts: np.ndarray,
+    sums: np.ndarray,
+    correct: np.ndarray,
+    norm: str,
+    bin_of: np.ndarray,
+    keep: np.ndarray,
+    nbins: int,
+) -> Tensor:
+    """binning.group_errors of (M, S) float64 sub-bin statistics collapsed into ``nbins`` bins
+    (sub-bin s adds to bin ``bin_of[s]`` where ``keep[s]``), without (M, bins) temporaries: (M,)."""
+    out = np.empty(counts.shape[0])
+    _kernel("bin_errors")(
+        counts, sums, correct, bin_of.astype(np.int64), keep.astype(np.bool_), nbins, _NORM_CODES[norm], out
+    )
+    return torch.from_numpy(out)

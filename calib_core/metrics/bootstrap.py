@@ -59,7 +59,30 @@ def resample_counts(n: int, num_resamples: int = 1000, *, seed: int = 0, device:
     return torch.from_numpy(counts).to(device)
 
 
-def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Tensor) -> list[BinStats]:
+class _Replicates:
+    """Bin statistics of M rows (resample x group) for one threshold, either collapsed
+    (``stats``, (M, bins) tensors) or per sub-bin from the compiled kernels (``sub``, (M, S)
+    float64 arrays, sub-bin s counted in bin ``bin_of[s]`` when ``keep[s]``)."""
+
+    def __init__(
+        self,
+        stats: BinStats | None = None,
+        sub: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        bin_of: np.ndarray | None = None,
+        keep: np.ndarray | None = None,
+    ):
+        self.stats, self.sub, self.bin_of, self.keep = stats, sub, bin_of, keep
+
+    def errors(self, norm: str) -> Tensor:
+        """Calibration error of each row, (M,) float64 (binning.group_errors)."""
+        if self.sub is not None:
+            assert self.bin_of is not None and self.keep is not None
+            return _fast.bin_errors(*self.sub, norm, self.bin_of, self.keep, int(self.bin_of.max()) + 1)
+        assert self.stats is not None
+        return group_errors(*self.stats, norm)
+
+
+def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Tensor) -> list[_Replicates]:
     """Even-bin (counts, value sums, correctness sums) per resample and column of ``values`` (N, C),
     each column its own group: (B * C, B_bins + 1) per threshold of ``binner``.
 
@@ -74,8 +97,12 @@ def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Ten
         # each row is correct in at most one column: one scatter pass per resample, no design matrix
         corr_col = torch.where(correct.any(dim=1), correct.to(torch.int8).argmax(dim=1), -1)
         cnt_s, sums_s, corr_s = _fast.even_replicates_scatter(w, sub, values.contiguous(), corr_col, binner.num_sub)
-        flat = [t.view(b * c, binner.num_sub) for t in (cnt_s, sums_s, corr_s)]
-        return [tuple(binner.collapse(t, i) for t in flat) for i in range(len(binner.thresholds))]  # type: ignore[misc]
+        flat = tuple(t.numpy().reshape(b * c, binner.num_sub) for t in (cnt_s, sums_s, corr_s))
+        bin_of = binner.sub_bin.numpy()
+        return [
+            _Replicates(sub=flat, bin_of=bin_of, keep=binner.sub_kept[i].numpy())  # type: ignore[arg-type]
+            for i in range(len(binner.thresholds))
+        ]
     bins = binner.sub_bin[sub]
     out = []
     for i in range(len(binner.thresholds)):
@@ -91,7 +118,7 @@ def _even_replicates(w: Tensor, binner: EvenBinner, values: Tensor, correct: Ten
                 design = torch.zeros(n, (c1 - c0) * nb, dtype=_WORK, device=w.device).scatter_(1, slot, src)
                 stat[:, c0 * nb : c1 * nb] = w @ design
         cnt, sums, corr = (t.reshape(b * c, nb).double() for t in stats)
-        out.append((cnt, sums, corr))
+        out.append(_Replicates(stats=(cnt, sums, corr)))
     return out
 
 
@@ -113,7 +140,7 @@ def _sorted_group(values: Tensor, thresholds: Sequence[float | None]) -> tuple[T
 
 def _adaptive_replicates(
     w: Tensor, groups: Sequence[tuple[Tensor, Tensor]], thresholds: Sequence[float | None], num_bins: int
-) -> list[BinStats]:
+) -> list[_Replicates]:
     """Adaptive-bin (counts, value sums, correctness sums) of G groups, each given as (N values,
     correctness): (G * B, bins) per threshold (group-major), each resample's edges derived from
     its own kept values. The sort of each group is shared by all resamples."""
@@ -146,8 +173,14 @@ def _adaptive_replicates(
             num_bins,
         )
         b = w.shape[0]
+        ident = np.arange(num_bins)
+        every = np.ones(num_bins, dtype=bool)
         return [
-            tuple(t[i].reshape(len(groups) * b, num_bins) for t in (cnt, sums, corr))  # type: ignore[misc]
+            _Replicates(
+                sub=tuple(t[i].numpy().reshape(len(groups) * b, num_bins) for t in (cnt, sums, corr)),  # type: ignore[arg-type]
+                bin_of=ident,
+                keep=every,
+            )
             for i in range(len(thresholds))
         ]
     sorted_groups = [(_sorted_group(values, thresholds), correct) for values, correct in groups]
@@ -156,7 +189,7 @@ def _adaptive_replicates(
         for (order, v, tie_start, starts), correct in sorted_groups
     ]
     return [
-        tuple(torch.cat([g[i][s] for g in per_group]) for s in range(3))  # type: ignore[misc]
+        _Replicates(stats=tuple(torch.cat([g[i][s] for g in per_group]) for s in range(3)))  # type: ignore[arg-type]
         for i in range(len(thresholds))
     ]
 
@@ -234,26 +267,26 @@ def _replicates_from_inputs(x: MetricInputs, w: Tensor, num_bins: int, names: Se
     correct = x.correct()
     if want & {"ece", "mce"}:
         binner = EvenBinner(num_bins, [0.0], x.dtype, x.device)
-        ((cnt, sums, corr),) = _even_replicates(w, binner, conf.unsqueeze(1), correct.unsqueeze(1))
+        (top,) = _even_replicates(w, binner, conf.unsqueeze(1), correct.unsqueeze(1))
         for name, norm in (("ece", "l1"), ("mce", "max")):
             if name in want:
-                out[name] = group_errors(cnt, sums, corr, norm)
+                out[name] = top.errors(norm)
     if want & {"sce", "classwise_ece"}:
         binner = EvenBinner(num_bins, [0.0, None], x.dtype, x.device)
         onehot = x.labels.unsqueeze(1) == torch.arange(k, device=x.device)
         stats = _even_replicates(w, binner, x.probs, onehot)
         for name, st in zip(("sce", "classwise_ece"), stats, strict=True):
             if name in want:
-                out[name] = group_errors(*st, "l1").view(b, k).sum(dim=1) / k
+                out[name] = st.errors("l1").view(b, k).sum(dim=1) / k
     if "rmsce" in want:
-        ((cnt, sums, corr),) = _adaptive_replicates(w, [(conf, correct)], [0.0], num_bins)
-        out["rmsce"] = group_errors(cnt, sums, corr, "l2").sqrt()
+        (top_adaptive,) = _adaptive_replicates(w, [(conf, correct)], [0.0], num_bins)
+        out["rmsce"] = top_adaptive.errors("l2").sqrt()
     if want & {"ace", "tace"}:
         columns = [(x.probs[:, cls].contiguous(), x.labels == cls) for cls in range(k)]
         stats = _adaptive_replicates(w, columns, [0.0, 0.01], num_bins)
         for name, st in zip(("ace", "tace"), stats, strict=True):
             if name in want:
-                out[name] = group_errors(*st, "l1").view(k, b).sum(dim=0) / k
+                out[name] = st.errors("l1").view(k, b).sum(dim=0) / k
     if "aurc" in want:
         out["aurc"] = _aurc_replicates(w, x)
     return {name: out[name] for name in names}
