@@ -5,6 +5,10 @@ resample counts per split (seeded by the sweep) serves every trial: differences 
 trials' replicates are replicates of their difference (calib_core.metrics.bootstrap).
 Multi-task trials get per-task replicates on each task's labelled rows (the same counts,
 restricted) and their means over tasks, which is what `val_<metric>` means for them.
+
+Calibration errors also get a calibrated null (consistency resampling: labels drawn from the
+trial's own probabilities, calib_core.metrics.consistency); their intervals reach down to 0 where
+the data cannot reject "calibrated", which the bootstrap interval alone never does.
 """
 
 from __future__ import annotations
@@ -18,7 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from calib_core.metrics import METRIC_NAMES, bootstrap_metrics, centered_interval, percentile_interval, resample_counts
+from calib_core.metrics import (
+    CALIBRATION_ERRORS,
+    METRIC_NAMES,
+    bootstrap_metrics,
+    calibrated_null,
+    calibration_interval,
+    centered_interval,
+    percentile_interval,
+    resample_counts,
+)
 
 SPLITS = ("val", "test")
 
@@ -55,14 +68,21 @@ class Replicates:
     points: dict[str, dict[str, float]] = field(default_factory=dict)  # the estimates on the full split
     # trials whose splits hold the same rows share resamples; a difference across groups is unpaired
     groups: dict[str, dict[str, str]] = field(default_factory=dict)
+    # calibration errors under "calibrated" (consistency resampling), same keys as `values`
+    nulls: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def has(self, trial_id: str, key: str) -> bool:
         """True when the trial has replicates of `key`."""
         return key in self.values.get(trial_id, {})
 
     def interval(self, trial_id: str, key: str) -> tuple[float, float]:
-        """Interval of one trial's metric at the configured level (centred on its estimate)."""
-        return centered_interval(_tensor(self.values[trial_id][key]), self.points[trial_id][key], self.level)
+        """Interval of one trial's metric at the configured level (centred on its estimate; a
+        calibration error's reaches 0 where "calibrated" is not rejected)."""
+        reps, point = _tensor(self.values[trial_id][key]), self.points[trial_id][key]
+        null = self.nulls.get(trial_id, {}).get(key)
+        if null is not None:
+            return calibration_interval(reps, point, _tensor(null), self.level)
+        return centered_interval(reps, point, self.level)
 
     def difference(self, a: str, b: str, key: str) -> np.ndarray:
         """Replicates of metric(a) - metric(b), paired when the two trials share their split,
@@ -88,12 +108,15 @@ def _tensor(a: np.ndarray) -> Any:
 
 def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, np.ndarray, np.ndarray]]]], *,
                        num_bins: int, num_resamples: int = 1000, level: float = 0.95, seed: int = 0,
-                       names: tuple[str, ...] = METRIC_NAMES) -> Replicates:
-    """Replicates of every metric on every split for each trial (keyed by trial id)."""
+                       names: tuple[str, ...] = METRIC_NAMES, null_draws: int = 200) -> Replicates:
+    """Replicates of every metric on every split for each trial (keyed by trial id), and the
+    calibrated null of its calibration errors (`null_draws` relabellings; 0: none)."""
     reps = Replicates(level=level, num_resamples=num_resamples)
+    errors = tuple(m for m in names if m in CALIBRATION_ERRORS) if null_draws > 0 else ()
     counts_cache: dict[tuple[int, int], Any] = {}
     for trial_id, splits in predictions.items():
         values: dict[str, np.ndarray] = {}
+        nulls: dict[str, np.ndarray] = {}
         groups: dict[str, str] = {}
         for s_idx, split in enumerate(SPLITS):
             parts = splits.get(split)
@@ -107,7 +130,7 @@ def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, n
                                                                                   seed=seed * 2 + s_idx)))
             counts = counts_cache[key]
             groups[split] = _fingerprint(y for _, _, y in parts)
-            per_task = []
+            per_task, null_per_task = [], []
             for task, probs, labels in parts:
                 keep = labels >= 0
                 if not keep.any():
@@ -116,11 +139,21 @@ def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, n
                                            num_bins=num_bins, names=names)
                 r = {m: v.numpy() for m, v in reps_t.items()}
                 per_task.append(r)
+                if errors:
+                    z = calibrated_null(probs[keep], labels[keep], num_draws=null_draws, seed=seed * 2 + s_idx,
+                                        num_bins=num_bins, names=errors)
+                    null_per_task.append({m: v.numpy() for m, v in z.items()})
                 if task is not None:
                     values.update({f"{split}_{task}_{m}": v for m, v in r.items()})
+                    nulls.update({f"{split}_{task}_{m}": v for m, v in (null_per_task[-1] if errors else {}).items()})
+            if not per_task:
+                continue
             for m in names:
                 values[f"{split}_{m}"] = np.mean([r[m] for r in per_task], axis=0)
+            for m in errors:  # the mean over tasks of draws made independently per task
+                nulls[f"{split}_{m}"] = np.mean([z[m] for z in null_per_task], axis=0)
         reps.values[trial_id] = {k: v[1:] for k, v in values.items()}
+        reps.nulls[trial_id] = nulls
         reps.points[trial_id] = {k: float(v[0]) for k, v in values.items()}
         reps.groups[trial_id] = groups
     return reps
