@@ -2,44 +2,78 @@
 
     python benchmarks/bench_bootstrap.py            # B=1000, N=10^4, K=10, 8 trials, 3 repeats
     python benchmarks/bench_bootstrap.py --coverage # plus interval coverage by simulation
+    python benchmarks/bench_bootstrap.py --baseline none   # without the earlier implementation
 
-Prints a table (seconds per trial per metric group, medians of the repeats, compiled kernels
-and the torch path side by side, with compute_all's own time for scale) and writes
-benchmarks/results/bench_bootstrap.json. The aim (issue "Trustworthy selection") is all
-metrics of 8 trials in < 2 s on 2 cores.
+Prints a table and writes benchmarks/results/bench_bootstrap.json: seconds per trial per metric
+group and for all metrics in one call (what sweeps/uncertainty.py makes), medians of the
+repeats, side by side for the compiled kernels, the torch path (CALIB_METRICS_NO_JIT) and the
+compiled path of an earlier commit (``--baseline``, default 33ad87f, the code before the
+prefix-sum/scatter kernels: its ``calib_core/metrics`` is extracted by ``git archive`` into a
+temporary package and timed in the same process, round-robin with the others). Each cell has
+wall seconds and CPU seconds of the process (all threads); on a shared machine the CPU seconds
+are the steadier figure, and wall seconds on 2 idle cores are about CPU / 2 for the compiled
+kernels (they split resamples over the threads). The load average is recorded with the figures.
+The aim (issue "Trustworthy selection") is all metrics of 8 trials in < 2 s on 2 cores:
+counts once plus 8 one-call trials.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from calib_core.metrics import _fast, bootstrap_metrics, compute_all, resample_counts  # noqa: E402
+from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_info, median_time, utc_now, write_json
+from calib_core.metrics import METRIC_NAMES, _fast, bootstrap_metrics, compute_all, resample_counts
 
 GROUPS = {"accuracy, nll, brier": ("accuracy", "nll", "brier"), "ece, mce": ("ece", "mce"),
           "sce, classwise_ece": ("sce", "classwise_ece"), "rmsce": ("rmsce",), "ace, tace": ("ace", "tace"),
-          "aurc": ("aurc",)}
+          "aurc": ("aurc",), "all metrics, one call": METRIC_NAMES}
+ALL = "all metrics, one call"
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up (kernel load, allocator)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def load_baseline(rev: str, into: Path) -> ModuleType:
+    """calib_core/metrics of git revision ``rev`` as a separate package (``baseline_metrics``)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "calib_core/metrics"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    (into / "calib_core" / "metrics").rename(into / "baseline_metrics")
+    sys.path.insert(0, str(into))  # a temporary package of the old code, not this repository's
+    return importlib.import_module("baseline_metrics")
+
+
+def _timed(fn) -> tuple[float, float]:
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def measure(paths: dict, probs, labels, counts, repeats: int) -> list[dict]:
+    """Per group: median wall and CPU seconds of each path, the paths interleaved round-robin."""
+    rows = []
+    for name, names in GROUPS.items():
+        samples: dict[str, list[tuple[float, float]]] = {p: [] for p in paths}
+        for run in paths.values():
+            run(names)  # warm-up (kernel compile or load, allocator)
+        for _ in range(repeats):
+            for path, run in paths.items():
+                samples[path].append(_timed(lambda run=run, names=names: run(names)))
+        row: dict = {"group": name}
+        for path, s in samples.items():
+            row[path] = statistics.median(w for w, _ in s)
+            row[path + "_cpu"] = statistics.median(c for _, c in s)
+        rows.append(row)
+    return rows
 
 
 def coverage(reps: int = 200, n: int = 1000, resamples: int = 500) -> list[dict[str, float]]:
@@ -75,9 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resamples", type=int, default=1000)
     p.add_argument("--trials", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_bootstrap.json"))
+    p.add_argument("--baseline", default="33ad87f", help="git revision whose compiled path is timed too ('none': skip)")
+    p.add_argument("--out", default=str(RESULTS_DIR / "bench_bootstrap.json"))
     p.add_argument("--coverage", action="store_true", help="also simulate interval coverage (about a minute)")
     args = p.parse_args(argv)
+    load_start = os.getloadavg()
     cover = coverage() if args.coverage else None
     if cover:
         print("Coverage of 95 % ECE intervals, 200 simulated sets of n=1000 (K=10), B=500:")
@@ -87,33 +123,47 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     probs = torch.softmax(torch.tensor(rng.normal(size=(args.n, args.k)) * 2), 1).float()
     labels = torch.tensor(rng.integers(0, args.k, args.n))
-    counts_s = _time(lambda: resample_counts(args.n, args.resamples, seed=0), args.repeats)
+    counts_s = median_time(lambda: resample_counts(args.n, args.resamples, seed=0), args.repeats)
     counts = resample_counts(args.n, args.resamples, seed=0)
-    rows = []
-    for name, names in GROUPS.items():
-        row = {"group": name}
-        for path, flag in (("compiled", True), ("torch", False)):
+
+    def ours(flag: bool):
+        def run(names):
             prev = _fast.set_enabled(flag)
             try:
-                row[path] = _time(lambda names=names: bootstrap_metrics(probs, labels, counts, names=names), args.repeats)
+                return bootstrap_metrics(probs, labels, counts, names=names)
             finally:
                 _fast.set_enabled(prev)
-        rows.append(row)
-    point_s = _time(lambda: compute_all(probs, labels), args.repeats)
-    per_trial = {path: sum(r[path] for r in rows) for path in ("compiled", "torch")}
-    total = {path: counts_s + args.trials * per_trial[path] for path in per_trial}
+        return run
+
+    paths = {"compiled": ours(True), "torch": ours(False)}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.baseline != "none":
+            base = load_baseline(args.baseline, Path(tmp))
+            paths["baseline"] = lambda names: base.bootstrap_metrics(probs, labels, counts, names=names)
+            # the same replicates, or the comparison is void
+            got, ref = paths["compiled"](METRIC_NAMES), paths["baseline"](METRIC_NAMES)
+            worst = max(float((got[m] - ref[m]).abs().nan_to_num(0.0).max()) for m in METRIC_NAMES)
+            print(f"largest difference from the baseline's replicates: {worst:.1e}")
+        rows = measure(paths, probs, labels, counts, args.repeats)
+    point_s = median_time(lambda: compute_all(probs, labels), args.repeats)
+    one_call = next(r for r in rows if r["group"] == ALL)
+    total = {path: counts_s + args.trials * one_call[path] for path in paths}
+    total_cpu = {path: counts_s + args.trials * one_call[path + "_cpu"] for path in paths}
+    load_end = os.getloadavg()
     print(f"Paired bootstrap, B={args.resamples}, N={args.n}, K={args.k}, float32 probabilities, "
-          f"{torch.get_num_threads()} threads; medians of {args.repeats}")
-    print(f"{'metric group':<24}{'compiled s/trial':>18}{'torch s/trial':>16}")
+          f"{torch.get_num_threads()} threads; medians of {args.repeats}; wall s / CPU s per trial; "
+          f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end")
+    head = "".join(f"{path + ' wall/cpu':>22}" for path in paths)
+    print(f"{'metric group':<24}{head}")
     for r in rows:
-        print(f"{r['group']:<24}{r['compiled']:>18.3f}{r['torch']:>16.3f}")
-    print(f"{'all metrics':<24}{per_trial['compiled']:>18.3f}{per_trial['torch']:>16.3f}")
+        print(f"{r['group']:<24}" + "".join(f"{r[p]:>12.3f}{r[p + '_cpu']:>10.3f}" for p in paths))
     print(f"resample counts (once per split): {counts_s:.3f} s; compute_all point estimates: {point_s:.3f} s/trial")
-    print(f"{args.trials} trials, all metrics: compiled {total['compiled']:.2f} s, torch {total['torch']:.2f} s "
-          f"(aim < 2 s)")
-    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "counts_s": counts_s, "point_s": point_s,
-                                          "total_s": total, "threads": torch.get_num_threads(), "coverage": cover,
-                                          "date": time.strftime("%Y-%m-%d")}, indent=1))
+    print(f"{args.trials} trials, all metrics (counts + {args.trials} one-call trials): "
+          + ", ".join(f"{p} {total[p]:.2f} s wall ({total_cpu[p]:.2f} s CPU)" for p in paths) + " (aim < 2 s)")
+    write_json(Path(args.out), {"command": command_line(__file__, argv), "args": vars(args), "rows": rows,
+                                "counts_s": counts_s, "point_s": point_s, "total_s": total, "total_cpu_s": total_cpu,
+                                "threads": torch.get_num_threads(), "coverage": cover, "host": host_info(),
+                                "load_avg_start": load_start, "load_avg_end": load_end, "date": utc_now()})
     return 0
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,11 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from calib_core import metrics as M  # noqa: E402
+from benchmarks.common import RESULTS_DIR, median_time
+from calib_core import metrics as M
 
 STREAM_KEYS = ("accuracy", "nll", "brier", "ece", "mce", "sce", "classwise_ece")
 
@@ -44,16 +41,6 @@ def streamed(x: torch.Tensor, y: torch.Tensor, from_logits: bool, chunk: int) ->
     return {k: v for k, v in acc.compute().items() if k in STREAM_KEYS}
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Measure, print the table, write the JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -61,30 +48,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=100)
     p.add_argument("--chunk", type=int, default=10**4)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_streaming.json"))
+    p.add_argument("--out", default=str(RESULTS_DIR / "bench_streaming.json"))
     args = p.parse_args(argv)
+    load_start = os.getloadavg()
     rng = np.random.default_rng(0)
     logits = torch.tensor(rng.normal(size=(args.n, args.k)).astype(np.float32) * 2)
     probs = torch.softmax(logits, 1)
     y = torch.tensor(rng.integers(0, args.k, args.n))
     rows = []
     for name, x, fl in (("probabilities", probs, False), ("logits", logits, True)):
-        t_one = _median_time(lambda x=x, fl=fl: one_shot(x, y, fl), args.repeats)
-        t_str = _median_time(lambda x=x, fl=fl: streamed(x, y, fl, args.chunk), args.repeats)
+        t_one = median_time(lambda x=x, fl=fl: one_shot(x, y, fl), args.repeats)
+        t_str = median_time(lambda x=x, fl=fl: streamed(x, y, fl, args.chunk), args.repeats)
         rows.append({"input": name, "one_shot_s": t_one, "streaming_s": t_str, "throughput_ratio": t_one / t_str})
     # parity in float64 on a slice (the accumulator and one-shot share the binning core)
     x64 = probs[:200_000].double()
     x64 = x64 / x64.sum(1, keepdim=True)
     a, b = one_shot(x64, y[:200_000], False), streamed(x64, y[:200_000], False, args.chunk)
     worst = max(abs(a[k] - b[k]) for k in STREAM_KEYS)
+    load_end = os.getloadavg()
     print(f"Streaming vs one-shot, N={args.n:,}, K={args.k}, chunks of {args.chunk:,} rows, "
-          f"{torch.get_num_threads()} threads, medians of {args.repeats}")
+          f"{torch.get_num_threads()} threads, medians of {args.repeats}; "
+          f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end")
     print(f"{'input':<15}{'one-shot s':>12}{'streaming s':>13}{'throughput ratio':>18}")
     for r in rows:
         print(f"{r['input']:<15}{r['one_shot_s']:>12.2f}{r['streaming_s']:>13.2f}{r['throughput_ratio']:>18.2f}")
     print(f"largest difference between the two in float64 (N=200,000): {worst:.1e} (aim <= 1e-9)")
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "float64_max_abs_diff": worst,
-                                          "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d")},
+                                          "threads": torch.get_num_threads(), "load_avg_start": load_start,
+                                          "load_avg_end": load_end, "date": time.strftime("%Y-%m-%d %H:%M:%S")},
                                          indent=1))
     return 0
 
