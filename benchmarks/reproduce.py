@@ -211,7 +211,16 @@ def table_md(agg: dict, header: list[str]) -> str:
 # ------------------------------------------------------------------------------------------
 # overhead: interleaved epochs in one process
 # ------------------------------------------------------------------------------------------
-OVERHEAD_VARIANTS = [(cal, src) for cal in ("last_layer", "temperature", "matrix") for src in ("holdout:0.1", "lookahead")] + [("last_layer", "same")]
+OVERHEAD_VARIANTS = ([(cal, src) for cal in ("last_layer", "temperature", "matrix") for src in ("holdout:0.1", "lookahead")]
+                     + [("last_layer", "same"), ("temperature", "same")])
+
+
+def loadavg() -> str | None:
+    """/proc/loadavg (1, 5, 15-minute load, ...) where there is one: the machine's load during a timing."""
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return None
 
 
 def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) -> dict[str, Any]:
@@ -229,47 +238,68 @@ def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) 
         trainers[f"{cal}/{src}"] = make({"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": 1e-2})
     loop: dict[str, list[float]] = {k: [] for k in trainers}
     full: dict[str, list[float]] = {k: [] for k in trainers}
+    cpu: dict[str, list[float]] = {k: [] for k in trainers}  # the loop's CPU time (this thread's): what load steals is not in it
+    load_before = loadavg()
     for rep in range(repeats + 1):  # repetition 0 is the untimed warm-up
         for name, tr in trainers.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             tr.train_epoch(rep)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.thread_time()
             tr.scheduler.step()
             tr.evaluate(tr.val_split, "validation")
             t2 = time.perf_counter()
             if rep > 0:
                 loop[name].append(t1 - t0)
                 full[name].append(t2 - t0)
+                cpu[name].append(c1 - c0)
     med_loop = {k: statistics.median(v) for k, v in loop.items()}
     med_full = {k: statistics.median(v) for k, v in full.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+
+    def iqr(a: list[float], b: list[float]) -> tuple[float, float] | None:
+        r = [x / y for x, y in zip(a, b)]  # per-round ratios against the CE epoch of the same round, for a spread
+        return (statistics.quantiles(r, n=4)[0], statistics.quantiles(r, n=4)[2]) if len(r) >= 4 else None
+
     rows = []
     for k in trainers:
         if k == "ce":
             continue
-        # per-repeat ratios against the CE epoch of the same round, for a spread
-        r_loop = [a / b for a, b in zip(loop[k], loop["ce"])]
         rows.append({
             "variant": k, "loop_ratio": med_loop[k] / med_loop["ce"], "full_ratio": med_full[k] / med_full["ce"],
-            "loop_ratio_iqr": (statistics.quantiles(r_loop, n=4)[0], statistics.quantiles(r_loop, n=4)[2]) if len(r_loop) >= 4 else None,
-            "loop_ms": med_loop[k] * 1e3, "full_ms": med_full[k] * 1e3,
+            "loop_ratio_iqr": iqr(loop[k], loop["ce"]),
+            "cpu_ratio": med_cpu[k] / med_cpu["ce"], "cpu_ratio_iqr": iqr(cpu[k], cpu["ce"]),
+            "loop_ms": med_loop[k] * 1e3, "full_ms": med_full[k] * 1e3, "cpu_ms": med_cpu[k] * 1e3,
             "backbone_samples": len(trainers[k].backbone_idx), "holdout_samples": len(trainers[k].holdout_idx),
+            "shared_forward": bool(getattr(trainers[k], "shared_forward", False)),
         })
     return {"dataset": dataset, "repeats": repeats, "ce_loop_ms": med_loop["ce"] * 1e3, "ce_full_ms": med_full["ce"] * 1e3,
-            "ce_backbone_samples": len(trainers["ce"].backbone_idx), "rows": rows, "raw_loop_s": loop, "raw_full_s": full}
+            "ce_cpu_ms": med_cpu["ce"] * 1e3, "ce_backbone_samples": len(trainers["ce"].backbone_idx), "rows": rows,
+            "loadavg_before": load_before, "loadavg_after": loadavg(),
+            "raw_loop_s": loop, "raw_full_s": full, "raw_cpu_s": cpu}
 
 
 def overhead_md(results: list[dict], header: list[str]) -> str:
     """The overhead report: one table of ratios to plain CE per dataset."""
     lines = list(header) + [""]
+    def span(x: Any) -> str:
+        return f"{x[0]:.2f}–{x[1]:.2f}" if x else "–"
+
     for res in results:
+        cpu_ms = f", loop CPU time {res['ce_cpu_ms']:.0f} ms" if "ce_cpu_ms" in res else ""
         lines.append(f"### {res['dataset']} ({res['repeats']} interleaved epochs per trainer after 1 warm-up; "
-                     f"plain CE: training loop {res['ce_loop_ms']:.0f} ms, full epoch {res['ce_full_ms']:.0f} ms, {res['ce_backbone_samples']} backbone samples/epoch)")
+                     f"plain CE: training loop {res['ce_loop_ms']:.0f} ms{cpu_ms}, full epoch {res['ce_full_ms']:.0f} ms, "
+                     f"{res['ce_backbone_samples']} backbone samples/epoch)")
         lines.append("")
-        lines.append("| one-go variant | loop time / CE (median) | per-round ratio IQR | full epoch / CE (median) | loop ms | backbone / holdout samples |")
-        lines.append("|---|---|---|---|---|---|")
+        if res.get("loadavg_before"):
+            lines += [f"Load (/proc/loadavg) before: {res['loadavg_before']}; after: {res.get('loadavg_after')}.", ""]
+        lines.append("| one-go variant | loop time / CE (median) | per-round ratio IQR | loop CPU time / CE (median) | per-round IQR "
+                     "| full epoch / CE (median) | loop ms | backbone / holdout samples | one forward (same) |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for r in res["rows"]:
-            iqr = f"{r['loop_ratio_iqr'][0]:.2f}–{r['loop_ratio_iqr'][1]:.2f}" if r["loop_ratio_iqr"] else "–"
-            lines.append(f"| {r['variant']} | {r['loop_ratio']:.2f}x | {iqr} | {r['full_ratio']:.2f}x | {r['loop_ms']:.0f} | {r['backbone_samples']} / {r['holdout_samples']} |")
+            cpu = f"{r['cpu_ratio']:.2f}x" if "cpu_ratio" in r else "–"
+            shared = "yes" if r.get("shared_forward") else "no"
+            lines.append(f"| {r['variant']} | {r['loop_ratio']:.2f}x | {span(r['loop_ratio_iqr'])} | {cpu} | {span(r.get('cpu_ratio_iqr'))} "
+                         f"| {r['full_ratio']:.2f}x | {r['loop_ms']:.0f} | {r['backbone_samples']} / {r['holdout_samples']} | {shared} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -466,9 +496,12 @@ def run_overhead(plan: Plan, repeats: int, header_common: list[str]) -> list[dic
     header = ["# One-go overhead per epoch (CPU, 1 thread)", ""] + header_common + [
         "",
         "Trainers for plain CE and each one-go variant (calibrator lr 1e-2, seed 0, settings as in reproduce_<dataset>.md) are built "
-        "in one process; their epochs run round-robin (CE, variant 1, ..., variant 7, CE, ...) so machine noise hits all alike. "
-        "Ratios are medians of one-go epoch time over medians of CE epoch time. 'loop' = `Trainer.train_epoch` (the step loop); "
-        "'full epoch' adds the scheduler step and the validation evaluation that `fit` does every epoch. "
+        f"in one process; their epochs run round-robin (CE, variant 1, ..., variant {len(OVERHEAD_VARIANTS)}, CE, ...) so machine noise hits all alike. "
+        "Ratios are medians of one-go epoch time over medians of CE epoch time. 'loop' = `Trainer.train_epoch` (the step loop), wall "
+        "clock; 'loop CPU time' = the same loop's CPU time (`time.thread_time`), which time lost to other processes on a loaded "
+        "machine does not inflate; 'full epoch' adds the scheduler step and the validation evaluation that `fit` does every epoch. "
+        "'one forward (same)': the trainer takes the calibrator's inputs from the backbone's training forward (mode-free model, "
+        "see calib_core/trainer/modes.py). "
         "With holdout:0.1 the backbone steps on 90% of the training split per epoch (fewer backbone steps than CE), "
         "and the calibrator steps once per backbone step on a holdout batch.",
     ]

@@ -30,7 +30,8 @@ class TemperatureScaling(Calibrator):
 
     def forward(self, logits: Tensor) -> Tensor:
         self._check_input(logits)
-        return logits / self.log_t.exp().to(logits.dtype)
+        t = self.log_t.exp()
+        return logits / (t if t.dtype == logits.dtype else t.to(logits.dtype))
 
     def divergence(self) -> str | None:
         """Also T itself: exp(log T) overflows to inf (log T > ~88.7 in float32; the calibrated

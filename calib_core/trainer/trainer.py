@@ -342,7 +342,7 @@ class Trainer:
         the CPU, every `_check_every` steps on an accelerator, where each check is a sync)."""
         if step % self._check_every:
             return
-        value = float(loss.detach())
+        value = loss.item()
         if not np.isfinite(value):
             raise Diverged(f"non-finite {what} ({value}) at epoch {epoch + 1}, step {step + 1}")
         limit = self.tc.divergence_loss
