@@ -6,9 +6,11 @@ trials' replicates are replicates of their difference (calib_core.metrics.bootst
 Multi-task trials get per-task replicates on each task's labelled rows (the same counts,
 restricted) and their means over tasks, which is what `val_<metric>` means for them.
 
-Calibration errors also get a calibrated null (consistency resampling: labels drawn from the
-trial's own probabilities, calib_core.metrics.consistency); their intervals reach down to 0 where
-the data cannot reject "calibrated", which the bootstrap interval alone never does.
+Top-label calibration errors (ECE, MCE, RMSCE) also get a calibrated null (consistency
+resampling: labels drawn from the trial's own probabilities, calib_core.metrics.consistency);
+their intervals reach down to 0 where the data cannot reject "calibrated", which the bootstrap
+interval alone never does. The class-conditional errors (SCE, ACE, TACE, classwise ECE) keep the
+bootstrap interval: their null needs K rows per example and would double the selection's cost.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import numpy as np
 import torch
 
 from calib_core.metrics import (
-    CALIBRATION_ERRORS,
     METRIC_NAMES,
+    TOP_LABEL_ERRORS,
     bootstrap_metrics,
     calibrated_null,
     calibration_interval,
@@ -110,9 +112,9 @@ def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, n
                        num_bins: int, num_resamples: int = 1000, level: float = 0.95, seed: int = 0,
                        names: tuple[str, ...] = METRIC_NAMES, null_draws: int = 200) -> Replicates:
     """Replicates of every metric on every split for each trial (keyed by trial id), and the
-    calibrated null of its calibration errors (`null_draws` relabellings; 0: none)."""
+    calibrated null of its top-label calibration errors (`null_draws` relabellings; 0: none)."""
     reps = Replicates(level=level, num_resamples=num_resamples)
-    errors = tuple(m for m in names if m in CALIBRATION_ERRORS) if null_draws > 0 else ()
+    errors = tuple(m for m in names if m in TOP_LABEL_ERRORS) if null_draws > 0 else ()
     counts_cache: dict[tuple[int, int], Any] = {}
     for trial_id, splits in predictions.items():
         values: dict[str, np.ndarray] = {}

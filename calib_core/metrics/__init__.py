@@ -24,7 +24,13 @@ Modules: ``_inputs`` (validation, conversion), ``binning`` (the one binning core
 
 from .bootstrap import bootstrap_metrics, centered_interval, percentile_interval, prob_not_greater, resample_counts
 from .calibration_error import ace, calibration_error, classwise_ece, ece, mce, rmsce, sce, tace
-from .consistency import CALIBRATION_ERRORS, calibrated_null, calibration_interval, calibration_p_value
+from .consistency import (
+    CALIBRATION_ERRORS,
+    TOP_LABEL_ERRORS,
+    calibrated_null,
+    calibration_interval,
+    calibration_p_value,
+)
 from .debiased import debiased_l2_ce, ece_sweep, smooth_ece
 from .reliability import reliability_diagram
 from .scores import METRIC_NAMES, accuracy, aurc, brier, compute_all, nll
@@ -56,6 +62,7 @@ __all__ = [
     "centered_interval",
     "prob_not_greater",
     "CALIBRATION_ERRORS",
+    "TOP_LABEL_ERRORS",
     "calibrated_null",
     "calibration_p_value",
     "calibration_interval",

@@ -34,10 +34,12 @@ from ._inputs import prepare
 from .bootstrap import bootstrap_metrics, centered_interval
 from .calibration_error import PRESETS
 
-__all__ = ["CALIBRATION_ERRORS", "calibrated_null", "calibration_p_value", "calibration_interval"]
+__all__ = ["CALIBRATION_ERRORS", "TOP_LABEL_ERRORS", "calibrated_null", "calibration_p_value", "calibration_interval"]
 
 # The metrics that are calibration errors: 0 exactly for a calibrated model, biased upwards.
 CALIBRATION_ERRORS = ("ece", "mce", "sce", "classwise_ece", "rmsce", "ace", "tace")
+# Those that see only the top label's confidence and correctness: a cheap null (two rows per example).
+TOP_LABEL_ERRORS = tuple(m for m in CALIBRATION_ERRORS if PRESETS[m]["top_label"])
 _CHUNK_ELEMENTS = 1 << 24
 
 
