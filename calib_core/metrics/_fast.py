@@ -240,16 +240,12 @@ def _build() -> dict[str, Callable] | None:
                 col = b0 + j
                 bv = bblk[j]
                 v = bv.view(np.float32)
-                bmin = 0x3F800000
-                bmax = 0
                 le0 = 0
                 le1 = 0
                 for i in range(n):
                     b = bv[i]
-                    if b < 0 or b > 0x3F800000:  # checked before indexing: -0.0, NaN, > 1
+                    if np.uint32(b) > np.uint32(0x3F800000):  # checked before indexing: -0.0, NaN, > 1
                         return 1
-                    bmin = min(bmin, b)
-                    bmax = max(bmax, b)
                     hc[b >> 16] += 1
                     hs[b >> 16] += v[i]
                     le0 += b <= t0  # the first two thresholds in registers
@@ -261,8 +257,12 @@ def _build() -> dict[str, Callable] | None:
                     le[t] = 0
                     for i in range(n):
                         le[t] += bv[i] <= tbits[t]
-                ulo = bmin >> 16
-                uhi = (bmax >> 16) + 1  # buckets ulo..uhi-1 hold the column
+                ulo = 0
+                while hc[ulo] == 0:
+                    ulo += 1
+                uhi = nbk
+                while hc[uhi - 1] == 0:
+                    uhi -= 1  # buckets ulo..uhi-1 hold the column
                 for u in range(ulo + 1):
                     cum[u] = 0
                 for u in range(ulo, uhi):

@@ -256,13 +256,15 @@ def _replicates_from_inputs(x: MetricInputs, w: Tensor, num_bins: int, names: Se
         "nll": lambda: x.nll_per_row().to(_WORK),
         "brier": lambda: brier_per_row(x).to(_WORK),
     }
-    for name, fn in rows.items():
-        if name in want:
-            v = fn()
-            finite = torch.isfinite(v)
-            out[name] = (w @ torch.where(finite, v, 0.0)).double() / total
-            if not bool(finite.all()):  # -log 0 = inf in every resample that draws such a row
-                out[name][w[:, ~finite].sum(dim=1) > 0] = torch.inf
+    row_names = [name for name in rows if name in want]
+    if row_names:
+        vals = torch.stack([rows[name]() for name in row_names], dim=1)  # (N, R)
+        finite = torch.isfinite(vals)
+        means = (w @ torch.where(finite, vals, 0.0)).double() / total.unsqueeze(1)  # one pass over w
+        for j, name in enumerate(row_names):
+            out[name] = means[:, j].contiguous()
+            if not bool(finite[:, j].all()):  # -log 0 = inf in every resample that draws such a row
+                out[name][w[:, ~finite[:, j]].sum(dim=1) > 0] = torch.inf
     conf, _ = x.top()
     correct = x.correct()
     if want & {"ece", "mce"}:
