@@ -15,6 +15,7 @@ from calib_core.models import create_model
 from calib_core.models.multitask import MultiTaskClassifier
 from calib_core.trainer import MultiTaskTrainer, Trainer
 from calib_core.trainer.modes import ModeSwitch, forward_is_mode_free
+from tests.resume_harness import crash_then_resume
 
 K, D = 3, 10
 TASKS = (("a", 3), ("b", 2))
@@ -76,6 +77,9 @@ def test_mode_free_models():
     mlp = create_model("mlp", K, (D,))
     mlp.body.append(Custom())
     assert not forward_is_mode_free(mlp)
+    hooked = create_model("mlp", K, (D,))
+    torch.nn.utils.spectral_norm(hooked.head)  # a pre-hook that iterates in train mode only
+    assert not forward_is_mode_free(hooked)
 
 
 def test_mode_switch_sets_every_flag_like_train():
@@ -109,6 +113,16 @@ def test_shared_forward_is_bit_identical_to_the_eval_forward(data, train):
     assert [{k: v for k, v in h.items() if k != "epoch_time"} for h in a.history] == \
         [{k: v for k, v in h.items() if k != "epoch_time"} for h in b.history]
     assert [(k, i.tolist()) for k, i in shared.trace] == [(k, i.tolist()) for k, i in separate.trace]
+
+
+def test_shared_forward_resumes_bit_for_bit(data):
+    cfg = _cfg(calibrator="vector", epochs=4)
+    full_t = Trainer(cfg, data)
+    full = full_t.fit()
+    res_t, res, _ = crash_then_resume(lambda: Trainer(cfg, data), crash_after=2)
+    assert res_t.shared_forward
+    assert all(torch.equal(x, y) for x, y in zip(_state(full_t), _state(res_t)))
+    assert res.val_metrics == full.val_metrics
 
 
 @pytest.mark.parametrize("calibrator", ["temperature", "last_layer"])

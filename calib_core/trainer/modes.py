@@ -41,10 +41,12 @@ def _trusted_shell(module: nn.Module) -> bool:
 
 def forward_is_mode_free(model: nn.Module) -> bool:
     """True when `model` computes the same function in train and eval mode: every submodule is a
-    mode-free torch.nn type (exact type) or one of calib_core's classifier shells. Any other
-    module (BatchNorm, Dropout of any rate, a custom layer) makes it False: the conservative
-    answer, which only costs the extra eval-mode forward."""
-    return all(type(m) in _MODE_FREE_TORCH or _trusted_shell(m) for m in model.modules())
+    mode-free torch.nn type (exact type) or one of calib_core's classifier shells, and none has a
+    forward hook (e.g. the old `spectral_norm`, whose pre-hook iterates only in train mode). Any
+    other module (BatchNorm, Dropout of any rate, a custom layer) makes it False: the
+    conservative answer, which only costs the extra eval-mode forward."""
+    return all((type(m) in _MODE_FREE_TORCH or _trusted_shell(m)) and not m._forward_pre_hooks and not m._forward_hooks
+               for m in model.modules())
 
 
 class ModeSwitch:
