@@ -401,11 +401,19 @@ def _build() -> dict[str, Callable] | None:
                         sw = 0.0
                         sv = 0.0
                         sc = 0.0
-                        for i in range(blk * L, min(n, blk * L + L)):
-                            wi = wrow[ok[i]]
-                            sw += wi
-                            sv += wi * vk[i]
-                            sc += wi * ck[i]
+                        base = blk * L
+                        if base + L <= n:
+                            for r in range(32):  # a constant trip count: unrolled and vectorised
+                                wi = wrow[ok[base + r]]
+                                sw += wi
+                                sv += wi * vk[base + r]
+                                sc += wi * ck[base + r]
+                        else:
+                            for i in range(base, n):
+                                wi = wrow[ok[i]]
+                                sw += wi
+                                sv += wi * vk[i]
+                                sc += wi * ck[i]
                         bw[blk + 1] = bw[blk] + sw
                         bs[blk + 1] = bs[blk] + sv
                         bc[blk + 1] = bc[blk] + sc
