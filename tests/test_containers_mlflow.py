@@ -9,87 +9,22 @@ release brought up to date by the migration init container (and refused without 
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
-from types import SimpleNamespace
 
 import pytest
 
 from tests import deploy_render as dr
 from tests.containers import images
-from tests.containers.fixtures import artifacts_dir, built_images, dev_secrets, free_port  # noqa: F401
-from tests.containers.harness import Cluster, find_template, podman
+from tests.containers.fixtures import built_images, free_port, stack, start_mlflow  # noqa: F401
+from tests.containers.fixtures import http as _http
+from tests.containers.harness import Cluster, podman
 
 pytestmark = pytest.mark.container
 PREVIOUS_MLFLOW = "3.1.0"
-
-
-def _http(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
-    """(status, body); status 0 while nothing answers yet."""
-    req = urllib.request.Request(url)
-    if auth:
-        req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0, b""
-
-
-def start_mlflow(cluster: Cluster, resources, pod: str, port: int, with_init: bool = True):
-    dep = find_template(resources, "Deployment", "mlflow")
-    if not with_init:
-        dep["spec"].pop("initContainers")
-    names = cluster.run_pod(pod, dep, publish=[f"127.0.0.1:{port}:5000"])
-    return names["mlflow"], dep["spec"]["containers"][0]
-
-
-@pytest.fixture(scope="module")
-def stack(built_images, tmp_path_factory):
-    resources = dr.render(dr.DEPLOY / "overlays" / "dev")
-    secrets = dev_secrets()
-    cluster = Cluster(resources, secrets, tmp_path_factory.mktemp("mlflow-stack"))
-    logs = artifacts_dir("mlflow-stack")
-    t0 = time.monotonic()
-    try:
-        pg_port = free_port()  # published as `kubectl port-forward pod/postgres-0` would
-        for sts, publish in (("postgres", [f"127.0.0.1:{pg_port}:5432"]), ("minio", [])):
-            tpl = find_template(resources, "StatefulSet", sts)
-            name = cluster.run_pod(f"{sts}-0", tpl, publish=publish)[tpl["spec"]["containers"][0]["name"]]
-            cluster.wait_ready(name, tpl["spec"]["containers"][0], timeout=180)
-        job_logs = {}
-        # The Optuna database Job runs twice: re-applying the overlay must be harmless.
-        for job_name, runs in (("minio-buckets", 1), ("optuna-db", 2)):
-            job = find_template(resources, "Job", job_name)
-            for i in range(runs):
-                proc = cluster.run_container(f"{job_name}-{i}", job["spec"], job["spec"]["containers"][0],
-                                             labels=job["metadata"]["labels"], detach=False, timeout=300)
-                job_logs[f"{job_name}-{i}"] = proc.stdout + proc.stderr
-                assert proc.returncode == 0, proc.stdout + proc.stderr
-        port = free_port()
-        name, container = start_mlflow(cluster, resources, "mlflow-0", port)
-        cluster.wait_ready(name, container, timeout=300)
-        tracking = secrets["mlflow-tracking"]
-        # The driver's CALIB_OPTUNA_STORAGE (Secret optuna-storage), pointed at the published port.
-        optuna_url = secrets["optuna-storage"]["url"].replace("@postgres:5432/", f"@127.0.0.1:{pg_port}/")
-        yield SimpleNamespace(cluster=cluster, resources=resources, secrets=secrets, port=port, mlflow=name,
-                              url=f"http://127.0.0.1:{port}", auth=(tracking["username"], tracking["password"]),
-                              startup_s=round(time.monotonic() - t0, 1), logs=logs, job_logs=job_logs,
-                              optuna_url=optuna_url)
-    finally:
-        for n in list(cluster.containers):
-            (logs / f"{n.rsplit('-', 1)[0]}.log").write_text(cluster.logs(n))
-        (logs / "init-containers.json").write_text(json.dumps(cluster.init_logs, indent=1))
-        cluster.close()
 
 
 def test_migration_and_db_check_ran_before_the_server(stack):

@@ -325,3 +325,75 @@ def test_network_policies(resources):
         job = _template_labels(resources, "Job", "minio-buckets")
         assert ok((ns, mlflow), minio, 9000) and ok((ns, worker), minio, 9000) and ok((ns, job), minio, 9000)
         assert not ok((ns, submitter), minio, 9000) and not ok(outside, minio, 9000)
+
+
+# ------------------------------------------------------- the ports the Ray processes listen on
+
+def _recorded_ray_ports() -> dict:
+    """tests/containers/ray_ports.json: the TCP ports Ray's processes listened on in the head and
+    worker pods of the dev RayJob, recorded by tests/test_containers_ray.py (which fails when what
+    Ray listens on no longer matches it)."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "containers" / "ray_ports.json").read_text())
+
+
+def _ports_of(record: dict, role: str) -> set[int]:
+    """The fixed ports, every port seen for Ray's randomly placed listeners, the ends of the worker
+    port range when core workers listen there, and the ends of the range Ray draws random ports
+    from (the kernel's ephemeral range; any port above 1023) when it does."""
+    r = record[role]
+    lo, hi = record["worker_port_range"]
+    ports = {int(p) for p in r["fixed"]}
+    for seen in r["examples"].values():
+        ports |= set(seen)
+    if r["worker_port_range"]:
+        ports |= {lo, hi}
+    if r["random"]:
+        ports |= {1024, 32768, 60999, 65535}
+    return ports
+
+
+def test_recorded_ray_ports_are_complete():
+    record = _recorded_ray_ports()
+    assert record["ray_version"] == "2.60.0" and record["recorded_on"]
+    # What KubeRay's generated command and Ray's defaults fix (tests/containers/kuberay.py).
+    assert {"6379", "8265", "10001", "8080", "52365"} <= set(record["head"]["fixed"])
+    assert {"8080", "52365"} <= set(record["worker"]["fixed"])
+    assert record["head"]["fixed"]["6379"] == "gcs_server" and record["head"]["fixed"]["8265"] == "dashboard"
+    for role in ("head", "worker"):
+        assert "raylet" in record[role]["random"], f"{role}: raylet ports missing"
+        assert "core_worker" in record[role]["worker_port_range"] + record[role]["random"]
+
+
+@pytest.mark.parametrize("resources", _resources())
+def test_network_policies_admit_every_recorded_ray_port(resources):
+    """Worker -> head (GCS, raylet, object manager, agents, the driver's and the actors' gRPC
+    servers), head -> worker and worker -> worker (raylets, object managers, core workers), the
+    submitter -> the head's dashboard (job API), for the RayJob's and the interactive cluster's
+    pods; nobody outside the namespace."""
+    record = _recorded_ray_ports()
+    ns = dr.namespace_of(resources)
+    policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
+    rayjob = next(r for r in resources if r["kind"] == "RayJob")
+    submitter = rayjob["spec"]["submitterPodTemplate"]["metadata"]["labels"]
+    outside = ("other-team", {"calib-sweeps/ray-node": "true"})
+    head_ports, worker_ports = _ports_of(record, "head"), _ports_of(record, "worker")
+
+    def ok(src, dst, port):
+        return allowed(policies, ns, src, dst, port)
+
+    for kind, name in (("RayJob", "calib-sweep"), ("RayCluster", "calib-interactive")):
+        head = _template_labels(resources, kind, name, "head")
+        worker = _template_labels(resources, kind, name, "worker")
+        for port in sorted(head_ports):
+            assert ok((ns, worker), head, port), f"{name}: worker -> head:{port} blocked"
+            assert not ok(outside, head, port), f"{name}: head:{port} open to other namespaces"
+        for port in sorted(worker_ports):
+            assert ok((ns, head), worker, port), f"{name}: head -> worker:{port} blocked"
+            assert ok((ns, worker), worker, port), f"{name}: worker -> worker:{port} blocked"
+            assert not ok(outside, worker, port), f"{name}: worker:{port} open to other namespaces"
+    head = _template_labels(resources, "RayJob", "calib-sweep", "head")
+    dashboard = next(int(p) for p, what in record["head"]["fixed"].items() if what == "dashboard")
+    assert ok((ns, submitter), head, dashboard), "the submitter cannot reach the job API"

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 import subprocess
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from tests import deploy_render as dr
 from tests.containers import images
+from tests.containers.harness import Cluster, find_template
 
 ARTIFACTS = dr.REPO_ROOT / "test-artifacts" / "containers"
+# pytest keeps one instance of a session fixture per place it is found, and the test modules import
+# these fixtures (tests/conftest.py does not): each module would build and start its own. The first
+# instance keeps what it made here and tears it down at the end of the session; the others reuse it.
+_SESSION: dict[str, object] = {}
 
 
 def _podman_usable() -> str | None:
@@ -32,10 +42,13 @@ def built_images() -> dict:
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
+    if "built_images" in _SESSION:
+        return _SESSION["built_images"]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with open(ARTIFACTS / "build.log", "w") as log:
         info = images.build_all(log)
     (ARTIFACTS / "images.json").write_text(json.dumps(info, indent=2) + "\n")
+    _SESSION["built_images"] = info
     return info
 
 
@@ -63,3 +76,72 @@ def artifacts_dir(name: str) -> Path:
     path = ARTIFACTS / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def http(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
+    """(status, body); status 0 while nothing answers yet."""
+    req = urllib.request.Request(url)
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
+
+
+def start_mlflow(cluster: Cluster, resources, pod: str, port: int, with_init: bool = True):
+    dep = find_template(resources, "Deployment", "mlflow")
+    if not with_init:
+        dep["spec"].pop("initContainers")
+    names = cluster.run_pod(pod, dep, publish=[f"127.0.0.1:{port}:5000"])
+    return names["mlflow"], dep["spec"]["containers"][0]
+
+
+@pytest.fixture(scope="session")
+def stack(built_images, tmp_path_factory):
+    """The dev overlay's MLflow stack (PostgreSQL, MinIO, bucket and Optuna-database Jobs, MLflow),
+    started once per session on one podman network standing in for the namespace; the MLflow and
+    Ray container tests share it."""
+    if "stack" in _SESSION:
+        yield _SESSION["stack"]
+        return
+    resources = dr.render(dr.DEPLOY / "overlays" / "dev")
+    secrets = dev_secrets()
+    cluster = Cluster(resources, secrets, tmp_path_factory.mktemp("mlflow-stack"))
+    logs = artifacts_dir("mlflow-stack")
+    t0 = time.monotonic()
+    try:
+        pg_port = free_port()  # published as `kubectl port-forward pod/postgres-0` would
+        for sts, publish in (("postgres", [f"127.0.0.1:{pg_port}:5432"]), ("minio", [])):
+            tpl = find_template(resources, "StatefulSet", sts)
+            name = cluster.run_pod(f"{sts}-0", tpl, publish=publish)[tpl["spec"]["containers"][0]["name"]]
+            cluster.wait_ready(name, tpl["spec"]["containers"][0], timeout=180)
+        job_logs = {}
+        # The Optuna database Job runs twice: re-applying the overlay must be harmless.
+        for job_name, runs in (("minio-buckets", 1), ("optuna-db", 2)):
+            job = find_template(resources, "Job", job_name)
+            for i in range(runs):
+                proc = cluster.run_container(f"{job_name}-{i}", job["spec"], job["spec"]["containers"][0],
+                                             labels=job["metadata"]["labels"], detach=False, timeout=300)
+                job_logs[f"{job_name}-{i}"] = proc.stdout + proc.stderr
+                assert proc.returncode == 0, proc.stdout + proc.stderr
+        port = free_port()
+        name, container = start_mlflow(cluster, resources, "mlflow-0", port)
+        cluster.wait_ready(name, container, timeout=300)
+        tracking = secrets["mlflow-tracking"]
+        # The driver's CALIB_OPTUNA_STORAGE (Secret optuna-storage), pointed at the published port.
+        optuna_url = secrets["optuna-storage"]["url"].replace("@postgres:5432/", f"@127.0.0.1:{pg_port}/")
+        _SESSION["stack"] = SimpleNamespace(
+            cluster=cluster, resources=resources, secrets=secrets, port=port, mlflow=name,
+            url=f"http://127.0.0.1:{port}", auth=(tracking["username"], tracking["password"]),
+            startup_s=round(time.monotonic() - t0, 1), logs=logs, job_logs=job_logs, optuna_url=optuna_url)
+        yield _SESSION["stack"]
+    finally:
+        _SESSION.pop("stack", None)
+        for n in list(cluster.containers):
+            (logs / f"{n.rsplit('-', 1)[0]}.log").write_text(cluster.logs(n))
+        (logs / "init-containers.json").write_text(json.dumps(cluster.init_logs, indent=1))
+        cluster.close()
