@@ -1,6 +1,6 @@
 """Cost of the paired bootstrap: B resamples of N x K for every metric of compute_all.
 
-    python benchmarks/bench_bootstrap.py            # B=1000, N=10^4, K=10, 8 trials, 3 repeats
+    python benchmarks/bench_bootstrap.py            # B=1000, N=10^4, K=10, 8 trials, 5 repeats
     python benchmarks/bench_bootstrap.py --coverage # plus interval coverage by simulation
     python benchmarks/bench_bootstrap.py --baseline none   # without the earlier implementation
 
@@ -59,19 +59,23 @@ def _timed(fn) -> tuple[float, float]:
 
 
 def measure(paths: dict, probs, labels, counts, repeats: int) -> list[dict]:
-    """Per group: median wall and CPU seconds of each path, the paths interleaved round-robin."""
-    rows = []
-    for name, names in GROUPS.items():
-        samples: dict[str, list[tuple[float, float]]] = {p: [] for p in paths}
+    """Per group: median wall and CPU seconds of each path. Each repeat times every group and
+    path in turn (round-robin), so a burst of load on a shared machine hits all rows alike."""
+    samples: dict[tuple[str, str], list[tuple[float, float]]] = {(g, p): [] for g in GROUPS for p in paths}
+    for names in GROUPS.values():
         for run in paths.values():
             run(names)  # warm-up (kernel compile or load, allocator)
-        for _ in range(repeats):
+    for _ in range(repeats):
+        for name, names in GROUPS.items():
             for path, run in paths.items():
-                samples[path].append(_timed(lambda run=run, names=names: run(names)))
+                samples[name, path].append(_timed(lambda run=run, names=names: run(names)))
+    rows = []
+    for name in GROUPS:
         row: dict = {"group": name}
-        for path, s in samples.items():
-            row[path] = statistics.median(w for w, _ in s)
-            row[path + "_cpu"] = statistics.median(c for _, c in s)
+        for path in paths:
+            row[path] = statistics.median(w for w, _ in samples[name, path])
+            row[path + "_cpu"] = statistics.median(c for _, c in samples[name, path])
+            row[path + "_wall_all"] = [w for w, _ in samples[name, path]]
         rows.append(row)
     return rows
 
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--resamples", type=int, default=1000)
     p.add_argument("--trials", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--baseline", default="33ad87f", help="git revision whose compiled path is timed too ('none': skip)")
     p.add_argument("--out", default=str(RESULTS_DIR / "bench_bootstrap.json"))
     p.add_argument("--coverage", action="store_true", help="also simulate interval coverage (about a minute)")
