@@ -152,6 +152,9 @@ class TrackingConfig(_Strict):
     uri: str | None = None
     experiment: str = "calib-sweeps"
     registered_model: str = "calibrated-classifier"
+    # How long the sweep waits for an unreachable tracking server (retrying with backoff, one line
+    # when it goes and one when it is back) before it stops, resumable with --resume.
+    outage_timeout_s: float = Field(default=600.0, gt=0.0)
 
     @field_validator("uri")
     @classmethod

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,7 +46,7 @@ from sweeps.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.reports import sweep_report_files
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
 from sweeps.selection import TrialRecord, format_leaderboard, select
-from sweeps.store import MAX_TAG_CHARS, MlflowStore
+from sweeps.store import MAX_TAG_CHARS, MlflowStore, TrackingUnavailable
 from sweeps.study import MEMORY, SweepSearch, make_storage
 from sweeps.tracking import MLflowTrackingCallback, flatten, run_link, source_tags
 from sweeps.trainable import train_trial
@@ -108,19 +110,21 @@ class TrialParams:
         return params, tags, resolved
 
 
-def _connect_ray(cluster: bool) -> None:
+def _connect_ray(cluster: bool) -> str | None:
+    """Connect to the cluster, or start a local one; the local cluster's session folder (None otherwise)."""
     # Keeping 2 checkpoints per trial forces frequent experiment snapshots; they are cheap here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # Snapshot the experiment often: a trial started after the last snapshot is lost if the
     # driver dies (resume then replaces it). Snapshots of sweeps this size cost milliseconds.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
     if ray.is_initialized():
-        return
+        return None
     if cluster:
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"))
-    else:
-        # Ray annotates logging_level as int; it takes a level name too
-        ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")  # type: ignore[arg-type]
+        return None
+    # Ray annotates logging_level as int; it takes a level name too
+    ctx = ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")  # type: ignore[arg-type]
+    return str(ctx.address_info["session_dir"])  # type: ignore[attr-defined]  # a RayContext
 
 
 def _searcher(cfg: SweepConfig) -> SweepSearch:
@@ -308,16 +312,52 @@ def execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = Fa
     Raises SweepIncomplete when trials were left unfinished, SweepError when the sweep failed.
     Output is made for people (sweeps/progress.py) unless `verbose`, which keeps Ray Tune's default
     output and every library's log lines."""
-    with quiet_output(not verbose):
-        return _execute(cfg, cluster=cluster, resume=resume, verbose=verbose)
+    with quiet_output(not verbose), _sigterm_as_sigint():
+        try:
+            return _execute(cfg, cluster=cluster, resume=resume, verbose=verbose)
+        except TrackingUnavailable as exc:
+            raise SweepError(str(exc)) from None
+
+
+@contextmanager
+def _sigterm_as_sigint() -> Iterator[None]:
+    """SIGTERM takes Ctrl+C's path while the sweep runs (see _route_sigterm); the previous handler after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    _route_sigterm()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _route_sigterm() -> None:
+    """SIGTERM takes Ctrl+C's path: Ray Tune's graceful stop while trials run (runs KILLED, resumable),
+    KeyboardInterrupt elsewhere. Only in the main thread (where Python runs signal handlers); installed
+    again after ray.init, whose core worker puts its own SIGTERM handler (log and exit) in place."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) -> SweepResult:
+    from sweeps.ray_session import reap_stale
+    from sweeps.ray_session import track as track_session
     from sweeps.resource_wait import PendingTimeout
 
     assert cfg.tracking.uri and cfg.storage_path
     exp_path = f"{cfg.storage_path.rstrip('/')}/{cfg.name}"
-    store = MlflowStore(cfg.tracking.uri)
+    store = MlflowStore(cfg.tracking.uri, outage_timeout_s=cfg.tracking.outage_timeout_s)
     experiment_id = store.ensure_experiment(cfg.tracking.experiment)
     existing = store.parent_run(experiment_id, cfg.name)
     restoring = _restoring(cfg, exp_path, resume, exists=existing is not None)
@@ -331,8 +371,13 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
     trainable = _trainable(cfg, verbose)
 
     t_start = time.perf_counter()
+    if not cluster:  # a SIGKILLed driver's local Ray processes: stopped before this one starts its own
+        reap_stale(cfg.storage_path)
     with _runs_closed_on_failure(store, experiment_id, parent_id, cfg.name), installed(cfg.name, callbacks, reporter):
-        _connect_ray(cluster)
+        session_dir = _connect_ray(cluster)
+        _route_sigterm()
+        if session_dir:  # stopped at exit; recorded for the next sweep if this driver is killed
+            track_session(cfg.storage_path, session_dir)
         print(_intro(cfg, exp_path, parent_id, resumed=restoring), flush=True)
         tuner = (tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True) if restoring
                  else _build_tuner(cfg, trainable))
@@ -350,7 +395,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         except ValueError as exc:
             raise SweepError(str(exc)) from None
         board, ranks = _log_selection(store, parent_id, records, chosen, why, reps, cfg)
-        version = _register_champion(cfg, chosen)
+        version = _register_champion(cfg, store, chosen)
         store.set_tags(parent_id, {NOTE_TAG: _sweep_note(cfg, experiment_id, chosen, why, version)})
         store.terminate(parent_id, "FINISHED")
         t_end = time.perf_counter()
@@ -423,15 +468,16 @@ def _close_trials(cfg: SweepConfig, store: MlflowStore, experiment_id: str, pare
     return incomplete
 
 
-def _register_champion(cfg: SweepConfig, chosen: TrialRecord) -> str:
+def _register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord) -> str:
     """The champion's portable model logged on its run and registered with alias `champion`; the version."""
     from sweeps.model_export import log_and_register
 
     assert cfg.tracking.uri and chosen.run_id is not None  # the champion's trial logged an MLflow run
     with chosen.checkpoint.as_directory() as d:
         summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
-        return log_and_register(chosen.run_id, d, tuple(summary["input_shape"]), cfg.tracking.registered_model,
-                                cfg.tracking.uri)
+        # idempotent (a version registered from the run is reused), so retried through an outage
+        return str(store.call(log_and_register, chosen.run_id, d, tuple(summary["input_shape"]),
+                              cfg.tracking.registered_model, cfg.tracking.uri))
 
 
 def _float_pair(interval: tuple[float, float]) -> tuple[float, float]:
@@ -444,13 +490,27 @@ def _runs_closed_on_failure(store: MlflowStore, experiment_id: str, parent_id: s
     """On Ctrl+C the sweep's open runs and its parent end KILLED (resumable); on any other error FAILED."""
     try:
         yield
-    except KeyboardInterrupt:
-        store.close_open_runs(experiment_id, sweep, "KILLED")
-        store.terminate(parent_id, "KILLED")
-        raise
     except BaseException as exc:
-        _fail(store, experiment_id, parent_id, sweep, exc)
+        outage = _outage(exc)
+        if outage is not None:
+            # the server is unreachable: nothing can be marked now; --resume reattaches the open runs
+            raise outage from None
+        if isinstance(exc, KeyboardInterrupt):
+            store.close_open_runs(experiment_id, sweep, "KILLED")
+            store.terminate(parent_id, "KILLED")
+        else:
+            _fail(store, experiment_id, parent_id, sweep, exc)
         raise
+
+
+def _outage(exc: BaseException | None) -> TrackingUnavailable | None:
+    """The TrackingUnavailable behind `exc` (Ray Tune may wrap what a callback raised), or None."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, TrackingUnavailable):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _fail(store: MlflowStore, experiment_id: str, parent_id: str, sweep: str, exc: BaseException) -> None:

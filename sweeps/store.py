@@ -8,6 +8,7 @@ reports are files written elsewhere (sweeps/reports.py) and logged through `log_
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,6 +39,112 @@ MAX_TAG_CHARS = 5000  # what the service keeps of a long tag (a reason, a select
 ALL_RUNS = 10000  # search_runs page size: a sweep has far fewer runs
 
 
+# HTTP statuses that mean "the server is not serving right now", not "the request is wrong"
+_UNAVAILABLE_CODES = ("error code 429", "error code 502", "error code 503", "error code 504")
+_UNREACHABLE_TEXT = ("Max retries exceeded", "Connection refused", "Connection aborted", "ConnectionError",
+                     "RemoteDisconnected", "timeout exception", "timed out", "Connection reset", *_UNAVAILABLE_CODES)
+OUTAGE_FIRST_WAIT_S = 1.0  # the first retry after a failed call; doubled each time
+OUTAGE_MAX_WAIT_S = 30.0  # ... up to this
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking server stayed unreachable past `tracking.outage_timeout_s`."""
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a client call failed because the server could not be reached (not because the call was wrong)."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    try:
+        import requests
+
+        if isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
+            return True
+    except ImportError:  # pragma: no cover - mlflow depends on requests
+        pass
+    if isinstance(exc, MlflowException):
+        text = str(exc)
+        return any(t in text for t in _UNREACHABLE_TEXT)
+    return False
+
+
+class OutageRetry:
+    """Retries client calls that fail for an unreachable server, with exponential backoff, up to a limit.
+
+    One line when the server goes away (not one per retry), one when it is back; past `limit_s`
+    since the first failure, TrackingUnavailable with a one-line reason naming the config field.
+    MLflow's own HTTP retries are turned off for http(s) stores (MlflowStore.client), so this is the
+    one place that decides how long the sweep waits. A retried call sends the same arguments
+    (log_batch keeps its metrics' timestamps), so a call that did reach the server before the
+    connection dropped is stored once (MLflow's SQL store skips identical metric rows).
+    """
+
+    def __init__(self, uri: str, limit_s: float, say: Any = None, sleep: Any = time.sleep,
+                 clock: Any = time.monotonic) -> None:
+        self.uri, self.limit_s = uri, limit_s
+        self.say = say if say is not None else _say
+        self.sleep, self.clock = sleep, clock
+        self.down_since: float | None = None  # start of the current outage
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs), retried while the server is unreachable."""
+        wait = OUTAGE_FIRST_WAIT_S
+        while True:
+            try:
+                out = fn(*args, **kwargs)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                now = self.clock()
+                if self.down_since is None:
+                    self.down_since = now
+                    self.say(f"MLflow tracking server {_redact(self.uri)} unreachable; the sweep waits for it "
+                             f"(retrying with backoff, up to {self.limit_s:g} s: tracking.outage_timeout_s)")
+                waited = now - self.down_since
+                if waited >= self.limit_s:
+                    raise TrackingUnavailable(
+                        f"MLflow tracking server {_redact(self.uri)} unreachable for {waited:.0f} s, past "
+                        f"tracking.outage_timeout_s={self.limit_s:g}; the sweep stopped, continue it with "
+                        "--resume once the server is back") from None
+                self.sleep(min(wait, OUTAGE_MAX_WAIT_S, self.limit_s - waited))
+                wait *= 2
+                continue
+            if self.down_since is not None:
+                self.say(f"MLflow tracking server is back after {self.clock() - self.down_since:.0f} s; "
+                         "the sweep goes on")
+                self.down_since = None
+            return out
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _redact(uri: str) -> str:
+    """The URI without a password (user:password@host)."""
+    if "@" in uri and "://" in uri:
+        scheme, rest = uri.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+    return uri
+
+
+class _RetryingClient:
+    """An MlflowClient whose method calls go through OutageRetry."""
+
+    def __init__(self, client: Any, retry: OutageRetry) -> None:
+        self._client, self._retry = client, retry
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._retry.call(attr, *args, **kwargs)
+        return call
+
+
 def find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> Any | None:
     """The single run carrying all `tags`, or None (more than one: the store was edited by hand)."""
     flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
@@ -50,18 +157,49 @@ def find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> 
 class MlflowStore:
     """One MLflow tracking store (a URI), with the operations the sweep needs; picklable (the client is not kept)."""
 
-    def __init__(self, tracking_uri: str, client: Any = None) -> None:
+    def __init__(self, tracking_uri: str, client: Any = None, outage_timeout_s: float | None = None,
+                 retry: OutageRetry | None = None) -> None:
+        """`outage_timeout_s` (the sweep's `tracking.outage_timeout_s`): how long calls wait out an unreachable
+        server; None (checks, reading results) fails at once as MLflow does."""
         self.tracking_uri = tracking_uri
-        self._client = client
+        self.outage_timeout_s = outage_timeout_s
+        self._retry = retry
+        self._client = self._wrap(client) if client is not None else None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"tracking_uri": self.tracking_uri, "_client": None}
+        return {"tracking_uri": self.tracking_uri, "outage_timeout_s": self.outage_timeout_s,
+                "_client": None, "_retry": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"outage_timeout_s": None, "_retry": None, **state})
+
+    @property
+    def retry(self) -> OutageRetry | None:
+        """The outage policy every client call goes through (None: no waiting)."""
+        if self._retry is None and self.outage_timeout_s is not None:
+            self._retry = OutageRetry(self.tracking_uri, self.outage_timeout_s)
+        return self._retry
+
+    def _wrap(self, client: Any) -> Any:
+        retry = self.retry
+        return client if retry is None else _RetryingClient(client, retry)
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs) under the outage policy: for an idempotent step that talks to MLflow itself
+        (the champion's registration)."""
+        retry = self.retry
+        return fn(*args, **kwargs) if retry is None else retry.call(fn, *args, **kwargs)
 
     @property
     def client(self) -> MlflowClient:
-        """The MLflow client, created on first use."""
+        """The MLflow client, created on first use; calls wait out an unreachable server (OutageRetry)."""
         if self._client is None:
-            self._client = MlflowClient(self.tracking_uri)
+            if self.outage_timeout_s is not None and self.tracking_uri.startswith(("http://", "https://")):
+                # MLflow's own retries (7, backoff factor 2: minutes without a word) off, a bounded
+                # request timeout: OutageRetry decides how long to wait and says so. A user's setting wins.
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+            self._client = self._wrap(MlflowClient(self.tracking_uri))
         return self._client
 
     # ------------------------------------------------------------------------ experiments

@@ -1,0 +1,171 @@
+"""The local Ray cluster a sweep driver starts, recorded so that none of its processes outlives the driver.
+
+A local sweep (no --cluster) starts Ray in the driver: gcs_server, raylet, dashboard, log monitor,
+agents and trial workers. `ray.shutdown()` (run at exit) stops them, and `track` checks after it
+that none is left. A driver killed with SIGKILL cannot clean up: each driver records its Ray
+session in `<storage_path>/.ray_sessions/<driver pid>.json`, and the next sweep on that storage
+path (`reap_stale`) stops the processes of a recorded session whose driver is gone, with one line.
+
+A process belongs to a session when its command line names the session folder
+(/tmp/ray/session_*: gcs_server, raylet, monitors) or, for workers and agents (whose command line
+Ray rewrites to `ray::...`), its environment carries the session raylet's pid (RAY_RAYLET_PID),
+or its parent is one of these. Nothing else is touched: not another sweep's cluster, not a
+cluster started with `ray start`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SESSIONS_DIR = ".ray_sessions"
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot ('' when there is no such process)."""
+    stat = _read(f"/proc/{pid}/stat").decode(errors="replace")
+    if not stat:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def _ppid(pid: int) -> int:
+    stat = _read(f"/proc/{pid}/stat").decode(errors="replace")
+    try:
+        return int(stat.rsplit(")", 1)[-1].split()[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def session_processes(session_dir: str, raylet_pids: list[int] | None = None) -> list[int]:
+    """Pids of the live processes of Ray session `session_dir` (see the module's docstring); never this process."""
+    me = os.getpid()
+    marker = session_dir.encode()
+    raylets = {f"RAY_RAYLET_PID={p}".encode() for p in raylet_pids or []}
+    found: set[int] = set()
+    pids = _pids()
+    for pid in pids:
+        if pid == me:
+            continue
+        cmd = _read(f"/proc/{pid}/cmdline")
+        if marker in cmd:
+            found.add(pid)
+            if b"raylet/raylet" in cmd:
+                raylets.add(f"RAY_RAYLET_PID={pid}".encode())
+    for pid in pids:
+        if pid != me and pid not in found and raylets and set(_read(f"/proc/{pid}/environ").split(b"\0")) & raylets:
+            found.add(pid)
+    grew = True
+    while grew:  # children of session processes (agents, workers) belong to it too
+        grew = False
+        for pid in pids:
+            if pid != me and pid not in found and _ppid(pid) in found:
+                found.add(pid)
+                grew = True
+    return sorted(p for p in found if _start_time(p))
+
+
+def stop_processes(pids: list[int], grace_s: float = 5.0) -> list[int]:
+    """SIGTERM, then SIGKILL what is still there after `grace_s`; the pids that were stopped."""
+    stopped = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            stopped.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_start_time(p) and not _zombie(p) for p in stopped):
+        time.sleep(0.1)
+    for pid in stopped:
+        if _start_time(pid) and not _zombie(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return stopped
+
+
+def _zombie(pid: int) -> bool:
+    stat = _read(f"/proc/{pid}/stat").decode(errors="replace")
+    return bool(stat) and stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def _is_local(storage_path: str) -> bool:
+    return "://" not in storage_path or storage_path.startswith("file://")
+
+
+def _folder(storage_path: str) -> Path:
+    return Path(storage_path.removeprefix("file://")) / SESSIONS_DIR
+
+
+def reap_stale(storage_path: str, say: Callable[[str], None] = print) -> list[int]:
+    """Stop the leftover processes of every recorded session on `storage_path` whose driver is gone; their pids."""
+    if not _is_local(storage_path):
+        return []
+    folder = _folder(storage_path)
+    stopped: list[int] = []
+    for record in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            info = json.loads(record.read_text())
+            driver, started, session_dir = int(info["driver_pid"]), str(info["driver_start"]), info["session_dir"]
+        except (OSError, ValueError, KeyError, TypeError):
+            record.unlink(missing_ok=True)
+            continue
+        if _start_time(driver) == started:
+            continue  # its driver still runs (another sweep on this storage path)
+        left = session_processes(session_dir, [int(p) for p in info.get("raylet_pids", [])])
+        if left:
+            stopped += stop_processes(left)
+            say(f"Stopped {len(left)} leftover Ray processes (pids {', '.join(map(str, left))}) of session "
+                f"{session_dir}, left by sweep driver {driver}, which is gone")
+        record.unlink(missing_ok=True)
+    return stopped
+
+
+def track(storage_path: str, session_dir: str) -> Path | None:
+    """Record this driver's local Ray session; at exit shut Ray down, stop what it left and drop the record."""
+    if not _is_local(storage_path):
+        return None
+    folder = _folder(storage_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    raylets = [p for p in session_processes(session_dir) if b"raylet/raylet" in _read(f"/proc/{p}/cmdline")]
+    record = folder / f"{os.getpid()}.json"
+    info: dict[str, Any] = {"driver_pid": os.getpid(), "driver_start": _start_time(os.getpid()),
+                            "session_dir": session_dir, "raylet_pids": raylets}
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(record)
+    atexit.register(_at_exit, record, session_dir, raylets)
+    return record
+
+
+def _at_exit(record: Path, session_dir: str, raylets: list[int]) -> None:
+    try:
+        import ray
+
+        ray.shutdown()
+    except Exception:  # noqa: BLE001 - still stop what is left
+        pass
+    left = session_processes(session_dir, raylets)
+    if left:
+        stop_processes(left)
+    record.unlink(missing_ok=True)

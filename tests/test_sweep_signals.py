@@ -1,0 +1,110 @@
+"""No orphans: SIGTERM behaves as Ctrl+C, and a SIGKILLed driver's Ray processes are stopped by the next run.
+
+Each test starts its driver in a new session (process group) and stops only that group and the
+processes of the Ray session the driver recorded (sweeps/ray_session.py), never other Ray clusters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sweeps.ray_session import SESSIONS_DIR, session_processes, stop_processes
+from tests.sweep_helpers import LAUNCH, launch, store, sweep_runs
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["--num-samples", "3", "--max-concurrent", "1", "--set", "run.data.num_samples=1200",
+        "--set", "run.train.epochs=6", "--set", "run.train.batch_size=64"]
+
+
+def _start(tmp_path: Path, name: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(LAUNCH), *ARGS, "--name", name], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_for_trial(tmp_path: Path, name: str, driver: subprocess.Popen) -> dict:
+    """Once a trial run exists: the driver's Ray session record."""
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        time.sleep(1)
+        assert driver.poll() is None, driver.stdout.read()[-3000:] if driver.stdout else ""
+        records = list((tmp_path / "ray_results" / SESSIONS_DIR).glob(f"{driver.pid}.json"))
+        if not records or not (tmp_path / "mlflow.db").exists():
+            continue
+        try:
+            if sweep_runs(store(tmp_path), name)[1]:
+                return json.loads(records[0].read_text())
+        except Exception:
+            continue
+    raise AssertionError("no trial started in time")
+
+
+def _cleanup(driver: subprocess.Popen, record: dict | None) -> None:
+    try:
+        os.killpg(driver.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    driver.wait(timeout=30)
+    if record:
+        stop_processes(session_processes(record["session_dir"], record.get("raylet_pids")), grace_s=2)
+
+
+def _left(record: dict, wait_s: float) -> list[int]:
+    deadline = time.time() + wait_s
+    left = session_processes(record["session_dir"], record.get("raylet_pids"))
+    while left and time.time() < deadline:
+        time.sleep(0.5)
+        left = session_processes(record["session_dir"], record.get("raylet_pids"))
+    return left
+
+
+def test_sigterm_stops_like_ctrl_c_and_leaves_nothing_running(tmp_path):
+    driver, record = _start(tmp_path, "term"), None
+    try:
+        record = _wait_for_trial(tmp_path, "term", driver)
+        assert session_processes(record["session_dir"], record["raylet_pids"]), "the sweep's Ray is not found"
+        t0 = time.time()
+        driver.send_signal(signal.SIGTERM)
+        out, _ = driver.communicate(timeout=300)
+        print(f"driver exited {time.time() - t0:.1f}s after SIGTERM, code {driver.returncode}\n{out[-1500:]}")
+        assert driver.returncode != 0, out[-3000:]
+        assert "--resume" in out
+        parents, children = sweep_runs(store(tmp_path), "term")
+        assert parents[0].info.status == "KILLED"
+        assert children and all(r.info.status in ("KILLED", "FINISHED") for r in children)
+        assert _left(record, 10) == []
+        assert not (tmp_path / "ray_results" / SESSIONS_DIR / f"{record['driver_pid']}.json").exists()
+    finally:
+        _cleanup(driver, record)
+
+
+def test_sigkilled_driver_leftovers_are_stopped_by_the_next_run(tmp_path):
+    driver, record = _start(tmp_path, "killed"), None
+    try:
+        record = _wait_for_trial(tmp_path, "killed", driver)
+        os.kill(driver.pid, signal.SIGKILL)  # the driver only, not its children: it cannot clean up
+        driver.wait(timeout=30)
+        time.sleep(5)
+        left = session_processes(record["session_dir"], record["raylet_pids"])
+        print(f"left 5 s after SIGKILL: {len(left)} processes")
+        assert left, "nothing was left to stop (Ray's fate sharing stopped everything)"
+        proc = launch(tmp_path, *ARGS, "--name", "killed", "--resume", timeout=900)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        stopped = [line for line in out.splitlines() if "leftover Ray processes" in line]
+        assert len(stopped) == 1 and record["session_dir"] in stopped[0], out[-3000:]
+        assert _left(record, 10) == []
+        parents, children = sweep_runs(store(tmp_path), "killed")
+        assert parents[0].info.status == "FINISHED"
+        assert len(children) >= 3 and all(r.info.status in ("FINISHED", "FAILED") for r in children)
+    finally:
+        _cleanup(driver, record)
