@@ -266,6 +266,13 @@ class MlflowStore:
         """Mark the run RUNNING again (a retried or resumed trial, a resumed sweep)."""
         self.client.update_run(run_id, status="RUNNING")
 
+    def delete_tags(self, run_id: str, keys: list[str]) -> None:
+        """Remove these tags from the run (those it has)."""
+        tags = self.client.get_run(run_id).data.tags
+        for key in keys:
+            if key in tags:
+                self.client.delete_tag(run_id, key)
+
     def terminate(self, run_id: str, status: str, end_time: int | None = None) -> None:
         """End the run with `status` (FINISHED, FAILED, KILLED), at `end_time` (ms) or now."""
         self.client.set_terminated(run_id, status=status, end_time=end_time)

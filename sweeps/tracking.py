@@ -130,6 +130,8 @@ class MLflowTrackingCallback(tune.Callback):
                 self._finished.add(rid)
             elif run.info.status != "RUNNING":
                 self.store.reopen(rid)
+                # An errored trial resumed: its old ending no longer applies.
+                self.store.delete_tags(rid, [TAG_STATUS, TAG_REASON])
         self._runs[tid] = rid
         return rid
 
@@ -198,6 +200,8 @@ class MLflowTrackingCallback(tune.Callback):
             lines = [ln for ln in Path(err).read_text(errors="replace").splitlines() if ln.strip()]
             reason = lines[-1][:500] if lines else reason
         self._terminate(rid, "FAILED", reason)
+        # A resumed round may restart this trial: its run is then looked up again and reopened.
+        self._runs.pop(trial.trial_id, None)
 
     def _terminate(self, run_id: str, status: str, reason: str | None = None, outcome: str | None = None) -> None:
         if reason:
