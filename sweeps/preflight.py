@@ -675,19 +675,27 @@ def _study_exists(url: str, name: str) -> bool:
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"search.storage: cannot read the Optuna study database {db}: {exc}") from None
         return row is not None
-    import optuna
+    import sqlalchemy
 
+    # Plain SQLAlchemy, not RDBStorage: RDBStorage reads its version table while it is built, which
+    # fails on a database the study has not created its tables in yet (a new PostgreSQL database).
     try:
-        storage = optuna.storages.RDBStorage(url, skip_table_creation=True, skip_compatibility_check=True)
+        engine = sqlalchemy.create_engine(url)
     except Exception as exc:
         raise ConfigError(f"search.storage: cannot open the Optuna storage at {redact(url)}: "
                           f"{' '.join(str(exc).split())[:300]}") from None
     try:
-        return any(s.study_name == name for s in storage.get_all_studies())
-    except Exception:  # no Optuna tables in that database yet (the server answered the preflight probe)
-        return False
+        with engine.connect() as con:
+            if not sqlalchemy.inspect(con).has_table("studies"):
+                return False  # no Optuna tables in that database yet
+            row = con.execute(sqlalchemy.text("SELECT 1 FROM studies WHERE study_name = :name"),
+                              {"name": name}).first()
+    except Exception as exc:
+        raise ConfigError(f"search.storage: cannot read the Optuna storage at {redact(url)}: "
+                          f"{' '.join(str(exc).split())[:300]}") from None
     finally:
-        storage.remove_session()
+        engine.dispose()
+    return row is not None
 
 
 def check_store(cfg: SweepConfig, resume: bool) -> str | None:

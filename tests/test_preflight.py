@@ -303,3 +303,18 @@ def test_taken_name_in_the_tune_storage_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="^name: sweep 'old' already exists"):
         preflight.check_store(cfg, resume=False)
     assert preflight.check_store(cfg, resume=True) is None
+
+
+def test_study_exists_on_a_database_server_without_optuna_tables(tmp_path):
+    """A new database (no Optuna tables yet, as on a fresh PostgreSQL) holds no study, and is not
+    an error; once a study exists it is found by name. (A `sqlite+pysqlite` URL takes the same
+    SQLAlchemy path as a server URL.)"""
+    import optuna
+
+    db = tmp_path / "server.db"
+    db.touch()
+    url = f"sqlite+pysqlite:///{db}"
+    assert preflight._study_exists(url, "sweep") is False
+    optuna.create_study(study_name="sweep", storage=url)
+    assert preflight._study_exists(url, "sweep") is True
+    assert preflight._study_exists(url, "other") is False
