@@ -96,6 +96,188 @@ def run_plain(configs: list[dict], workdir: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# --------------------------------------------------------------------------- start-up mode
+# A bootstrap run in place of `python sweeps/launch.py`: it notes the time, installs an import hook
+# that wraps the sweep's phase functions (when their modules load, so import times are unchanged)
+# and runs launch.py as __main__. Every wrapped call appends {event, t} lines to $STARTUP_EVENTS; the
+# first trial's wrapper (pickled by value into the trial process) notes the process's start time,
+# its entry, and the moment the trial's own modules are imported (= the trial is running).
+STARTUP_BOOT = r'''
+import json, os, sys, time, functools, importlib.abc
+T_BOOT = time.time()
+EVENTS = os.environ["STARTUP_EVENTS"]
+def note(event, t=None):
+    with open(EVENTS, "a") as f:
+        f.write(json.dumps({"event": event, "t": time.time() if t is None else t, "pid": os.getpid()}) + "\n")
+note("boot", T_BOOT)
+def timed(name, fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        note(name + ":start")
+        try:
+            return fn(*a, **k)
+        finally:
+            note(name + ":end")
+    return wrapper
+def trial_probe(fn, events):
+    @functools.wraps(fn)
+    def probe(*a, **k):
+        import json as _j, os as _o, sys, time as _t
+        def _note(ev, t=None):
+            with open(events, "a") as f:
+                f.write(_j.dumps({"event": ev, "t": _t.time() if t is None else t, "pid": _o.getpid()}) + "\n")
+        try:
+            ticks = _o.sysconf("SC_CLK_TCK")
+            start = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19]) / ticks
+            boot = float([ln.split()[1] for ln in open("/proc/stat") if ln.startswith("btime")][0])
+            _note("trial:process", boot + start)
+        except Exception:
+            pass
+        _note("trial:entry")
+        import torch, calib_core.data, calib_core.trainer  # noqa: F401  what every trial runs first
+        _note("trial:running")
+        _note("trial:code:" + _o.path.dirname(_o.path.dirname(sys.modules[fn.__module__].__file__)))
+        return fn(*a, **k)
+    return probe
+WRAP = {
+    "sweeps.preflight": ["check_config", "preflight"],
+    "sweeps.service": ["execute", "_connect_ray", "make_storage", "_build_tuner", "_searcher"],
+    "sweeps.store": [],
+}
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in WRAP:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = spec.loader.exec_module
+        def wrapped_exec(module, _exec=exec_module, _name=name):
+            note("import:" + _name + ":start")
+            _exec(module)
+            note("import:" + _name + ":end")
+            for attr in WRAP[_name]:
+                if hasattr(module, attr):
+                    setattr(module, attr, timed(attr, getattr(module, attr)))
+            if _name == "sweeps.store":
+                cls = module.MlflowStore
+                cls.ensure_experiment = timed("ensure_experiment", cls.ensure_experiment)
+            if _name == "sweeps.service":
+                from ray import tune
+                tune.Tuner.fit = timed("Tuner.fit", tune.Tuner.fit)
+                module.train_trial = trial_probe(module.train_trial, EVENTS)
+        spec.loader.exec_module = wrapped_exec
+        return spec
+sys.meta_path.insert(0, Hook())
+import runpy
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    note("exit")
+'''
+
+# (label, first event, last event) in order; a phase absent in a run (e.g. Optuna in memory) is blank
+STARTUP_PHASES = [
+    ("interpreter, CLI imports, config load", "spawn", "check_config:start"),
+    ("config checks (check_config)", "check_config:start", "check_config:end"),
+    ("preflight (paths, store, resources)", "preflight:start", "preflight:end"),
+    ("driver imports (sweeps.service: Ray Tune, MLflow, ...)", "import:sweeps.service:start",
+     "import:sweeps.service:end"),
+    ("MLflow store creation/migration + experiment", "ensure_experiment:start", "ensure_experiment:end"),
+    ("execute() up to ray.init (parent run, callbacks)", "execute:start", "_connect_ray:start"),
+    ("ray.init", "_connect_ray:start", "_connect_ray:end"),
+    ("Optuna study storage (RDBStorage)", "make_storage:start", "make_storage:end"),
+    ("Tune setup (Tuner, searcher)", "_build_tuner:start", "_build_tuner:end"),
+    ("Tuner.fit -> first trial's process started", "Tuner.fit:start", "trial:process"),
+    ("Tuner.fit -> first trial's function entered", "Tuner.fit:start", "trial:entry"),
+    ("first trial's imports (torch, calib_core)", "trial:entry", "trial:running"),
+    ("process start -> first trial running", "spawn", "trial:running"),
+]
+
+
+def startup_run(launch: Path, workdir: Path, name: str, extra: list[str]) -> dict[str, float]:
+    """One `launch.py` run under the bootstrap: the seconds from process start to each event (first occurrence)."""
+    events = workdir / f"{name}.events"
+    boot = workdir / "startup_boot.py"
+    boot.write_text(STARTUP_BOOT)
+    # the tree's own code in the driver and in the trial processes (else Ray's workers take the editable install)
+    tree = launch.resolve().parent.parent
+    env = {**os.environ, "STARTUP_EVENTS": str(events),
+           "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    t_spawn = time.time()
+    proc = subprocess.run([sys.executable, str(boot), str(launch), "--name", name, *extra],
+                          cwd=workdir, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"service run failed ({launch}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    first: dict[str, float] = {"spawn": 0.0}
+    for line in events.read_text().splitlines():
+        ev = json.loads(line)
+        first.setdefault(ev["event"], ev["t"] - t_spawn)
+    code = [e.removeprefix("trial:code:") for e in first if e.startswith("trial:code:")]
+    if code != [str(tree)]:
+        raise SystemExit(f"the trials ran code from {code}, not from {tree}")
+    return {k: v for k, v in first.items() if not k.startswith("trial:code:")}
+
+
+def startup_table(runs: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Median seconds of each phase (its start -> end) per tree, and when it ends after process start."""
+    labels = list(runs)
+    head = "| phase | " + " | ".join(f"{k} s (ends at s)" for k in labels) + " |"
+    rows = [head, "|---|" + "---|" * len(labels)]
+    for label, a, b in STARTUP_PHASES:
+        cells = []
+        for k in labels:
+            spans = [r[b] - r[a] for r in runs[k] if a in r and b in r]
+            ends = [r[b] for r in runs[k] if b in r]
+            cells.append(f"{statistics.median(spans):.2f} ({statistics.median(ends):.2f})" if spans else "")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def startup_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Start-up phases of the demo sweep, this tree and (--before REV_TREE) another tree run alternately."""
+    trees = {"after": LAUNCH}
+    if args.before:
+        trees = {"before": Path(args.before).resolve() / "sweeps" / "launch.py", "after": LAUNCH}
+    # the demo's config and trials; fewer and shorter trials only shorten the run after start-up
+    extra = ["--num-samples", "2", "--set", "run.train.epochs=1", "--set", "run.data.num_samples=1500",
+             "--set", "selection.num_resamples=100", "--seed", "0"]
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
+    loads = []
+    for rep in range(args.repeats):
+        for label, launch in trees.items():
+            with tempfile.TemporaryDirectory() as d:
+                loads.append(loadavg())
+                r = startup_run(launch, Path(d), f"startup-{label}-{rep}", extra)
+                runs[label].append(r)
+                print(f"repeat {rep + 1}/{args.repeats} {label}: first trial running at "
+                      f"{r.get('trial:running', float('nan')):.2f}s (load {loads[-1]})", flush=True)
+    table = startup_table(runs)
+    header = (f"`python sweeps/launch.py` (demo config, fresh working directory: new mlflow.db and optuna.db), "
+              f"seconds from process start; median of {args.repeats} runs per tree, run alternately; "
+              f"{os.cpu_count()} cores; load averages before each run: {', '.join(loads)}")
+    print("\n" + header + "\n" + "\n".join(table))
+    out = Path(args.out)
+    write_json(out.with_suffix(".json"), {"command": command_line(__file__, argv), "header": header,
+                                          "trees": {k: str(v) for k, v in trees.items()}, "raw": runs,
+                                          "table": table})
+    out.with_suffix(".md").write_text(f"# Sweep start-up\n\n{header}\n\n" + "\n".join(table) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison and print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,8 +285,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--samples", type=int, default=3000)
-    ap.add_argument("--out", default=str(RESULTS_DIR / "bench_sweep.json"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--startup", action="store_true",
+                    help="measure the demo's start-up phases instead (benchmarks/results/startup.md/json)")
+    ap.add_argument("--before", metavar="TREE",
+                    help="with --startup: another checkout (git worktree add /tmp/old REV) run alternately")
     args = ap.parse_args(argv)
+    if args.startup:
+        args.out = args.out or str(RESULTS_DIR / "startup.json")
+        return startup_main(args, argv)
+    args.out = args.out or str(RESULTS_DIR / "bench_sweep.json")
     extra = ["--set", f"run.train.epochs={args.epochs}", "--set", f"run.data.num_samples={args.samples}"]
     rows: dict[str, list] = {"plain": [], "service_1": [], "service_2": []}
     for rep in range(args.repeats):

@@ -8,18 +8,28 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import matplotlib
+from sweeps.contract import PREDICTIONS_FILE, SHIFT_FILE, SPLITS, SUMMARY_FILE, is_number
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from sweeps.contract import PREDICTIONS_FILE, SHIFT_FILE, SPLITS, SUMMARY_FILE, is_number  # noqa: E402
-
+# pandas and matplotlib are imported where used (pyplot()): the sweep's driver imports this module
+# before its trials start.
 if TYPE_CHECKING:
+    import pandas as pd
+
     from sweeps.config import SweepConfig
     from sweeps.selection import TrialRecord
     from sweeps.uncertainty import Replicates
+
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only Agg backend (no display on a sweep's nodes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 # (file, artifact folder) pairs, what sweeps.store.MlflowStore.log_artifacts takes
 ReportFiles = list[tuple[Path, str | None]]
@@ -28,6 +38,8 @@ SWEEP_FOLDER = "sweep"  # the parent run's artifact folder
 
 def shift_table(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Write one row per (corruption, severity) with accuracy and ECE as CSV."""
+    import pandas as pd
+
     out = Path(path)
     pd.DataFrame(rows).sort_values(["corruption", "severity"]).to_csv(out, index=False)
     return out
@@ -35,6 +47,9 @@ def shift_table(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
 def shift_plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> Path:
     """ECE against severity, one line per corruption plus the mean over corruptions."""
+    import pandas as pd
+
+    plt = pyplot()
     df = pd.DataFrame(rows)
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for name, g in df.groupby("corruption"):
@@ -56,6 +71,8 @@ def shift_plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> Path
 
 def per_task_table(result: dict[str, Any], tasks: list[str], path: str | Path) -> Path:
     """Rows = tasks, columns = '<split>_<metric>' taken from '<split>_<task>_<metric>' keys."""
+    import pandas as pd
+
     rows = []
     for task in tasks:
         row: dict[str, Any] = {"task": task}
@@ -78,6 +95,7 @@ def trial_report_files(ckpt: Path, out: Path, result: dict[str, Any], num_bins: 
 
     from calib_core.metrics import reliability_diagram
 
+    pyplot()  # the Agg backend before calib_core draws
     files: ReportFiles = []
     preds = np.load(ckpt / PREDICTIONS_FILE)
     for split in SPLITS:

@@ -5,18 +5,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
+from sweeps.config import SelectionConfig
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from scipy.stats import spearmanr  # noqa: E402
+# pandas, scipy and matplotlib are imported where used: the sweep's driver imports this module
+# before its trials start and needs them only for selection and its reports.
+if TYPE_CHECKING:
+    import pandas as pd
 
-from sweeps.config import SelectionConfig  # noqa: E402
-from sweeps.uncertainty import Replicates  # noqa: E402
+    from sweeps.uncertainty import Replicates
 
 RANK_METRICS = ("val_ece", "val_sce", "val_ace", "val_tace", "val_nll", "val_brier")
 
@@ -219,6 +217,8 @@ def leaderboard(records: list[TrialRecord], champion: TrialRecord | None = None,
             if reps is not None and reps.has(r.trial_id, k):
                 row[f"{k}_ci_low"], row[f"{k}_ci_high"] = reps.interval(r.trial_id, k)
         rows.append(row)
+    import pandas as pd
+
     df = pd.DataFrame(rows)
     if "val_ece" in df:
         df = df.sort_values(["val_ece", "trial_id"], na_position="last", kind="stable")
@@ -253,6 +253,9 @@ def format_leaderboard(board: pd.DataFrame, limit: int = 15) -> str:
 
 def rank_agreement(records: list[TrialRecord], metrics: tuple[str, ...] = RANK_METRICS) -> pd.DataFrame:
     """Spearman rank correlation between calibration metrics over the completed trials."""
+    import pandas as pd
+    from scipy.stats import spearmanr
+
     ok = [r for r in records if r.ok and all(m in r.metrics for m in metrics)]
     table = pd.DataFrame(index=list(metrics), columns=list(metrics), dtype=float)
     for a in metrics:
@@ -268,6 +271,11 @@ def rank_agreement(records: list[TrialRecord], metrics: tuple[str, ...] = RANK_M
 def pareto_plot(records: list[TrialRecord], chosen: TrialRecord | None, path: str | Path,
                 reps: Replicates | None = None) -> Path:
     """Scatter of val accuracy vs val ECE with interval whiskers, the Pareto front joined, the champion circled."""
+    import numpy as np
+
+    from sweeps.reports import pyplot
+
+    plt = pyplot()
     ok = [r for r in records if r.ok]
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     kinds = sorted({r.params.get("calibrator", "?") for r in ok})

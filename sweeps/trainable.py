@@ -13,15 +13,12 @@ import os
 import signal
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from ray import tune
 
 from calib_core.config import RunConfig
-from calib_core.data import load_dataset
-from calib_core.trainer import Trainer, make_trainer
 from sweeps.config import EvaluationConfig
 from sweeps.contract import (
     DEBIASED_METRICS,
@@ -38,6 +35,11 @@ from sweeps.contract import (
     metric_key,
 )
 from sweeps.search_space import resolve_run_config
+
+# torch and calib_core's data and trainer are imported where used: the sweep's driver imports this
+# module for `train_trial` and never trains; a trial process imports them when it starts.
+if TYPE_CHECKING:
+    from calib_core.trainer import Trainer
 
 # Test hooks for fault injection (see tests/test_sweep_faults.py): kill the trial process once,
 # at the given epoch, leaving a marker file so the retry does not kill itself again.
@@ -58,6 +60,8 @@ def _trial_resources() -> tuple[float, float]:
 
 def _device_for(gpus: float) -> str:
     """CUDA when this trial holds a GPU share and CUDA is visible, else CPU."""
+    import torch
+
     return "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
 
 
@@ -104,6 +108,11 @@ def train_trial(config: dict[str, Any], base: dict[str, Any],
     `plugins`: modules that register models, datasets or calibrators (imported here too: a trial
     runs in its own process). `quiet`: Ray Train's per-checkpoint INFO line off (sweeps.progress).
     """
+    import torch
+
+    from calib_core.data import load_dataset
+    from calib_core.trainer import make_trainer
+
     evaluation = EvaluationConfig.model_validate(evaluation or {})
     if quiet:
         from sweeps.progress import QUIET_WORKER_LOGGERS
@@ -158,6 +167,8 @@ def train_trial(config: dict[str, Any], base: dict[str, Any],
 
 def _ood_scores(result: Any, data: Any, run_cfg: RunConfig, kind: str) -> dict[str, float]:
     """OOD AUROC / FPR@95 of MSP and entropy: each split against synthetic inputs of its shape."""
+    import torch
+
     from calib_core.evaluation import make_ood_inputs, ood_metrics
 
     out = {}
@@ -173,6 +184,8 @@ def _ood_scores(result: Any, data: Any, run_cfg: RunConfig, kind: str) -> dict[s
 
 def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: EvaluationConfig) -> dict[str, list]:
     """Accuracy and ECE per corruption and severity on val (for selection) and test (for the record)."""
+    import torch
+
     from calib_core.evaluation import shift_metrics
 
     with torch.no_grad():
@@ -224,6 +237,8 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, 
     one report per epoch and the last one is final (done=True: Tune ends the trial on it without
     asking the scheduler).
     """
+    import torch
+
     input_shape = tuple(data.input_shape)
     final: dict[str, Any] = {
         **{k: v for k, v in (last_epoch or {}).items() if not k.startswith("val_")},

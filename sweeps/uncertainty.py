@@ -22,18 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from calib_core.metrics import (
-    METRIC_NAMES,
-    TOP_LABEL_ERRORS,
-    bootstrap_metrics,
-    calibrated_null,
-    calibration_interval,
-    centered_interval,
-    percentile_interval,
-    resample_counts,
-)
+# torch and calib_core.metrics are imported where used: the sweep's driver imports this module
+# before its trials start and needs neither until selection.
 
 SPLITS = ("val", "test")
 
@@ -80,6 +71,8 @@ class Replicates:
     def interval(self, trial_id: str, key: str) -> tuple[float, float]:
         """Interval of one trial's metric at the configured level (centred on its estimate; a
         calibration error's reaches 0 where "calibrated" is not rejected)."""
+        from calib_core.metrics import calibration_interval, centered_interval
+
         reps, point = _tensor(self.values[trial_id][key]), self.points[trial_id][key]
         null = self.nulls.get(trial_id, {}).get(key)
         if null is not None:
@@ -94,6 +87,8 @@ class Replicates:
 
     def difference_interval(self, a: str, b: str, key: str, level: float | None = None) -> tuple[float, float]:
         """Interval of metric(a) - metric(b) (at `level`, default the configured one)."""
+        from calib_core.metrics import percentile_interval
+
         return percentile_interval(_tensor(self.difference(a, b, key)), self.level if level is None else level)
 
     def significantly_greater(self, a: str, b: str, key: str) -> tuple[bool, float]:
@@ -105,14 +100,21 @@ class Replicates:
 
 
 def _tensor(a: np.ndarray) -> Any:
+    import torch
+
     return torch.from_numpy(np.asarray(a, dtype=np.float64))
 
 
 def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, np.ndarray, np.ndarray]]]], *,
                        num_bins: int, num_resamples: int = 1000, level: float = 0.95, seed: int = 0,
-                       names: tuple[str, ...] = METRIC_NAMES, null_draws: int = 200) -> Replicates:
-    """Replicates of every metric on every split for each trial (keyed by trial id), and the
-    calibrated null of its top-label calibration errors (`null_draws` relabellings; 0: none)."""
+                       names: tuple[str, ...] | None = None, null_draws: int = 200) -> Replicates:
+    """Replicates of every metric (`names`, default all: METRIC_NAMES) on every split for each trial (keyed
+    by trial id), and the calibrated null of its top-label calibration errors (`null_draws` relabellings; 0: none)."""
+    import torch
+
+    from calib_core.metrics import METRIC_NAMES, TOP_LABEL_ERRORS, bootstrap_metrics, calibrated_null, resample_counts
+
+    names = METRIC_NAMES if names is None else names
     reps = Replicates(level=level, num_resamples=num_resamples)
     errors = tuple(m for m in names if m in TOP_LABEL_ERRORS) if null_draws > 0 else ()
     counts_cache: dict[tuple[int, int], Any] = {}
