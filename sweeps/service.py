@@ -461,12 +461,41 @@ def _open_parent(cfg: SweepConfig, store: MlflowStore, experiment_id: str, sourc
 
 
 def _tracking_callback(cfg: SweepConfig, store: MlflowStore, experiment_id: str, parent_id: str,
-                       sources: dict[str, str]) -> MLflowTrackingCallback:
+                       sources: dict[str, str]) -> tune.Callback:
     """The callback that mirrors every trial into its MLflow child run."""
-    return MLflowTrackingCallback(
+    return _UntilTrackingStops(MLflowTrackingCallback(
         store, experiment_id, parent_id, cfg.name,
         base_tags=sources, trial_params=TrialParams(cfg.run.model_dump(mode="json"), cfg.run.data.name),
-        num_bins=cfg.run.train.num_bins, scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler")
+        num_bins=cfg.run.train.num_bins, scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler"),
+        store)
+
+
+class _UntilTrackingStops(tune.Callback):
+    """The tracking callback, silent once the tracking server has been unreachable past the limit: the first
+    TrackingUnavailable stops Tune, whose clean-up (stopping trials) must not log a traceback per trial."""
+
+    def __init__(self, inner: MLflowTrackingCallback, store: MlflowStore) -> None:
+        self.inner, self.store = inner, store
+
+    def _live(self) -> bool:
+        retry = self.store.retry
+        return retry is None or not retry.stopped
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self._live():
+            self.inner.on_trial_start(iteration=iteration, trials=trials, trial=trial, **info)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if self._live():
+            self.inner.on_trial_result(iteration=iteration, trials=trials, trial=trial, result=result, **info)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self._live():
+            self.inner.on_trial_complete(iteration=iteration, trials=trials, trial=trial, **info)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self._live():
+            self.inner.on_trial_error(iteration=iteration, trials=trials, trial=trial, **info)
 
 
 def _trainable(cfg: SweepConfig, verbose: bool) -> Any:

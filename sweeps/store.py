@@ -85,6 +85,7 @@ class OutageRetry:
         self.say = say if say is not None else _say
         self.sleep, self.clock = sleep, clock
         self.down_since: float | None = None  # start of the current outage
+        self.stopped = False  # the limit was passed: the sweep is stopping
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs), retried while the server is unreachable."""
@@ -102,6 +103,7 @@ class OutageRetry:
                              f"(retrying with backoff, up to {self.limit_s:g} s: tracking.outage_timeout_s)")
                 waited = now - self.down_since
                 if waited >= self.limit_s:
+                    self.stopped = True
                     raise TrackingUnavailable(
                         f"MLflow tracking server {_redact(self.uri)} unreachable for {waited:.0f} s, past "
                         f"tracking.outage_timeout_s={self.limit_s:g}; the sweep stopped, continue it with "

@@ -88,7 +88,7 @@ def test_outage_past_the_limit_stops_with_one_line_naming_the_field():
     msg = str(info.value)
     assert "\n" not in msg and "tracking.outage_timeout_s=20" in msg and "--resume" in msg and "secret" not in msg
     assert sum(clock.sleeps) == pytest.approx(20)  # the last wait is cut to the limit
-    assert len(lines) == 1
+    assert len(lines) == 1 and store.retry is not None and store.retry.stopped
     # later calls of the same outage fail at once, without waiting again
     n = len(clock.sleeps)
     with pytest.raises(TrackingUnavailable):

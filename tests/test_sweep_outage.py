@@ -127,6 +127,7 @@ def test_outage_is_announced_once_and_waited_out(tmp_path):
         assert driver.returncode == 0, out[-4000:]
         waiting = [line for line in out.splitlines() if "unreachable" in line]
         back = [line for line in out.splitlines() if "is back after" in line]
+        print("\n".join(["what the user saw:", *waiting, *back]))
         assert len(waiting) == 1 and "tracking.outage_timeout_s" in waiting[0], waiting
         assert len(back) == 1, back
         _check_complete(client, "outage")
