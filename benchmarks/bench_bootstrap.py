@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import statistics
 import subprocess
@@ -82,15 +83,17 @@ def measure(paths: dict, probs, labels, counts, repeats: int) -> list[dict]:
 
 def coverage(reps: int = 200, n: int = 1000, resamples: int = 500) -> list[dict[str, float]]:
     """How often 95 % intervals of ECE cover the true ECE of simulated models (known gap between
-    confidence and accuracy; the true ECE equals the gap): plain percentile vs centred."""
-    from calib_core.metrics import centered_interval, ece, percentile_interval
+    confidence and accuracy; the true ECE equals the gap): plain percentile vs centred vs the
+    calibration interval the service reports (centred, reaching 0 where a consistency-resampling
+    test does not reject "calibrated"; 200 null draws)."""
+    from calib_core.metrics import calibrated_null, calibration_interval, centered_interval, ece, percentile_interval
 
     counts = resample_counts(n, resamples, seed=7)
     rows = []
-    for gap in (0.0, 0.02, 0.05, 0.08):
+    for gap in (0.0, 0.01, 0.02, 0.05, 0.08):
         rng = np.random.default_rng(11)
-        hits = {"percentile": 0, "centered": 0}
-        for _ in range(reps):
+        hits = {"percentile": 0, "centered": 0, "calibration": 0}
+        for i in range(reps):
             conf = rng.uniform(0.35, 1.0, n)
             pred = rng.integers(0, 10, n)
             p = np.tile(((1 - conf) / 9)[:, None], (1, 10))
@@ -99,8 +102,12 @@ def coverage(reps: int = 200, n: int = 1000, resamples: int = 500) -> list[dict[
             r = bootstrap_metrics(p, y, counts, names=("ece",))["ece"]
             lo, hi = percentile_interval(r)
             hits["percentile"] += lo <= gap <= hi
-            lo, hi = centered_interval(r, float(ece(p, y)))
+            point = float(ece(p, y))
+            lo, hi = centered_interval(r, point)
             hits["centered"] += lo <= gap <= hi
+            null = calibrated_null(p, y, num_draws=200, seed=i, names=("ece",))["ece"]
+            lo, hi = calibration_interval(r, point, null)
+            hits["calibration"] += lo <= gap <= hi
         rows.append({"true_ece": gap, **{k: v / reps for k, v in hits.items()}})
     return rows
 
@@ -116,14 +123,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", default="33ad87f", help="git revision whose compiled path is timed too ('none': skip)")
     p.add_argument("--out", default=str(RESULTS_DIR / "bench_bootstrap.json"))
     p.add_argument("--coverage", action="store_true", help="also simulate interval coverage (about a minute)")
+    p.add_argument("--coverage-only", action="store_true",
+                   help="only the coverage simulation, written into the existing results file")
     args = p.parse_args(argv)
     load_start = os.getloadavg()
-    cover = coverage() if args.coverage else None
+    cover = coverage() if args.coverage or args.coverage_only else None
     if cover:
         print("Coverage of 95 % ECE intervals, 200 simulated sets of n=1000 (K=10), B=500:")
-        print(f"{'true ECE':>9}{'percentile':>12}{'centred':>10}")
+        print(f"{'true ECE':>9}{'percentile':>12}{'centred':>10}{'calibration':>13}")
         for row in cover:
-            print(f"{row['true_ece']:>9.2f}{row['percentile']:>12.3f}{row['centered']:>10.3f}")
+            print(f"{row['true_ece']:>9.2f}{row['percentile']:>12.3f}{row['centered']:>10.3f}"
+                  f"{row['calibration']:>13.3f}")
+    if args.coverage_only:  # keep the timings already measured in the results file
+        out = Path(args.out)
+        data = json.loads(out.read_text()) if out.exists() else {}
+        data["coverage"] = cover
+        data["coverage_load_average"] = [load_start, os.getloadavg()]
+        write_json(out, data)
+        return 0
     rng = np.random.default_rng(0)
     probs = torch.softmax(torch.tensor(rng.normal(size=(args.n, args.k)) * 2), 1).float()
     labels = torch.tensor(rng.integers(0, args.k, args.n))
