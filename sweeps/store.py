@@ -44,7 +44,7 @@ _UNAVAILABLE_CODES = ("error code 429", "error code 502", "error code 503", "err
 _UNREACHABLE_TEXT = ("Max retries exceeded", "Connection refused", "Connection aborted", "ConnectionError",
                      "RemoteDisconnected", "timeout exception", "timed out", "Connection reset", *_UNAVAILABLE_CODES)
 OUTAGE_FIRST_WAIT_S = 1.0  # the first retry after a failed call; doubled each time
-OUTAGE_MAX_WAIT_S = 30.0  # ... up to this
+OUTAGE_MAX_WAIT_S = 10.0  # ... up to this (the server is noticed back at most this late)
 
 
 class TrackingUnavailable(RuntimeError):

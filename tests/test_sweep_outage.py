@@ -130,6 +130,8 @@ def test_outage_is_announced_once_and_waited_out(tmp_path):
         print("\n".join(["what the user saw:", *waiting, *back]))
         assert len(waiting) == 1 and "tracking.outage_timeout_s" in waiting[0], waiting
         assert len(back) == 1, back
+        noise = [line for line in out.splitlines() if "Retry(" in line or "Max retries" in line]
+        assert not noise, noise[:3]  # no line per retry from MLflow or urllib3
         _check_complete(client, "outage")
     finally:
         _kill(driver)
