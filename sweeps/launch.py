@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -110,38 +109,6 @@ def resource_plan(cfg: SweepConfig) -> str:
             f"optuna study: {cfg.name} in {redact(cfg.search.storage or 'memory')}")
 
 
-# Creates a new SQLite MLflow store (its tables, by MLflow's migrations) in a separate process.
-_CREATE_STORE = ("import sys; from mlflow import MlflowClient; "
-                 "MlflowClient(sys.argv[1]).search_experiments(max_results=1)")
-
-
-def start_store_creation(cfg: SweepConfig) -> subprocess.Popen[bytes] | None:
-    """A new local SQLite MLflow store is created in a child process, while this one imports the sweep's
-    driver (Ray Tune, MLflow: seconds each); `finish_store_creation` waits for it before the sweep opens
-    the store. None when there is nothing to create (a server, or a store that exists already)."""
-    uri = cfg.tracking.uri or ""
-    if not uri.startswith("sqlite:///"):
-        return None
-    db = Path(uri.removeprefix("sqlite:///"))
-    if db.is_file() and db.stat().st_size > 0:
-        return None
-    # its own session: a Ctrl-C meant for the sweep does not stop MLflow's migrations half-way
-    return subprocess.Popen([sys.executable, "-c", _CREATE_STORE, uri], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def finish_store_creation(proc: subprocess.Popen[bytes] | None) -> None:
-    """Wait for the child of `start_store_creation` (its failure changes nothing: the sweep then creates
-    the store itself, and reports what goes wrong as it always did)."""
-    if proc is None:
-        return
-    try:
-        proc.wait()
-    except BaseException:
-        proc.wait()  # interrupted: the store is left complete, never half-migrated
-        raise
-
-
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
@@ -182,15 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if nothing_to_do:
         print(nothing_to_do)
         return EXIT_OK
-    creating = start_store_creation(cfg)
-    try:
-        from sweeps.service import SweepError, SweepIncomplete, execute
-
-        finish_store_creation(creating)
-    except KeyboardInterrupt:
-        finish_store_creation(creating)
-        print("interrupted before the sweep started; no run was recorded", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    from sweeps.service import SweepError, SweepIncomplete, execute
 
     try:
         execute(cfg, cluster=args.cluster, resume=args.resume, verbose=args.verbose)
