@@ -10,6 +10,14 @@ very configs the service's Optuna sampler drew (read back from MLflow), one thre
 The service prints its own timing (Ray start, trials, selection and registration), so the
 table separates the fixed cost of a sweep from the marginal cost of each trial:
 marginal overhead per trial = (service's trial phase with 1 at a time - plain loop) / N.
+
+    python benchmarks/bench_sweep.py --startup [--repeats 3] [--before /tmp/old]
+
+times the demo's start-up instead (process start -> first trial running, phase by phase: imports,
+config and preflight, MLflow store, ray.init, Optuna storage, Tune setup, the first trial's process,
+entry and imports) into benchmarks/results/startup.md/json; with `--before TREE` (e.g. made by
+`git worktree add /tmp/old REV`) that checkout and this one run alternately, each with its own code in
+the driver and in the trial processes (PYTHONPATH).
 """
 
 from __future__ import annotations
