@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import ray
@@ -37,6 +38,7 @@ from sweeps.contract import (
     TAG_METHOD,
     TAG_REASON,
     TAG_SELECTION_RULE,
+    TAG_TRIAL,
     is_finite_number,
     is_number,
 )
@@ -383,6 +385,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
                  else _build_tuner(cfg, trainable))
         t_fit = time.perf_counter()
         results = _fit_resuming_lost_workers(tuner, exp_path, trainable)
+        _deliver_missed_completions(results, store, experiment_id, cfg.name, callbacks[0])
         t_trials = time.perf_counter()
         records = _records(results, store, experiment_id, cfg.name)
         incomplete = _close_trials(cfg, store, experiment_id, parent_id, results, records)
@@ -471,31 +474,63 @@ def _tracking_callback(cfg: SweepConfig, store: MlflowStore, experiment_id: str,
 
 
 class _UntilTrackingStops(tune.Callback):
-    """The tracking callback, silent once the tracking server has been unreachable past the limit: the first
-    TrackingUnavailable stops Tune, whose clean-up (stopping trials) must not log a traceback per trial."""
+    """The tracking callback, stopping the sweep when the tracking server has been unreachable past the limit.
+
+    Ray Tune logs (and survives) an error in a trial's completion hook, and its clean-up stops every
+    trial through the same hooks; so the first TrackingUnavailable is kept, the hooks go quiet, and it
+    is raised from the next step's hook, which ends `tuner.fit()`. A completion missed this way is
+    delivered after the resumed sweep's trials (`_deliver_missed_completions`)."""
 
     def __init__(self, inner: MLflowTrackingCallback, store: MlflowStore) -> None:
         self.inner, self.store = inner, store
+        self.outage: TrackingUnavailable | None = None
 
-    def _live(self) -> bool:
-        retry = self.store.retry
-        return retry is None or not retry.stopped
+    def _run(self, hook: str, **info: Any) -> None:
+        if self.outage is not None:
+            return
+        try:
+            getattr(self.inner, hook)(**info)
+        except TrackingUnavailable as exc:
+            self.outage = exc
+
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if self.outage is not None:
+            raise self.outage
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self.on_step_begin(iteration=iteration, trials=trials, **info)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if self._live():
-            self.inner.on_trial_start(iteration=iteration, trials=trials, trial=trial, **info)
+        self._run("on_trial_start", iteration=iteration, trials=trials, trial=trial, **info)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        if self._live():
-            self.inner.on_trial_result(iteration=iteration, trials=trials, trial=trial, result=result, **info)
+        self._run("on_trial_result", iteration=iteration, trials=trials, trial=trial, result=result, **info)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if self._live():
-            self.inner.on_trial_complete(iteration=iteration, trials=trials, trial=trial, **info)
+        self._run("on_trial_complete", iteration=iteration, trials=trials, trial=trial, **info)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if self._live():
-            self.inner.on_trial_error(iteration=iteration, trials=trials, trial=trial, **info)
+        self._run("on_trial_error", iteration=iteration, trials=trials, trial=trial, **info)
+
+
+def _deliver_missed_completions(results: Any, store: MlflowStore, experiment_id: str, sweep: str,
+                                tracking: tune.Callback) -> None:
+    """Trials that made their final report while their completion could not reach MLflow (an outage past the
+    limit) are TERMINATED for Tune, which never calls their hook again: their still-open runs get it now,
+    from Tune's results (idempotent: steps already logged are skipped, the note is appended once)."""
+    if not isinstance(tracking, _UntilTrackingStops):
+        return
+    open_runs = {r.data.tags.get(TAG_TRIAL, ""): r for r in store.trial_runs(experiment_id, sweep)
+                 if r.info.status == "RUNNING"}
+    if not open_runs:
+        return
+    for res in results:
+        m = dict(res.metrics or {})
+        tid = str(m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1]) or "")
+        if tid in open_runs and m.get("status") and not res.error:
+            trial = SimpleNamespace(trial_id=tid, last_result=m, checkpoint=res.checkpoint,
+                                    config=dict(res.config or {}), error_file=None)
+            tracking.inner.on_trial_complete(iteration=0, trials=[], trial=trial)
 
 
 def _trainable(cfg: SweepConfig, verbose: bool) -> Any:
