@@ -61,7 +61,7 @@ def session_processes(session_dir: str, raylet_pids: list[int] | None = None) ->
     marker = session_dir.encode()
     # a recorded raylet pid now held by another process (the pid was reused) marks nothing of this session
     raylets = {f"RAY_RAYLET_PID={p}".encode() for p in raylet_pids or []
-               if not _start_time(p) or marker in _read(f"/proc/{p}/cmdline")}
+               if not _start_time(p) or _zombie(p) or marker in _read(f"/proc/{p}/cmdline")}
     found: set[int] = set()
     pids = _pids()
     for pid in pids:
