@@ -1,5 +1,5 @@
 # One entry point. `make sweep` runs the main job, `make test` runs the tests, `make lint` runs
-# ruff (lint only, no format check yet) and mypy (pyproject.toml configures both); all set up
+# ruff (lint and format check) and mypy (pyproject.toml configures both); all set up
 # .venv first from constraints.txt (torch 2.14.1 / torchvision 0.29.1 are pinned there).
 PY ?= python3
 VENV ?= .venv
@@ -34,9 +34,9 @@ test-containers: setup
 	bash tests/containers/setup_podman.sh
 	$(BIN)/python -m pytest -q -m container $(ARGS)
 
-# Both linters run, and the target fails if either found something.
+# Every check runs, and the target fails if any found something.
 lint: setup
-	@rc=0; $(BIN)/ruff check . || rc=1; $(BIN)/mypy || rc=1; exit $$rc
+	@rc=0; $(BIN)/ruff check . || rc=1; $(BIN)/ruff format --check . || rc=1; $(BIN)/mypy || rc=1; exit $$rc
 
 bench: setup
 	$(BIN)/python benchmarks/bench_metrics.py

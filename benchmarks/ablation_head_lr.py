@@ -57,11 +57,26 @@ def jobs(seeds: list[int], grid: list[float], quick: bool) -> list[dict[str, Any
         base = merge(base, QUICK[DATASET])
     methods = [("ce", None, {"method": "ce"})]
     methods += [("ce_head_lr", lr, {"method": "ce", "head_lr": lr}) for lr in grid if lr != base["train"]["lr"]]
-    methods += [("onego_last_layer_same", lr, {"method": "onego", "calibrator": "last_layer", "calibrator_data": "same",
-                                               "calibrator_lr": lr}) for lr in grid]
-    return [{"dataset": DATASET, "group": group, "key": f"{group}/lr={lr:g}" if lr else group, "seed": s,
-             "cal_lr": lr, "config": merge(base, {"train": train})}
-            for group, lr, train in methods for s in seeds]
+    methods += [
+        (
+            "onego_last_layer_same",
+            lr,
+            {"method": "onego", "calibrator": "last_layer", "calibrator_data": "same", "calibrator_lr": lr},
+        )
+        for lr in grid
+    ]
+    return [
+        {
+            "dataset": DATASET,
+            "group": group,
+            "key": f"{group}/lr={lr:g}" if lr else group,
+            "seed": s,
+            "cal_lr": lr,
+            "config": merge(base, {"train": train}),
+        }
+        for group, lr, train in methods
+        for s in seeds
+    ]
 
 
 def choose(runs: list[dict], group: str, seeds: list[int]) -> str | None:
@@ -77,19 +92,25 @@ def choose(runs: list[dict], group: str, seeds: list[int]) -> str | None:
 def _paired(a: list[dict], b: list[dict], metric: str) -> tuple[float, float]:
     """Mean +- std over seeds of a - b on the test metric, same seed only."""
     bs = {r["seed"]: r for r in b if r["status"] == "completed"}
-    return mean_std([r["test"][metric] - bs[r["seed"]]["test"][metric] for r in a
-                     if r["status"] == "completed" and r["seed"] in bs])
+    return mean_std(
+        [r["test"][metric] - bs[r["seed"]]["test"][metric] for r in a if r["status"] == "completed" and r["seed"] in bs]
+    )
 
 
 def table(runs: list[dict], seeds: list[int], grid: list[float], meta: dict, train: dict) -> str:
     """The markdown report: every lr of both methods, the chosen rows and paired differences."""
-    lines = [f"# Ablation: one-go `last_layer, same` vs plain CE with a slower head ({DATASET})", "",
-             f"Command: `{meta['command']}`", "",
-             f"Generated {meta['date']}; {len(seeds)} seeds; lr grid {grid}; settings of benchmarks/reproduce.py "
-             f"({DATASET}: {json.dumps(train)}). Test metrics, mean ± std over seeds; "
-             "each method's lr chosen by mean validation ECE (marked *).", "",
-             "| method | lr (head / calibrator) | runs ok | val ECE % | test acc % | test ECE % | test NLL |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Ablation: one-go `last_layer, same` vs plain CE with a slower head ({DATASET})",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Generated {meta['date']}; {len(seeds)} seeds; lr grid {grid}; settings of benchmarks/reproduce.py "
+        f"({DATASET}: {json.dumps(train)}). Test metrics, mean ± std over seeds; "
+        "each method's lr chosen by mean validation ECE (marked *).",
+        "",
+        "| method | lr (head / calibrator) | runs ok | val ECE % | test acc % | test ECE % | test NLL |",
+        "|---|---|---|---|---|---|---|",
+    ]
     chosen = {g: choose(runs, g, seeds) for g in ("ce_head_lr", "onego_last_layer_same")}
     chosen["ce"] = "ce"
     for key in sorted({r["key"] for r in runs}, key=lambda k: (k.split("/")[0], k)):
@@ -100,15 +121,25 @@ def table(runs: list[dict], seeds: list[int], grid: list[float], meta: dict, tra
         lines.append(
             f"| {rs[0]['group']}{mark} | {'1e-2 (= lr)' if lr is None else format(lr, 'g')} | {len(ok)}/{len(rs)} | "
             f"{mean_std_str([r['val']['ece'] for r in ok], 100)} | {mean_std_str([r['test']['accuracy'] for r in ok], 100)} | "
-            f"{mean_std_str([r['test']['ece'] for r in ok], 100)} | {mean_std_str([r['test']['nll'] for r in ok], 1, 3)} |")
+            f"{mean_std_str([r['test']['ece'] for r in ok], 100)} | {mean_std_str([r['test']['nll'] for r in ok], 1, 3)} |"
+        )
     by = {k: [r for r in runs if r["key"] == k] for k in chosen.values() if k}
     one, head, ce = by.get(chosen["onego_last_layer_same"], []), by.get(chosen["ce_head_lr"], []), by["ce"]
-    lines += ["", "Paired differences on the test split (same seed), chosen lrs:", "",
-              "| comparison | Δ test ECE (pp) | Δ test acc (pp) |", "|---|---|---|"]
-    for name, a, b in (("one-go last_layer same − plain CE", one, ce),
-                       ("CE with head_lr − plain CE", head, ce),
-                       ("one-go last_layer same − CE with head_lr", one, head)):
-        lines.append(f"| {name} | {fmt_mean_std(*_paired(a, b, 'ece'), 100)} | {fmt_mean_std(*_paired(a, b, 'accuracy'), 100)} |")
+    lines += [
+        "",
+        "Paired differences on the test split (same seed), chosen lrs:",
+        "",
+        "| comparison | Δ test ECE (pp) | Δ test acc (pp) |",
+        "|---|---|---|",
+    ]
+    for name, a, b in (
+        ("one-go last_layer same − plain CE", one, ce),
+        ("CE with head_lr − plain CE", head, ce),
+        ("one-go last_layer same − CE with head_lr", one, head),
+    ):
+        lines.append(
+            f"| {name} | {fmt_mean_std(*_paired(a, b, 'ece'), 100)} | {fmt_mean_std(*_paired(a, b, 'accuracy'), 100)} |"
+        )
     return "\n".join(lines) + "\n"
 
 

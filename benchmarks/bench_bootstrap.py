@@ -37,16 +37,23 @@ import torch
 from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_info, median_time, utc_now, write_json
 from calib_core.metrics import METRIC_NAMES, _fast, bootstrap_metrics, compute_all, resample_counts
 
-GROUPS = {"accuracy, nll, brier": ("accuracy", "nll", "brier"), "ece, mce": ("ece", "mce"),
-          "sce, classwise_ece": ("sce", "classwise_ece"), "rmsce": ("rmsce",), "ace, tace": ("ace", "tace"),
-          "aurc": ("aurc",), "all metrics, one call": METRIC_NAMES}
+GROUPS = {
+    "accuracy, nll, brier": ("accuracy", "nll", "brier"),
+    "ece, mce": ("ece", "mce"),
+    "sce, classwise_ece": ("sce", "classwise_ece"),
+    "rmsce": ("rmsce",),
+    "ace, tace": ("ace", "tace"),
+    "aurc": ("aurc",),
+    "all metrics, one call": METRIC_NAMES,
+}
 ALL = "all metrics, one call"
 
 
 def load_baseline(rev: str, into: Path) -> ModuleType:
     """calib_core/metrics of git revision ``rev`` as a separate package (``baseline_metrics``)."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "calib_core/metrics"], check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "calib_core/metrics"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     (into / "calib_core" / "metrics").rename(into / "baseline_metrics")
     sys.path.insert(0, str(into))  # a temporary package of the old code, not this repository's
@@ -123,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", default="33ad87f", help="git revision whose compiled path is timed too ('none': skip)")
     p.add_argument("--out", default=str(RESULTS_DIR / "bench_bootstrap.json"))
     p.add_argument("--coverage", action="store_true", help="also simulate interval coverage (about a minute)")
-    p.add_argument("--coverage-only", action="store_true",
-                   help="only the coverage simulation, written into the existing results file")
+    p.add_argument(
+        "--coverage-only",
+        action="store_true",
+        help="only the coverage simulation, written into the existing results file",
+    )
     args = p.parse_args(argv)
     load_start = os.getloadavg()
     cover = coverage() if args.coverage or args.coverage_only else None
@@ -132,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         print("Coverage of 95 % ECE intervals, 200 simulated sets of n=1000 (K=10), B=500:")
         print(f"{'true ECE':>9}{'percentile':>12}{'centred':>10}{'calibration':>13}")
         for row in cover:
-            print(f"{row['true_ece']:>9.2f}{row['percentile']:>12.3f}{row['centered']:>10.3f}"
-                  f"{row['calibration']:>13.3f}")
+            print(
+                f"{row['true_ece']:>9.2f}{row['percentile']:>12.3f}{row['centered']:>10.3f}{row['calibration']:>13.3f}"
+            )
     if args.coverage_only:  # keep the timings already measured in the results file
         out = Path(args.out)
         data = json.loads(out.read_text()) if out.exists() else {}
@@ -154,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 return bootstrap_metrics(probs, labels, counts, names=names)
             finally:
                 _fast.set_enabled(prev)
+
         return run
 
     paths = {"compiled": ours(True), "torch": ours(False)}
@@ -171,20 +183,39 @@ def main(argv: list[str] | None = None) -> int:
     total = {path: counts_s + args.trials * one_call[path] for path in paths}
     total_cpu = {path: counts_s + args.trials * one_call[path + "_cpu"] for path in paths}
     load_end = os.getloadavg()
-    print(f"Paired bootstrap, B={args.resamples}, N={args.n}, K={args.k}, float32 probabilities, "
-          f"{torch.get_num_threads()} threads; medians of {args.repeats}; wall s / CPU s per trial; "
-          f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end")
+    print(
+        f"Paired bootstrap, B={args.resamples}, N={args.n}, K={args.k}, float32 probabilities, "
+        f"{torch.get_num_threads()} threads; medians of {args.repeats}; wall s / CPU s per trial; "
+        f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end"
+    )
     head = "".join(f"{path + ' wall/cpu':>22}" for path in paths)
     print(f"{'metric group':<24}{head}")
     for r in rows:
         print(f"{r['group']:<24}" + "".join(f"{r[p]:>12.3f}{r[p + '_cpu']:>10.3f}" for p in paths))
     print(f"resample counts (once per split): {counts_s:.3f} s; compute_all point estimates: {point_s:.3f} s/trial")
-    print(f"{args.trials} trials, all metrics (counts + {args.trials} one-call trials): "
-          + ", ".join(f"{p} {total[p]:.2f} s wall ({total_cpu[p]:.2f} s CPU)" for p in paths) + " (aim < 2 s)")
-    write_json(Path(args.out), {"command": command_line(__file__, argv), "args": vars(args), "rows": rows,
-                                "counts_s": counts_s, "point_s": point_s, "total_s": total, "total_cpu_s": total_cpu,
-                                "threads": torch.get_num_threads(), "coverage": cover, "host": host_info(),
-                                "load_avg_start": load_start, "load_avg_end": load_end, "date": utc_now()})
+    print(
+        f"{args.trials} trials, all metrics (counts + {args.trials} one-call trials): "
+        + ", ".join(f"{p} {total[p]:.2f} s wall ({total_cpu[p]:.2f} s CPU)" for p in paths)
+        + " (aim < 2 s)"
+    )
+    write_json(
+        Path(args.out),
+        {
+            "command": command_line(__file__, argv),
+            "args": vars(args),
+            "rows": rows,
+            "counts_s": counts_s,
+            "point_s": point_s,
+            "total_s": total,
+            "total_cpu_s": total_cpu,
+            "threads": torch.get_num_threads(),
+            "coverage": cover,
+            "host": host_info(),
+            "load_avg_start": load_start,
+            "load_avg_end": load_end,
+            "date": utc_now(),
+        },
+    )
     return 0
 
 

@@ -35,7 +35,10 @@ DEFAULT_OUT = RESULTS_DIR / "bench_gpu"
 
 VARIANTS = [
     ("plain CE", {"method": "ce"}),
-    ("one-go last_layer (holdout:0.1)", {"method": "onego", "calibrator": "last_layer", "calibrator_data": "holdout:0.1"}),
+    (
+        "one-go last_layer (holdout:0.1)",
+        {"method": "onego", "calibrator": "last_layer", "calibrator_data": "holdout:0.1"},
+    ),
     ("one-go matrix (holdout:0.1)", {"method": "onego", "calibrator": "matrix", "calibrator_data": "holdout:0.1"}),
 ]
 
@@ -44,12 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     """Time the variants' epochs round-robin on the device, print (and on CUDA write) the table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: smoke test only)")
-    p.add_argument("--steps", type=int, default=50, help="CE backbone steps per epoch (training split = steps x batch size)")
+    p.add_argument(
+        "--steps", type=int, default=50, help="CE backbone steps per epoch (training split = steps x batch size)"
+    )
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5, help="timed epochs per variant (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed epochs per variant first")
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--out", type=Path, default=None, help="output prefix (writes .json and .md); default benchmarks/results/bench_gpu on CUDA, nothing on cpu")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output prefix (writes .json and .md); default benchmarks/results/bench_gpu on CUDA, nothing on cpu",
+    )
     args = p.parse_args(argv)
     command = command_line(__file__, argv)
 
@@ -57,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
     use_cuda = args.device.startswith("cuda")
     if use_cuda and not torch.cuda.is_available():
-        print("skipped: no CUDA device (torch.cuda.is_available() is False); run on a GPU machine, or --device cpu for a smoke test")
+        print(
+            "skipped: no CUDA device (torch.cuda.is_available() is False); run on a GPU machine, or --device cpu for a smoke test"
+        )
         return 0
     device = torch.device(args.device)
 
@@ -77,15 +89,25 @@ def main(argv: list[str] | None = None) -> int:
     def split(n: int) -> Split:
         return Split(torch.randn(n, *shape, generator=g), torch.randint(0, 10, (n,), generator=g))
 
-    data = DataSplits(split(n_train), split(args.batch_size), split(args.batch_size), num_classes=10, input_shape=shape, name="random32")
+    data = DataSplits(
+        split(n_train),
+        split(args.batch_size),
+        split(args.batch_size),
+        num_classes=10,
+        input_shape=shape,
+        name="random32",
+    )
 
     trainers = {}
     for name, train in VARIANTS:
-        cfg = RunConfig.model_validate({
-            "seed": 0, "device": str(device),
-            "model": {"name": args.model},
-            "train": {"epochs": 10_000, "batch_size": args.batch_size, "lr_schedule": "none", **train},
-        })
+        cfg = RunConfig.model_validate(
+            {
+                "seed": 0,
+                "device": str(device),
+                "model": {"name": args.model},
+                "train": {"epochs": 10_000, "batch_size": args.batch_size, "lr_schedule": "none", **train},
+            }
+        )
         model = create_model(args.model, 10, shape)
         trainers[name] = Trainer(cfg, data, device, model=model)
     times: dict[str, list[float]] = {k: [] for k in trainers}
@@ -105,12 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, tr in trainers.items():
         med = statistics.median(times[name])
-        rows.append({
-            "variant": name, "median_epoch_s": med, "epoch_times_s": times[name],
-            "samples_per_s": n_train / med, "backbone_samples_per_s": len(tr.backbone_idx) / med,
-            "backbone_samples": len(tr.backbone_idx), "holdout_samples": len(tr.holdout_idx),
-            "time_ratio_vs_ce": med / ce,
-        })
+        rows.append(
+            {
+                "variant": name,
+                "median_epoch_s": med,
+                "epoch_times_s": times[name],
+                "samples_per_s": n_train / med,
+                "backbone_samples_per_s": len(tr.backbone_idx) / med,
+                "backbone_samples": len(tr.backbone_idx),
+                "holdout_samples": len(tr.holdout_idx),
+                "time_ratio_vs_ce": med / ce,
+            }
+        )
     dev_name = torch.cuda.get_device_name(device) if use_cuda else platform.processor() or "cpu"
     lines = [
         "# One-go vs plain CE training throughput (ResNet-18, random 3x32x32 data)",
@@ -125,15 +153,26 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['variant']} | {r['samples_per_s']:.0f} | {r['backbone_samples_per_s']:.0f} | {r['time_ratio_vs_ce']:.2f}x "
-                     f"| {r['median_epoch_s']:.3f} | {r['backbone_samples']} / {r['holdout_samples']} |")
+        lines.append(
+            f"| {r['variant']} | {r['samples_per_s']:.0f} | {r['backbone_samples_per_s']:.0f} | {r['time_ratio_vs_ce']:.2f}x "
+            f"| {r['median_epoch_s']:.3f} | {r['backbone_samples']} / {r['holdout_samples']} |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     out = args.out if args.out is not None else (DEFAULT_OUT if use_cuda else None)
     if out is not None:
         write_text(out.with_suffix(".md"), text)
-        write_json(out.with_suffix(".json"), {"command": command, "device": dev_name, "torch": torch.__version__,
-                                              "args": {k: str(v) for k, v in vars(args).items()}, "total_s": total, "rows": rows})
+        write_json(
+            out.with_suffix(".json"),
+            {
+                "command": command,
+                "device": dev_name,
+                "torch": torch.__version__,
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "total_s": total,
+                "rows": rows,
+            },
+        )
         print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
     return 0
 

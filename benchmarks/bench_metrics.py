@@ -131,7 +131,7 @@ def make_inputs(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     step = max(1, (1 << 22) // k)
     for r0 in range(0, n, step):
         rows = min(step, n - r0)
-        probs[r0:r0 + rows] = torch.softmax(torch.randn(rows, k, generator=g) * 3.0, dim=1)
+        probs[r0 : r0 + rows] = torch.softmax(torch.randn(rows, k, generator=g) * 3.0, dim=1)
     pred = probs.argmax(dim=1)
     rand = torch.randint(0, k, (n,), generator=g)
     keep = torch.rand(n, generator=g) < 0.6
@@ -148,7 +148,9 @@ def _contenders(probs: torch.Tensor, labels: torch.Tensor, args) -> dict:
     return {
         "calib_core ece": (lambda: M.ece(probs, labels, num_bins=15), args.repeats),
         "torchmetrics multiclass_calibration_error": (
-            lambda: multiclass_calibration_error(probs, labels, num_classes=k, n_bins=15, norm="l1"), args.repeats),
+            lambda: multiclass_calibration_error(probs, labels, num_classes=k, n_bins=15, norm="l1"),
+            args.repeats,
+        ),
         "netcal ECE": (lambda: NetcalECE(bins=15).measure(probs_np, labels_np), args.slow_repeats),
         "calib_core sce": (lambda: M.sce(probs, labels, num_bins=15), args.slow_repeats),
         "calib_core ace": (lambda: M.ace(probs, labels, num_bins=15), args.slow_repeats),
@@ -203,22 +205,26 @@ def run_config_timing(n: int, k: int, args) -> dict:
             continue
         med = statistics.median(times[name])
         is_ece = name in ("calib_core ece", "torchmetrics multiclass_calibration_error", "netcal ECE")
-        rows.append({
-            "name": name,
-            "median_s": med,
-            "repeats": len(times[name]),
-            "times_s": times[name],
-            "ratio_to_ours_ece": (med / ours) if is_ece else None,
-            "first_call_s": first_call[name],
-            "peak_rss_delta_mb": None,
-            "value": values[name],
-        })
+        rows.append(
+            {
+                "name": name,
+                "median_s": med,
+                "repeats": len(times[name]),
+                "times_s": times[name],
+                "ratio_to_ours_ece": (med / ours) if is_ece else None,
+                "first_call_s": first_call[name],
+                "peak_rss_delta_mb": None,
+                "value": values[name],
+            }
+        )
     diffs = {
         "torchmetrics": abs(values["calib_core ece"] - values["torchmetrics multiclass_calibration_error"]),
         "netcal": (abs(values["calib_core ece"] - values["netcal ECE"]) if "netcal ECE" in values else None),
     }
-    print(f"max |ECE ours - torchmetrics| = {diffs['torchmetrics']:.3g}; "
-          f"|ECE ours - netcal| = {diffs['netcal'] if diffs['netcal'] is None else format(diffs['netcal'], '.3g')}")
+    print(
+        f"max |ECE ours - torchmetrics| = {diffs['torchmetrics']:.3g}; "
+        f"|ECE ours - netcal| = {diffs['netcal'] if diffs['netcal'] is None else format(diffs['netcal'], '.3g')}"
+    )
     return {"N": n, "K": k, "input_mb": n * k * 4 / 2**20, "results": rows, "ece_abs_diff": diffs}
 
 
@@ -251,8 +257,17 @@ def run_streaming(sizes: list[int], k: int, chunk: int, *, memory: bool) -> list
         res = acc.compute()
         if i == 0:
             continue
-        out.append({"N": n, "K": k, "chunk_rows": chunk, "state_bytes": acc.state_nbytes,
-                    "peak_rss_delta_mb": mem, "seconds": elapsed, "ece": res["ece"]})
+        out.append(
+            {
+                "N": n,
+                "K": k,
+                "chunk_rows": chunk,
+                "state_bytes": acc.state_nbytes,
+                "peak_rss_delta_mb": mem,
+                "seconds": elapsed,
+                "ece": res["ece"],
+            }
+        )
     return out
 
 
@@ -275,16 +290,23 @@ def markdown(report: dict) -> str:
                 lines.append(f"{head} skipped ({r['skipped']}) | | | | |")
                 continue
             ratio = "" if r["ratio_to_ours_ece"] is None else f"{r['ratio_to_ours_ece']:.2f}x"
-            lines.append(f"{head} {r['median_s']:.3f} ({r['repeats']}) | {ratio} | {_fmt(r.get('first_call_s'), '.3f')} | "
-                         f"{_fmt(r['peak_rss_delta_mb'], '.0f')} | {r['value']:.6f} |")
+            lines.append(
+                f"{head} {r['median_s']:.3f} ({r['repeats']}) | {ratio} | {_fmt(r.get('first_call_s'), '.3f')} | "
+                f"{_fmt(r['peak_rss_delta_mb'], '.0f')} | {r['value']:.6f} |"
+            )
     lines += ["", "| N | max abs diff ECE vs torchmetrics | vs netcal |", "|---|---|---|"]
     for cfg in report["configs"]:
         d = cfg["ece_abs_diff"]
-        lines.append(f"| {cfg['N']:,} x {cfg['K']} | {d['torchmetrics']:.2e} | "
-                     f"{'n/a' if d['netcal'] is None else format(d['netcal'], '.2e')} |")
+        lines.append(
+            f"| {cfg['N']:,} x {cfg['K']} | {d['torchmetrics']:.2e} | "
+            f"{'n/a' if d['netcal'] is None else format(d['netcal'], '.2e')} |"
+        )
     chunk = report["streaming"][0]["chunk_rows"] if report["streaming"] else 0
-    lines += ["", f"| streaming N (K=100, chunks of {chunk:,} rows) | state bytes | peak RSS +MB | seconds |",
-              "|---|---|---|---|"]
+    lines += [
+        "",
+        f"| streaming N (K=100, chunks of {chunk:,} rows) | state bytes | peak RSS +MB | seconds |",
+        "|---|---|---|---|",
+    ]
     for s in report["streaming"]:
         mem = _fmt(s["peak_rss_delta_mb"], ".1f")
         lines.append(f"| {s['N']:,} | {s['state_bytes']} | {mem} | {s['seconds']:.2f} |")
@@ -298,7 +320,10 @@ def goals(report: dict) -> dict:
     by = {r["name"]: r for r in cfg["results"]}
     tm = by["torchmetrics multiclass_calibration_error"].get("ratio_to_ours_ece")
     nc = by["netcal ECE"].get("ratio_to_ours_ece")
-    ace = {c["K"]: next(r for r in c["results"] if r["name"] == "calib_core ace").get("median_s") for c in report["configs"]}
+    ace = {
+        c["K"]: next(r for r in c["results"] if r["name"] == "calib_core ace").get("median_s")
+        for c in report["configs"]
+    }
     return {
         "config": f"N={cfg['N']}, K=100",
         "ace_s": {f"N={c['N']}, K={c['K']}": ace[c["K"]] for c in report["configs"]},
@@ -340,7 +365,8 @@ def main(argv=None) -> int:
 
     report = {
         "meta": {
-            "command": "python benchmarks/bench_metrics.py" + (" --quick" if args.quick else "")
+            "command": "python benchmarks/bench_metrics.py"
+            + (" --quick" if args.quick else "")
             + (f" --threads {args.threads}" if args.threads is not None else ""),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "python": platform.python_version(),
@@ -353,9 +379,11 @@ def main(argv=None) -> int:
             "torch_threads": torch.get_num_threads(),
             "load_avg_at_start": os.getloadavg(),
             "dtype": "float32",
-            "memory_method": ("peak RSS delta of one call: VmHWM after minus VmRSS before, VmHWM reset via "
-                              "/proc/self/clear_refs after malloc_trim(0); measured after all timings, with glibc "
-                              "M_MMAP_THRESHOLD=64 KiB"),
+            "memory_method": (
+                "peak RSS delta of one call: VmHWM after minus VmRSS before, VmHWM reset via "
+                "/proc/self/clear_refs after malloc_trim(0); measured after all timings, with glibc "
+                "M_MMAP_THRESHOLD=64 KiB"
+            ),
             "repeats": args.repeats,
             "slow_repeats": args.slow_repeats,
         },

@@ -58,6 +58,7 @@ METRICS = ("accuracy", "ece", "nll", "brier")
 # Grid
 # ---------------------------------------------------------------------------------------------
 
+
 def lr_grid(low: float, high: float, n: int) -> list[float]:
     """n log-spaced learning rates from low to high (both ends included), rounded to 4 digits."""
     return [float(f"{v:.4g}") for v in np.geomspace(low, high, n)]
@@ -107,9 +108,14 @@ def train_cell(cfg: Any, data: Any, calibrator: str, lr: float | None) -> dict[s
     run_cfg = resolve_run_config(cfg.run, params).model_copy(update={"device": "cpu", "num_threads": 1})
     t0 = time.perf_counter()
     result = make_trainer(run_cfg, data, "cpu").fit()
-    out: dict[str, Any] = {"calibrator": calibrator, "lr": lr, "status": result.status,
-                           "reason": result.reason or "", "epochs_run": int(result.epochs_run),
-                           "seconds": round(time.perf_counter() - t0, 2)}
+    out: dict[str, Any] = {
+        "calibrator": calibrator,
+        "lr": lr,
+        "status": result.status,
+        "reason": result.reason or "",
+        "epochs_run": int(result.epochs_run),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
     if result.status == "completed":
         for split, m in (("val", result.val_metrics), ("test", result.test_metrics)):
             for k in METRICS:
@@ -139,9 +145,15 @@ def run_grid(n_lrs: int, epochs: dict[str, int | None], path: Path = GRID_FILE) 
         s = cfg.search
         lrs = lr_grid(s.calibrator_lr.low, s.calibrator_lr.high, n_lrs)
         entry = grid["datasets"].setdefault(dataset, {"cells": {}})
-        settings = {"config": f"sweeps/configs/{DATASETS[dataset]}", "calibrators": list(s.calibrators),
-                    "lr_low": s.calibrator_lr.low, "lr_high": s.calibrator_lr.high, "lrs": lrs,
-                    "epochs": cfg.run.train.epochs, "run": cfg.run.model_dump(mode="json")}
+        settings = {
+            "config": f"sweeps/configs/{DATASETS[dataset]}",
+            "calibrators": list(s.calibrators),
+            "lr_low": s.calibrator_lr.low,
+            "lr_high": s.calibrator_lr.high,
+            "lrs": lrs,
+            "epochs": cfg.run.train.epochs,
+            "run": cfg.run.model_dump(mode="json"),
+        }
         old = {k: entry.get(k) for k in ("lrs", "epochs", "calibrators")}
         if entry["cells"] and old != {k: settings[k] for k in old}:
             raise SystemExit(f"{path}: cached {dataset} grid has other settings {old}; delete it or match them")
@@ -161,15 +173,19 @@ def run_grid(n_lrs: int, epochs: dict[str, int | None], path: Path = GRID_FILE) 
         entry["train_seconds"] = round(sum(c["seconds"] for c in entry["cells"].values()), 1)
         grid["host"] = host_line()
         _write_json(path, grid)
-        print(f"[{time.strftime('%H:%M:%S')}] {dataset} {cell_key(calibrator, lr)}: {row['status']} "
-              f"val_acc={row.get('val_accuracy', float('nan')):.4f} val_ece={row.get('val_ece', float('nan')):.4f} "
-              f"({row['seconds']:.1f} s)", flush=True)
+        print(
+            f"[{time.strftime('%H:%M:%S')}] {dataset} {cell_key(calibrator, lr)}: {row['status']} "
+            f"val_acc={row.get('val_accuracy', float('nan')):.4f} val_ece={row.get('val_ece', float('nan')):.4f} "
+            f"({row['seconds']:.1f} s)",
+            flush=True,
+        )
     return grid
 
 
 # ---------------------------------------------------------------------------------------------
 # Replay: searches against the table, no training
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Table:
@@ -190,8 +206,9 @@ class Table:
 
     def ok(self, key: str) -> bool:
         c = self.cells[key]
-        return c.get("status") == "completed" and all(math.isfinite(c.get(m, math.nan))
-                                                      for m in ("val_accuracy", "val_ece"))
+        return c.get("status") == "completed" and all(
+            math.isfinite(c.get(m, math.nan)) for m in ("val_accuracy", "val_ece")
+        )
 
     def subgrid(self, step: int) -> Table:
         """The table on every `step`-th grid lr (the coarser grid inside this one)."""
@@ -241,8 +258,9 @@ def sampling_mass(table: Table, key: str, lr_low: float, lr_high: float) -> floa
     return p_cal * (hi - lo) / (math.log(lr_high) - math.log(lr_low))
 
 
-def replay(table: Table, space: Callable[[Any], None], sampler: Any, n_trials: int, objective: str,
-           concurrency: int = 1) -> list[str]:
+def replay(
+    table: Table, space: Callable[[Any], None], sampler: Any, n_trials: int, objective: str, concurrency: int = 1
+) -> list[str]:
     """Cells an Optuna sampler visits in `n_trials` ask/tell steps against the table.
 
     `space` is the sweep's define-by-run space (sweeps.search_space.SearchSpace). `concurrency`
@@ -349,8 +367,15 @@ def search_space(calibrators: list[str], low: float, high: float) -> Any:
     return SearchSpace(SearchConfig(calibrators=calibrators, calibrator_lr=LogRange(low=low, high=high)))
 
 
-def run_seed(table: Table, space: Any, factory: Callable[[int], Any] | None, seed: int, objective: str,
-             cap: int, concurrency: int) -> list[str]:
+def run_seed(
+    table: Table,
+    space: Any,
+    factory: Callable[[int], Any] | None,
+    seed: int,
+    objective: str,
+    cap: int,
+    concurrency: int,
+) -> list[str]:
     if factory is None:
         return grid_order(table, seed)[:cap]
     return replay(table, space, factory(seed), cap, objective, concurrency)
@@ -362,8 +387,14 @@ def hit_sets(table: Table, objective: str) -> dict[float, set[str]]:
     return {rel: fn(table, rel=rel) for rel in (0.10, *LOOSE)}
 
 
-def measure(table: Table, visited: list[str], objective: str, hits: dict[float, set[str]],
-            hv_ref: tuple[float, float], hv_full: float) -> dict[str, Any]:
+def measure(
+    table: Table,
+    visited: list[str],
+    objective: str,
+    hits: dict[float, set[str]],
+    hv_ref: tuple[float, float],
+    hv_full: float,
+) -> dict[str, Any]:
     """Per search: trials to the first hit (10 %; and at the LOOSE thresholds); best val ECE
     (single) or hypervolume (multi) at each budget."""
     out: dict[str, Any] = {"trials_to_hit": trials_to_hit(visited, hits[0.10]), "n": len(visited)}
@@ -379,8 +410,9 @@ def measure(table: Table, visited: list[str], objective: str, hits: dict[float, 
     return out
 
 
-def _boot_ci(values: np.ndarray, stat: Callable[[np.ndarray], float], n_boot: int = 2000,
-             seed: int = 0) -> tuple[float, float]:
+def _boot_ci(
+    values: np.ndarray, stat: Callable[[np.ndarray], float], n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float]:
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(values), (n_boot, len(values)))
     boots = np.array([stat(values[i]) for i in idx])
@@ -392,24 +424,40 @@ def summarise(runs: dict[str, list[dict[str, Any]]], objective: str, cap: int) -
     standard error, the hit fraction by each budget, paired (same seed) differences to random."""
     out: dict[str, Any] = {}
     ref = runs[RANDOM]
-    ref_hit = {b: np.array([r["trials_to_hit"] is not None and r["trials_to_hit"] <= b for r in ref], float)
-               for b in (*BUDGETS, cap)}
+    ref_hit = {
+        b: np.array([r["trials_to_hit"] is not None and r["trials_to_hit"] <= b for r in ref], float)
+        for b in (*BUDGETS, cap)
+    }
     for label, rows in runs.items():
         t = np.array([min(r["trials_to_hit"] or cap, cap) for r in rows], dtype=np.float64)
         censored = sum(r["trials_to_hit"] is None for r in rows)
-        s: dict[str, Any] = {"seeds": len(rows), "mean_trials": float(t.mean()),
-                             "se_trials": float(t.std(ddof=1) / math.sqrt(len(t))),
-                             "ci_trials": _boot_ci(t, np.mean), "median_trials": float(np.median(t)),
-                             "censored": censored, "hit": {}, "hit_vs_random": {}}
+        s: dict[str, Any] = {
+            "seeds": len(rows),
+            "mean_trials": float(t.mean()),
+            "se_trials": float(t.std(ddof=1) / math.sqrt(len(t))),
+            "ci_trials": _boot_ci(t, np.mean),
+            "median_trials": float(np.median(t)),
+            "censored": censored,
+            "hit": {},
+            "hit_vs_random": {},
+        }
         for b in (*BUDGETS, cap):
             h = np.array([r["trials_to_hit"] is not None and r["trials_to_hit"] <= b for r in rows], float)
             s["hit"][str(b)] = float(h.mean())
             if label != RANDOM and len(h) == len(ref_hit[b]):
                 d = h - ref_hit[b]
                 s["hit_vs_random"][str(b)] = [float(d.mean()), *_boot_ci(d, np.mean)]
-        s["hit_loose"] = {f"{rel:g}": {str(b): float(np.mean([r[f"trials_to_hit@{rel:g}"] is not None
-                                                              and r[f"trials_to_hit@{rel:g}"] <= b for r in rows]))
-                                       for b in BUDGETS} for rel in LOOSE}
+        s["hit_loose"] = {
+            f"{rel:g}": {
+                str(b): float(
+                    np.mean(
+                        [r[f"trials_to_hit@{rel:g}"] is not None and r[f"trials_to_hit@{rel:g}"] <= b for r in rows]
+                    )
+                )
+                for b in BUDGETS
+            }
+            for rel in LOOSE
+        }
         key = "ece_ratio" if objective == "single" else "hv"
         for b in BUDGETS:
             v = np.array([r[f"{key}@{b}"] for r in rows], dtype=np.float64)
@@ -418,9 +466,17 @@ def summarise(runs: dict[str, list[dict[str, Any]]], objective: str, cap: int) -
     return out
 
 
-def compare(table: Table, lr_low: float, lr_high: float, objective: str, seeds: int, cap: int,
-            concurrency: int, log: Callable[[str], None] = print,
-            visited_out: dict[str, list[list[str]]] | None = None) -> dict[str, Any]:
+def compare(
+    table: Table,
+    lr_low: float,
+    lr_high: float,
+    objective: str,
+    seeds: int,
+    cap: int,
+    concurrency: int,
+    log: Callable[[str], None] = print,
+    visited_out: dict[str, list[list[str]]] | None = None,
+) -> dict[str, Any]:
     """Every sampler over `seeds` search seeds against one table, one objective (`visited_out`:
     filled with each sampler's visited cells per seed)."""
     import optuna
@@ -450,14 +506,22 @@ def compare(table: Table, lr_low: float, lr_high: float, objective: str, seeds: 
         log(f"  {objective} {label}: {seeds} seeds in {time.perf_counter() - t0:.1f} s")
     for r in runs[TPE_SWEEP]:
         r.pop("first8", None)
-    return {"objective": objective, "hits": sorted(hits), "cells": len(table.cells), "ok_cells": len(ok),
-            "loose_hits": {f"{rel:g}": sorted(hit_by[rel]) for rel in LOOSE},
-            "p_hit_random_trial_loose": {f"{rel:g}": sum(sampling_mass(table, k, lr_low, lr_high) for k in hit_by[rel])
-                                         for rel in LOOSE},
-            "p_hit_random_trial": p, "expected_random_trials": 1 / p if p > 0 else float("inf"),
-            "expected_grid_trials": (len(table.cells) + 1) / (len(hits) + 1),
-            "tpe_first8_equals_random": first8_same / seeds,
-            "summary": summarise(runs, objective, cap), "per_seed": runs}
+    return {
+        "objective": objective,
+        "hits": sorted(hits),
+        "cells": len(table.cells),
+        "ok_cells": len(ok),
+        "loose_hits": {f"{rel:g}": sorted(hit_by[rel]) for rel in LOOSE},
+        "p_hit_random_trial_loose": {
+            f"{rel:g}": sum(sampling_mass(table, k, lr_low, lr_high) for k in hit_by[rel]) for rel in LOOSE
+        },
+        "p_hit_random_trial": p,
+        "expected_random_trials": 1 / p if p > 0 else float("inf"),
+        "expected_grid_trials": (len(table.cells) + 1) / (len(hits) + 1),
+        "tpe_first8_equals_random": first8_same / seeds,
+        "summary": summarise(runs, objective, cap),
+        "per_seed": runs,
+    }
 
 
 def _pct(x: float) -> str:
@@ -481,15 +545,21 @@ def table_md(res: dict[str, Any], cap: int) -> list[str]:
     single = res["objective"] == "single"
     key = "ece_ratio" if single else "hv"
     what = "best val ECE / table best" if single else "hypervolume / table's"
-    head = (f"| sampler | trials to hit: mean ± SE [95 % CI] | median | hit by 8 | by 16 | by 32 | by {cap} | "
-            f"hit by 8 − random, pt | by 16 | by 32 | {what} at 8 | at 32 |")
+    head = (
+        f"| sampler | trials to hit: mean ± SE [95 % CI] | median | hit by 8 | by 16 | by 32 | by {cap} | "
+        f"hit by 8 − random, pt | by 16 | by 32 | {what} at 8 | at 32 |"
+    )
     lines = [head, "|" + "---|" * 12]
     for label, s in res["summary"].items():
         lines.append(
             f"| {label} | {_trials_cell(s, cap)} | {s['median_trials']:.0f} | "
-            + " | ".join(_pct(s["hit"][str(b)]) for b in (*BUDGETS, cap)) + " | "
-            + " | ".join(_diff_cell(s["hit_vs_random"].get(str(b))) for b in BUDGETS) + " | "
-            + " | ".join(f"{s[f'{key}@{b}'][0]:.3f}" for b in (8, 32)) + " |")
+            + " | ".join(_pct(s["hit"][str(b)]) for b in (*BUDGETS, cap))
+            + " | "
+            + " | ".join(_diff_cell(s["hit_vs_random"].get(str(b))) for b in BUDGETS)
+            + " | "
+            + " | ".join(f"{s[f'{key}@{b}'][0]:.3f}" for b in (8, 32))
+            + " |"
+        )
     return lines
 
 
@@ -524,7 +594,8 @@ def verdict(results: dict[str, dict[str, Any]]) -> list[str]:
                 f"trials are random's own draws in {_pct(res['tpe_first8_equals_random'])} of seeds); by 16: "
                 f"{_pct(tpe['hit']['16'])} vs {_pct(rnd['hit']['16'])} ({_vs_random(tpe, 16)}); by 32: "
                 f"{_pct(tpe['hit']['32'])} vs {_pct(rnd['hit']['32'])} ({_vs_random(tpe, 32)}). Highest by 8: "
-                f"{best} ({_pct(s[best]['hit']['8'])}, {_vs_random(s[best], 8)}).")
+                f"{best} ({_pct(s[best]['hit']['8'])}, {_vs_random(s[best], 8)})."
+            )
     beats8 = any(x > 0 for x in tpe_sig[8])
     hit8 = [s["hit"]["8"] for by_obj in results.values() for res in by_obj.values() for s in res["summary"].values()]
     lo8, hi8 = min(hit8), max(hit8)
@@ -532,43 +603,58 @@ def verdict(results: dict[str, dict[str, Any]]) -> list[str]:
     ever_worse = any(x < 0 for b in BUDGETS for x in tpe_sig[b])
     out.append("")
     if beats8:
-        out.append("**Verdict: yes**, the sweep's TPE finds a cell within 10 % of the best val ECE more often than "
-                   "random search within the demos' 8 trials in at least one case above.")
+        out.append(
+            "**Verdict: yes**, the sweep's TPE finds a cell within 10 % of the best val ECE more often than "
+            "random search within the demos' 8 trials in at least one case above."
+        )
     else:
-        out.append("**Verdict: no.** At the demos' budget of 8 trials the sweep's TPE does not beat random search "
-                   "on this objective: with Optuna's default n_startup_trials=10 its first 10 trials *are* "
-                   "RandomSampler draws (identical, seed for seed), so an 8-trial sweep is a random search "
-                   f"whatever the sampler; the samplers find a hit by 8 trials in {_pct(lo8)} to {_pct(hi8)} of "
-                   "seeds.")
+        out.append(
+            "**Verdict: no.** At the demos' budget of 8 trials the sweep's TPE does not beat random search "
+            "on this objective: with Optuna's default n_startup_trials=10 its first 10 trials *are* "
+            "RandomSampler draws (identical, seed for seed), so an 8-trial sweep is a random search "
+            f"whatever the sampler; the samplers find a hit by 8 trials in {_pct(lo8)} to {_pct(hi8)} of "
+            "seeds."
+        )
     out.append("")
     if later_better and not ever_worse:
-        out.append(f"Past its 10 random start-up trials TPE is never significantly worse than random and better in "
-                   f"some cases (by {' and '.join(str(b) for b in later_better)} trials): the data support keeping "
-                   "TPE as the default sampler, with the caveat that it only differs from random search when "
-                   "`search.num_samples` exceeds 10.")
+        out.append(
+            f"Past its 10 random start-up trials TPE is never significantly worse than random and better in "
+            f"some cases (by {' and '.join(str(b) for b in later_better)} trials): the data support keeping "
+            "TPE as the default sampler, with the caveat that it only differs from random search when "
+            "`search.num_samples` exceeds 10."
+        )
     elif ever_worse and not later_better:
-        out.append("TPE is significantly worse than random in some case and better in none: the data support "
-                   "random search as the default sampler.")
+        out.append(
+            "TPE is significantly worse than random in some case and better in none: the data support "
+            "random search as the default sampler."
+        )
     else:
-        out.append("TPE is neither consistently better nor consistently worse than random past its start-up "
-                   "trials: the data support neither default over the other.")
+        out.append(
+            "TPE is neither consistently better nor consistently worse than random past its start-up "
+            "trials: the data support neither default over the other."
+        )
     return out
 
 
 def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dict[str, Any]) -> str:
     cap = meta["cap"]
     lines = [
-        "# Search efficiency: TPE vs random vs grid on a tabulated objective (benchmarks/bench_search.py)", "",
+        "# Search efficiency: TPE vs random vs grid on a tabulated objective (benchmarks/bench_search.py)",
+        "",
         f"Command: `{meta['command']}`  ",
-        f"Generated {meta['date']} on {meta['host']}; replay {meta['replay_seconds']:.0f} s, no training.", "",
+        f"Generated {meta['date']} on {meta['host']}; replay {meta['replay_seconds']:.0f} s, no training.",
+        "",
         "**Tabulated objective.** Each demo sweep's full grid, trained once (run seed of the config, CPU, "
         "one thread) on the sweep trial's code path (resolve_run_config → calib_core trainer) without Ray: "
         "every calibrator of `search.calibrators` × "
-        + ", ".join(f"{d}: {len(g['lrs'])} log-spaced lrs {g['lr_low']:g}..{g['lr_high']:g} "
-                    f"({len(g['cells'])} cells, {g['epochs']} epochs each, training {g.get('train_seconds', 0):.0f} s)"
-                    for d, g in grid["datasets"].items())
+        + ", ".join(
+            f"{d}: {len(g['lrs'])} log-spaced lrs {g['lr_low']:g}..{g['lr_high']:g} "
+            f"({len(g['cells'])} cells, {g['epochs']} epochs each, training {g.get('train_seconds', 0):.0f} s)"
+            for d, g in grid["datasets"].items()
+        )
         + "; a baseline choice (`none`, `posthoc_*`) has no lr and is one cell. Digits' ASHA scheduler is "
-        "not replayed (every cell ran all its epochs). Grid cache: benchmarks/results/bench_search_grid.json.", "",
+        "not replayed (every cell ran all its epochs). Grid cache: benchmarks/results/bench_search_grid.json.",
+        "",
         "**Replay.** The sampler sees the sweep's define-by-run space (sweeps.search_space.SearchSpace: "
         "calibrator categorical, lr continuous log-uniform low..high); each suggested lr is mapped to the "
         "nearest grid lr in log space and the trial is told that cell's validation metrics, with "
@@ -583,13 +669,15 @@ def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dic
         "its first population at random (RandomSampler(seed) draws, 50 by default: random search below 50 "
         "trials); its mutation_prob defaults to 1 / (parameters in the intersection search space), and where "
         "the lr is absent from some cells (digits' `none`, `posthoc_temperature`) that space is the calibrator "
-        "alone, so every child is a fresh random draw: NSGA-II is random search there at any population size.", "",
+        "alone, so every child is a fresh random draw: NSGA-II is random search there at any population size.",
+        "",
         "**Caveats.** One training per cell (the config's run seed), so the 10 % hit set is a single cell in "
         "each table: the main metric asks a search to find that one cell; the looser thresholds and the "
         "best-ECE / hypervolume ratios show how close the searches get otherwise. Random search (and TPE's "
         "start-up) draws with replacement and can land in a cell already visited, where the real sweep would "
         "train a nearby lr; grid search never repeats a cell and spreads its trials over cells, not "
-        "calibrators (a baseline choice is 1 of digits' 47 cells, but 1 in 5 of random's draws).", "",
+        "calibrators (a baseline choice is 1 of digits' 47 cells, but 1 in 5 of random's draws).",
+        "",
         "**Hit.** Single objective (minimise val ECE): a trial whose cell's val ECE is within 10 % of the "
         "table's best val ECE. Multi-objective (val accuracy up, val ECE down, the sweep's default): a cell "
         "whose val accuracy is within 0.5 pt of the table's best and whose val ECE is within 10 % of the "
@@ -598,43 +686,72 @@ def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dic
         "then a lower bound, marked ≥). Hit fractions by 8 (the demos' num_samples), 16, 32 trials; "
         "'− random': paired by seed, in percentage points with a 95 % bootstrap CI. Single objective: best "
         "val ECE found / table's best; multi-objective: hypervolume of the visited cells / the table's "
-        "(reference point: the table's worst val accuracy and worst val ECE).", "",
+        "(reference point: the table's worst val accuracy and worst val ECE).",
+        "",
     ]
     for name, by_obj in results.items():
         g = grid["datasets"][name]
         for objective, res in by_obj.items():
-            lines += [f"## {name}, {objective}-objective", "",
-                      f"{res['cells']} cells ({res['ok_cells']} completed); {len(res['hits'])} hit cells: "
-                      f"{', '.join(res['hits'])}. One random trial hits with p = {res['p_hit_random_trial']:.3f} "
-                      f"(expected {res['expected_random_trials']:.1f} trials); a shuffled grid needs "
-                      f"{res['expected_grid_trials']:.1f} on average.", ""]
+            lines += [
+                f"## {name}, {objective}-objective",
+                "",
+                f"{res['cells']} cells ({res['ok_cells']} completed); {len(res['hits'])} hit cells: "
+                f"{', '.join(res['hits'])}. One random trial hits with p = {res['p_hit_random_trial']:.3f} "
+                f"(expected {res['expected_random_trials']:.1f} trials); a shuffled grid needs "
+                f"{res['expected_grid_trials']:.1f} on average.",
+                "",
+            ]
             lines += table_md(res, cap) + [""]
-            lines += [f"Looser hits, same searches: within {' / '.join(f'{100 * r:.0f} %' for r in LOOSE)} of the best "
-                      "ECE (" + "; ".join(f"{100 * float(r):.0f} %: {len(h)} cells, p = "
-                                          f"{res['p_hit_random_trial_loose'][r]:.3f} per random trial"
-                                          for r, h in res["loose_hits"].items()) + ").", "",
-                      "| sampler | " + " | ".join(f"{100 * r:.0f} %: hit by {b}" for r in LOOSE for b in BUDGETS) + " |",
-                      "|---|" + "---|" * (len(LOOSE) * len(BUDGETS))]
+            lines += [
+                f"Looser hits, same searches: within {' / '.join(f'{100 * r:.0f} %' for r in LOOSE)} of the best "
+                "ECE ("
+                + "; ".join(
+                    f"{100 * float(r):.0f} %: {len(h)} cells, p = "
+                    f"{res['p_hit_random_trial_loose'][r]:.3f} per random trial"
+                    for r, h in res["loose_hits"].items()
+                )
+                + ").",
+                "",
+                "| sampler | " + " | ".join(f"{100 * r:.0f} %: hit by {b}" for r in LOOSE for b in BUDGETS) + " |",
+                "|---|" + "---|" * (len(LOOSE) * len(BUDGETS)),
+            ]
             for label, s in res["summary"].items():
-                lines.append(f"| {label} | " + " | ".join(_pct(s["hit_loose"][f"{r:g}"][str(b)])
-                                                         for r in LOOSE for b in BUDGETS) + " |")
+                lines.append(
+                    f"| {label} | "
+                    + " | ".join(_pct(s["hit_loose"][f"{r:g}"][str(b)]) for r in LOOSE for b in BUDGETS)
+                    + " |"
+                )
             lines.append("")
         best = min((c for c in g["cells"].values() if c.get("status") == "completed"), key=lambda c: c["val_ece"])
-        lines += [f"{name}: best val ECE cell {cell_key(best['calibrator'], best.get('lr'))}: val ECE "
-                  f"{best['val_ece']:.4f}, val acc {best['val_accuracy']:.4f}, test ECE {best['test_ece']:.4f}.", ""]
+        lines += [
+            f"{name}: best val ECE cell {cell_key(best['calibrator'], best.get('lr'))}: val ECE "
+            f"{best['val_ece']:.4f}, val acc {best['val_accuracy']:.4f}, test ECE {best['test_ece']:.4f}.",
+            "",
+        ]
     if meta.get("lr_step", 1) == 1:
-        lines += ["Sensitivity to the lr grid: `--lr-step 2 --name bench_search_lr8` replays the same searches on the "
-                  "8-point grid inside this one (benchmarks/results/bench_search_lr8.md).", ""]
+        lines += [
+            "Sensitivity to the lr grid: `--lr-step 2 --name bench_search_lr8` replays the same searches on the "
+            "8-point grid inside this one (benchmarks/results/bench_search_lr8.md).",
+            "",
+        ]
     else:
-        lines += [f"This is the sensitivity run: every {meta['lr_step']}-th lr of the cached grid "
-                  "(the main report is benchmarks/results/bench_search.md).", ""]
+        lines += [
+            f"This is the sensitivity run: every {meta['lr_step']}-th lr of the cached grid "
+            "(the main report is benchmarks/results/bench_search.md).",
+            "",
+        ]
     lines += ["## Verdict", ""] + verdict(results) + [""]
     return "\n".join(lines) + "\n"
 
 
-def run_replay(grid: dict[str, Any], seeds: int, cap: int, step: int = 1,
-               log: Callable[[str], None] = print,
-               visited_out: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+def run_replay(
+    grid: dict[str, Any],
+    seeds: int,
+    cap: int,
+    step: int = 1,
+    log: Callable[[str], None] = print,
+    visited_out: dict[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     for name, g in grid["datasets"].items():
         cfg = load_sweep(name)
@@ -648,8 +765,9 @@ def run_replay(grid: dict[str, Any], seeds: int, cap: int, step: int = 1,
         results[name] = {}
         for obj in ("single", "multi"):
             out = None if visited_out is None else visited_out.setdefault(name, {}).setdefault(obj, {})
-            results[name][obj] = compare(table, g["lr_low"], g["lr_high"], obj, seeds, cap,
-                                         cfg.resources.max_concurrent, log, out)
+            results[name][obj] = compare(
+                table, g["lr_low"], g["lr_high"], obj, seeds, cap, cfg.resources.max_concurrent, log, out
+            )
     return results
 
 
@@ -663,12 +781,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grid", type=Path, default=GRID_FILE, help="the grid cache (JSON)")
     p.add_argument("--seeds", type=int, default=100, help="search seeds per sampler")
     p.add_argument("--cap", type=int, default=64, help="trials per replayed search")
-    p.add_argument("--lr-step", type=int, default=1,
-                   help="replay on every k-th grid lr only (2: the 8-point grid inside the 15-point one)")
+    p.add_argument(
+        "--lr-step",
+        type=int,
+        default=1,
+        help="replay on every k-th grid lr only (2: the 8-point grid inside the 15-point one)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where bench_search.md / .json go")
     p.add_argument("--name", default="bench_search", help="result file stem")
-    p.add_argument("--report-only", action="store_true",
-                   help="rebuild <name>.md from <name>.json (no replay, no training)")
+    p.add_argument(
+        "--report-only", action="store_true", help="rebuild <name>.md from <name>.json (no replay, no training)"
+    )
     p.add_argument("--save-visited", type=Path, default=None, help="also write every search's visited cells (JSON)")
     args = p.parse_args(argv)
     if args.report_only:
@@ -688,17 +811,28 @@ def main(argv: list[str] | None = None) -> int:
     results = run_replay(grid, args.seeds, args.cap, args.lr_step, visited_out=visited)
     if args.save_visited:
         write_json(args.save_visited, visited, compact=True)
-    meta = {"command": command_line(__file__, argv), "date": utc_minute(), "measured": utc_now(),
-            "host": host_line(), "host_info": host_info(), "grid_host": grid.get("host"), "seeds": args.seeds,
-            "cap": args.cap, "lr_step": args.lr_step,
-            "concurrency": ", ".join(sorted({str(load_sweep(d).resources.max_concurrent) for d in grid["datasets"]})),
-            "replay_seconds": time.perf_counter() - t0}
+    meta = {
+        "command": command_line(__file__, argv),
+        "date": utc_minute(),
+        "measured": utc_now(),
+        "host": host_line(),
+        "host_info": host_info(),
+        "grid_host": grid.get("host"),
+        "seeds": args.seeds,
+        "cap": args.cap,
+        "lr_step": args.lr_step,
+        "concurrency": ", ".join(sorted({str(load_sweep(d).resources.max_concurrent) for d in grid["datasets"]})),
+        "replay_seconds": time.perf_counter() - t0,
+    }
     md = markdown(results, _grid_view(grid, args.lr_step), meta)
     print(md)
-    summary = {d: {o: {k: v for k, v in r.items() if k != "per_seed"} for o, r in by.items()}
-               for d, by in results.items()}
-    per_seed = {d: {o: {lbl: [x["trials_to_hit"] for x in rows] for lbl, rows in r["per_seed"].items()}
-                    for o, r in by.items()} for d, by in results.items()}
+    summary = {
+        d: {o: {k: v for k, v in r.items() if k != "per_seed"} for o, r in by.items()} for d, by in results.items()
+    }
+    per_seed = {
+        d: {o: {lbl: [x["trials_to_hit"] for x in rows] for lbl, rows in r["per_seed"].items()} for o, r in by.items()}
+        for d, by in results.items()
+    }
     write_text(args.out / f"{args.name}.md", md)
     write_json(args.out / f"{args.name}.json", {"meta": meta, "results": summary, "trials_to_hit_per_seed": per_seed})
     return 0
@@ -711,8 +845,12 @@ def _grid_view(grid: dict[str, Any], step: int) -> dict[str, Any]:
     out = {"datasets": {}}
     for d, g in grid["datasets"].items():
         t = table_from_grid(g).subgrid(step)
-        out["datasets"][d] = {**g, "lrs": t.lrs, "cells": t.cells,
-                              "train_seconds": sum(c["seconds"] for c in t.cells.values())}
+        out["datasets"][d] = {
+            **g,
+            "lrs": t.lrs,
+            "cells": t.cells,
+            "train_seconds": sum(c["seconds"] for c in t.cells.values()),
+        }
     return out
 
 

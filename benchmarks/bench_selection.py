@@ -34,8 +34,11 @@ RULES = {
     "noise_aware (default: Bonferroni, half-ECE dominance)": {"rule": "noise_aware"},
     "noise_aware, Bonferroni, no dominance step": {"rule": "noise_aware", "dominance_factor": None},
     "noise_aware, no adjustment": {"rule": "noise_aware", "multiple_comparisons": "none"},
-    "noise_aware, no adjustment, no dominance step": {"rule": "noise_aware", "multiple_comparisons": "none",
-                                                      "dominance_factor": None},
+    "noise_aware, no adjustment, no dominance step": {
+        "rule": "noise_aware",
+        "multiple_comparisons": "none",
+        "dominance_factor": None,
+    },
     "noise_aware, default on smooth ECE": {"rule": "noise_aware", "metric": "val_smooth_ece"},
     "noise_aware, default on debiased L2": {"rule": "noise_aware", "metric": "val_debiased_l2_ce"},
     "old: Pareto, 0.5 pt of best acc": {"rule": "pareto_min_ece_near_best_accuracy", "accuracy_tolerance": 0.005},
@@ -67,8 +70,9 @@ def run_sweep_offline(dataset: str, seed: int, quick: bool, threads: int) -> dic
     torch.set_num_threads(threads)
     cfg = _sweep_config(dataset, seed, quick)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(directions=["maximize", "minimize"],
-                                sampler=optuna.samplers.TPESampler(seed=cfg.search.seed))
+    study = optuna.create_study(
+        directions=["maximize", "minimize"], sampler=optuna.samplers.TPESampler(seed=cfg.search.seed)
+    )
     space = SearchSpace(cfg.search)
     data = load_dataset(cfg.run.data, cfg.run.seed)
     trials = []
@@ -80,8 +84,12 @@ def run_sweep_offline(dataset: str, seed: int, quick: bool, threads: int) -> dic
         result = make_trainer(run_cfg, data, "cpu").fit()
         entry = {"params": dict(ot.params), "status": result.status, "seconds": time.perf_counter() - t0}
         if result.status == "completed":
-            entry.update(val_probs=result.val_probs.numpy(), val_labels=result.val_labels.numpy(),
-                         test_probs=result.test_probs.numpy(), test_labels=result.test_labels.numpy())
+            entry.update(
+                val_probs=result.val_probs.numpy(),
+                val_labels=result.val_labels.numpy(),
+                test_probs=result.test_probs.numpy(),
+                test_labels=result.test_labels.numpy(),
+            )
             study.tell(ot, [float(result.val_metrics["accuracy"]), float(result.val_metrics["ece"])])
         else:
             study.tell(ot, state=optuna.trial.TrialState.FAIL)
@@ -127,31 +135,50 @@ def evaluate_sweep(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
         metrics: dict[str, float] = {}
         if t["status"] == "completed":
             for split in ("val", "test"):
-                metrics.update({f"{split}_{k}": v for k, v in
-                                compute_all(t[f"{split}_probs"], t[f"{split}_labels"]).items()})
+                metrics.update(
+                    {f"{split}_{k}": v for k, v in compute_all(t[f"{split}_probs"], t[f"{split}_labels"]).items()}
+                )
             for name in DEBIASED_METRICS:
-                metrics[f"val_{name}"] = float(getattr(calib_metrics, name)(t["val_probs"].astype(np.float64),
-                                                                            t["val_labels"]))
+                metrics[f"val_{name}"] = float(
+                    getattr(calib_metrics, name)(t["val_probs"].astype(np.float64), t["val_labels"])
+                )
             preds[str(i)] = {s: [(None, t[f"{s}_probs"], t[f"{s}_labels"])] for s in ("val", "test")}
-        records.append(TrialRecord(trial_id=str(i), label=describe_params(t["params"]), status=t["status"],
-                                   metrics=metrics, params=t["params"]))
-    reps = compute_replicates(preds, num_bins=15, num_resamples=num_resamples, seed=sweep["seed"],
-                              names=("accuracy", "ece", "nll"))
+        records.append(
+            TrialRecord(
+                trial_id=str(i),
+                label=describe_params(t["params"]),
+                status=t["status"],
+                metrics=metrics,
+                params=t["params"],
+            )
+        )
+    reps = compute_replicates(
+        preds, num_bins=15, num_resamples=num_resamples, seed=sweep["seed"], names=("accuracy", "ece", "nll")
+    )
     ok = [r for r in records if r.ok]
     best_test_acc = max(r.metrics["test_accuracy"] for r in ok)
     near = [r for r in ok if r.metrics["test_accuracy"] >= best_test_acc - 0.01]
     target = min(near, key=lambda r: r.metrics["test_ece"])
     target_hi = reps.interval(target.trial_id, "test_ece")[1]
-    out = {"dataset": sweep["dataset"], "seed": sweep["seed"], "n_val": len(ok[0].metrics) and
-           int(len(sweep["trials"][int(ok[0].trial_id)]["val_labels"])), "trials": len(records), "rules": {}}
+    out = {
+        "dataset": sweep["dataset"],
+        "seed": sweep["seed"],
+        "n_val": len(ok[0].metrics) and int(len(sweep["trials"][int(ok[0].trial_id)]["val_labels"])),
+        "trials": len(records),
+        "rules": {},
+    }
     for name, kw in RULES.items():
         chosen, _ = select(records, SelectionConfig(**kw), reps)
         m = chosen.metrics
         out["rules"][name] = {
-            "trial": chosen.label, "test_ece": m["test_ece"], "test_accuracy": m["test_accuracy"],
-            "val_ece": m["val_ece"], "val_accuracy": m["val_accuracy"],
+            "trial": chosen.label,
+            "test_ece": m["test_ece"],
+            "test_accuracy": m["test_accuracy"],
+            "val_ece": m["val_ece"],
+            "val_accuracy": m["val_accuracy"],
             "acc_gap_to_best_test": best_test_acc - m["test_accuracy"],
-            "good_pick": bool(chosen in near and m["test_ece"] <= target_hi)}
+            "good_pick": bool(chosen in near and m["test_ece"] <= target_hi),
+        }
     return out
 
 
@@ -173,9 +200,15 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
         acc_m = _ci_mean([x["test_accuracy"] for x in rows])
         d_ece = _ci_mean([x["test_ece"] - r["rules"][old]["test_ece"] for x, r in zip(rows, results)])
         d_acc = _ci_mean([x["test_accuracy"] - r["rules"][old]["test_accuracy"] for x, r in zip(rows, results)])
-        table[name] = {"test_ece": ece_m, "test_accuracy": acc_m, "ece_vs_old": d_ece, "acc_vs_old": d_acc,
-                       "ece_ratio_to_old": ece_m[0] / _ci_mean([r["rules"][old]["test_ece"] for r in results])[0],
-                       "good_picks": sum(x["good_pick"] for x in rows), "sweeps": len(rows)}
+        table[name] = {
+            "test_ece": ece_m,
+            "test_accuracy": acc_m,
+            "ece_vs_old": d_ece,
+            "acc_vs_old": d_acc,
+            "ece_ratio_to_old": ece_m[0] / _ci_mean([r["rules"][old]["test_ece"] for r in results])[0],
+            "good_picks": sum(x["good_pick"] for x in rows),
+            "sweeps": len(rows),
+        }
     return table
 
 
@@ -183,28 +216,43 @@ def markdown(summary: dict[str, Any], results: list[dict[str, Any]], meta: dict[
     """The results table as markdown."""
     counts = ", ".join(f"{d}: {sum(r['dataset'] == d for r in results)}" for d in DATASETS)
     pct = lambda t: f"{100 * t[0]:.2f} [{100 * t[1]:.2f}, {100 * t[2]:.2f}]"  # noqa: E731
-    lines = ["# Champion rules compared on test (benchmarks/bench_selection.py)", "",
-             f"Command: `{meta['command']}`  ", f"Generated {meta['date']} in {meta['seconds']:.0f} s "
-             f"(trial training {meta['train_seconds']:.0f} s, cached under {meta['cache']}).", "",
-             f"{len(results)} sweeps ({counts})"
-             f", {results[0]['trials']} trials each, Optuna multi-objective TPE over the demo search spaces; every rule sees validation "
-             f"data only. Test numbers: mean over sweeps [95 % bootstrap CI of the mean, over sweeps]; "
-             f"differences are paired by sweep. A *good pick* is within 1 pt of the sweep's best test accuracy "
-             f"with a test ECE inside the 95 % CI of the best test ECE among those trials.", "",
-             "| rule | test ECE % | test acc % | ECE vs old rule, pt | acc vs old rule, pt | ECE ratio to old | good picks |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Champion rules compared on test (benchmarks/bench_selection.py)",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Generated {meta['date']} in {meta['seconds']:.0f} s "
+        f"(trial training {meta['train_seconds']:.0f} s, cached under {meta['cache']}).",
+        "",
+        f"{len(results)} sweeps ({counts})"
+        f", {results[0]['trials']} trials each, Optuna multi-objective TPE over the demo search spaces; every rule sees validation "
+        f"data only. Test numbers: mean over sweeps [95 % bootstrap CI of the mean, over sweeps]; "
+        f"differences are paired by sweep. A *good pick* is within 1 pt of the sweep's best test accuracy "
+        f"with a test ECE inside the 95 % CI of the best test ECE among those trials.",
+        "",
+        "| rule | test ECE % | test acc % | ECE vs old rule, pt | acc vs old rule, pt | ECE ratio to old | good picks |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, row in summary.items():
-        lines.append(f"| {name} | {pct(row['test_ece'])} | {pct(row['test_accuracy'])} | {pct(row['ece_vs_old'])} | "
-                     f"{pct(row['acc_vs_old'])} | {row['ece_ratio_to_old']:.2f} | {row['good_picks']}/{row['sweeps']} |")
+        lines.append(
+            f"| {name} | {pct(row['test_ece'])} | {pct(row['test_accuracy'])} | {pct(row['ece_vs_old'])} | "
+            f"{pct(row['acc_vs_old'])} | {row['ece_ratio_to_old']:.2f} | {row['good_picks']}/{row['sweeps']} |"
+        )
     for ds in DATASETS:
         sub = [r for r in results if r["dataset"] == ds]
         if not sub:
             continue
-        lines += ["", f"## {ds} only ({len(sub)} sweeps, validation n = {sub[0]['n_val']})", "",
-                  "| rule | test ECE % | test acc % | good picks |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"## {ds} only ({len(sub)} sweeps, validation n = {sub[0]['n_val']})",
+            "",
+            "| rule | test ECE % | test acc % | good picks |",
+            "|---|---|---|---|",
+        ]
         for name, row in summarise(sub).items():
-            lines.append(f"| {name} | {pct(row['test_ece'])} | {pct(row['test_accuracy'])} | "
-                         f"{row['good_picks']}/{row['sweeps']} |")
+            lines.append(
+                f"| {name} | {pct(row['test_ece'])} | {pct(row['test_accuracy'])} | "
+                f"{row['good_picks']}/{row['sweeps']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -234,10 +282,13 @@ def main(argv: list[str] | None = None) -> int:
             train_seconds += sum(t["seconds"] for t in sweep["trials"])
             results.append(evaluate_sweep(sweep, args.resamples))
     summary = summarise(results)
-    meta = {"command": command_line(__file__, argv),
-            "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - t0,
-            "train_seconds": train_seconds, "cache": str(Path(args.cache).relative_to(ROOT))
-            if Path(args.cache).is_relative_to(ROOT) else args.cache}
+    meta = {
+        "command": command_line(__file__, argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "seconds": time.perf_counter() - t0,
+        "train_seconds": train_seconds,
+        "cache": str(Path(args.cache).relative_to(ROOT)) if Path(args.cache).is_relative_to(ROOT) else args.cache,
+    }
     text = markdown(summary, results, meta)
     out = Path(args.out_dir)
     suffix = "_quick" if args.quick else ""

@@ -37,7 +37,7 @@ def streamed(x: torch.Tensor, y: torch.Tensor, from_logits: bool, chunk: int) ->
     """The same metrics through CalibrationAccumulator in chunks."""
     acc = M.CalibrationAccumulator(x.shape[1], num_bins=15, from_logits=from_logits)
     for i in range(0, x.shape[0], chunk):
-        acc.update(x[i:i + chunk], y[i:i + chunk])
+        acc.update(x[i : i + chunk], y[i : i + chunk])
     return {k: v for k, v in acc.compute().items() if k in STREAM_KEYS}
 
 
@@ -66,17 +66,29 @@ def main(argv: list[str] | None = None) -> int:
     a, b = one_shot(x64, y[:200_000], False), streamed(x64, y[:200_000], False, args.chunk)
     worst = max(abs(a[k] - b[k]) for k in STREAM_KEYS)
     load_end = os.getloadavg()
-    print(f"Streaming vs one-shot, N={args.n:,}, K={args.k}, chunks of {args.chunk:,} rows, "
-          f"{torch.get_num_threads()} threads, medians of {args.repeats}; "
-          f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end")
+    print(
+        f"Streaming vs one-shot, N={args.n:,}, K={args.k}, chunks of {args.chunk:,} rows, "
+        f"{torch.get_num_threads()} threads, medians of {args.repeats}; "
+        f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end"
+    )
     print(f"{'input':<15}{'one-shot s':>12}{'streaming s':>13}{'throughput ratio':>18}")
     for r in rows:
         print(f"{r['input']:<15}{r['one_shot_s']:>12.2f}{r['streaming_s']:>13.2f}{r['throughput_ratio']:>18.2f}")
     print(f"largest difference between the two in float64 (N=200,000): {worst:.1e} (aim <= 1e-9)")
-    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "float64_max_abs_diff": worst,
-                                          "threads": torch.get_num_threads(), "load_avg_start": load_start,
-                                          "load_avg_end": load_end, "date": time.strftime("%Y-%m-%d %H:%M:%S")},
-                                         indent=1))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "rows": rows,
+                "float64_max_abs_diff": worst,
+                "threads": torch.get_num_threads(),
+                "load_avg_start": load_start,
+                "load_avg_end": load_end,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

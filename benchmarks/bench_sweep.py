@@ -62,9 +62,26 @@ TIMING = re.compile(r"Timing: Ray start ([\d.]+)s, trials ([\d.]+)s, selection a
 def run_service(workdir: Path, name: str, trials: int, concurrent: int, extra: list[str]) -> dict[str, float]:
     """Wall seconds of one `launch.py` run (the whole process) and of its phases."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(LAUNCH), "--num-samples", str(trials), "--max-concurrent",
-                           str(concurrent), "--cpus-per-trial", "1", "--name", name, "--seed", "0", *extra],
-                          cwd=workdir, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(LAUNCH),
+            "--num-samples",
+            str(trials),
+            "--max-concurrent",
+            str(concurrent),
+            "--cpus-per-trial",
+            "1",
+            "--name",
+            name,
+            "--seed",
+            "0",
+            *extra,
+        ],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"service run failed:\n{proc.stderr[-3000:]}")
@@ -110,7 +127,7 @@ def run_plain(configs: list[dict], workdir: Path) -> dict:
 # and runs launch.py as __main__. Every wrapped call appends {event, t} lines to $STARTUP_EVENTS; the
 # first trial's wrapper (pickled by value into the trial process) notes the process's start time,
 # its entry, and the moment the trial's own modules are imported (= the trial is running).
-STARTUP_BOOT = r'''
+STARTUP_BOOT = r"""
 import json, os, sys, time, functools, importlib.abc
 T_BOOT = time.time()
 EVENTS = os.environ["STARTUP_EVENTS"]
@@ -188,15 +205,18 @@ try:
     runpy.run_path(sys.argv[0], run_name="__main__")
 finally:
     note("exit")
-'''
+"""
 
 # (label, first event, last event) in order; a phase absent in a run (e.g. Optuna in memory) is blank
 STARTUP_PHASES = [
     ("interpreter, CLI imports, config load", "spawn", "check_config:start"),
     ("config checks (check_config)", "check_config:start", "check_config:end"),
     ("preflight (paths, store, resources)", "preflight:start", "preflight:end"),
-    ("driver imports (sweeps.service: Ray Tune, MLflow, ...)", "import:sweeps.service:start",
-     "import:sweeps.service:end"),
+    (
+        "driver imports (sweeps.service: Ray Tune, MLflow, ...)",
+        "import:sweeps.service:start",
+        "import:sweeps.service:end",
+    ),
     ("MLflow store creation/migration + experiment", "ensure_experiment:start", "ensure_experiment:end"),
     ("execute() up to ray.init (parent run, callbacks)", "execute:start", "_connect_ray:start"),
     ("ray.init", "_connect_ray:start", "_connect_ray:end"),
@@ -216,11 +236,19 @@ def startup_run(launch: Path, workdir: Path, name: str, extra: list[str]) -> dic
     boot.write_text(STARTUP_BOOT)
     # the tree's own code in the driver and in the trial processes (else Ray's workers take the editable install)
     tree = launch.resolve().parent.parent
-    env = {**os.environ, "STARTUP_EVENTS": str(events),
-           "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "STARTUP_EVENTS": str(events),
+        "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     t_spawn = time.time()
-    proc = subprocess.run([sys.executable, str(boot), str(launch), "--name", name, *extra],
-                          cwd=workdir, capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(boot), str(launch), "--name", name, *extra],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"service run failed ({launch}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     first: dict[str, float] = {"spawn": 0.0}
@@ -261,8 +289,18 @@ def startup_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.before:
         trees = {"before": Path(args.before).resolve() / "sweeps" / "launch.py", "after": LAUNCH}
     # the demo's config and trials; fewer and shorter trials only shorten the run after start-up
-    extra = ["--num-samples", "2", "--set", "run.train.epochs=1", "--set", "run.data.num_samples=1500",
-             "--set", "selection.num_resamples=100", "--seed", "0"]
+    extra = [
+        "--num-samples",
+        "2",
+        "--set",
+        "run.train.epochs=1",
+        "--set",
+        "run.data.num_samples=1500",
+        "--set",
+        "selection.num_resamples=100",
+        "--seed",
+        "0",
+    ]
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
     loads = []
     for rep in range(args.repeats):
@@ -271,17 +309,29 @@ def startup_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                 loads.append(loadavg())
                 r = startup_run(launch, Path(d), f"startup-{label}-{rep}", extra)
                 runs[label].append(r)
-                print(f"repeat {rep + 1}/{args.repeats} {label}: first trial running at "
-                      f"{r.get('trial:running', float('nan')):.2f}s (load {loads[-1]})", flush=True)
+                print(
+                    f"repeat {rep + 1}/{args.repeats} {label}: first trial running at "
+                    f"{r.get('trial:running', float('nan')):.2f}s (load {loads[-1]})",
+                    flush=True,
+                )
     table = startup_table(runs)
-    header = (f"`python sweeps/launch.py` (demo config, fresh working directory: new mlflow.db and optuna.db), "
-              f"seconds from process start; median of {args.repeats} runs per tree, run alternately; "
-              f"{os.cpu_count()} cores; load averages before each run: {', '.join(loads)}")
+    header = (
+        f"`python sweeps/launch.py` (demo config, fresh working directory: new mlflow.db and optuna.db), "
+        f"seconds from process start; median of {args.repeats} runs per tree, run alternately; "
+        f"{os.cpu_count()} cores; load averages before each run: {', '.join(loads)}"
+    )
     print("\n" + header + "\n" + "\n".join(table))
     out = Path(args.out)
-    write_json(out.with_suffix(".json"), {"command": command_line(__file__, argv), "header": header,
-                                          "trees": {k: str(v) for k, v in trees.items()}, "raw": runs,
-                                          "table": table})
+    write_json(
+        out.with_suffix(".json"),
+        {
+            "command": command_line(__file__, argv),
+            "header": header,
+            "trees": {k: str(v) for k, v in trees.items()},
+            "raw": runs,
+            "table": table,
+        },
+    )
     out.with_suffix(".md").write_text(f"# Sweep start-up\n\n{header}\n\n" + "\n".join(table) + "\n")
     return 0
 
@@ -294,10 +344,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--samples", type=int, default=3000)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--startup", action="store_true",
-                    help="measure the demo's start-up phases instead (benchmarks/results/startup.md/json)")
-    ap.add_argument("--before", metavar="TREE",
-                    help="with --startup: another checkout (git worktree add /tmp/old REV) run alternately")
+    ap.add_argument(
+        "--startup",
+        action="store_true",
+        help="measure the demo's start-up phases instead (benchmarks/results/startup.md/json)",
+    )
+    ap.add_argument(
+        "--before",
+        metavar="TREE",
+        help="with --startup: another checkout (git worktree add /tmp/old REV) run alternately",
+    )
     args = ap.parse_args(argv)
     if args.startup:
         args.out = args.out or str(RESULTS_DIR / "startup.json")
@@ -312,8 +368,10 @@ def main(argv: list[str] | None = None) -> int:
             configs = sampled_configs(wd, f"c1-{rep}")
             rows["plain"].append({"wall": run_plain(configs, wd)["wall"]})
             rows["service_2"].append(run_service(wd, f"c2-{rep}", args.trials, 2, extra))
-        print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]['wall']:.1f}s" for k, v in rows.items()),
-              flush=True)
+        print(
+            f"repeat {rep + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]['wall']:.1f}s" for k, v in rows.items()),
+            flush=True,
+        )
 
     def med(kind: str, key: str) -> float:
         return statistics.median(r[key] for r in rows[kind])
@@ -328,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         f"| plain sequential loop (Trainer.fit, 1 thread) | {plain:.1f} | | {plain:.1f} | |",
     ] + [
         f"| service, {c} trial(s) at a time | {med(k, 'wall'):.1f} | {med(k, 'ray_start'):.1f} | "
-        f"{med(k, 'trials'):.1f} | {med(k, 'finish'):.1f} |" for c, k in ((1, "service_1"), (2, "service_2"))
+        f"{med(k, 'trials'):.1f} | {med(k, 'finish'):.1f} |"
+        for c, k in ((1, "service_1"), (2, "service_2"))
     ]
     summary = [
         f"marginal service overhead per trial (trial phase, 1 at a time, vs plain loop): {marginal:.2f} s",
@@ -337,12 +396,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{med('service_1', 'trials') / med('service_2', 'trials'):.2f}x",
         f"whole sweep, 2 at a time, vs plain loop: {plain / med('service_2', 'wall'):.2f}x",
     ]
-    header = (f"{n} trials (MNIST-1D {args.samples} samples, cnn1d, {args.epochs} epochs), "
-              f"median of {args.repeats} repeats, {os.cpu_count()} cores")
+    header = (
+        f"{n} trials (MNIST-1D {args.samples} samples, cnn1d, {args.epochs} epochs), "
+        f"median of {args.repeats} repeats, {os.cpu_count()} cores"
+    )
     print("\n" + header + "\n" + "\n".join(table) + "\n\n" + "\n".join(summary))
-    write_json(Path(args.out), {"command": command_line(__file__, argv), "header": header, "raw": rows,
-                                "table": table, "summary": summary,
-                                "marginal_overhead_per_trial_s": marginal, "fixed_cost_s": fixed})
+    write_json(
+        Path(args.out),
+        {
+            "command": command_line(__file__, argv),
+            "header": header,
+            "raw": rows,
+            "table": table,
+            "summary": summary,
+            "marginal_overhead_per_trial_s": marginal,
+            "fixed_cost_s": fixed,
+        },
+    )
     return 0
 
 

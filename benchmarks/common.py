@@ -40,12 +40,26 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "mnist1d": {
         "data": {"name": "mnist1d", "num_samples": 3000, "val_fraction": 0.2, "test_fraction": 0.4},
         "model": {"name": "cnn1d"},
-        "train": {"epochs": 25, "batch_size": 64, "optimizer": "adam", "lr": 1e-2, "lr_schedule": "none", "weight_decay": 0.0},
+        "train": {
+            "epochs": 25,
+            "batch_size": 64,
+            "optimizer": "adam",
+            "lr": 1e-2,
+            "lr_schedule": "none",
+            "weight_decay": 0.0,
+        },
     },
     "digits": {
         "data": {"name": "digits", "val_fraction": 0.3, "test_fraction": 0.3},
         "model": {"name": "mlp"},
-        "train": {"epochs": 60, "batch_size": 32, "optimizer": "adam", "lr": 1e-2, "lr_schedule": "none", "weight_decay": 0.0},
+        "train": {
+            "epochs": 60,
+            "batch_size": 32,
+            "optimizer": "adam",
+            "lr": 1e-2,
+            "lr_schedule": "none",
+            "weight_decay": 0.0,
+        },
     },
 }
 # what --quick overrides in SETTINGS (smoke runs: tiny data, 3 epochs)
@@ -119,7 +133,7 @@ def mean_std(vals: Iterable[float | None]) -> tuple[float, float]:
 
 
 def fmt_mean_std(m: float, s: float, scale: float = 1.0, nd: int = 2) -> str:
-    """"m ± s" times `scale` with `nd` decimals, "n/a" when the mean is not finite."""
+    """ "m ± s" times `scale` with `nd` decimals, "n/a" when the mean is not finite."""
     if not math.isfinite(m):
         return "n/a"
     return f"{m * scale:.{nd}f} ± {s * scale:.{nd}f}"
@@ -131,7 +145,7 @@ def mean_std_str(vals: Iterable[float | None], scale: float = 1.0, nd: int = 2) 
 
 
 def reading(d: tuple[float, float], better_low: bool) -> str:
-    """"better" / "worse" for a (mean, std) difference whose |mean| exceeds its std, else "~" ("n/a" if undefined)."""
+    """ "better" / "worse" for a (mean, std) difference whose |mean| exceeds its std, else "~" ("n/a" if undefined)."""
     m, s = d
     if not math.isfinite(m):
         return "n/a"
@@ -204,13 +218,23 @@ def run_trainer(job: dict[str, Any]) -> dict[str, Any]:
     try:
         res = Trainer(cfg, data, "cpu").fit()
         out = {
-            "status": res.status, "reason": res.reason, "epochs_run": res.epochs_run,
-            "val": res.val_metrics, "test": res.test_metrics, "calibrator_info": res.calibrator_info,
+            "status": res.status,
+            "reason": res.reason,
+            "epochs_run": res.epochs_run,
+            "val": res.val_metrics,
+            "test": res.test_metrics,
+            "calibrator_info": res.calibrator_info,
             "median_epoch_time": statistics.median(res.epoch_times) if res.epoch_times else None,
             "final_train_loss": res.history[-1]["train_loss"] if res.history else None,
         }
     except Exception as exc:  # a crash is a result too: report it, keep the matrix going
-        out = {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "val": {}, "test": {}, "calibrator_info": {}}
+        out = {
+            "status": "error",
+            "reason": f"{type(exc).__name__}: {exc}",
+            "val": {},
+            "test": {},
+            "calibrator_info": {},
+        }
     out["wall_s"] = time.perf_counter() - t0
     return {**{k: job[k] for k in ("dataset", "key", "group", "seed")}, "cal_lr": job.get("cal_lr"), **out}
 

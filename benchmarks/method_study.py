@@ -106,8 +106,16 @@ def tost(d: Sequence[float], margin: float, alpha: float = 0.05) -> dict[str, An
     x = np.asarray(d, dtype=np.float64)
     n = len(x)
     if n < 2:
-        return {"n": n, "p": math.nan, "p_lower": math.nan, "p_upper": math.nan, "lo": math.nan, "hi": math.nan,
-                "equivalent": False, "margin": margin}
+        return {
+            "n": n,
+            "p": math.nan,
+            "p_lower": math.nan,
+            "p_upper": math.nan,
+            "lo": math.nan,
+            "hi": math.nan,
+            "equivalent": False,
+            "margin": margin,
+        }
     mean, se = float(x.mean()), float(x.std(ddof=1)) / math.sqrt(n)
     t = _t()
     if se == 0.0:
@@ -115,13 +123,21 @@ def tost(d: Sequence[float], margin: float, alpha: float = 0.05) -> dict[str, An
         p_upper = 0.0 if mean < margin else 1.0
         lo = hi = mean
     else:
-        p_lower = float(t.sf((mean + margin) / se, n - 1))   # H0: mean <= -margin
+        p_lower = float(t.sf((mean + margin) / se, n - 1))  # H0: mean <= -margin
         p_upper = float(t.cdf((mean - margin) / se, n - 1))  # H0: mean >= +margin
         q = float(t.ppf(1.0 - alpha, n - 1))
         lo, hi = mean - q * se, mean + q * se
     p = max(p_lower, p_upper)
-    return {"n": n, "p": p, "p_lower": p_lower, "p_upper": p_upper, "lo": lo, "hi": hi, "equivalent": p < alpha,
-            "margin": margin}
+    return {
+        "n": n,
+        "p": p,
+        "p_lower": p_lower,
+        "p_upper": p_upper,
+        "lo": lo,
+        "hi": hi,
+        "equivalent": p < alpha,
+        "margin": margin,
+    }
 
 
 def one_sided_lower(d: Sequence[float], alpha: float = 0.05) -> float:
@@ -134,8 +150,9 @@ def one_sided_lower(d: Sequence[float], alpha: float = 0.05) -> float:
     return float(x.mean()) - float(_t().ppf(1.0 - alpha, n - 1)) * se
 
 
-def matches_verdict(d_ece: Sequence[float], d_acc: Sequence[float], margin_ece: float, margin_acc: float,
-                    alpha: float = 0.05) -> dict[str, Any]:
+def matches_verdict(
+    d_ece: Sequence[float], d_acc: Sequence[float], margin_ece: float, margin_acc: float, alpha: float = 0.05
+) -> dict[str, Any]:
     """Verdict on "method matches the reference" from paired per-seed differences
     (method - reference): d_ece (lower is better), d_acc (higher is better).
 
@@ -173,12 +190,22 @@ def matches_verdict(d_ece: Sequence[float], d_acc: Sequence[float], margin_ece: 
     else:
         verdict = "not settled"
         if not eq["equivalent"]:
-            reasons.append("ECE equivalence not shown" if eq["hi"] >= margin_ece else
-                           "ECE not worse by the margin (equivalence not shown)")
+            reasons.append(
+                "ECE equivalence not shown"
+                if eq["hi"] >= margin_ece
+                else "ECE not worse by the margin (equivalence not shown)"
+            )
         if not acc_ok:
             reasons.append("accuracy non-inferiority not shown")
-    return {"verdict": verdict, "reason": "; ".join(reasons), "ece": e, "acc": a, "tost": eq, "acc_lower": acc_lower,
-            "acc_noninferior": acc_ok}
+    return {
+        "verdict": verdict,
+        "reason": "; ".join(reasons),
+        "ece": e,
+        "acc": a,
+        "tost": eq,
+        "acc_lower": acc_lower,
+        "acc_noninferior": acc_ok,
+    }
 
 
 def overall_verdict(verdicts: Sequence[str]) -> str:
@@ -226,18 +253,29 @@ QUICK = {
     "tuning": {"trials": 2},
     "evaluation": {"seeds": [1, 2, 3], "bootstrap_resamples": 200},
     "regimes": {
-        "mnist1d_3k": {"label": "QUICK: MNIST-1D 1k samples, 3 epochs",
-                       "methods": ["ce", "ce_es", "ts_val", "onego_ts", "onego_ts_unrolled", "onego_ll"],
-                       "run": {"data": {"name": "mnist1d", "num_samples": 1000, "val_fraction": 0.2, "test_fraction": 0.4},
-                               "model": {"name": "cnn1d"},
-                               "train": {"epochs": 3, "batch_size": 64, "optimizer": "adam", "lr_schedule": "none"}}},
-        "mnist1d_mtl": {"label": "QUICK: MNIST-1D multi-task 1k samples, 3 epochs", "methods": ["ce", "ts_val", "onego_ts"],
-                        "run": {"data": {"name": "mnist1d_mtl", "num_samples": 1000, "val_fraction": 0.2, "test_fraction": 0.4},
-                                "model": {"name": "cnn1d"},
-                                "train": {"epochs": 3, "batch_size": 64, "optimizer": "adam", "lr_schedule": "none"}}},
+        "mnist1d_3k": {
+            "label": "QUICK: MNIST-1D 1k samples, 3 epochs",
+            "methods": ["ce", "ce_es", "ts_val", "onego_ts", "onego_ts_unrolled", "onego_ll"],
+            "run": {
+                "data": {"name": "mnist1d", "num_samples": 1000, "val_fraction": 0.2, "test_fraction": 0.4},
+                "model": {"name": "cnn1d"},
+                "train": {"epochs": 3, "batch_size": 64, "optimizer": "adam", "lr_schedule": "none"},
+            },
+        },
+        "mnist1d_mtl": {
+            "label": "QUICK: MNIST-1D multi-task 1k samples, 3 epochs",
+            "methods": ["ce", "ts_val", "onego_ts"],
+            "run": {
+                "data": {"name": "mnist1d_mtl", "num_samples": 1000, "val_fraction": 0.2, "test_fraction": 0.4},
+                "model": {"name": "cnn1d"},
+                "train": {"epochs": 3, "batch_size": 64, "optimizer": "adam", "lr_schedule": "none"},
+            },
+        },
     },
     "claims": {
-        "a": {"regimes": ["mnist1d_3k"]}, "b": {"regimes": ["mnist1d_3k"]}, "c": {"regimes": ["mnist1d_mtl"], "secondary": None},
+        "a": {"regimes": ["mnist1d_3k"]},
+        "b": {"regimes": ["mnist1d_3k"]},
+        "c": {"regimes": ["mnist1d_mtl"], "secondary": None},
     },
 }
 
@@ -258,9 +296,14 @@ def sweep_config(spec: dict, regime: str, method: str, cache: Path) -> dict[str,
     run["device"] = "auto" if spec.get("device", "cpu") != "cpu" else "cpu"
     run.setdefault("train", {}).update(m.get("train", {}))
     search: dict[str, Any] = {
-        "num_samples": reg.get("trials", tu["trials"]), "calibrators": list(m["calibrators"]),
+        "num_samples": reg.get("trials", tu["trials"]),
+        "calibrators": list(m["calibrators"]),
         "params": {**spec.get("shared_params", {}), **m.get("params", {})},
-        "objective": "single", "metric": tu["metric"], "mode": "min", "scheduler": "none", "seed": tu["seed"],
+        "objective": "single",
+        "metric": tu["metric"],
+        "mode": "min",
+        "scheduler": "none",
+        "seed": tu["seed"],
     }
     if "calibrator_lr" in m:
         search["calibrator_lr"] = m["calibrator_lr"]
@@ -270,10 +313,17 @@ def sweep_config(spec: dict, regime: str, method: str, cache: Path) -> dict[str,
         "storage_path": str((service / "ray_results").resolve()),
         "run": run,
         "search": search,
-        "resources": {"cpus_per_trial": tu["cpus_per_trial"], "gpus_per_trial": tu["gpus_per_trial"],
-                      "max_concurrent": tu["max_concurrent"], "max_failures": 1},
-        "tracking": {"uri": f"sqlite:///{(service / 'mlflow.db').resolve()}", "experiment": f"method-study-{spec['name']}",
-                     "registered_model": sweep_name(spec, regime, method)},
+        "resources": {
+            "cpus_per_trial": tu["cpus_per_trial"],
+            "gpus_per_trial": tu["gpus_per_trial"],
+            "max_concurrent": tu["max_concurrent"],
+            "max_failures": 1,
+        },
+        "tracking": {
+            "uri": f"sqlite:///{(service / 'mlflow.db').resolve()}",
+            "experiment": f"method-study-{spec['name']}",
+            "registered_model": sweep_name(spec, regime, method),
+        },
         "selection": {"rule": "min_metric", "metric": tu["metric"], "mode": "min", "num_resamples": 200},
     }
 
@@ -301,14 +351,28 @@ def _champion(cfg: dict[str, Any]) -> dict[str, Any]:
     run_id = parent.data.tags["calib.champion_run"]
     with tempfile.TemporaryDirectory() as d:
         run_config = json.loads(Path(client.download_artifacts(run_id, "run_config.json", d)).read_text())
-        selection = json.loads(Path(client.download_artifacts(parent.info.run_id, "sweep/selection.json", d)).read_text())
+        selection = json.loads(
+            Path(client.download_artifacts(parent.info.run_id, "sweep/selection.json", d)).read_text()
+        )
         board = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep/leaderboard.csv", d))
-    keep = [c for c in board.columns if c in ("trial_id", "label", "status", "champion") or
-            (c.startswith(("val_", "test_")) and not c.endswith(("_ci_low", "_ci_high")))]
+    keep = [
+        c
+        for c in board.columns
+        if c in ("trial_id", "label", "status", "champion")
+        or (c.startswith(("val_", "test_")) and not c.endswith(("_ci_low", "_ci_high")))
+    ]
     rows = [{k: _jsonable(v) for k, v in r.items()} for r in board[keep].to_dict("records")]
-    params = {k.removeprefix("search."): v for k, v in client.get_run(run_id).data.params.items() if k.startswith("search.")}
-    return {"run_id": run_id, "parent_run_id": parent.info.run_id, "run_config": run_config, "params": params,
-            "selection": selection, "leaderboard": rows}
+    params = {
+        k.removeprefix("search."): v for k, v in client.get_run(run_id).data.params.items() if k.startswith("search.")
+    }
+    return {
+        "run_id": run_id,
+        "parent_run_id": parent.info.run_id,
+        "run_config": run_config,
+        "params": params,
+        "selection": selection,
+        "leaderboard": rows,
+    }
 
 
 def tune_one(spec: dict, regime: str, method: str, cache: Path) -> dict[str, Any]:
@@ -338,15 +402,27 @@ def tune_one(spec: dict, regime: str, method: str, cache: Path) -> dict[str, Any
         # an infrastructure failure (e.g. another user's `ray stop --force` killed the trial's worker twice),
         # not an outcome of the configuration: the service's --resume reruns errored trials from their checkpoints,
         # so that every method keeps its full trial budget
-        print(f"[tune] {regime} / {method}: trials {errored} errored; resuming the sweep (attempt {attempt + 1})", flush=True)
+        print(
+            f"[tune] {regime} / {method}: trials {errored} errored; resuming the sweep (attempt {attempt + 1})",
+            flush=True,
+        )
     wall = time.perf_counter() - t0
-    rec = {"regime": regime, "method": method, "sweep": cfg["name"], "sweep_config": str(cfg_path), "wall_s": wall,
-           "finished_utc": utc_now(), **champion}
+    rec = {
+        "regime": regime,
+        "method": method,
+        "sweep": cfg["name"],
+        "sweep_config": str(cfg_path),
+        "wall_s": wall,
+        "finished_utc": utc_now(),
+        **champion,
+    }
     write_json(out, rec)
     ok = sum(r.get("status") == "completed" for r in rec["leaderboard"])
-    print(f"[tune] {regime} / {method}: {ok}/{len(rec['leaderboard'])} trials completed in {wall:.0f}s; chosen "
-          f"{rec['params']} (val {spec['tuning']['metric']} {rec['selection']['val_metrics'].get(spec['tuning']['metric'])})",
-          flush=True)
+    print(
+        f"[tune] {regime} / {method}: {ok}/{len(rec['leaderboard'])} trials completed in {wall:.0f}s; chosen "
+        f"{rec['params']} (val {spec['tuning']['metric']} {rec['selection']['val_metrics'].get(spec['tuning']['metric'])})",
+        flush=True,
+    )
     return rec
 
 
@@ -379,10 +455,20 @@ def eval_one(job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     res = make_trainer(cfg, data, cfg.device).fit()
     wall = time.perf_counter() - t0
-    out = {"regime": job["regime"], "method": job["method"], "seed": job["seed"], "status": res.status,
-           "reason": res.reason, "epochs_run": res.epochs_run, "best_epoch": (res.best or {}).get("epoch"),
-           "val": res.val_metrics, "test": res.test_metrics, "wall_s": wall, "epoch_times": res.epoch_times,
-           "calibrator_info": {k: v for k, v in (res.calibrator_info or {}).items() if isinstance(v, (int, float, str))}}
+    out = {
+        "regime": job["regime"],
+        "method": job["method"],
+        "seed": job["seed"],
+        "status": res.status,
+        "reason": res.reason,
+        "epochs_run": res.epochs_run,
+        "best_epoch": (res.best or {}).get("epoch"),
+        "val": res.val_metrics,
+        "test": res.test_metrics,
+        "wall_s": wall,
+        "epoch_times": res.epoch_times,
+        "calibrator_info": {k: v for k, v in (res.calibrator_info or {}).items() if isinstance(v, (int, float, str))},
+    }
     path = Path(job["path"])
     path.parent.mkdir(parents=True, exist_ok=True)
     if res.status == "completed":
@@ -413,8 +499,17 @@ def run_evaluations(spec: dict, regime: str, tuned: dict[str, dict], cache: Path
         for method in spec["regimes"][regime]["methods"]:
             p = eval_path(cache, regime, method, seed)
             if not p.is_file():
-                jobs.append({"regime": regime, "method": method, "seed": seed, "run_config": tuned[method]["run_config"],
-                             "device": spec.get("device", "cpu"), "threads": ev["threads"], "path": str(p)})
+                jobs.append(
+                    {
+                        "regime": regime,
+                        "method": method,
+                        "seed": seed,
+                        "run_config": tuned[method]["run_config"],
+                        "device": spec.get("device", "cpu"),
+                        "threads": ev["threads"],
+                        "path": str(p),
+                    }
+                )
     if not jobs:
         return
     print(f"[eval] {regime}: {len(jobs)} runs on {ev['workers']} workers", flush=True)
@@ -428,8 +523,11 @@ def run_evaluations(spec: dict, regime: str, tuned: dict[str, dict], cache: Path
         init = (_init_worker, (queue,))
     with ctx.Pool(ev["workers"], *init) as pool:
         for i, r in enumerate(pool.imap_unordered(eval_one, jobs), 1):
-            print(f"[eval {i}/{len(jobs)} {time.perf_counter() - t0:5.0f}s] {regime} {r['method']} seed={r['seed']} {run_summary(r)} "
-                  f"({r['wall_s']:.1f}s)", flush=True)
+            print(
+                f"[eval {i}/{len(jobs)} {time.perf_counter() - t0:5.0f}s] {regime} {r['method']} seed={r['seed']} {run_summary(r)} "
+                f"({r['wall_s']:.1f}s)",
+                flush=True,
+            )
 
 
 # ==========================================================================================
@@ -455,8 +553,9 @@ def paired(a: dict[int, dict], b: dict[int, dict], key: str, split: str = "test"
     return [a[s][split][key] - b[s][split][key] for s in seeds]
 
 
-def per_seed_bootstrap(cache: Path, regime: str, m1: str, m2: str, seeds: Sequence[int], resamples: int,
-                       level: float = 0.95) -> list[dict[str, float]]:
+def per_seed_bootstrap(
+    cache: Path, regime: str, m1: str, m2: str, seeds: Sequence[int], resamples: int, level: float = 0.95
+) -> list[dict[str, float]]:
     """Per seed: the paired bootstrap over test examples of ECE(m1) - ECE(m2) (mean over tasks
     for multi-task runs), its percentile interval."""
     import torch
@@ -470,13 +569,22 @@ def per_seed_bootstrap(cache: Path, regime: str, m1: str, m2: str, seeds: Sequen
         reps = []
         for t in range(labels.shape[1]):
             keep = labels[:, t] >= 0
-            reps.append(bootstrap_metrics(z[f"task{t}_probs"][keep].astype(np.float64), labels[keep, t],
-                                          counts[:, torch.from_numpy(keep)], names=["ece"])["ece"])
+            reps.append(
+                bootstrap_metrics(
+                    z[f"task{t}_probs"][keep].astype(np.float64),
+                    labels[keep, t],
+                    counts[:, torch.from_numpy(keep)],
+                    names=["ece"],
+                )["ece"]
+            )
         return torch.stack(reps).mean(0)
 
     out = []
     for s in seeds:
-        p1, p2 = eval_path(cache, regime, m1, s).with_suffix(".npz"), eval_path(cache, regime, m2, s).with_suffix(".npz")
+        p1, p2 = (
+            eval_path(cache, regime, m1, s).with_suffix(".npz"),
+            eval_path(cache, regime, m2, s).with_suffix(".npz"),
+        )
         if not (p1.is_file() and p2.is_file()):
             continue
         with np.load(p1) as z1, np.load(p2) as z2:
@@ -505,7 +613,12 @@ def _ci_str(c: dict[str, float], scale: float = 100.0, nd: int = 2) -> str:
 def _hparams(rec: dict) -> str:
     p = rec.get("params", {})
     parts = []
-    for k, name in (("train.lr", "lr"), ("train.weight_decay", "wd"), ("calibrator_lr", "cal lr"), ("train.head_lr", "head lr")):
+    for k, name in (
+        ("train.lr", "lr"),
+        ("train.weight_decay", "wd"),
+        ("calibrator_lr", "cal lr"),
+        ("train.head_lr", "head lr"),
+    ):
         if k in p:
             try:
                 parts.append(f"{name} {float(p[k]):.2g}")
@@ -545,55 +658,78 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
     if quick:
         L += ["**QUICK SMOKE RUN: tiny data, 3 epochs, 2 tuning trials, 3 seeds; the numbers mean nothing.**", ""]
     cfg_rel = os.path.relpath(spec["_path"], ROOT)
-    one = "python benchmarks/method_study.py" + ("" if Path(spec["_path"]).resolve() == DEFAULT_CONFIG.resolve() else f" --config {cfg_rel}")
-    L += [f"One command runs (or resumes) the whole study and writes this file: `{one}{' --quick' if quick else ''}`; with a complete "
-          f"cache (`{os.path.relpath(cache, ROOT)}`, per regime, method, phase and seed) it only rebuilds the report. "
-          f"This file was written by `{command}`.", ""]
-    L += [f"Generated {utc_minute()} on {host_line()} (shared with other work), torch {timing.get('torch', '?')}, device {spec.get('device', 'cpu')}.", ""]
+    one = "python benchmarks/method_study.py" + (
+        "" if Path(spec["_path"]).resolve() == DEFAULT_CONFIG.resolve() else f" --config {cfg_rel}"
+    )
+    L += [
+        f"One command runs (or resumes) the whole study and writes this file: `{one}{' --quick' if quick else ''}`; with a complete "
+        f"cache (`{os.path.relpath(cache, ROOT)}`, per regime, method, phase and seed) it only rebuilds the report. "
+        f"This file was written by `{command}`.",
+        "",
+    ]
+    L += [
+        f"Generated {utc_minute()} on {host_line()} (shared with other work), torch {timing.get('torch', '?')}, device {spec.get('device', 'cpu')}.",
+        "",
+    ]
 
     # ---------------------------------------------------------------- procedure
     tu, ev = spec["tuning"], spec["evaluation"]
     sp = ", ".join(f"`{k}` {v['type']} [{v['low']:g}, {v['high']:g}]" for k, v in spec.get("shared_params", {}).items())
     L += ["## Procedure", ""]
-    L += [f"- **Tuning, by the sweep service itself.** For every regime and method the study writes a sweep config "
-          f"(`{os.path.relpath(cache / 'sweeps', ROOT)}/<name>.yaml`) and runs it with `sweeps/launch.py`'s `main(['--config', FILE, '--resume'])`: "
-          f"Ray Tune + Optuna (seeded TPE, `search.seed` {tu['seed']}; Optuna's first 10 trials are random draws), MLflow in the study's own SQLite store "
-          f"(`{os.path.relpath(cache / 'service' / 'mlflow.db', ROOT)}`) and Ray storage. **{_trials_text(spec)} per method** (the same budget for every "
-          f"method of a regime), {tu['max_concurrent']} at a time, {tu['cpus_per_trial']} CPU each, all on the tuning seed {tu['seed']} (its split and initialisation; "
-          f"never an evaluation seed). Objective and selection: minimum **validation {metric.removeprefix('val_').upper()}** (`search.objective: single`, "
-          f"`selection.rule: min_metric`), a proper score that weighs accuracy and calibration alike for every method; the service's champion "
-          f"is the chosen configuration. Searched for every method: {sp}; one-go also its calibrator lr (log-uniform, range in the tables), the CE "
-          f"control its head lr. Test metrics are logged by the service but never used to choose."]
-    L += [f"- **Post-hoc baselines fitted on the validation split** (`train.posthoc_split: val`, `posthoc_refit: end`): the backbone trains "
-          f"with CE on the whole training split; after training, TS (or vector scaling) is fitted by LBFGS on the validation split, and that "
-          f"calibrator is the one evaluated on test. What tuning sees is the **{spec['methods']['ts_val']['train']['posthoc_folds']}-fold cross-fitted** "
-          f"validation metric: each validation example is calibrated by a calibrator fitted on the other folds (nested k-fold on validation), so "
-          f"selecting the backbone's lr and weight decay on it does not reward fitting the calibrator to the examples it is scored on."]
-    L += ["- **CE with early stopping**: after each epoch the validation NLL is measured; training stops after 5 epochs without a new minimum "
-          "and the best epoch's model is returned (`train.early_stopping_patience: 5`); lr and weight decay tuned like every other method."]
-    L += [f"- **Evaluation**: the chosen configuration of each method is trained on **{len(seeds)} evaluation seeds** ({seeds[0]}..{seeds[-1]}) directly "
-          f"with calib_core's trainer (`make_trainer(cfg, data).fit()`, not through the service), {ev['workers']} processes side by side, "
-          f"{ev['threads']} torch thread each. A seed fixes the data split, the one-go holdout and the initialisation, so methods are paired by seed. "
-          "Test metrics of the returned model; ECE = 15 even bins, top-label (for multi-task: the mean over the tasks)."]
-    L += [f"- **Statistics**: per comparison, the per-seed paired differences (method − reference) with a t interval across seeds "
-          f"(95 %); a \"matches\" claim is decided by **TOST with an equivalence margin of ±{100 * margin:g} pt ECE** at α = {alpha:g} (the 90 % "
-          f"interval inside the margin) together with accuracy non-inferiority (one-sided 95 % lower bound above −{100 * margin_acc:g} pt). "
-          f"Verdicts: *established* = ECE equivalent (or better by more than the margin) and accuracy non-inferior; *refuted* = ECE worse by more "
-          f"than the margin or accuracy lower by more than its margin (95 % interval entirely beyond); *not settled* otherwise. A claim over "
-          f"several regimes is established only if established in every one, refuted if refuted in any. Within each seed, a paired bootstrap "
-          f"over test examples ({ev['bootstrap_resamples']} resamples, `calib_core.metrics.bootstrap`, the same resamples for both methods) gives the "
-          "test-set sampling interval of the ECE difference; it shows how much of the seed-to-seed spread is test-set noise."]
+    L += [
+        f"- **Tuning, by the sweep service itself.** For every regime and method the study writes a sweep config "
+        f"(`{os.path.relpath(cache / 'sweeps', ROOT)}/<name>.yaml`) and runs it with `sweeps/launch.py`'s `main(['--config', FILE, '--resume'])`: "
+        f"Ray Tune + Optuna (seeded TPE, `search.seed` {tu['seed']}; Optuna's first 10 trials are random draws), MLflow in the study's own SQLite store "
+        f"(`{os.path.relpath(cache / 'service' / 'mlflow.db', ROOT)}`) and Ray storage. **{_trials_text(spec)} per method** (the same budget for every "
+        f"method of a regime), {tu['max_concurrent']} at a time, {tu['cpus_per_trial']} CPU each, all on the tuning seed {tu['seed']} (its split and initialisation; "
+        f"never an evaluation seed). Objective and selection: minimum **validation {metric.removeprefix('val_').upper()}** (`search.objective: single`, "
+        f"`selection.rule: min_metric`), a proper score that weighs accuracy and calibration alike for every method; the service's champion "
+        f"is the chosen configuration. Searched for every method: {sp}; one-go also its calibrator lr (log-uniform, range in the tables), the CE "
+        f"control its head lr. Test metrics are logged by the service but never used to choose."
+    ]
+    L += [
+        f"- **Post-hoc baselines fitted on the validation split** (`train.posthoc_split: val`, `posthoc_refit: end`): the backbone trains "
+        f"with CE on the whole training split; after training, TS (or vector scaling) is fitted by LBFGS on the validation split, and that "
+        f"calibrator is the one evaluated on test. What tuning sees is the **{spec['methods']['ts_val']['train']['posthoc_folds']}-fold cross-fitted** "
+        f"validation metric: each validation example is calibrated by a calibrator fitted on the other folds (nested k-fold on validation), so "
+        f"selecting the backbone's lr and weight decay on it does not reward fitting the calibrator to the examples it is scored on."
+    ]
+    L += [
+        "- **CE with early stopping**: after each epoch the validation NLL is measured; training stops after 5 epochs without a new minimum "
+        "and the best epoch's model is returned (`train.early_stopping_patience: 5`); lr and weight decay tuned like every other method."
+    ]
+    L += [
+        f"- **Evaluation**: the chosen configuration of each method is trained on **{len(seeds)} evaluation seeds** ({seeds[0]}..{seeds[-1]}) directly "
+        f"with calib_core's trainer (`make_trainer(cfg, data).fit()`, not through the service), {ev['workers']} processes side by side, "
+        f"{ev['threads']} torch thread each. A seed fixes the data split, the one-go holdout and the initialisation, so methods are paired by seed. "
+        "Test metrics of the returned model; ECE = 15 even bins, top-label (for multi-task: the mean over the tasks)."
+    ]
+    L += [
+        f"- **Statistics**: per comparison, the per-seed paired differences (method − reference) with a t interval across seeds "
+        f'(95 %); a "matches" claim is decided by **TOST with an equivalence margin of ±{100 * margin:g} pt ECE** at α = {alpha:g} (the 90 % '
+        f"interval inside the margin) together with accuracy non-inferiority (one-sided 95 % lower bound above −{100 * margin_acc:g} pt). "
+        f"Verdicts: *established* = ECE equivalent (or better by more than the margin) and accuracy non-inferior; *refuted* = ECE worse by more "
+        f"than the margin or accuracy lower by more than its margin (95 % interval entirely beyond); *not settled* otherwise. A claim over "
+        f"several regimes is established only if established in every one, refuted if refuted in any. Within each seed, a paired bootstrap "
+        f"over test examples ({ev['bootstrap_resamples']} resamples, `calib_core.metrics.bootstrap`, the same resamples for both methods) gives the "
+        "test-set sampling interval of the ECE difference; it shows how much of the seed-to-seed spread is test-set noise."
+    ]
     L += [""]
 
     # ---------------------------------------------------------------- budget
     L += ["## Budget and wall time", ""]
     ew = timing.get("eval_wall_s", {})
-    L += ["| regime | methods | tuning: sweeps wall s | tuning trials | evaluation: runs | evaluation: wall s | evaluation: CPU s (sum of runs) |",
-          "|---|---|---|---|---|---|---|"]
+    L += [
+        "| regime | methods | tuning: sweeps wall s | tuning trials | evaluation: runs | evaluation: wall s | evaluation: CPU s (sum of runs) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     total_t = total_e = total_cpu = 0.0
     for regime, reg in spec["regimes"].items():
-        recs = [json.loads((cache / "tune" / regime / f"{m}.json").read_text()) for m in reg["methods"]
-                if (cache / "tune" / regime / f"{m}.json").is_file()]
+        recs = [
+            json.loads((cache / "tune" / regime / f"{m}.json").read_text())
+            for m in reg["methods"]
+            if (cache / "tune" / regime / f"{m}.json").is_file()
+        ]
         t_wall = sum(r["wall_s"] for r in recs)
         n_trials = sum(len(r["leaderboard"]) for r in recs)
         runs = [load_evals(cache, regime, m, seeds) for m in reg["methods"]]
@@ -603,38 +739,56 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
         total_t += t_wall
         total_e += e_wall if math.isfinite(e_wall) else 0.0
         total_cpu += cpu
-        L.append(f"| {regime} | {len(reg['methods'])} | {t_wall:.0f} | {n_trials} | {n_runs} | "
-                 f"{e_wall:.0f} | {cpu:.0f} |" if math.isfinite(e_wall) else
-                 f"| {regime} | {len(reg['methods'])} | {t_wall:.0f} | {n_trials} | {n_runs} | (cached) | {cpu:.0f} |")
+        L.append(
+            f"| {regime} | {len(reg['methods'])} | {t_wall:.0f} | {n_trials} | {n_runs} | {e_wall:.0f} | {cpu:.0f} |"
+            if math.isfinite(e_wall)
+            else f"| {regime} | {len(reg['methods'])} | {t_wall:.0f} | {n_trials} | {n_runs} | (cached) | {cpu:.0f} |"
+        )
     invs = timing.get("invocations", [])
     span = ""
     if timing.get("first_started_utc") and timing.get("last_progress_utc"):
         fmt = "%Y-%m-%d %H:%M:%S"
-        dt = time.mktime(time.strptime(timing["last_progress_utc"], fmt)) - time.mktime(time.strptime(timing["first_started_utc"], fmt))
+        dt = time.mktime(time.strptime(timing["last_progress_utc"], fmt)) - time.mktime(
+            time.strptime(timing["first_started_utc"], fmt)
+        )
         span = f"; from the first start ({timing['first_started_utc']} UTC) to the last step: {dt / 60:.1f} min"
-    L += ["", f"Tuning: {total_t / 60:.1f} min of wall time for all sweeps (each sweep: Ray Tune trials, MLflow logging, the service's "
-          f"selection, bootstrap intervals and champion registration; a sweep resumed after an interruption counts the attempt that "
-          f"finished it). Evaluation: {total_e / 60:.1f} min of wall time ({total_cpu / 60:.1f} min of single-thread compute summed over "
-          f"the runs). Recorded: {timing.get('total_wall_s', math.nan) / 60:.1f} min over {len(invs)} invocation(s) of the command{span}"
-          + (f". {timing['note']}" if timing.get("note") else ".")]
+    L += [
+        "",
+        f"Tuning: {total_t / 60:.1f} min of wall time for all sweeps (each sweep: Ray Tune trials, MLflow logging, the service's "
+        f"selection, bootstrap intervals and champion registration; a sweep resumed after an interruption counts the attempt that "
+        f"finished it). Evaluation: {total_e / 60:.1f} min of wall time ({total_cpu / 60:.1f} min of single-thread compute summed over "
+        f"the runs). Recorded: {timing.get('total_wall_s', math.nan) / 60:.1f} min over {len(invs)} invocation(s) of the command{span}"
+        + (f". {timing['note']}" if timing.get("note") else "."),
+    ]
     L += [""]
 
     # ---------------------------------------------------------------- per-regime results
     tuned: dict[str, dict[str, dict]] = {}
     evals: dict[str, dict[str, dict[int, dict]]] = {}
     for regime, reg in spec["regimes"].items():
-        tuned[regime] = {m: json.loads((cache / "tune" / regime / f"{m}.json").read_text()) for m in reg["methods"]
-                         if (cache / "tune" / regime / f"{m}.json").is_file()}
+        tuned[regime] = {
+            m: json.loads((cache / "tune" / regime / f"{m}.json").read_text())
+            for m in reg["methods"]
+            if (cache / "tune" / regime / f"{m}.json").is_file()
+        }
         evals[regime] = {m: load_evals(cache, regime, m, seeds) for m in reg["methods"]}
 
     # ---------------------------------------------------------------- claims
     L += ["## Verdicts on the seed paper's claims", ""]
-    L += [f"Paired by seed, test split, method − reference, in percentage points; [95 % t interval across seeds]; TOST p with its 90 % "
-          f"interval (equivalence margin ±{100 * margin:g} pt ECE); accuracy non-inferiority margin {100 * margin_acc:g} pt.", ""]
-    L += ["The column 'plain CE vs the reference' applies the same test to plain CE: where CE itself matches the post-hoc "
-          "reference, the regime has nothing to calibrate and a \"matches\" there says little about the calibrator.", ""]
-    L += ["| claim | regime | comparison | seeds | ΔECE pt [95 % CI] | TOST p [90 % CI] | Δacc pt [95 % CI] | per-seed bootstrap: seeds with ΔECE CI > 0 / < 0 (median half-width pt) | verdict | plain CE vs the reference: ΔECE pt [95 % CI], verdict |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+    L += [
+        f"Paired by seed, test split, method − reference, in percentage points; [95 % t interval across seeds]; TOST p with its 90 % "
+        f"interval (equivalence margin ±{100 * margin:g} pt ECE); accuracy non-inferiority margin {100 * margin_acc:g} pt.",
+        "",
+    ]
+    L += [
+        "The column 'plain CE vs the reference' applies the same test to plain CE: where CE itself matches the post-hoc "
+        'reference, the regime has nothing to calibrate and a "matches" there says little about the calibrator.',
+        "",
+    ]
+    L += [
+        "| claim | regime | comparison | seeds | ΔECE pt [95 % CI] | TOST p [90 % CI] | Δacc pt [95 % CI] | per-seed bootstrap: seeds with ΔECE CI > 0 / < 0 (median half-width pt) | verdict | plain CE vs the reference: ΔECE pt [95 % CI], verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     claim_rows: dict[str, dict] = {}
     half_widths: list[float] = []
     for key, claim in spec["claims"].items():
@@ -659,12 +813,29 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
                 label = f"{spec['methods'][onego]['label']} vs {spec['methods'][ref]['label']}"
                 tag = "" if vi == 0 else " (secondary)"
                 ce_runs = evals[regime].get("ce")
-                v_ce = matches_verdict(paired(ce_runs, b, "ece"), paired(ce_runs, b, "accuracy"), margin, margin_acc, alpha) if ce_runs else None
+                v_ce = (
+                    matches_verdict(
+                        paired(ce_runs, b, "ece"), paired(ce_runs, b, "accuracy"), margin, margin_acc, alpha
+                    )
+                    if ce_runs
+                    else None
+                )
                 ce_cell = f"{_ci_str(v_ce['ece'])}, {v_ce['verdict']}" if v_ce else "–"
-                L.append(f"| ({key}){tag} | {regime} | {label} | {e['n']} | {_ci_str(e)} | {t_['p']:.3f} [{100 * t_['lo']:+.2f}, {100 * t_['hi']:+.2f}] "
-                         f"| {_ci_str(ac)} | {above} / {below} ({100 * hw:.2f}) | **{v['verdict']}** ({v['reason']}) | {ce_cell} |")
-                entry = {"regime": regime, "onego": onego, "reference": ref, "d_ece": d_ece, "d_acc": d_acc,
-                         "verdict": v, "per_seed_bootstrap": boot, "primary": vi == 0, "plain_ce_vs_reference": v_ce}
+                L.append(
+                    f"| ({key}){tag} | {regime} | {label} | {e['n']} | {_ci_str(e)} | {t_['p']:.3f} [{100 * t_['lo']:+.2f}, {100 * t_['hi']:+.2f}] "
+                    f"| {_ci_str(ac)} | {above} / {below} ({100 * hw:.2f}) | **{v['verdict']}** ({v['reason']}) | {ce_cell} |"
+                )
+                entry = {
+                    "regime": regime,
+                    "onego": onego,
+                    "reference": ref,
+                    "d_ece": d_ece,
+                    "d_acc": d_acc,
+                    "verdict": v,
+                    "per_seed_bootstrap": boot,
+                    "primary": vi == 0,
+                    "plain_ce_vs_reference": v_ce,
+                }
                 raw["claims"].setdefault(key, []).append(entry)
                 if vi == 0:
                     trivial = v_ce is not None and v_ce["verdict"] == "established"
@@ -681,8 +852,10 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
             L.append(f"- **({key}) {claim['text']}**: not part of this study config.")
             continue
         regs = ", ".join([f"{r}: {v}" for r, v in cr["per_regime"]] + [f"{r}: no result" for r in cr["missing"]])
-        L.append(f"- **({key}) {claim['text']}: {cr['overall'].upper()}** "
-                 f"(decided by {spec['methods'][claim['onego']]['label']} vs {spec['methods'][claim['reference']]['label']}; {regs}).")
+        L.append(
+            f"- **({key}) {claim['text']}: {cr['overall'].upper()}** "
+            f"(decided by {spec['methods'][claim['onego']]['label']} vs {spec['methods'][claim['reference']]['label']}; {regs})."
+        )
     L += [""]
     if "c" in spec["claims"]:
         stages = []
@@ -692,24 +865,35 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
                 st = sorted({r["calibrator_info"].get("calibration_stages") for r in runs.values()} - {None})
                 npar = sorted({r["calibrator_info"].get("num_params") for r in runs.values()} - {None})
                 if runs:
-                    stages.append(f"{spec['methods'][m]['label']}: calibration stages {st}, calibrator parameters {npar}")
+                    stages.append(
+                        f"{spec['methods'][m]['label']}: calibration stages {st}, calibrator parameters {npar}"
+                    )
         if stages:
-            L += ["Calibration stages a final multi-task model needs (from the trainer's `calibrator_info`): " + "; ".join(stages) + ".", ""]
+            L += [
+                "Calibration stages a final multi-task model needs (from the trainer's `calibrator_info`): "
+                + "; ".join(stages)
+                + ".",
+                "",
+            ]
     raw["verdicts"] = claim_rows
 
     # ---------------------------------------------------------------- tables per regime
     L += ["## Results per regime", ""]
-    L += [f"Test metrics of the chosen configuration, mean ± std over the evaluation seeds; Δ columns paired by seed against "
-          f"{spec['methods']['ts_val']['label']} and plain CE [95 % t interval]. 'tuned' = the service's champion on validation "
-          f"{metric.removeprefix('val_').upper()} (its value on the tuning seed; for post-hoc-on-validation methods the cross-fitted value). "
-          f"Wall s = median seconds per evaluation run (1 thread, {ev['workers']} runs side by side on a shared machine); "
-          "'epochs' = median epochs run (early stopping)."]
+    L += [
+        f"Test metrics of the chosen configuration, mean ± std over the evaluation seeds; Δ columns paired by seed against "
+        f"{spec['methods']['ts_val']['label']} and plain CE [95 % t interval]. 'tuned' = the service's champion on validation "
+        f"{metric.removeprefix('val_').upper()} (its value on the tuning seed; for post-hoc-on-validation methods the cross-fitted value). "
+        f"Wall s = median seconds per evaluation run (1 thread, {ev['workers']} runs side by side on a shared machine); "
+        "'epochs' = median epochs run (early stopping)."
+    ]
     L += [""]
     for regime, reg in spec["regimes"].items():
         L += [f"### {regime}: {reg['label']}", ""]
         L += [f"Run config: `{json.dumps(reg['run'], separators=(',', ':'))}`.", ""]
-        L += ["| method | tuned (chosen) | tuning val NLL | seeds ok | test acc % | test ECE % | test NLL | ΔECE vs TS-val pt | Δacc vs TS-val pt | ΔECE vs CE pt | Δacc vs CE pt | wall s | epochs |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        L += [
+            "| method | tuned (chosen) | tuning val NLL | seeds ok | test acc % | test ECE % | test NLL | ΔECE vs TS-val pt | Δacc vs TS-val pt | ΔECE vs CE pt | Δacc vs CE pt | wall s | epochs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         ref_ts, ref_ce = evals[regime].get("ts_val", {}), evals[regime].get("ce", {})
         reg_raw = {}
         for m in reg["methods"]:
@@ -717,23 +901,47 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
             runs = evals[regime].get(m, {})
             ok = _ok(runs)
             tv = rec["selection"]["val_metrics"].get(metric) if rec else None
-            cells = [spec["methods"][m]["label"], _hparams(rec) if rec else "(not tuned)", f"{tv:.4f}" if tv is not None else "n/a",
-                     f"{len(ok)}/{len(runs)}",
-                     mean_std_str([r["test"]["accuracy"] for r in ok.values()], 100), mean_std_str([r["test"]["ece"] for r in ok.values()], 100),
-                     mean_std_str([r["test"]["nll"] for r in ok.values()], 1.0, 3)]
+            cells = [
+                spec["methods"][m]["label"],
+                _hparams(rec) if rec else "(not tuned)",
+                f"{tv:.4f}" if tv is not None else "n/a",
+                f"{len(ok)}/{len(runs)}",
+                mean_std_str([r["test"]["accuracy"] for r in ok.values()], 100),
+                mean_std_str([r["test"]["ece"] for r in ok.values()], 100),
+                mean_std_str([r["test"]["nll"] for r in ok.values()], 1.0, 3),
+            ]
             for ref in (ref_ts, ref_ce):
                 if ref is runs or not ref:
                     cells += ["–", "–"]
                 else:
-                    cells += [_ci_str(paired_ci(paired(runs, ref, "ece"))), _ci_str(paired_ci(paired(runs, ref, "accuracy")))]
-            cells += [f"{_median([r['wall_s'] for r in ok.values()]):.1f}", f"{_median([r['epochs_run'] for r in ok.values()]):.0f}"]
+                    cells += [
+                        _ci_str(paired_ci(paired(runs, ref, "ece"))),
+                        _ci_str(paired_ci(paired(runs, ref, "accuracy"))),
+                    ]
+            cells += [
+                f"{_median([r['wall_s'] for r in ok.values()]):.1f}",
+                f"{_median([r['epochs_run'] for r in ok.values()]):.0f}",
+            ]
             L.append("| " + " | ".join(cells) + " |")
-            slim = {seed: {**{k: v for k, v in r.items() if k != "epoch_times"}, "median_epoch_s": _median(r.get("epoch_times") or [])}
-                    for seed, r in runs.items()}
-            reg_raw[m] = {"tuned": {k: rec[k] for k in ("params", "run_config", "selection", "leaderboard", "wall_s", "sweep")} if rec else None,
-                          "runs": slim}
-        fails = [f"{m} seed {s}: {r['status']} ({r['reason']})" for m in reg["methods"] for s, r in evals[regime].get(m, {}).items()
-                 if r["status"] != "completed"]
+            slim = {
+                seed: {
+                    **{k: v for k, v in r.items() if k != "epoch_times"},
+                    "median_epoch_s": _median(r.get("epoch_times") or []),
+                }
+                for seed, r in runs.items()
+            }
+            reg_raw[m] = {
+                "tuned": {k: rec[k] for k in ("params", "run_config", "selection", "leaderboard", "wall_s", "sweep")}
+                if rec
+                else None,
+                "runs": slim,
+            }
+        fails = [
+            f"{m} seed {s}: {r['status']} ({r['reason']})"
+            for m in reg["methods"]
+            for s, r in evals[regime].get(m, {}).items()
+            if r["status"] != "completed"
+        ]
         if fails:
             L += ["", "Runs that did not complete: " + "; ".join(fails)]
         L += [""]
@@ -744,14 +952,21 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
         some = next((r for runs in evals[regime].values() for r in _ok(runs).values()), None)
         if some is None:
             continue
-        tasks = sorted({k.removesuffix("_ece") for k in some["test"] if k.endswith("_ece") and k.count("_") == 1
-                        and k.split("_")[0] not in ("classwise",)})
+        tasks = sorted(
+            {
+                k.removesuffix("_ece")
+                for k in some["test"]
+                if k.endswith("_ece") and k.count("_") == 1 and k.split("_")[0] not in ("classwise",)
+            }
+        )
         tasks = [t for t in tasks if f"{t}_accuracy" in some["test"]]
         if not tasks:
             continue
         L += [f"### {regime}: per task (test, mean ± std over seeds; ΔECE vs TS-val paired [95 % CI])", ""]
-        L += ["| task | " + " | ".join(spec["methods"][m]["label"] for m in reg["methods"]) + " |",
-              "|---|" + "---|" * len(reg["methods"])]
+        L += [
+            "| task | " + " | ".join(spec["methods"][m]["label"] for m in reg["methods"]) + " |",
+            "|---|" + "---|" * len(reg["methods"]),
+        ]
         for t in tasks:
             cells = []
             for m in reg["methods"]:
@@ -767,11 +982,16 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
     hg = spec.get("hypergradient")
     if hg:
         L += ["## First-order vs unrolled hypergradient (`train.hypergradient`)", ""]
-        L += ["Both tuned the same way (same trials, same search space), temperature calibrator on `holdout:0.1`. Δ = unrolled − first-order, "
-              "paired by seed [95 % CI]; cost = median over seeds of the paired ratio of the runs' wall times (training + per-epoch "
-              "validation), and of the median epoch times.", ""]
-        L += ["| regime | chosen (first-order) | chosen (unrolled) | seeds | Δacc pt | ΔECE pt | ΔNLL | wall-time ratio | epoch-time ratio | unrolled / CE epoch-time ratio |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+        L += [
+            "Both tuned the same way (same trials, same search space), temperature calibrator on `holdout:0.1`. Δ = unrolled − first-order, "
+            "paired by seed [95 % CI]; cost = median over seeds of the paired ratio of the runs' wall times (training + per-epoch "
+            "validation), and of the median epoch times.",
+            "",
+        ]
+        L += [
+            "| regime | chosen (first-order) | chosen (unrolled) | seeds | Δacc pt | ΔECE pt | ΔNLL | wall-time ratio | epoch-time ratio | unrolled / CE epoch-time ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for regime in spec["regimes"]:
             fo, un = evals[regime].get(hg["first_order"]), evals[regime].get(hg["unrolled"])
             if not fo or not un:
@@ -780,10 +1000,14 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
             ratio = _median([un[s]["wall_s"] / fo[s]["wall_s"] for s in seeds_c])
             eratio = _median([_median(un[s]["epoch_times"]) / _median(fo[s]["epoch_times"]) for s in seeds_c])
             ce = _ok(evals[regime].get("ce", {}))
-            ce_ratio = _median([_median(un[s]["epoch_times"]) / _median(ce[s]["epoch_times"]) for s in seeds_c if s in ce])
-            L.append(f"| {regime} | {_hparams(tuned[regime][hg['first_order']])} | {_hparams(tuned[regime][hg['unrolled']])} | {len(seeds_c)} "
-                     f"| {_ci_str(paired_ci(paired(un, fo, 'accuracy')))} | {_ci_str(paired_ci(paired(un, fo, 'ece')))} "
-                     f"| {_ci_str(paired_ci(paired(un, fo, 'nll')), 1.0, 3)} | {ratio:.2f}x | {eratio:.2f}x | {ce_ratio:.2f}x |")
+            ce_ratio = _median(
+                [_median(un[s]["epoch_times"]) / _median(ce[s]["epoch_times"]) for s in seeds_c if s in ce]
+            )
+            L.append(
+                f"| {regime} | {_hparams(tuned[regime][hg['first_order']])} | {_hparams(tuned[regime][hg['unrolled']])} | {len(seeds_c)} "
+                f"| {_ci_str(paired_ci(paired(un, fo, 'accuracy')))} | {_ci_str(paired_ci(paired(un, fo, 'ece')))} "
+                f"| {_ci_str(paired_ci(paired(un, fo, 'nll')), 1.0, 3)} | {ratio:.2f}x | {eratio:.2f}x | {ce_ratio:.2f}x |"
+            )
         L += [""]
 
     # ---------------------------------------------------------------- caveats
@@ -792,32 +1016,41 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
     for regime, reg in spec["regimes"].items():
         absent = [m for m in all_methods if m not in reg["methods"]]
         if absent:
-            L.append(f"- {regime} runs {len(reg['methods'])} of the {len(all_methods)} methods (not: {', '.join(absent)}).")
-    L += ["- Tuning uses one seed (its split and initialisation): the configuration that wins on that seed's validation split "
-          "can be fragile on other seeds, and the evaluation seeds show it (a method's 'tuning val NLL' against its test NLL). "
-          "All methods are exposed to this alike; tuning on several seeds would cost a multiple of the budget.",
-          "- The methods with the same search space (CE, CE + early stopping, the post-hoc baselines) saw the same Optuna "
-          "draws (same sampler seed), so their differences come from the method, not the draws; one-go and the head-lr control "
-          "search one more dimension with the same number of trials (the extra hyperparameter is part of their cost).",
-          "- ECE is the plug-in 15-bin estimator, which is biased upwards for well-calibrated models and noisy at these test "
-          f"sizes: the per-seed bootstrap half-widths of the ECE differences are {_range_pt(half_widths)} pt, against an "
-          f"equivalence margin of {100 * margin:g} pt, so equivalence can only be shown through the average over seeds, "
-          "and only where the test split is large.",
-          "- Selection is by validation NLL for every method; a study selecting by validation ECE could rank the methods differently.",
-          "- The GPU configs (benchmarks/method_study_configs/cifar10_resnet18.yaml, cifar100_wrn28_10.yaml) were not run here.",
-          ""]
+            L.append(
+                f"- {regime} runs {len(reg['methods'])} of the {len(all_methods)} methods (not: {', '.join(absent)})."
+            )
+    L += [
+        "- Tuning uses one seed (its split and initialisation): the configuration that wins on that seed's validation split "
+        "can be fragile on other seeds, and the evaluation seeds show it (a method's 'tuning val NLL' against its test NLL). "
+        "All methods are exposed to this alike; tuning on several seeds would cost a multiple of the budget.",
+        "- The methods with the same search space (CE, CE + early stopping, the post-hoc baselines) saw the same Optuna "
+        "draws (same sampler seed), so their differences come from the method, not the draws; one-go and the head-lr control "
+        "search one more dimension with the same number of trials (the extra hyperparameter is part of their cost).",
+        "- ECE is the plug-in 15-bin estimator, which is biased upwards for well-calibrated models and noisy at these test "
+        f"sizes: the per-seed bootstrap half-widths of the ECE differences are {_range_pt(half_widths)} pt, against an "
+        f"equivalence margin of {100 * margin:g} pt, so equivalence can only be shown through the average over seeds, "
+        "and only where the test split is large.",
+        "- Selection is by validation NLL for every method; a study selecting by validation ECE could rank the methods differently.",
+        "- The GPU configs (benchmarks/method_study_configs/cifar10_resnet18.yaml, cifar100_wrn28_10.yaml) were not run here.",
+        "",
+    ]
 
     # ---------------------------------------------------------------- tuning leaderboards
     L += ["## Tuning trials (validation, tuning seed)", ""]
-    L += [f"Every trial the service ran, per regime and method: validation {metric.removeprefix('val_').upper()} of the completed trials "
-          "(sorted), the champion first. Raw leaderboards (all metrics, test included, never used) are in method_study.json.", ""]
+    L += [
+        f"Every trial the service ran, per regime and method: validation {metric.removeprefix('val_').upper()} of the completed trials "
+        "(sorted), the champion first. Raw leaderboards (all metrics, test included, never used) are in method_study.json.",
+        "",
+    ]
     for regime, reg in spec["regimes"].items():
         parts = []
         for m in reg["methods"]:
             rec = tuned[regime].get(m)
             if not rec:
                 continue
-            vals = sorted(r[metric] for r in rec["leaderboard"] if r.get("status") == "completed" and r.get(metric) is not None)
+            vals = sorted(
+                r[metric] for r in rec["leaderboard"] if r.get("status") == "completed" and r.get(metric) is not None
+            )
             n = len(rec["leaderboard"])
             parts.append(f"{m}: {len(vals)}/{n} completed, val NLL " + ", ".join(f"{v:.3f}" for v in vals))
         L += [f"- **{regime}**: " + "; ".join(parts)]
@@ -832,7 +1065,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run (or resume) the study's tuning and evaluations, then write and print the report."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="study config (default: the CPU study)")
-    p.add_argument("--quick", action="store_true", help="smoke run: tiny data, 2 trials, 3 seeds; cache and report in a temp dir")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke run: tiny data, 2 trials, 3 seeds; cache and report in a temp dir"
+    )
     p.add_argument("--cache-dir", type=Path, default=None, help="default benchmarks/.cache/method_study/<config name>")
     p.add_argument("--out-dir", type=Path, default=None, help="default benchmarks/results (a temp dir with --quick)")
     p.add_argument("--regimes", type=str, default=None, help="comma-separated subset of the config's regimes")
@@ -841,7 +1076,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     raw_args = list(argv if argv is not None else sys.argv[1:])
-    shown = [("NOTE" if i > 0 and raw_args[i - 1] == "--note" else a) for i, a in enumerate(raw_args)]  # the note is printed below
+    shown = [
+        ("NOTE" if i > 0 and raw_args[i - 1] == "--note" else a) for i, a in enumerate(raw_args)
+    ]  # the note is printed below
     command = command_line(__file__, shown)
     spec = load_spec(args.config)
     if args.quick:
@@ -862,8 +1099,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # wall times accumulate over the invocations that filled this cache (a resumed study adds up)
     timing_path = cache / "timing.json"
-    timing: dict[str, Any] = json.loads(timing_path.read_text()) if timing_path.is_file() else {
-        "tune_wall_s": {}, "eval_wall_s": {}, "invocations": []}
+    timing: dict[str, Any] = (
+        json.loads(timing_path.read_text())
+        if timing_path.is_file()
+        else {"tune_wall_s": {}, "eval_wall_s": {}, "invocations": []}
+    )
     timing.update({"torch": torch.__version__, "note": args.note})
 
     def add(kind: str, regime: str, dt: float) -> None:
@@ -871,8 +1111,12 @@ def main(argv: list[str] | None = None) -> int:
         write_json(timing_path, timing)
 
     t_start = time.perf_counter()
-    complete = all((cache / "tune" / r / f"{m}.json").is_file() and eval_path(cache, r, m, seed).is_file()
-                   for r, reg in spec["regimes"].items() for m in reg["methods"] for seed in spec["evaluation"]["seeds"])
+    complete = all(
+        (cache / "tune" / r / f"{m}.json").is_file() and eval_path(cache, r, m, seed).is_file()
+        for r, reg in spec["regimes"].items()
+        for m in reg["methods"]
+        for seed in spec["evaluation"]["seeds"]
+    )
     if complete and not args.report_only:
         print("everything is cached: rebuilding the report only", flush=True)
     if not args.report_only and not complete:
@@ -902,8 +1146,11 @@ def main(argv: list[str] | None = None) -> int:
             run_evaluations(spec, regime, tuned, cache)
             add("eval_wall_s", regime, time.perf_counter() - t0)
             progress()
-            print(f"[done] {regime}: tuning {timing['tune_wall_s'][regime]:.0f}s, evaluation {timing['eval_wall_s'][regime]:.0f}s "
-                  f"(cumulative over invocations)", flush=True)
+            print(
+                f"[done] {regime}: tuning {timing['tune_wall_s'][regime]:.0f}s, evaluation {timing['eval_wall_s'][regime]:.0f}s "
+                f"(cumulative over invocations)",
+                flush=True,
+            )
     timing["total_wall_s"] = sum(i["wall_s"] or 0.0 for i in timing["invocations"])
     text, raw = build_report(spec, cache, command, args.quick, timing)
     stem = "method_study" if spec["name"] == "cpu" else f"method_study_{spec['name']}"

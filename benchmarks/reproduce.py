@@ -78,20 +78,37 @@ def variants(cal_lrs: list[float]) -> list[dict[str, Any]]:
     """Every method of the matrix as {key, group, label, train overrides}."""
     out = [
         {"key": "ce", "group": "ce", "label": "plain CE", "train": {"method": "ce"}},
-        {"key": "posthoc_ts", "group": "posthoc_ts", "label": "post-hoc TS (holdout:0.1)",
-         "train": {"method": "posthoc", "posthoc_calibrator": "temperature", "calibrator_data": "holdout:0.1"}},
-        {"key": "label_smoothing", "group": "label_smoothing", "label": "label smoothing 0.1",
-         "train": {"method": "label_smoothing", "label_smoothing": 0.1}},
-        {"key": "focal", "group": "focal", "label": "focal (FLSD-53)", "train": {"method": "focal", "focal_gamma": None}},
+        {
+            "key": "posthoc_ts",
+            "group": "posthoc_ts",
+            "label": "post-hoc TS (holdout:0.1)",
+            "train": {"method": "posthoc", "posthoc_calibrator": "temperature", "calibrator_data": "holdout:0.1"},
+        },
+        {
+            "key": "label_smoothing",
+            "group": "label_smoothing",
+            "label": "label smoothing 0.1",
+            "train": {"method": "label_smoothing", "label_smoothing": 0.1},
+        },
+        {
+            "key": "focal",
+            "group": "focal",
+            "label": "focal (FLSD-53)",
+            "train": {"method": "focal", "focal_gamma": None},
+        },
     ]
     for cal in CALIBRATORS:
         for src in CAL_DATA:
             for lr in cal_lrs:
-                out.append({
-                    "key": f"onego/{cal}/{src}/lr={lr:g}", "group": f"onego/{cal}/{src}", "label": f"one-go {cal}, {src}",
-                    "cal_lr": lr,
-                    "train": {"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": lr},
-                })
+                out.append(
+                    {
+                        "key": f"onego/{cal}/{src}/lr={lr:g}",
+                        "group": f"onego/{cal}/{src}",
+                        "label": f"one-go {cal}, {src}",
+                        "cal_lr": lr,
+                        "train": {"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": lr},
+                    }
+                )
     return out
 
 
@@ -121,7 +138,9 @@ def choose_lrs(runs: list[dict], dataset: str, select_seeds: list[int], cal_lrs:
     return out
 
 
-def select_and_aggregate(runs: list[dict], dataset: str, seeds: list[int], cal_lrs: list[float], select_seeds: list[int] | None = None) -> dict[str, Any]:
+def select_and_aggregate(
+    runs: list[dict], dataset: str, seeds: list[int], cal_lrs: list[float], select_seeds: list[int] | None = None
+) -> dict[str, Any]:
     """Pick each one-go variant's calibrator lr by mean validation ECE over the selection seeds; aggregate over all seeds."""
     select_seeds = seeds if select_seeds is None else select_seeds
     runs = [r for r in runs if r["dataset"] == dataset]
@@ -135,10 +154,20 @@ def select_and_aggregate(runs: list[dict], dataset: str, seeds: list[int], cal_l
         sel = [r for r in rs if r["seed"] in select_seeds]
         # a diverged / failed / missing selection seed makes a candidate ineligible (mean val ECE +inf)
         sel_ok = [r for r in sel if r["status"] == "completed"]
-        val_ece = statistics.fmean([r["val"]["ece"] for r in sel_ok]) if sel_ok and len(sel_ok) == len(select_seeds) else float("inf")
+        val_ece = (
+            statistics.fmean([r["val"]["ece"] for r in sel_ok])
+            if sel_ok and len(sel_ok) == len(select_seeds)
+            else float("inf")
+        )
         ok = [r for r in rs if r["status"] == "completed"]
-        g["candidates"][v["key"]] = {"cal_lr": v.get("cal_lr"), "runs": rs, "n_ok": len(ok), "n": len(rs), "mean_val_ece": val_ece,
-                                     "n_sel_ok": len(sel_ok)}
+        g["candidates"][v["key"]] = {
+            "cal_lr": v.get("cal_lr"),
+            "runs": rs,
+            "n_ok": len(ok),
+            "n": len(rs),
+            "mean_val_ece": val_ece,
+            "n_sel_ok": len(sel_ok),
+        }
     ce_test = {r["seed"]: r["test"] for r in by_key.get("ce", []) if r["status"] == "completed"}
     ts_test = {r["seed"]: r["test"] for r in by_key.get("posthoc_ts", []) if r["status"] == "completed"}
     rows = []
@@ -151,16 +180,35 @@ def select_and_aggregate(runs: list[dict], dataset: str, seeds: list[int], cal_l
         chosen_key = min(finite, key=lambda k: (finite[k]["mean_val_ece"], -finite[k]["n"], k))
         c = finite[chosen_key]
         ok = [r for r in c["runs"] if r["status"] == "completed"]
-        row = {"group": name, "label": g["label"], "key": chosen_key, "cal_lr": c["cal_lr"], "n_ok": c["n_ok"], "n": c["n"],
-               "val_ece": mean_std([r["val"]["ece"] for r in ok]),
-               "lr_grid_val_ece": {f"{cc['cal_lr']:g}": (cc["mean_val_ece"], cc["n_sel_ok"], len(select_seeds)) for cc in cands.values() if cc["cal_lr"] is not None},
-               "failures": [f"seed {r['seed']}: {r['status']} ({r['reason']})" for r in c["runs"] if r["status"] != "completed"]}
+        row = {
+            "group": name,
+            "label": g["label"],
+            "key": chosen_key,
+            "cal_lr": c["cal_lr"],
+            "n_ok": c["n_ok"],
+            "n": c["n"],
+            "val_ece": mean_std([r["val"]["ece"] for r in ok]),
+            "lr_grid_val_ece": {
+                f"{cc['cal_lr']:g}": (cc["mean_val_ece"], cc["n_sel_ok"], len(select_seeds))
+                for cc in cands.values()
+                if cc["cal_lr"] is not None
+            },
+            "failures": [
+                f"seed {r['seed']}: {r['status']} ({r['reason']})" for r in c["runs"] if r["status"] != "completed"
+            ],
+        }
         for m in METRICS:
             row[m] = mean_std([r["test"][m] for r in ok])
         temps = [_temperature(r) for r in ok]
-        row["temperature"] = mean_std([t for t in temps if t is not None]) if any(t is not None for t in temps) else None
-        row["d_acc_vs_ce"] = mean_std([r["test"]["accuracy"] - ce_test[r["seed"]]["accuracy"] for r in ok if r["seed"] in ce_test])
-        row["d_ece_vs_ts"] = mean_std([r["test"]["ece"] - ts_test[r["seed"]]["ece"] for r in ok if r["seed"] in ts_test])
+        row["temperature"] = (
+            mean_std([t for t in temps if t is not None]) if any(t is not None for t in temps) else None
+        )
+        row["d_acc_vs_ce"] = mean_std(
+            [r["test"]["accuracy"] - ce_test[r["seed"]]["accuracy"] for r in ok if r["seed"] in ce_test]
+        )
+        row["d_ece_vs_ts"] = mean_std(
+            [r["test"]["ece"] - ts_test[r["seed"]]["ece"] for r in ok if r["seed"] in ts_test]
+        )
         row["epoch_time"] = mean_std([r.get("median_epoch_time") for r in ok])
         rows.append(row)
     order = {"ce": 0, "posthoc_ts": 1, "label_smoothing": 2, "focal": 3}
@@ -177,12 +225,16 @@ def table_md(agg: dict, header: list[str]) -> str:
     """One dataset's method table, the calibrator-lr grid and the failed runs, as Markdown."""
     lines = list(header)
     lines.append("")
-    lines.append("| method | cal lr | seeds ok | test acc % | test ECE % | test ACE % | test SCE % | test NLL | Δacc vs CE (pp, paired) | ΔECE vs TS (pp, paired) | final T | val ECE % | reading (~: difference within the seed std) |")
+    lines.append(
+        "| method | cal lr | seeds ok | test acc % | test ECE % | test ACE % | test SCE % | test NLL | Δacc vs CE (pp, paired) | ΔECE vs TS (pp, paired) | final T | val ECE % | reading (~: difference within the seed std) |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in agg["rows"]:
         if r["n_ok"] == 0:
             why = "; ".join(r["failures"])[:200]
-            lines.append(f"| {r['label']} | {r['cal_lr'] if r['cal_lr'] is not None else '–'} | 0/{r['n']} | all failed: {why} |||||||||||")
+            lines.append(
+                f"| {r['label']} | {r['cal_lr'] if r['cal_lr'] is not None else '–'} | 0/{r['n']} | all failed: {why} |||||||||||"
+            )
             continue
         t = r["temperature"]
         lr_s = f"{r['cal_lr']:g}" if r["cal_lr"] is not None else "–"
@@ -193,12 +245,16 @@ def table_md(agg: dict, header: list[str]) -> str:
             f"| {fmt_mean_std(*t, 1, 2) if t else '–'} | {fmt_mean_std(*r['val_ece'], 100, 2)} | {_verdict(r) if r['group'] not in ('ce',) else '(reference)'} |"
         )
     lines.append("")
-    lines.append(f"Calibrator-lr grid (mean validation ECE % over the selection seeds {agg.get('select_seeds')}, seeds ok/n; the chosen lr is the minimum):")
+    lines.append(
+        f"Calibrator-lr grid (mean validation ECE % over the selection seeds {agg.get('select_seeds')}, seeds ok/n; the chosen lr is the minimum):"
+    )
     lines.append("")
     for r in agg["rows"]:
         if r["lr_grid_val_ece"]:
-            grid = ", ".join(f"lr={k}: {v[0] * 100:.2f} ({v[1]}/{v[2]})" if math.isfinite(v[0]) else f"lr={k}: n/a ({v[1]}/{v[2]})"
-                             for k, v in r["lr_grid_val_ece"].items())
+            grid = ", ".join(
+                f"lr={k}: {v[0] * 100:.2f} ({v[1]}/{v[2]})" if math.isfinite(v[0]) else f"lr={k}: n/a ({v[1]}/{v[2]})"
+                for k, v in r["lr_grid_val_ece"].items()
+            )
             lines.append(f"- {r['label']}: {grid}")
     fails = [(r["label"], f) for r in agg["rows"] for f in r["failures"]]
     if fails:
@@ -211,8 +267,9 @@ def table_md(agg: dict, header: list[str]) -> str:
 # ------------------------------------------------------------------------------------------
 # overhead: interleaved epochs in one process
 # ------------------------------------------------------------------------------------------
-OVERHEAD_VARIANTS = ([(cal, src) for cal in ("last_layer", "temperature", "matrix") for src in ("holdout:0.1", "lookahead")]
-                     + [("last_layer", "same"), ("temperature", "same")])
+OVERHEAD_VARIANTS = [
+    (cal, src) for cal in ("last_layer", "temperature", "matrix") for src in ("holdout:0.1", "lookahead")
+] + [("last_layer", "same"), ("temperature", "same")]
 
 
 def loadavg() -> str | None:
@@ -229,16 +286,27 @@ def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) 
     from calib_core.trainer import Trainer
 
     def make(train_over: dict) -> Any:
-        cfg = RunConfig.model_validate({"seed": seed, "device": "cpu", "num_threads": 1, **merge(settings, {"train": {**train_over, "epochs": 10_000}})})
+        cfg = RunConfig.model_validate(
+            {
+                "seed": seed,
+                "device": "cpu",
+                "num_threads": 1,
+                **merge(settings, {"train": {**train_over, "epochs": 10_000}}),
+            }
+        )
         return Trainer(cfg, data, "cpu")
 
     _, data = cpu_run_setup(seed, settings)
     trainers = {"ce": make({"method": "ce"})}
     for cal, src in OVERHEAD_VARIANTS:
-        trainers[f"{cal}/{src}"] = make({"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": 1e-2})
+        trainers[f"{cal}/{src}"] = make(
+            {"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": 1e-2}
+        )
     loop: dict[str, list[float]] = {k: [] for k in trainers}
     full: dict[str, list[float]] = {k: [] for k in trainers}
-    cpu: dict[str, list[float]] = {k: [] for k in trainers}  # the loop's CPU time (this thread's): what load steals is not in it
+    cpu: dict[str, list[float]] = {
+        k: [] for k in trainers
+    }  # the loop's CPU time (this thread's): what load steals is not in it
     load_before = loadavg()
     for rep in range(repeats + 1):  # repetition 0 is the untimed warm-up
         for name, tr in trainers.items():
@@ -264,42 +332,67 @@ def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) 
     for k in trainers:
         if k == "ce":
             continue
-        rows.append({
-            "variant": k, "loop_ratio": med_loop[k] / med_loop["ce"], "full_ratio": med_full[k] / med_full["ce"],
-            "loop_ratio_iqr": iqr(loop[k], loop["ce"]),
-            "cpu_ratio": med_cpu[k] / med_cpu["ce"], "cpu_ratio_iqr": iqr(cpu[k], cpu["ce"]),
-            "loop_ms": med_loop[k] * 1e3, "full_ms": med_full[k] * 1e3, "cpu_ms": med_cpu[k] * 1e3,
-            "backbone_samples": len(trainers[k].backbone_idx), "holdout_samples": len(trainers[k].holdout_idx),
-            "shared_forward": bool(getattr(trainers[k], "shared_forward", False)),
-        })
-    return {"dataset": dataset, "repeats": repeats, "ce_loop_ms": med_loop["ce"] * 1e3, "ce_full_ms": med_full["ce"] * 1e3,
-            "ce_cpu_ms": med_cpu["ce"] * 1e3, "ce_backbone_samples": len(trainers["ce"].backbone_idx), "rows": rows,
-            "loadavg_before": load_before, "loadavg_after": loadavg(),
-            "raw_loop_s": loop, "raw_full_s": full, "raw_cpu_s": cpu}
+        rows.append(
+            {
+                "variant": k,
+                "loop_ratio": med_loop[k] / med_loop["ce"],
+                "full_ratio": med_full[k] / med_full["ce"],
+                "loop_ratio_iqr": iqr(loop[k], loop["ce"]),
+                "cpu_ratio": med_cpu[k] / med_cpu["ce"],
+                "cpu_ratio_iqr": iqr(cpu[k], cpu["ce"]),
+                "loop_ms": med_loop[k] * 1e3,
+                "full_ms": med_full[k] * 1e3,
+                "cpu_ms": med_cpu[k] * 1e3,
+                "backbone_samples": len(trainers[k].backbone_idx),
+                "holdout_samples": len(trainers[k].holdout_idx),
+                "shared_forward": bool(getattr(trainers[k], "shared_forward", False)),
+            }
+        )
+    return {
+        "dataset": dataset,
+        "repeats": repeats,
+        "ce_loop_ms": med_loop["ce"] * 1e3,
+        "ce_full_ms": med_full["ce"] * 1e3,
+        "ce_cpu_ms": med_cpu["ce"] * 1e3,
+        "ce_backbone_samples": len(trainers["ce"].backbone_idx),
+        "rows": rows,
+        "loadavg_before": load_before,
+        "loadavg_after": loadavg(),
+        "raw_loop_s": loop,
+        "raw_full_s": full,
+        "raw_cpu_s": cpu,
+    }
 
 
 def overhead_md(results: list[dict], header: list[str]) -> str:
     """The overhead report: one table of ratios to plain CE per dataset."""
     lines = list(header) + [""]
+
     def span(x: Any) -> str:
         return f"{x[0]:.2f}–{x[1]:.2f}" if x else "–"
 
     for res in results:
         cpu_ms = f", loop CPU time {res['ce_cpu_ms']:.0f} ms" if "ce_cpu_ms" in res else ""
-        lines.append(f"### {res['dataset']} ({res['repeats']} interleaved epochs per trainer after 1 warm-up; "
-                     f"plain CE: training loop {res['ce_loop_ms']:.0f} ms{cpu_ms}, full epoch {res['ce_full_ms']:.0f} ms, "
-                     f"{res['ce_backbone_samples']} backbone samples/epoch)")
+        lines.append(
+            f"### {res['dataset']} ({res['repeats']} interleaved epochs per trainer after 1 warm-up; "
+            f"plain CE: training loop {res['ce_loop_ms']:.0f} ms{cpu_ms}, full epoch {res['ce_full_ms']:.0f} ms, "
+            f"{res['ce_backbone_samples']} backbone samples/epoch)"
+        )
         lines.append("")
         if res.get("loadavg_before"):
             lines += [f"Load (/proc/loadavg) before: {res['loadavg_before']}; after: {res.get('loadavg_after')}.", ""]
-        lines.append("| one-go variant | loop time / CE (median) | per-round ratio IQR | loop CPU time / CE (median) | per-round IQR "
-                     "| full epoch / CE (median) | loop ms | backbone / holdout samples | one forward (same) |")
+        lines.append(
+            "| one-go variant | loop time / CE (median) | per-round ratio IQR | loop CPU time / CE (median) | per-round IQR "
+            "| full epoch / CE (median) | loop ms | backbone / holdout samples | one forward (same) |"
+        )
         lines.append("|---|---|---|---|---|---|---|---|---|")
         for r in res["rows"]:
             cpu = f"{r['cpu_ratio']:.2f}x" if "cpu_ratio" in r else "–"
             shared = "yes" if r.get("shared_forward") else "no"
-            lines.append(f"| {r['variant']} | {r['loop_ratio']:.2f}x | {span(r['loop_ratio_iqr'])} | {cpu} | {span(r.get('cpu_ratio_iqr'))} "
-                         f"| {r['full_ratio']:.2f}x | {r['loop_ms']:.0f} | {r['backbone_samples']} / {r['holdout_samples']} | {shared} |")
+            lines.append(
+                f"| {r['variant']} | {r['loop_ratio']:.2f}x | {span(r['loop_ratio_iqr'])} | {cpu} | {span(r.get('cpu_ratio_iqr'))} "
+                f"| {r['full_ratio']:.2f}x | {r['loop_ms']:.0f} | {r['backbone_samples']} / {r['holdout_samples']} | {shared} |"
+            )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -329,8 +422,16 @@ class Plan:
                 for v in self.variants:
                     if chosen is not None and v.get("cal_lr") is not None and chosen[ds].get(v["group"]) != v["key"]:
                         continue
-                    out.append({"dataset": ds, "key": v["key"], "group": v["group"], "seed": seed, "cal_lr": v.get("cal_lr"),
-                                "config": merge(self.settings[ds], {"train": v["train"]})})
+                    out.append(
+                        {
+                            "dataset": ds,
+                            "key": v["key"],
+                            "group": v["group"],
+                            "seed": seed,
+                            "cal_lr": v.get("cal_lr"),
+                            "config": merge(self.settings[ds], {"train": v["train"]}),
+                        }
+                    )
         return out
 
 
@@ -342,19 +443,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None, help="override every dataset's epochs")
     p.add_argument("--cal-lrs", type=str, default="1e-3,1e-2", help="comma-separated calibrator lr grid")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--select-seeds", type=int, default=None,
-                   help="run the whole lr grid on seeds 0..K-1 only, choose each one-go variant's lr by their mean val ECE, "
-                        "then run only the chosen lr on the remaining seeds (default: the grid on every seed)")
-    p.add_argument("--methods", type=str, default=None, help="only variants whose key contains one of these comma-separated substrings")
+    p.add_argument(
+        "--select-seeds",
+        type=int,
+        default=None,
+        help="run the whole lr grid on seeds 0..K-1 only, choose each one-go variant's lr by their mean val ECE, "
+        "then run only the chosen lr on the remaining seeds (default: the grid on every seed)",
+    )
+    p.add_argument(
+        "--methods",
+        type=str,
+        default=None,
+        help="only variants whose key contains one of these comma-separated substrings",
+    )
     p.add_argument("--overhead-repeats", type=int, default=9)
     p.add_argument("--no-overhead", action="store_true")
     p.add_argument("--no-matrix", action="store_true", help="only the overhead measurement")
-    p.add_argument("--quick", action="store_true", help="~1-minute smoke run (tiny data, 3 epochs, 2 seeds with the lr grid on seed 0 only, 2 calibrators), writes to a temp dir")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="~1-minute smoke run (tiny data, 3 epochs, 2 seeds with the lr grid on seed 0 only, 2 calibrators), writes to a temp dir",
+    )
     p.add_argument("--out-dir", type=Path, default=None)
-    p.add_argument("--resume", type=Path, default=None,
-                   help="reuse the runs of this raw JSON (same dataset, method key and seed are not run again); "
-                        "with --no-overhead its overhead results are carried over")
-    p.add_argument("--from-json", type=Path, default=None, help="rebuild the tables from a raw (or .partial) JSON instead of running the matrix")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        help="reuse the runs of this raw JSON (same dataset, method key and seed are not run again); "
+        "with --no-overhead its overhead results are carried over",
+    )
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="rebuild the tables from a raw (or .partial) JSON instead of running the matrix",
+    )
     p.add_argument("--note", type=str, default="", help="extra line for the table headers (e.g. reduced seeds)")
     return p.parse_args(argv)
 
@@ -380,8 +503,16 @@ def make_plan(args: argparse.Namespace, command: str) -> Plan:
         vs = [v for v in vs if any(s in v["key"] for s in subs)]
     select = 1 if args.quick and args.select_seeds is None else args.select_seeds
     n_sel = len(seeds) if select is None else max(1, min(select, len(seeds)))
-    return Plan(command=command, out_dir=out_dir(args.out_dir, args.quick, "reproduce_quick_"), datasets=datasets,
-                settings=settings, seeds=seeds, select_seeds=seeds[:n_sel], cal_lrs=cal_lrs, variants=vs)
+    return Plan(
+        command=command,
+        out_dir=out_dir(args.out_dir, args.quick, "reproduce_quick_"),
+        datasets=datasets,
+        settings=settings,
+        seeds=seeds,
+        select_seeds=seeds[:n_sel],
+        cal_lrs=cal_lrs,
+        variants=vs,
+    )
 
 
 def load_resume(path: Path, plan: Plan) -> tuple[list[dict], dict[str, Any]]:
@@ -396,10 +527,15 @@ def load_resume(path: Path, plan: Plan) -> tuple[list[dict], dict[str, Any]]:
 def new_raw(plan: Plan, resumed: list[dict]) -> dict[str, Any]:
     """The raw JSON record of this invocation, before any run."""
     return {
-        "command": plan.command, "started_utc": utc_now(), **host_info(),
-        "settings": plan.settings, "seeds": plan.seeds, "select_seeds": plan.select_seeds, "cal_lrs": plan.cal_lrs,
+        "command": plan.command,
+        "started_utc": utc_now(),
+        **host_info(),
+        "settings": plan.settings,
+        "seeds": plan.seeds,
+        "select_seeds": plan.select_seeds,
+        "cal_lrs": plan.cal_lrs,
         "selection": f"calibrator lr per (calibrator, calibrator_data) by mean validation ECE over seeds {plan.select_seeds}; "
-                     f"only the chosen lr is run on the other seeds",
+        f"only the chosen lr is run on the other seeds",
         "runs": list(resumed),
     }
 
@@ -426,15 +562,18 @@ def run_matrix(plan: Plan, raw: dict[str, Any], workers: int, t_start: float) ->
         return [j for j in js if (j["dataset"], j["key"], j["seed"]) not in done]
 
     partial = plan.out_dir / "reproduce_raw.partial.json"
-    rest = plan.seeds[len(plan.select_seeds):]
+    rest = plan.seeds[len(plan.select_seeds) :]
     with spawn_pool(workers) as pool:
         phase_jobs = todo(plan.jobs(plan.select_seeds))
         for phase in (1, 2):
             print(f"phase {phase}: {len(phase_jobs)} runs on {workers} workers -> {plan.out_dir}", flush=True)
             for i, r in enumerate(pool.imap_unordered(run_trainer, phase_jobs), 1):
                 raw["runs"].append(r)
-                print(f"[{phase}: {i}/{len(phase_jobs)} {time.perf_counter() - t_start:6.0f}s] {r['dataset']} {r['key']} seed={r['seed']} "
-                      f"{run_summary(r)} ({r['wall_s']:.1f}s)", flush=True)
+                print(
+                    f"[{phase}: {i}/{len(phase_jobs)} {time.perf_counter() - t_start:6.0f}s] {r['dataset']} {r['key']} seed={r['seed']} "
+                    f"{run_summary(r)} ({r['wall_s']:.1f}s)",
+                    flush=True,
+                )
                 if i % 10 == 0 or i == len(phase_jobs):
                     write_json(partial, raw)
             if phase == 2 or not rest:
@@ -469,18 +608,26 @@ def write_method_tables(plan: Plan, raw: dict[str, Any], header_common: list[str
         agg = select_and_aggregate(raw["runs"], ds, seeds, cal_lrs, select_seeds)
         raw["aggregates"][ds] = agg
         s = plan.settings[ds]
-        header = [f"# Method comparison on {ds}", ""] + header_common + [
-            "",
-            f"Setting: data {json.dumps(s['data'])}, model {json.dumps(s['model'])}, train {json.dumps(s['train'])}.",
-            f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}): each seed fixes the data split, the holdout and the initialisation. "
-            f"Metrics of the final-epoch model on the test split (15 even bins for ECE/SCE, adaptive for ACE), mean ± std over seeds. "
-            f"Calibrator lr per one-go variant chosen from {{{', '.join(f'{x:g}' for x in cal_lrs)}}} by the mean VALIDATION ECE over seeds "
-            f"{select_seeds[0]}..{select_seeds[-1]} (never by test metrics)"
-            + ("; the grid ran on those seeds only, the other seeds ran the chosen lr alone" if len(select_seeds) < len(seeds) else "")
-            + "; the other columns are test metrics of that choice. Δ columns are paired by seed (same split): "
-            "Δacc = method − plain CE, ΔECE = method − post-hoc TS; the reading calls a difference only when |mean| > its std over seeds. "
-            "'final T' is the learned temperature (temperature calibrators) or the mean 1/scale (vector). Rows: baselines, then one-go by validation ECE.",
-        ]
+        header = (
+            [f"# Method comparison on {ds}", ""]
+            + header_common
+            + [
+                "",
+                f"Setting: data {json.dumps(s['data'])}, model {json.dumps(s['model'])}, train {json.dumps(s['train'])}.",
+                f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}): each seed fixes the data split, the holdout and the initialisation. "
+                f"Metrics of the final-epoch model on the test split (15 even bins for ECE/SCE, adaptive for ACE), mean ± std over seeds. "
+                f"Calibrator lr per one-go variant chosen from {{{', '.join(f'{x:g}' for x in cal_lrs)}}} by the mean VALIDATION ECE over seeds "
+                f"{select_seeds[0]}..{select_seeds[-1]} (never by test metrics)"
+                + (
+                    "; the grid ran on those seeds only, the other seeds ran the chosen lr alone"
+                    if len(select_seeds) < len(seeds)
+                    else ""
+                )
+                + "; the other columns are test metrics of that choice. Δ columns are paired by seed (same split): "
+                "Δacc = method − plain CE, ΔECE = method − post-hoc TS; the reading calls a difference only when |mean| > its std over seeds. "
+                "'final T' is the learned temperature (temperature calibrators) or the mean 1/scale (vector). Rows: baselines, then one-go by validation ECE.",
+            ]
+        )
         text = table_md(agg, header)
         write_text(plan.out_dir / f"reproduce_{ds}.md", text)
         print(text, flush=True)
@@ -493,18 +640,22 @@ def run_overhead(plan: Plan, repeats: int, header_common: list[str]) -> list[dic
         t0 = time.perf_counter()
         ov.append(measure_overhead(ds, plan.settings[ds], repeats))
         print(f"overhead {ds}: {time.perf_counter() - t0:.0f}s", flush=True)
-    header = ["# One-go overhead per epoch (CPU, 1 thread)", ""] + header_common + [
-        "",
-        "Trainers for plain CE and each one-go variant (calibrator lr 1e-2, seed 0, settings as in reproduce_<dataset>.md) are built "
-        f"in one process; their epochs run round-robin (CE, variant 1, ..., variant {len(OVERHEAD_VARIANTS)}, CE, ...) so machine noise hits all alike. "
-        "Ratios are medians of one-go epoch time over medians of CE epoch time. 'loop' = `Trainer.train_epoch` (the step loop), wall "
-        "clock; 'loop CPU time' = the same loop's CPU time (`time.thread_time`), which time lost to other processes on a loaded "
-        "machine does not inflate; 'full epoch' adds the scheduler step and the validation evaluation that `fit` does every epoch. "
-        "'one forward (same)': the trainer takes the calibrator's inputs from the backbone's training forward (mode-free model, "
-        "see calib_core/trainer/modes.py). "
-        "With holdout:0.1 the backbone steps on 90% of the training split per epoch (fewer backbone steps than CE), "
-        "and the calibrator steps once per backbone step on a holdout batch.",
-    ]
+    header = (
+        ["# One-go overhead per epoch (CPU, 1 thread)", ""]
+        + header_common
+        + [
+            "",
+            "Trainers for plain CE and each one-go variant (calibrator lr 1e-2, seed 0, settings as in reproduce_<dataset>.md) are built "
+            f"in one process; their epochs run round-robin (CE, variant 1, ..., variant {len(OVERHEAD_VARIANTS)}, CE, ...) so machine noise hits all alike. "
+            "Ratios are medians of one-go epoch time over medians of CE epoch time. 'loop' = `Trainer.train_epoch` (the step loop), wall "
+            "clock; 'loop CPU time' = the same loop's CPU time (`time.thread_time`), which time lost to other processes on a loaded "
+            "machine does not inflate; 'full epoch' adds the scheduler step and the validation evaluation that `fit` does every epoch. "
+            "'one forward (same)': the trainer takes the calibrator's inputs from the backbone's training forward (mode-free model, "
+            "see calib_core/trainer/modes.py). "
+            "With holdout:0.1 the backbone steps on 90% of the training split per epoch (fewer backbone steps than CE), "
+            "and the calibrator steps once per backbone step on a holdout batch.",
+        ]
+    )
     text = overhead_md(ov, header)
     write_text(plan.out_dir / "overhead.md", text)
     print(text, flush=True)

@@ -80,13 +80,24 @@ def variants(cal_lrs: list[float]) -> list[dict[str, Any]]:
     """Every method of the matrix as {key, group, label, train overrides}."""
     out = [
         {"key": "ce", "group": "ce", "label": "plain CE", "train": {"method": "ce"}},
-        {"key": "posthoc_ts", "group": "posthoc_ts", "label": "post-hoc TS per task (holdout:0.1)",
-         "train": {"method": "posthoc", "posthoc_calibrator": "temperature", "calibrator_data": "holdout:0.1"}},
+        {
+            "key": "posthoc_ts",
+            "group": "posthoc_ts",
+            "label": "post-hoc TS per task (holdout:0.1)",
+            "train": {"method": "posthoc", "posthoc_calibrator": "temperature", "calibrator_data": "holdout:0.1"},
+        },
     ]
     for cal, src in ONEGO:
         for lr in cal_lrs:
-            out.append({"key": f"onego/{cal}/{src}/lr={lr:g}", "group": f"onego/{cal}/{src}", "label": f"one-go {cal}, {src}",
-                        "cal_lr": lr, "train": {"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": lr}})
+            out.append(
+                {
+                    "key": f"onego/{cal}/{src}/lr={lr:g}",
+                    "group": f"onego/{cal}/{src}",
+                    "label": f"one-go {cal}, {src}",
+                    "cal_lr": lr,
+                    "train": {"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": lr},
+                }
+            )
     return out
 
 
@@ -109,15 +120,24 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     try:
         tr = make_trainer(cfg, data, "cpu")
         res = tr.fit()
-        out["wall_s"] = time.perf_counter() - t0  # training + calibration (+ the per-epoch val evaluation every method does)
+        out["wall_s"] = (
+            time.perf_counter() - t0
+        )  # training + calibration (+ the per-epoch val evaluation every method does)
         info = res.calibrator_info
-        out.update({
-            "status": res.status, "reason": res.reason, "epochs_run": res.epochs_run, "trainer": type(tr).__name__,
-            "val": _slim(res.val_metrics), "test": _slim(res.test_metrics),
-            "calibrator_info": {k: v for k, v in info.items() if k != "per_task"},
-            "median_epoch_time": statistics.median(res.epoch_times) if res.epoch_times else None,
-            "backbone_samples": len(tr.backbone_idx), "holdout_samples": len(tr.holdout_idx),
-        })
+        out.update(
+            {
+                "status": res.status,
+                "reason": res.reason,
+                "epochs_run": res.epochs_run,
+                "trainer": type(tr).__name__,
+                "val": _slim(res.val_metrics),
+                "test": _slim(res.test_metrics),
+                "calibrator_info": {k: v for k, v in info.items() if k != "per_task"},
+                "median_epoch_time": statistics.median(res.epoch_times) if res.epoch_times else None,
+                "backbone_samples": len(tr.backbone_idx),
+                "holdout_samples": len(tr.holdout_idx),
+            }
+        )
         if res.status == "completed" and tr.method == "posthoc":
             # the T final post-hoc stages, timed alone (refit from the identity on the same cached
             # holdout logits: deterministic, so the calibrator ends where fit() left it)
@@ -147,8 +167,14 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
             out["shift_eval_s"] = time.perf_counter() - s0
             out["shift"] = rows
     except Exception as exc:  # a crash is a result too
-        out = {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "val": {}, "test": {}, "calibrator_info": {},
-               "wall_s": time.perf_counter() - t0}
+        out = {
+            "status": "error",
+            "reason": f"{type(exc).__name__}: {exc}",
+            "val": {},
+            "test": {},
+            "calibrator_info": {},
+            "wall_s": time.perf_counter() - t0,
+        }
     out["loadavg_end"] = os.getloadavg()[0]
     return {**{k: job[k] for k in ("key", "group", "seed")}, "cal_lr": job.get("cal_lr"), **out}
 
@@ -194,9 +220,11 @@ def _load_note(runs: list[dict]) -> str:
     la = [r[k] for r in runs for k in ("loadavg_start", "loadavg_end") if r.get(k) is not None]
     if not la:
         return ""
-    return (f" The machine has {os.cpu_count()} cores and is shared: the 1-minute load average seen at the start/end of the runs was "
-            f"{min(la):.2f}–{max(la):.2f} (median {statistics.median(la):.2f}; 2.0 = this benchmark alone), so absolute times are noisy; "
-            "the paired ratio to CE is the more robust number.")
+    return (
+        f" The machine has {os.cpu_count()} cores and is shared: the 1-minute load average seen at the start/end of the runs was "
+        f"{min(la):.2f}–{max(la):.2f} (median {statistics.median(la):.2f}; 2.0 = this benchmark alone), so absolute times are noisy; "
+        "the paired ratio to CE is the more robust number."
+    )
 
 
 def build_tables(raw: dict[str, Any]) -> str:
@@ -212,32 +240,52 @@ def build_tables(raw: dict[str, Any]) -> str:
     L: list[str] = []
     L += ["# Multi-task calibration on mnist1d_mtl: one-go vs per-task post-hoc TS", ""]
     L += raw["header"]
-    L += ["", f"Setting: data {json.dumps(raw['settings']['data'])}, model {json.dumps(raw['settings']['model'])}, "
-               f"train {json.dumps(raw['settings']['train'])} (the MNIST-1D settings of benchmarks/reproduce.py, multi-task labels). "
-               f"Tasks: digit (10 classes), parity, ge5, prime (2 classes each); one head per task on a shared cnn1d backbone. "
-               f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}): each seed fixes the split, the holdout and the initialisation. "
-               f"Final-epoch model; ECE = 15 even bins, top-label; 'mean' = mean over the 4 tasks.", ""]
+    L += [
+        "",
+        f"Setting: data {json.dumps(raw['settings']['data'])}, model {json.dumps(raw['settings']['model'])}, "
+        f"train {json.dumps(raw['settings']['train'])} (the MNIST-1D settings of benchmarks/reproduce.py, multi-task labels). "
+        f"Tasks: digit (10 classes), parity, ge5, prime (2 classes each); one head per task on a shared cnn1d backbone. "
+        f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}): each seed fixes the split, the holdout and the initialisation. "
+        f"Final-epoch model; ECE = 15 even bins, top-label; 'mean' = mean over the 4 tasks.",
+        "",
+    ]
     # selection
-    L += ["**Calibrator lr (selected on validation only).** For each one-go variant the lr was re-selected from "
-          f"{{{', '.join(f'{x:g}' for x in cal_lrs)}}} by the mean VALIDATION ECE (mean over tasks) over all {len(seeds)} seeds; "
-          "test metrics are only reported. Mean validation ECE % per lr:", ""]
+    L += [
+        "**Calibrator lr (selected on validation only).** For each one-go variant the lr was re-selected from "
+        f"{{{', '.join(f'{x:g}' for x in cal_lrs)}}} by the mean VALIDATION ECE (mean over tasks) over all {len(seeds)} seeds; "
+        "test metrics are only reported. Mean validation ECE % per lr:",
+        "",
+    ]
     for g, sc in sel["grid_val_ece"].items():
-        grid = ", ".join(f"lr={k.split('lr=')[1]}: {v * 100:.2f}" if math.isfinite(v) else f"lr={k.split('lr=')[1]}: n/a (a seed failed)"
-                         for k, v in sc.items())
+        grid = ", ".join(
+            f"lr={k.split('lr=')[1]}: {v * 100:.2f}"
+            if math.isfinite(v)
+            else f"lr={k.split('lr=')[1]}: n/a (a seed failed)"
+            for k, v in sc.items()
+        )
         ch = sel["chosen"][g].split("lr=")[1]
         edge = " (at the edge of the grid)" if float(ch) in (min(cal_lrs), max(cal_lrs)) and len(cal_lrs) > 1 else ""
-        L.append(f"- {labels[g]}: {grid} -> chosen lr {ch}{edge}; the single-task MNIST-1D selection chose {SINGLE_TASK_LR[g]:g}.")
+        L.append(
+            f"- {labels[g]}: {grid} -> chosen lr {ch}{edge}; the single-task MNIST-1D selection chose {SINGLE_TASK_LR[g]:g}."
+        )
     best = sel["best_onego_group"]
     if best:
         bv = sel["grid_val_ece"][best][sel["chosen"][best]]
-        L += [f"- Best one-go variant (lowest mean validation ECE over seeds, used in Table 3): **{labels[best]}, lr {sel['chosen'][best].split('lr=')[1]}** "
-              f"(validation ECE {bv * 100:.2f} %)."]
+        L += [
+            f"- Best one-go variant (lowest mean validation ECE over seeds, used in Table 3): **{labels[best]}, lr {sel['chosen'][best].split('lr=')[1]}** "
+            f"(validation ECE {bv * 100:.2f} %)."
+        ]
     # table 1
-    L += ["", "## Table 1: accuracy and ECE per task (test split, mean ± std over seeds)", "",
-          "Δ columns are paired by seed (method − reference, percentage points); reading: 'better'/'worse' only when |mean Δ| > its std over seeds, '~' otherwise "
-          "(for accuracy higher is better, for ECE lower).", "",
-          "| task | method | cal lr | seeds ok | test acc % | test ECE % | Δacc vs CE | ΔECE vs CE | Δacc vs TS | ΔECE vs TS | reading vs CE (acc / ECE) | reading vs TS (acc / ECE) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    L += [
+        "",
+        "## Table 1: accuracy and ECE per task (test split, mean ± std over seeds)",
+        "",
+        "Δ columns are paired by seed (method − reference, percentage points); reading: 'better'/'worse' only when |mean Δ| > its std over seeds, '~' otherwise "
+        "(for accuracy higher is better, for ECE lower).",
+        "",
+        "| task | method | cal lr | seeds ok | test acc % | test ECE % | Δacc vs CE | ΔECE vs CE | Δacc vs TS | ΔECE vs TS | reading vs CE (acc / ECE) | reading vs TS (acc / ECE) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for task in TASKS + ["mean"]:
         acc_k = "accuracy" if task == "mean" else f"{task}_accuracy"
         ece_k = "ece" if task == "mean" else f"{task}_ece"
@@ -256,26 +304,51 @@ def build_tables(raw: dict[str, Any]) -> str:
             rd_ce = "(reference)" if g == "ce" else f"{reading(da_ce, False)} / {reading(de_ce, True)}"
             rd_ts = "(reference)" if g == "posthoc_ts" else f"{reading(da_ts, False)} / {reading(de_ts, True)}"
             name = f"**{task}**" if task == "mean" else task
-            L.append(f"| {name} | {labels[g]} | {f'{lr:g}' if lr else '–'} | {len(rs)}/{n_all} | {fmt_mean_std(*acc, 100)} | {fmt_mean_std(*ec, 100)} "
-                     f"| {fmt_mean_std(*da_ce, 100)} | {fmt_mean_std(*de_ce, 100)} | {fmt_mean_std(*da_ts, 100)} | {fmt_mean_std(*de_ts, 100)} | {rd_ce} | {rd_ts} |")
+            L.append(
+                f"| {name} | {labels[g]} | {f'{lr:g}' if lr else '–'} | {len(rs)}/{n_all} | {fmt_mean_std(*acc, 100)} | {fmt_mean_std(*ec, 100)} "
+                f"| {fmt_mean_std(*da_ce, 100)} | {fmt_mean_std(*de_ce, 100)} | {fmt_mean_std(*da_ts, 100)} | {fmt_mean_std(*de_ts, 100)} | {rd_ce} | {rd_ts} |"
+            )
     temps = [r["calibrator_info"].get(f"{t}_temperature") for r in ts.values() for t in TASKS]
     if ts and all(x is not None for x in temps):
-        L += ["", "Post-hoc fitted temperatures (mean ± std over seeds): " + ", ".join(
-            f"{t} {fmt_mean_std(*mean_std([r['calibrator_info'][f'{t}_temperature'] for r in ts.values()]))}" for t in TASKS) + "."]
+        L += [
+            "",
+            "Post-hoc fitted temperatures (mean ± std over seeds): "
+            + ", ".join(
+                f"{t} {fmt_mean_std(*mean_std([r['calibrator_info'][f'{t}_temperature'] for r in ts.values()]))}"
+                for t in TASKS
+            )
+            + ".",
+        ]
     for g, k in rows_spec:
-        if g.startswith("onego/temperature") and by[k] and all(f"{t}_temperature" in r["calibrator_info"] for r in by[k].values() for t in TASKS):
-            L += [f"{labels[g]} learned temperatures: " + ", ".join(
-                f"{t} {fmt_mean_std(*mean_std([r['calibrator_info'][f'{t}_temperature'] for r in by[k].values()]))}" for t in TASKS) + "."]
+        if (
+            g.startswith("onego/temperature")
+            and by[k]
+            and all(f"{t}_temperature" in r["calibrator_info"] for r in by[k].values() for t in TASKS)
+        ):
+            L += [
+                f"{labels[g]} learned temperatures: "
+                + ", ".join(
+                    f"{t} {fmt_mean_std(*mean_std([r['calibrator_info'][f'{t}_temperature'] for r in by[k].values()]))}"
+                    for t in TASKS
+                )
+                + "."
+            ]
     # table 2
-    L += ["", "## Table 2: cost per run", "",
-          f"Wall time = `make_trainer(cfg, data).fit()` in one worker process with 1 thread ({raw['workers']} such processes side by side; the same setup "
-          f"for every method and seed), i.e. all {epochs} epochs of training, the per-epoch validation evaluation every method does, and "
-          "for post-hoc the calibration; the shift evaluation is not included. Median over seeds; 'ratio to CE' is the median of the paired per-seed ratios. "
-          "Note: the post-hoc baseline in MultiTaskTrainer refits its T temperatures after EVERY epoch (so per-epoch validation metrics are calibrated), "
-          f"so its wall time contains {epochs} × T LBFGS fits; the column 'final T stages' is the measured time of the T fits a final model needs, "
-          "re-run once after training and timed alone (it reproduces the fitted temperatures exactly: see 'refit identical' in the raw JSON)." + _load_note(runs), "",
-          "| method | cal lr | wall s (median) | wall s (min–max) | ratio to CE (median, paired) | median epoch s | backbone / holdout samples | final T stages: time s (median) | LBFGS iterations per stage (median) | separate calibration stages | extra calibrator params (sum over tasks) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    L += [
+        "",
+        "## Table 2: cost per run",
+        "",
+        f"Wall time = `make_trainer(cfg, data).fit()` in one worker process with 1 thread ({raw['workers']} such processes side by side; the same setup "
+        f"for every method and seed), i.e. all {epochs} epochs of training, the per-epoch validation evaluation every method does, and "
+        "for post-hoc the calibration; the shift evaluation is not included. Median over seeds; 'ratio to CE' is the median of the paired per-seed ratios. "
+        "Note: the post-hoc baseline in MultiTaskTrainer refits its T temperatures after EVERY epoch (so per-epoch validation metrics are calibrated), "
+        f"so its wall time contains {epochs} × T LBFGS fits; the column 'final T stages' is the measured time of the T fits a final model needs, "
+        "re-run once after training and timed alone (it reproduces the fitted temperatures exactly: see 'refit identical' in the raw JSON)."
+        + _load_note(runs),
+        "",
+        "| method | cal lr | wall s (median) | wall s (min–max) | ratio to CE (median, paired) | median epoch s | backbone / holdout samples | final T stages: time s (median) | LBFGS iterations per stage (median) | separate calibration stages | extra calibrator params (sum over tasks) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     cost_rows = []
     for g, k in rows_spec:
         rs = by[k]
@@ -291,11 +364,22 @@ def build_tables(raw: dict[str, Any]) -> str:
         its = [i for r in rs.values() for i in r.get("posthoc_lbfgs_iterations", [])]
         lr = r0.get("cal_lr")
         extra = " (the heads are the calibrators)" if "last_layer" in g else ""
-        cost_rows.append({"group": g, "key": k, "wall_median": statistics.median(walls), "ratio_to_ce": ratio, "stages": stages, "params": params,
-                          "final_stage_s": statistics.median(st) if st else None})
-        L.append(f"| {labels[g]} | {f'{lr:g}' if lr else '–'} | {statistics.median(walls):.1f} | {min(walls):.1f}–{max(walls):.1f} | {ratio:.2f}x | {ep:.2f} "
-                 f"| {r0['backbone_samples']} / {r0['holdout_samples']} | {f'{statistics.median(st):.3f}' if st else '–'} "
-                 f"| {f'{statistics.median(its):g}' if its else '–'} | {'/'.join(map(str, stages))} | {'/'.join(map(str, params))}{extra} |")
+        cost_rows.append(
+            {
+                "group": g,
+                "key": k,
+                "wall_median": statistics.median(walls),
+                "ratio_to_ce": ratio,
+                "stages": stages,
+                "params": params,
+                "final_stage_s": statistics.median(st) if st else None,
+            }
+        )
+        L.append(
+            f"| {labels[g]} | {f'{lr:g}' if lr else '–'} | {statistics.median(walls):.1f} | {min(walls):.1f}–{max(walls):.1f} | {ratio:.2f}x | {ep:.2f} "
+            f"| {r0['backbone_samples']} / {r0['holdout_samples']} | {f'{statistics.median(st):.3f}' if st else '–'} "
+            f"| {f'{statistics.median(its):g}' if its else '–'} | {'/'.join(map(str, stages))} | {'/'.join(map(str, params))}{extra} |"
+        )
     raw["cost"] = cost_rows
     # table 3
     L += ["", "## Table 3: calibration under shift (test split)", ""]
@@ -306,11 +390,14 @@ def build_tables(raw: dict[str, Any]) -> str:
     raw["shift_curves"] = {g: {m: {str(s): c for s, c in v.items()} for m, v in d.items()} for g, d in curves.items()}
     if best:
         bl = f"{labels[best]} (lr {sel['chosen'][best].split('lr=')[1]})"
-        L += [f"ECE and accuracy (mean over the 4 tasks, then over the corruptions {', '.join(CORRUPTIONS)}; severity 0 = clean test split) "
-              f"per seed, then mean ± std over seeds, in %. One-go = {bl}, the best one-go variant by mean validation ECE. "
-              "Δ columns are paired by seed (pp); a reading is given only when |mean Δ| > its std.", "",
-              "| severity | ECE plain CE | ECE post-hoc TS | ECE one-go | ΔECE one-go − TS | ΔECE one-go − CE | ΔECE TS − CE | acc plain CE | acc post-hoc TS | acc one-go | Δacc one-go − TS |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        L += [
+            f"ECE and accuracy (mean over the 4 tasks, then over the corruptions {', '.join(CORRUPTIONS)}; severity 0 = clean test split) "
+            f"per seed, then mean ± std over seeds, in %. One-go = {bl}, the best one-go variant by mean validation ECE. "
+            "Δ columns are paired by seed (pp); a reading is given only when |mean Δ| > its std.",
+            "",
+            "| severity | ECE plain CE | ECE post-hoc TS | ECE one-go | ΔECE one-go − TS | ΔECE one-go − CE | ΔECE TS − CE | acc plain CE | acc post-hoc TS | acc one-go | Δacc one-go − TS |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
 
         def cell(g: str, m: str, s: int) -> str:
             return fmt_mean_std(*mean_std([c[s] for c in curves[g][m].values()]), 100)
@@ -321,20 +408,34 @@ def build_tables(raw: dict[str, Any]) -> str:
             return f"{fmt_mean_std(*d, 100)} ({reading(d, better_low)})"
 
         for s in [0] + SEVERITIES:
-            L.append(f"| {s} | {cell('ce', 'ece', s)} | {cell('posthoc_ts', 'ece', s)} | {cell(best, 'ece', s)} | {dcell(best, 'posthoc_ts', 'ece', s, True)} "
-                     f"| {dcell(best, 'ce', 'ece', s, True)} | {dcell('posthoc_ts', 'ce', 'ece', s, True)} | {cell('ce', 'accuracy', s)} "
-                     f"| {cell('posthoc_ts', 'accuracy', s)} | {cell(best, 'accuracy', s)} | {dcell(best, 'posthoc_ts', 'accuracy', s, False)} |")
+            L.append(
+                f"| {s} | {cell('ce', 'ece', s)} | {cell('posthoc_ts', 'ece', s)} | {cell(best, 'ece', s)} | {dcell(best, 'posthoc_ts', 'ece', s, True)} "
+                f"| {dcell(best, 'ce', 'ece', s, True)} | {dcell('posthoc_ts', 'ce', 'ece', s, True)} | {cell('ce', 'accuracy', s)} "
+                f"| {cell('posthoc_ts', 'accuracy', s)} | {cell(best, 'accuracy', s)} | {dcell(best, 'posthoc_ts', 'accuracy', s, False)} |"
+            )
         # per-corruption breakdown (ECE averaged over severities 1..5)
-        L += ["", "Per corruption (ECE %, mean over severities 1..5 and tasks; mean ± std over seeds), all four methods:", "",
-              "| corruption | " + " | ".join(labels[g] + (f" (lr {k.split('lr=')[1]})" if "lr=" in k else "") for g, k in rows_spec) + " |",
-              "|---|" + "---|" * len(rows_spec)]
+        L += [
+            "",
+            "Per corruption (ECE %, mean over severities 1..5 and tasks; mean ± std over seeds), all four methods:",
+            "",
+            "| corruption | "
+            + " | ".join(labels[g] + (f" (lr {k.split('lr=')[1]})" if "lr=" in k else "") for g, k in rows_spec)
+            + " |",
+            "|---|" + "---|" * len(rows_spec),
+        ]
         for c in CORRUPTIONS:
             cells = []
             for _, k in rows_spec:
-                vals = [statistics.fmean(row["ece"] for row in r["shift"] if row["corruption"] == c) for r in by[k].values() if r.get("shift")]
+                vals = [
+                    statistics.fmean(row["ece"] for row in r["shift"] if row["corruption"] == c)
+                    for r in by[k].values()
+                    if r.get("shift")
+                ]
                 cells.append(fmt_mean_std(*mean_std(vals), 100))
             L.append(f"| {c} | " + " | ".join(cells) + " |")
-    fails = [f"- {r['key']} seed {r['seed']}: {r['status']} ({r.get('reason')})" for r in runs if r["status"] != "completed"]
+    fails = [
+        f"- {r['key']} seed {r['seed']}: {r['status']} ({r.get('reason')})" for r in runs if r["status"] != "completed"
+    ]
     if fails:
         L += ["", "Failed / diverged runs:"] + fails
     return "\n".join(L) + "\n"
@@ -346,13 +447,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
     p.add_argument("--epochs", type=int, default=None, help="override the epochs (default 25)")
-    p.add_argument("--cal-lrs", type=str, default="1e-4,1e-3,1e-2", help="calibrator lr grid for the one-go variants (selected on validation)")
+    p.add_argument(
+        "--cal-lrs",
+        type=str,
+        default="1e-4,1e-3,1e-2",
+        help="calibrator lr grid for the one-go variants (selected on validation)",
+    )
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="smoke run: 1000 samples, 3 epochs, 2 seeds, lr grid 1e-3,1e-2; writes to a temp dir")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 1000 samples, 3 epochs, 2 seeds, lr grid 1e-3,1e-2; writes to a temp dir",
+    )
     p.add_argument("--out-dir", type=Path, default=None)
     p.add_argument("--note", type=str, default="", help="extra line for the header (e.g. reduced seeds/epochs)")
-    p.add_argument("--resume", type=Path, default=None,
-                   help="reuse the runs (same method key and seed) of this raw JSON, which must have the same settings; run only the rest")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        help="reuse the runs (same method key and seed) of this raw JSON, which must have the same settings; run only the rest",
+    )
     p.add_argument("--from-json", type=Path, default=None, help="rebuild the tables from a raw JSON instead of running")
     return p.parse_args(argv)
 
@@ -366,8 +480,17 @@ def run_all(args: argparse.Namespace, command: str, out: Path) -> dict[str, Any]
         settings = merge(settings, {"train": {"epochs": args.epochs}})
     seeds = list(range(2 if args.quick else args.seeds))
     cal_lrs = [1e-3, 1e-2] if args.quick else float_list(args.cal_lrs)
-    jobs = [{"key": v["key"], "group": v["group"], "seed": s, "cal_lr": v.get("cal_lr"), "config": merge(settings, {"train": v["train"]})}
-            for s in seeds for v in variants(cal_lrs)]  # seed-major
+    jobs = [
+        {
+            "key": v["key"],
+            "group": v["group"],
+            "seed": s,
+            "cal_lr": v.get("cal_lr"),
+            "config": merge(settings, {"train": v["train"]}),
+        }
+        for s in seeds
+        for v in variants(cal_lrs)
+    ]  # seed-major
     reused: list[dict] = []
     old: dict[str, Any] = {}
     if args.resume is not None:
@@ -378,8 +501,18 @@ def run_all(args: argparse.Namespace, command: str, out: Path) -> dict[str, Any]
         reused = [r for r in old["runs"] if (r["key"], r["seed"]) in wanted]
         have = {(r["key"], r["seed"]) for r in reused}
         jobs = [j for j in jobs if (j["key"], j["seed"]) not in have]
-    raw = {"command": command, "started_utc": utc_now(), **host_info(), "torch": torch.__version__, "workers": args.workers,
-           "settings": settings, "seeds": seeds, "cal_lrs": cal_lrs, "corruptions": CORRUPTIONS, "runs": list(reused)}
+    raw = {
+        "command": command,
+        "started_utc": utc_now(),
+        **host_info(),
+        "torch": torch.__version__,
+        "workers": args.workers,
+        "settings": settings,
+        "seeds": seeds,
+        "cal_lrs": cal_lrs,
+        "corruptions": CORRUPTIONS,
+        "runs": list(reused),
+    }
     if args.resume is not None:
         raw["resumed_from"] = {"file": str(args.resume), "command": old.get("command"), "runs_reused": len(reused)}
     partial = out / "reproduce_mtl_raw.partial.json"
@@ -388,18 +521,27 @@ def run_all(args: argparse.Namespace, command: str, out: Path) -> dict[str, Any]
     with spawn_pool(args.workers) as pool:
         for i, r in enumerate(pool.imap_unordered(run_one, jobs), 1):
             raw["runs"].append(r)
-            print(f"[{i}/{len(jobs)} {time.perf_counter() - t_start:5.0f}s] {r['key']} seed={r['seed']} {run_summary(r)} "
-                  f"(fit {r['wall_s']:.1f}s)", flush=True)
+            print(
+                f"[{i}/{len(jobs)} {time.perf_counter() - t_start:5.0f}s] {r['key']} seed={r['seed']} {run_summary(r)} "
+                f"(fit {r['wall_s']:.1f}s)",
+                flush=True,
+            )
             if i % 8 == 0:
                 write_json(partial, raw)
     raw["total_wall_s"] = time.perf_counter() - t_start
     raw["finished_utc"] = utc_now()
-    header = [f"Command: `{command}`", "",
-              f"Generated {utc_minute()}; torch {torch.__version__}, CPU, 1 thread per run, "
-              f"{args.workers} worker processes; {len(jobs)} new runs in {raw['total_wall_s']:.0f} s."]
+    header = [
+        f"Command: `{command}`",
+        "",
+        f"Generated {utc_minute()}; torch {torch.__version__}, CPU, 1 thread per run, "
+        f"{args.workers} worker processes; {len(jobs)} new runs in {raw['total_wall_s']:.0f} s.",
+    ]
     if args.resume is not None:
-        header += ["", f"Reused {len(reused)} runs from {args.resume.name}, produced by `{old.get('command')}` "
-                       f"(same settings; CPU runs are deterministic, so a reused run equals a rerun except for its wall time)."]
+        header += [
+            "",
+            f"Reused {len(reused)} runs from {args.resume.name}, produced by `{old.get('command')}` "
+            f"(same settings; CPU runs are deterministic, so a reused run equals a rerun except for its wall time).",
+        ]
     if args.note:
         header += ["", f"**Note:** {args.note}"]
     if args.quick:

@@ -65,7 +65,8 @@ class TrainConfig(_Strict):
     lr_schedule: Literal["none", "cosine", "step"] = "cosine"
     max_grad_norm: float | None = Field(default=None, gt=0.0)
     head_lr: float | None = Field(
-        default=None, gt=0.0,
+        default=None,
+        gt=0.0,
         description="learning rate of the model's head (its last linear layer) in the backbone optimizer; None = lr",
     )
 
@@ -82,20 +83,22 @@ class TrainConfig(_Strict):
     posthoc_split: Literal["holdout", "val"] = Field(
         default="holdout",
         description="where method 'posthoc' fits its calibrator: the training holdout (calibrator_data), or the "
-                    "validation split (the backbone then trains on the whole training split; validation metrics are "
-                    "k-fold cross-fitted, see posthoc_folds)",
+        "validation split (the backbone then trains on the whole training split; validation metrics are "
+        "k-fold cross-fitted, see posthoc_folds)",
     )
-    posthoc_folds: int = Field(default=5, ge=2,
-                               description="k of the cross-fitted validation metrics with posthoc_split 'val'")
+    posthoc_folds: int = Field(
+        default=5, ge=2, description="k of the cross-fitted validation metrics with posthoc_split 'val'"
+    )
     posthoc_refit: Literal["every_epoch", "end"] = Field(
         default="every_epoch",
         description="method 'posthoc': refit after every epoch (every epoch's validation metrics are calibrated) or "
-                    "once after training (one calibration stage; per-epoch validation metrics are uncalibrated)",
+        "once after training (one calibration stage; per-epoch validation metrics are uncalibrated)",
     )
     early_stopping_patience: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="stop after this many epochs without a lower validation NLL and return the model of the "
-                    "best epoch (None: train every epoch, return the last one)",
+        "best epoch (None: train every epoch, return the last one)",
     )
     label_smoothing: float = Field(default=0.1, ge=0.0, lt=1.0)
     focal_gamma: float | None = Field(default=None, ge=0.0, description="None = FLSD-53 schedule")
@@ -123,14 +126,21 @@ class TrainConfig(_Strict):
     def _check_combinations(self) -> TrainConfig:
         holdout = self.calibrator_data.startswith("holdout:")
         if self.method == "posthoc" and self.posthoc_split == "holdout" and not holdout:
-            raise ValueError("method 'posthoc' fits on held-out data: calibrator_data must be 'holdout:f' "
-                             "(or posthoc_split 'val')")
+            raise ValueError(
+                "method 'posthoc' fits on held-out data: calibrator_data must be 'holdout:f' (or posthoc_split 'val')"
+            )
         if self.method == "onego" and self.calibrator == "none":
             raise ValueError("method 'onego' needs a calibrator (not 'none'); use method 'ce' for plain CE")
-        if (self.head_lr is not None and self.method == "onego" and self.calibrator == "last_layer"
-                and not self.warmup_epochs):
-            raise ValueError("train.head_lr has no effect with method 'onego' and calibrator 'last_layer' (the head "
-                             "is the calibrator, trained at calibrator_lr) unless warmup_epochs > 0")
+        if (
+            self.head_lr is not None
+            and self.method == "onego"
+            and self.calibrator == "last_layer"
+            and not self.warmup_epochs
+        ):
+            raise ValueError(
+                "train.head_lr has no effect with method 'onego' and calibrator 'last_layer' (the head "
+                "is the calibrator, trained at calibrator_lr) unless warmup_epochs > 0"
+            )
         if self.hypergradient == "unrolled" and self.calibrator in ("last_layer", "mlp"):
             raise ValueError("hypergradient 'unrolled' supports temperature, vector, matrix and dirichlet calibrators")
         return self
@@ -239,7 +249,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 key = self.construct_object(key_node)
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (first on line {seen[key].line + 1})", key_node.start_mark)
+                        None, None, f"duplicate key {key!r} (first on line {seen[key].line + 1})", key_node.start_mark
+                    )
                 seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 
@@ -287,8 +298,9 @@ def read_yaml(path: str | Path | None) -> dict[str, Any]:
         start = exc.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
         line = data.count(b"\n", 0, start) + 1
         column = start - (data.rfind(b"\n", 0, start) + 1) + 1
-        raise ConfigError(f"{p}:{line}:{column}: not UTF-8 text (byte 0x{data[start]:02x}); "
-                          "save the config as UTF-8") from None
+        raise ConfigError(
+            f"{p}:{line}:{column}: not UTF-8 text (byte 0x{data[start]:02x}); save the config as UTF-8"
+        ) from None
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:

@@ -38,8 +38,20 @@ _loaded: list[str] = []
 # that every name here is registered.
 BUILTIN = {
     "model": frozenset({"mlp", "cnn1d", "cnn2d", "resnet18", "resnet34", "resnet50", "wrn28_10", "vit_small"}),
-    "dataset": frozenset({"mnist1d", "digits", "cifar10", "cifar100", "svhn", "mnist", "fashionmnist", "digits_mtl",
-                          "mnist1d_mtl", "celeba"}),
+    "dataset": frozenset(
+        {
+            "mnist1d",
+            "digits",
+            "cifar10",
+            "cifar100",
+            "svhn",
+            "mnist",
+            "fashionmnist",
+            "digits_mtl",
+            "mnist1d_mtl",
+            "celeba",
+        }
+    ),
     "calibrator": frozenset({"temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer"}),
 }
 
@@ -94,14 +106,15 @@ def name_problem(kind: str, field: str, name: str) -> str | None:
     names = registered(kind)
     if name in names:
         return None
-    return (f"{field}: unknown {kind} {name!r}; registered: {', '.join(names)} (a plugin adds more: "
-            "docs/extending.md)")
+    return f"{field}: unknown {kind} {name!r}; registered: {', '.join(names)} (a plugin adds more: docs/extending.md)"
 
 
 def run_config_problems(run: Any, prefix: str = "") -> list[str]:
     """The names of a RunConfig checked against the registries (calibrator 'none' means plain CE)."""
-    problems = [name_problem("dataset", f"{prefix}data.name", run.data.name),
-                name_problem("model", f"{prefix}model.name", run.model.name)]
+    problems = [
+        name_problem("dataset", f"{prefix}data.name", run.data.name),
+        name_problem("model", f"{prefix}model.name", run.model.name),
+    ]
     if run.train.calibrator != "none":
         problems.append(name_problem("calibrator", f"{prefix}train.calibrator", run.train.calibrator))
     return [p for p in problems if p]

@@ -379,7 +379,7 @@ def severity_params(kind: str, name: str) -> tuple[Any, ...]:
 
 
 def input_kind(x: Tensor) -> str:
-    """"image" for (N, C, H, W), "signal" for (N, L) or (N, C, L)."""
+    """ "image" for (N, C, H, W), "signal" for (N, L) or (N, C, L)."""
     if not isinstance(x, Tensor):
         raise ValueError(f"x must be a torch tensor, got {type(x).__name__}")
     if x.dim() == 4:

@@ -27,14 +27,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="calib-api-") as workdir:
         result = run_sweep(
             DEMO,
-            overrides=["name=api-example", "search.num_samples=2", "run.data.num_samples=1200",
-                       "run.train.epochs=2", "run.train.batch_size=64", "selection.num_resamples=200"],
+            overrides=[
+                "name=api-example",
+                "search.num_samples=2",
+                "run.data.num_samples=1200",
+                "run.train.epochs=2",
+                "run.train.batch_size=64",
+                "selection.num_resamples=200",
+            ],
             workdir=workdir,
         )
 
         print("\n--- what run_sweep returned ---")
-        print(f"champion: {result.champion_label} "
-              f"(MLflow run {result.champion_run_id}, trial {result.champion_trial_id})")
+        print(
+            f"champion: {result.champion_label} (MLflow run {result.champion_run_id}, trial {result.champion_trial_id})"
+        )
         print(f"model: {result.model_uri} (also {result.champion_uri})")
         cols = ["label", "status", "val_accuracy", "val_ece", "val_ece_ci_low", "val_ece_ci_high", "champion"]
         print(result.leaderboard[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -52,7 +59,8 @@ def main() -> int:
         mlflow.set_tracking_uri(result.tracking_uri)
         model = mlflow.pyfunc.load_model(result.model_uri)
         run_cfg = RunConfig.model_validate(
-            mlflow.artifacts.load_dict(f"runs:/{result.champion_run_id}/run_config.json"))
+            mlflow.artifacts.load_dict(f"runs:/{result.champion_run_id}/run_config.json")
+        )
         x = load_dataset(run_cfg.data, run_cfg.seed).test.x[:5].numpy()
         probs = model.predict(x)
         assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-5)

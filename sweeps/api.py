@@ -34,9 +34,15 @@ if TYPE_CHECKING:  # at run time the module's __getattr__ imports them (with Ray
 __all__ = ["ConfigError", "SweepError", "SweepIncomplete", "SweepResult", "load_result", "run_sweep"]
 
 
-def run_sweep(config: SweepConfig | Mapping[str, Any] | str | Path | None = None, *,
-              overrides: Sequence[str] = (), cluster: bool = False, resume: bool = False, verbose: bool = False,
-              workdir: str | Path | None = None) -> Any:
+def run_sweep(
+    config: SweepConfig | Mapping[str, Any] | str | Path | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    cluster: bool = False,
+    resume: bool = False,
+    verbose: bool = False,
+    workdir: str | Path | None = None,
+) -> Any:
     """Run (or resume) a sweep and return its `SweepResult` (champion, model URI, leaderboard, selection,
     intervals and replicates).
 
@@ -56,8 +62,13 @@ def run_sweep(config: SweepConfig | Mapping[str, Any] | str | Path | None = None
     return execute(cfg, cluster=cluster, resume=resume, verbose=verbose)
 
 
-def resolve(config: SweepConfig | Mapping[str, Any] | str | Path | None, overrides: Sequence[str] = (), *,
-            cluster: bool = False, workdir: str | Path | None = None) -> SweepConfig:
+def resolve(
+    config: SweepConfig | Mapping[str, Any] | str | Path | None,
+    overrides: Sequence[str] = (),
+    *,
+    cluster: bool = False,
+    workdir: str | Path | None = None,
+) -> SweepConfig:
     """The validated config with the CLI's defaults filled in (see run_sweep)."""
     if isinstance(config, SweepConfig):
         raw = config.model_dump(mode="json")
@@ -100,16 +111,30 @@ def load_result(cfg: SweepConfig) -> Any:
     intervals: dict[str, dict[str, tuple[float, float]]] = {}
     for run in store.trial_runs(experiment_id, cfg.name):
         m = run.data.metrics
-        ci = {k.removesuffix("_ci_low"): (m[k], m[k.removesuffix("_low") + "_high"])
-              for k in m if k.endswith("_ci_low") and k.removesuffix("_low") + "_high" in m}
+        ci = {
+            k.removesuffix("_ci_low"): (m[k], m[k.removesuffix("_low") + "_high"])
+            for k in m
+            if k.endswith("_ci_low") and k.removesuffix("_low") + "_high" in m
+        }
         if ci:
             intervals[run.data.tags.get(TAG_TRIAL, "")] = ci
     return SweepResult(
-        name=cfg.name, champion_run_id=champion_run, champion_trial_id=sel["champion_trial"],
-        champion_label=sel["label"], model_uri=f"models:/{model}/{version}", model_version=version,
-        leaderboard=board, selection=sel["why"], intervals=intervals, confidence=float(sel["confidence"]),
-        parent_run_id=parent.info.run_id, experiment_id=experiment_id, tracking_uri=cfg.tracking.uri,
-        study_storage=cfg.search.storage or MEMORY, replicates=None)
+        name=cfg.name,
+        champion_run_id=champion_run,
+        champion_trial_id=sel["champion_trial"],
+        champion_label=sel["label"],
+        model_uri=f"models:/{model}/{version}",
+        model_version=version,
+        leaderboard=board,
+        selection=sel["why"],
+        intervals=intervals,
+        confidence=float(sel["confidence"]),
+        parent_run_id=parent.info.run_id,
+        experiment_id=experiment_id,
+        tracking_uri=cfg.tracking.uri,
+        study_storage=cfg.search.storage or MEMORY,
+        replicates=None,
+    )
 
 
 def __getattr__(name: str) -> Any:

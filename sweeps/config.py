@@ -325,8 +325,10 @@ def with_defaults(cfg: SweepConfig, cluster: bool, workdir: str | Path = ".") ->
         try:
             search.storage = url  # validated: the environment variable may hold anything
         except ValidationError:
-            raise ConfigError(f"{STUDY_STORAGE_ENV}: {url!r} must be sqlite:////ABS/PATH.db, postgresql://..., "
-                              "mysql://... or 'memory'") from None
+            raise ConfigError(
+                f"{STUDY_STORAGE_ENV}: {url!r} must be sqlite:////ABS/PATH.db, postgresql://..., "
+                "mysql://... or 'memory'"
+            ) from None
         updates["search"] = search
     return cfg.model_copy(update=updates) if updates else cfg
 

@@ -41,34 +41,58 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python sweeps/launch.py",
         description="Sweep calibrators and calibrator learning rates with Ray Tune + Optuna; "
-                    "track in MLflow; select and register the best model (validation metrics only).",
+        "track in MLflow; select and register the best model (validation metrics only).",
     )
     p.add_argument("--config", metavar="FILE", help="sweep YAML (default: sweeps/configs/mnist1d_demo.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value by dotted key, e.g. --set run.train.epochs=2 (repeatable)")
-    p.add_argument("--cluster", action="store_true",
-                   help="connect to an existing Ray cluster (RAY_ADDRESS or 'auto'); storage and "
-                        "tracking must then be reachable from every node")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value by dotted key, e.g. --set run.train.epochs=2 (repeatable)",
+    )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="connect to an existing Ray cluster (RAY_ADDRESS or 'auto'); storage and "
+        "tracking must then be reachable from every node",
+    )
     p.add_argument("--num-samples", type=int, metavar="N", help="number of trials (search.num_samples)")
     p.add_argument("--max-concurrent", type=int, metavar="N", help="trials running at once (resources.max_concurrent)")
     p.add_argument("--gpus-per-trial", type=float, metavar="F", help="GPUs per trial, fractions allowed, e.g. 0.25")
     p.add_argument("--cpus-per-trial", type=float, metavar="F", help="CPUs per trial (also sets torch threads)")
-    p.add_argument("--tracking-uri", metavar="URI",
-                   help="MLflow tracking URI (default: sqlite:///<cwd>/mlflow.db; a server URL with --cluster)")
-    p.add_argument("--storage-path", metavar="PATH",
-                   help="where Ray Tune keeps results and checkpoints (default: <cwd>/ray_results; "
-                        "s3://... or a shared mount with --cluster)")
+    p.add_argument(
+        "--tracking-uri",
+        metavar="URI",
+        help="MLflow tracking URI (default: sqlite:///<cwd>/mlflow.db; a server URL with --cluster)",
+    )
+    p.add_argument(
+        "--storage-path",
+        metavar="PATH",
+        help="where Ray Tune keeps results and checkpoints (default: <cwd>/ray_results; "
+        "s3://... or a shared mount with --cluster)",
+    )
     p.add_argument("--name", help="sweep name: Ray experiment name, MLflow parent run and Optuna study name")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the sweep NAME where it stopped (starts it if there is nothing to resume; "
-                        "says so and changes nothing if it already finished)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the resolved config and resource plan, then exit without running anything "
-                        "(checks values only: not paths, servers or resources)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the sweep NAME where it stopped (starts it if there is nothing to resume; "
+        "says so and changes nothing if it already finished)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config and resource plan, then exit without running anything "
+        "(checks values only: not paths, servers or resources)",
+    )
     p.add_argument("--seed", type=int, help="seed for data splits, training and the Optuna sampler")
-    p.add_argument("--verbose", action="store_true",
-                   help="Ray Tune's full output (every trial's config and result tables) and every library's "
-                        "log lines, instead of the status table and one progress line per trial")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Ray Tune's full output (every trial's config and result tables) and every library's "
+        "log lines, instead of the status table and one progress line per trial",
+    )
     return p
 
 
@@ -78,9 +102,13 @@ def resolve_config(args: argparse.Namespace) -> SweepConfig:
 
     overrides = list(args.overrides)
     flag_map = {
-        "num_samples": "search.num_samples", "max_concurrent": "resources.max_concurrent",
-        "gpus_per_trial": "resources.gpus_per_trial", "cpus_per_trial": "resources.cpus_per_trial",
-        "tracking_uri": "tracking.uri", "storage_path": "storage_path", "name": "name",
+        "num_samples": "search.num_samples",
+        "max_concurrent": "resources.max_concurrent",
+        "gpus_per_trial": "resources.gpus_per_trial",
+        "cpus_per_trial": "resources.cpus_per_trial",
+        "tracking_uri": "tracking.uri",
+        "storage_path": "storage_path",
+        "name": "name",
     }
     for attr, key in flag_map.items():
         value = getattr(args, attr)
@@ -100,13 +128,15 @@ def resource_plan(cfg: SweepConfig) -> str:
     r, s = cfg.resources, cfg.search
     conc = min(r.max_concurrent, s.num_samples)
     metric = s.metric if s.objective == "single" else "val_accuracy max + val_ece min"
-    return (f"trials: {s.num_samples} ({s.objective}-objective, metric {metric}, "
-            f"scheduler {s.scheduler})\n"
-            f"per trial: {r.cpus_per_trial:g} CPU, {r.gpus_per_trial:g} GPU; at most {conc} at once "
-            f"-> peak {conc * r.cpus_per_trial:g} CPU, {conc * r.gpus_per_trial:g} GPU\n"
-            f"retries per trial: {r.max_failures}; epochs per trial: {cfg.run.train.epochs}\n"
-            f"storage: {cfg.storage_path}\ntracking: {cfg.tracking.uri}\n"
-            f"optuna study: {cfg.name} in {redact(cfg.search.storage or 'memory')}")
+    return (
+        f"trials: {s.num_samples} ({s.objective}-objective, metric {metric}, "
+        f"scheduler {s.scheduler})\n"
+        f"per trial: {r.cpus_per_trial:g} CPU, {r.gpus_per_trial:g} GPU; at most {conc} at once "
+        f"-> peak {conc * r.cpus_per_trial:g} CPU, {conc * r.gpus_per_trial:g} GPU\n"
+        f"retries per trial: {r.max_failures}; epochs per trial: {cfg.run.train.epochs}\n"
+        f"storage: {cfg.storage_path}\ntracking: {cfg.tracking.uri}\n"
+        f"optuna study: {cfg.name} in {redact(cfg.search.storage or 'memory')}"
+    )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -41,15 +41,27 @@ def _hooks(sweep: str) -> _Hooks:
     try:
         return _INSTALLED[sweep]
     except KeyError:
-        raise RuntimeError(f"sweep {sweep!r} runs without its callbacks: call Tuner.fit inside "
-                           "sweeps.live_hooks.installed(...)") from None
+        raise RuntimeError(
+            f"sweep {sweep!r} runs without its callbacks: call Tuner.fit inside sweeps.live_hooks.installed(...)"
+        ) from None
 
 
 # Every hook of tune.Callback; the experiment's callback state (get_state) stays the default
 # None: the installed callbacks keep none across a driver restart.
-_CALLBACK_HOOKS = ("setup", "on_step_begin", "on_step_end", "on_trial_start", "on_trial_restore", "on_trial_save",
-                   "on_trial_result", "on_trial_complete", "on_trial_recover", "on_trial_error", "on_checkpoint",
-                   "on_experiment_end")
+_CALLBACK_HOOKS = (
+    "setup",
+    "on_step_begin",
+    "on_step_end",
+    "on_trial_start",
+    "on_trial_restore",
+    "on_trial_save",
+    "on_trial_result",
+    "on_trial_complete",
+    "on_trial_recover",
+    "on_trial_error",
+    "on_checkpoint",
+    "on_experiment_end",
+)
 
 
 class LiveCallbacks(tune.Callback):

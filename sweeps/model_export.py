@@ -57,9 +57,19 @@ MODEL_CODE = Path(__file__).with_name("champion_pyfunc.py")
 # distributions the model imports when it loads (calib_core.trainer needs pydantic and pyyaml)
 REQUIRED_DISTRIBUTIONS = ("torch", "numpy", "pydantic", "pyyaml", "mlflow")
 EXPORT_FORMAT = "mlflow-models-from-code/calib_core-spec-v1"
-VAL_METRICS = (("accuracy", "accuracy"), ("ece", "ECE"), ("sce", "SCE"), ("ace", "ACE"), ("tace", "TACE"),
-               ("mce", "MCE"), ("rmsce", "RMSCE"), ("nll", "NLL"), ("brier", "Brier"), ("aurc", "AURC"),
-               ("shift_ece", "ECE under shift"))
+VAL_METRICS = (
+    ("accuracy", "accuracy"),
+    ("ece", "ECE"),
+    ("sce", "SCE"),
+    ("ace", "ACE"),
+    ("tace", "TACE"),
+    ("mce", "MCE"),
+    ("rmsce", "RMSCE"),
+    ("nll", "NLL"),
+    ("brier", "Brier"),
+    ("aurc", "AURC"),
+    ("shift_ece", "ECE under shift"),
+)
 
 
 class CalibratedClassifierModel(PythonModel):
@@ -123,8 +133,10 @@ def default_description(summary: dict[str, Any], metrics: dict[str, Any], spec: 
     train = rc.get("train") or {}
     method = train.get("method", "?")
     if method == "onego":
-        cal = (f"{train.get('calibrator')}, trained one-go with the backbone, calibrator lr "
-               f"{float(train.get('calibrator_lr', float('nan'))):.4g}, calibrator data {train.get('calibrator_data')}")
+        cal = (
+            f"{train.get('calibrator')}, trained one-go with the backbone, calibrator lr "
+            f"{float(train.get('calibrator_lr', float('nan'))):.4g}, calibrator data {train.get('calibrator_data')}"
+        )
     elif method == "posthoc":
         cal = f"{train.get('posthoc_calibrator')}, fitted post hoc on {train.get('calibrator_data')}"
     else:
@@ -165,8 +177,10 @@ def _load_trained(ckpt: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The trial's calibrated module and summary from its final checkpoint (sweeps.contract's layout)."""
     summary = json.loads((ckpt / SUMMARY_FILE).read_text())
     if not (ckpt / MODEL_FILE).is_file():
-        raise FileNotFoundError(f"{ckpt / MODEL_FILE} is missing: the trial did not complete "
-                                f"(status {summary.get('status')!r}), so there is no model to register")
+        raise FileNotFoundError(
+            f"{ckpt / MODEL_FILE} is missing: the trial did not complete "
+            f"(status {summary.get('status')!r}), so there is no model to register"
+        )
     # The checkpoint the trial wrote holds the whole module, pickled; it is read only here.
     module = torch.load(ckpt / MODEL_FILE, map_location="cpu", weights_only=False).eval()
     return module, summary
@@ -180,8 +194,11 @@ def _stage(module: torch.nn.Module, spec: dict[str, Any], out: Path) -> None:
 
     torch.save(state_dict_for_export(module), out / "weights.pt")
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
-    shutil.copytree(Path(calib_core.__file__).parent, out / "code" / "calib_core",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo"))
+    shutil.copytree(
+        Path(calib_core.__file__).parent,
+        out / "code" / "calib_core",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo"),
+    )
 
     rebuilt = load_calibrated_model(json.loads((out / "spec.json").read_text()), out / "weights.pt")
     x = torch.from_numpy(input_example(tuple(spec["input_shape"])))
@@ -224,9 +241,16 @@ def _log_portable_model(store: MlflowStore, run_id: str, module: torch.nn.Module
 
 
 # ---------------------------------------------------------------------------- entry point
-def log_and_register(run_id: str, checkpoint_dir: str | Path, input_shape: tuple[int, ...],
-                     model_name: str, tracking_uri: str, *, description: str | None = None,
-                     alias: str = CHAMPION_ALIAS) -> str:
+def log_and_register(
+    run_id: str,
+    checkpoint_dir: str | Path,
+    input_shape: tuple[int, ...],
+    model_name: str,
+    tracking_uri: str,
+    *,
+    description: str | None = None,
+    alias: str = CHAMPION_ALIAS,
+) -> str:
     """Log the champion's portable model on its run, register it, point `alias` at it; return
     the version. Idempotent: a version already registered from `run_id` is reused (only the
     alias, tags and, when given, the description are set), so a resumed sweep never adds a
@@ -250,7 +274,8 @@ def log_and_register(run_id: str, checkpoint_dir: str | Path, input_shape: tuple
         model_id = store.completed_export(run_id, EXPORT_FORMAT) or _log_portable_model(store, run_id, module, spec)
         if description is None:
             description = default_description(summary, _read_metrics(store, run_id, ckpt), spec, run_id)
-        version = store.register(model_name, model_id, run_id, description,
-                                 tags={TAG_SOURCE_RUN: run_id, TAG_EXPORT_FORMAT: EXPORT_FORMAT})
+        version = store.register(
+            model_name, model_id, run_id, description, tags={TAG_SOURCE_RUN: run_id, TAG_EXPORT_FORMAT: EXPORT_FORMAT}
+        )
     store.point_alias(model_name, alias, version, tags={TAG_SOURCE_RUN: run_id})
     return version

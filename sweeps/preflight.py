@@ -45,8 +45,26 @@ TIMEOUT_S = float(os.environ.get("CALIB_PREFLIGHT_TIMEOUT_S", "3"))
 # Datasets read from torchvision's files under run.data.root (calib_core.data).
 ROOT_DATASETS = ("cifar10", "cifar100", "svhn", "mnist", "fashionmnist", "celeba")
 # File systems that cannot hold a store (kernel interfaces).
-PSEUDO_FS = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "devtmpfs", "securityfs", "debugfs", "tracefs",
-             "pstore", "bpf", "configfs", "fusectl", "mqueue", "binfmt_misc", "efivarfs", "autofs", "nsfs"}
+PSEUDO_FS = {
+    "proc",
+    "sysfs",
+    "cgroup",
+    "cgroup2",
+    "devpts",
+    "devtmpfs",
+    "securityfs",
+    "debugfs",
+    "tracefs",
+    "pstore",
+    "bpf",
+    "configfs",
+    "fusectl",
+    "mqueue",
+    "binfmt_misc",
+    "efivarfs",
+    "autofs",
+    "nsfs",
+}
 RESOURCE_UNIT = 1e-4  # Ray refuses fractional resources below 0.0001
 
 
@@ -71,19 +89,24 @@ def check_config(cfg: SweepConfig, cluster: bool) -> None:
     if t.uri is not None and t.uri.startswith("sqlite:///"):
         path = t.uri.removeprefix("sqlite:///")
         if not path.startswith("/"):
-            problems.append(f"tracking.uri: {t.uri!r} is a relative SQLite path; give an absolute one: "
-                            f"sqlite:///{Path(path).absolute()} (four slashes)")
+            problems.append(
+                f"tracking.uri: {t.uri!r} is a relative SQLite path; give an absolute one: "
+                f"sqlite:///{Path(path).absolute()} (four slashes)"
+            )
     problems += _study_storage_problems(cfg, cluster)
     r = cfg.resources
     for field, value in (("cpus_per_trial", r.cpus_per_trial), ("gpus_per_trial", r.gpus_per_trial)):
         if 0 < value < RESOURCE_UNIT:
             problems.append(f"resources.{field}: Ray counts resources in steps of {RESOURCE_UNIT:g} (got {value:g})")
     if cfg.run.device.startswith("cuda") and r.gpus_per_trial == 0:
-        problems.append(f"run.device: {cfg.run.device!r} needs resources.gpus_per_trial > 0 "
-                        "(Ray hides every GPU from a trial that asks for none)")
+        problems.append(
+            f"run.device: {cfg.run.device!r} needs resources.gpus_per_trial > 0 "
+            "(Ray hides every GPU from a trial that asks for none)"
+        )
     if cfg.run.data.name in ROOT_DATASETS and cfg.run.data.root is None:
-        problems.append(f"run.data.root: {cfg.run.data.name} is read from torchvision's files; set the folder "
-                        "that holds them")
+        problems.append(
+            f"run.data.root: {cfg.run.data.name} is read from torchvision's files; set the folder that holds them"
+        )
     if cluster:
         problems += _cluster_store_problems(cfg)
     if problems:
@@ -96,15 +119,21 @@ def _study_storage_problems(cfg: SweepConfig, cluster: bool) -> list[str]:
     if not url or url == "memory":
         return []
     if url.startswith("sqlite:///") and not url.removeprefix("sqlite:///").startswith("/"):
-        return [f"search.storage: {url!r} is a relative SQLite path; give an absolute one: "
-                f"sqlite:///{Path(url.removeprefix('sqlite:///')).absolute()} (four slashes)"]
+        return [
+            f"search.storage: {url!r} is a relative SQLite path; give an absolute one: "
+            f"sqlite:///{Path(url.removeprefix('sqlite:///')).absolute()} (four slashes)"
+        ]
     if url == cfg.tracking.uri:
         # both keep an alembic_version table: one database cannot hold the two schemas
-        return [f"search.storage: {redact(url)!r} is the MLflow store itself; give the Optuna study its own "
-                "database (e.g. optuna.db beside mlflow.db, or a database 'optuna' on the same server)"]
+        return [
+            f"search.storage: {redact(url)!r} is the MLflow store itself; give the Optuna study its own "
+            "database (e.g. optuna.db beside mlflow.db, or a database 'optuna' on the same server)"
+        ]
     if cluster and url.startswith("sqlite:"):
-        return [f"search.storage: {url!r} is a local SQLite file; with --cluster use a database every node "
-                "can reach (postgresql://..., e.g. via CALIB_OPTUNA_STORAGE) or 'memory'"]
+        return [
+            f"search.storage: {url!r} is a local SQLite file; with --cluster use a database every node "
+            "can reach (postgresql://..., e.g. via CALIB_OPTUNA_STORAGE) or 'memory'"
+        ]
     return []
 
 
@@ -145,24 +174,34 @@ def _cluster_store_problems(cfg: SweepConfig) -> list[str]:
     uri, storage = cfg.tracking.uri, cfg.storage_path
     problems = []
     if not uri:
-        problems.append("tracking.uri: --cluster needs an MLflow server every node can reach "
-                        "(e.g. --tracking-uri http://mlflow:5000); none was given")
+        problems.append(
+            "tracking.uri: --cluster needs an MLflow server every node can reach "
+            "(e.g. --tracking-uri http://mlflow:5000); none was given"
+        )
     elif is_local_store(uri):
-        problems.append(f"tracking.uri: {uri!r} is a local store; with --cluster use an MLflow server URL "
-                        "(http://...) reachable from every node")
+        problems.append(
+            f"tracking.uri: {uri!r} is a local store; with --cluster use an MLflow server URL "
+            "(http://...) reachable from every node"
+        )
     elif _is_loopback(_host(uri)) and not _is_loopback(_address_host(ray_address())):
-        problems.append(f"tracking.uri: {redact(uri)!r} is a loopback address, which is each node's own "
-                        "machine; with --cluster use a host name or address every node can reach")
+        problems.append(
+            f"tracking.uri: {redact(uri)!r} is a loopback address, which is each node's own "
+            "machine; with --cluster use a host name or address every node can reach"
+        )
     if not storage:
         problems.append("storage_path: --cluster needs shared storage (s3://... or a shared mount); none was given")
     elif storage.startswith(("file://", "memory://")):
         scheme = storage.split("://", 1)[0]
-        problems.append(f"storage_path: {storage!r} ({scheme}://) is local to each node; with --cluster use "
-                        "s3://... or gs://..., or the plain path of a shared mount with CALIB_SHARED_STORAGE=1")
+        problems.append(
+            f"storage_path: {storage!r} ({scheme}://) is local to each node; with --cluster use "
+            "s3://... or gs://..., or the plain path of a shared mount with CALIB_SHARED_STORAGE=1"
+        )
     elif "://" not in storage and not os.environ.get("CALIB_SHARED_STORAGE"):
-        problems.append(f"storage_path: {storage!r} is a local directory that other nodes cannot reach; use "
-                        "s3://... or gs://..., or set CALIB_SHARED_STORAGE=1 if it is a shared mount (NFS) at "
-                        "the same path on every node")
+        problems.append(
+            f"storage_path: {storage!r} is a local directory that other nodes cannot reach; use "
+            "s3://... or gs://..., or set CALIB_SHARED_STORAGE=1 if it is a shared mount (NFS) at "
+            "the same path on every node"
+        )
     return problems
 
 
@@ -258,8 +297,9 @@ def check_tracking(uri: str, cluster: bool) -> None:
     elif uri.startswith(("http://", "https://")):
         reason = _probe_http(uri)
         if reason:
-            raise ConfigError(f"tracking.uri: no MLflow server answers at {redact(uri)} ({reason}); start it or "
-                              "fix the URI")
+            raise ConfigError(
+                f"tracking.uri: no MLflow server answers at {redact(uri)} ({reason}); start it or fix the URI"
+            )
     elif uri.startswith(("postgresql", "mysql")):
         _check_database_server("tracking.uri", uri)
 
@@ -276,8 +316,10 @@ def _check_sqlite_file(field: str, db: Path, what: str, address: str) -> None:
     """A SQLite database `db` (the `what`: store or study): its folder exists and is writable; the file,
     if there, is a readable and writable SQLite database. A missing file is fine (it is created)."""
     if not db.parent.exists():
-        raise ConfigError(f"{field}: the folder {db.parent} of the SQLite {what} does not exist "
-                          f"(create it, or point the {address} elsewhere)")
+        raise ConfigError(
+            f"{field}: the folder {db.parent} of the SQLite {what} does not exist "
+            f"(create it, or point the {address} elsewhere)"
+        )
     _check_writable_dir(field, db.parent, what=f"the folder of the SQLite {what}")
     if db.exists():
         if not db.is_file():
@@ -460,14 +502,18 @@ def check_local_resources(cfg: SweepConfig) -> None:
     r = cfg.resources
     cpus = local_cpus()
     if r.cpus_per_trial > cpus:
-        raise ConfigError(f"resources.cpus_per_trial: a trial asks for {r.cpus_per_trial:g} CPUs but this machine "
-                          f"offers {cpus}; lower it (a trial runs on one machine) or use --cluster")
+        raise ConfigError(
+            f"resources.cpus_per_trial: a trial asks for {r.cpus_per_trial:g} CPUs but this machine "
+            f"offers {cpus}; lower it (a trial runs on one machine) or use --cluster"
+        )
     if r.gpus_per_trial > 0:
         gpus = local_gpus()
         if r.gpus_per_trial > gpus:
             has = "no GPU (torch sees no CUDA device)" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
-            raise ConfigError(f"resources.gpus_per_trial: a trial asks for {r.gpus_per_trial:g} GPUs but this "
-                              f"machine has {has}; lower it or use --cluster")
+            raise ConfigError(
+                f"resources.gpus_per_trial: a trial asks for {r.gpus_per_trial:g} GPUs but this "
+                f"machine has {has}; lower it or use --cluster"
+            )
 
 
 def check_local_data(cfg: SweepConfig) -> None:
@@ -476,8 +522,10 @@ def check_local_data(cfg: SweepConfig) -> None:
     if d.name in ROOT_DATASETS and d.root is not None and not d.download:
         root = Path(d.root).expanduser()
         if not root.is_dir():
-            raise ConfigError(f"run.data.root: {root} is not a folder ({d.name} needs torchvision's files there, "
-                              "or run.data.download: true)")
+            raise ConfigError(
+                f"run.data.root: {root} is not a folder ({d.name} needs torchvision's files there, "
+                "or run.data.download: true)"
+            )
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -534,8 +582,10 @@ def connect_cluster(runtime_env: dict[str, Any] | None = None) -> None:
         try:
             where = services.canonicalize_bootstrap_address(address) or address
         except ConnectionError:
-            raise ConfigError("--cluster: no running Ray cluster found (RAY_ADDRESS is not set and no `ray start` "
-                              "ran on this machine); start one or set RAY_ADDRESS=host:port") from None
+            raise ConfigError(
+                "--cluster: no running Ray cluster found (RAY_ADDRESS is not set and no `ray start` "
+                "ran on this machine); start one or set RAY_ADDRESS=host:port"
+            ) from None
         except ValueError as exc:
             raise ConfigError(f"--cluster: RAY_ADDRESS={address!r} is not host:port ({exc})") from None
         host, _, port_s = where.rpartition(":")
@@ -618,9 +668,11 @@ def check_cluster(cfg: SweepConfig, loopback_tracking: bool) -> None:
         far = sorted({n.get("NodeManagerAddress", "") for n in nodes} - {""})
         far = [a for a in far if not _is_loopback(a) and a not in here]
         if far or not nodes:
-            raise ConfigError(f"tracking.uri: {redact(cfg.tracking.uri or '')!r} is a loopback address but the "
-                              f"cluster has nodes on other machines ({', '.join(far) or 'unknown addresses'}); use "
-                              "an address every node can reach")
+            raise ConfigError(
+                f"tracking.uri: {redact(cfg.tracking.uri or '')!r} is a loopback address but the "
+                f"cluster has nodes on other machines ({', '.join(far) or 'unknown addresses'}); use "
+                "an address every node can reach"
+            )
     r = cfg.resources
     cpus, gpus = r.cpus_per_trial, r.gpus_per_trial
 
@@ -634,23 +686,33 @@ def check_cluster(cfg: SweepConfig, loopback_tracking: bool) -> None:
     scales, why = _autoscaler(cpus, gpus)
     cpu_short = not any(has(n, "CPU") >= cpus for n in nodes)
     gpu_short = not any(has(n, "GPU") >= gpus for n in nodes)
-    field = ("resources.gpus_per_trial" if gpu_short and not cpu_short else
-             "resources.cpus_per_trial" if cpu_short and not gpu_short else
-             "resources.cpus_per_trial/gpus_per_trial")
+    field = (
+        "resources.gpus_per_trial"
+        if gpu_short and not cpu_short
+        else "resources.cpus_per_trial"
+        if cpu_short and not gpu_short
+        else "resources.cpus_per_trial/gpus_per_trial"
+    )
     big = max(nodes, key=lambda n: (has(n, "GPU"), has(n, "CPU")), default={})
     total = ray.cluster_resources()
     ask = f"a trial asks for {cpus:g} CPU and {gpus:g} GPU on one node"
-    have = (f"the largest node has {has(big, 'CPU'):g} CPU and {has(big, 'GPU'):g} GPU (cluster: {len(nodes)} "
-            f"node(s), {total.get('CPU', 0):g} CPU, {total.get('GPU', 0):g} GPU)")
+    have = (
+        f"the largest node has {has(big, 'CPU'):g} CPU and {has(big, 'GPU'):g} GPU (cluster: {len(nodes)} "
+        f"node(s), {total.get('CPU', 0):g} CPU, {total.get('GPU', 0):g} GPU)"
+    )
     if scales and r.pending_timeout_s is not None:
-        print(f"{field}: {ask}; {have}; {why}: waiting at most {r.pending_timeout_s:g} s for it "
-              "(resources.pending_timeout_s)")
+        print(
+            f"{field}: {ask}; {have}; {why}: waiting at most {r.pending_timeout_s:g} s for it "
+            "(resources.pending_timeout_s)"
+        )
         return
     if scales:
         print(f"{field}: {ask}; {have}; {why}: waiting for it (resources.pending_timeout_s: null)")
         return
-    raise ConfigError(f"{field}: {ask} but {have}, and {why}; lower the request or add a node "
-                      "(CALIB_ASSUME_AUTOSCALING=1 waits resources.pending_timeout_s for one)")
+    raise ConfigError(
+        f"{field}: {ask} but {have}, and {why}; lower the request or add a node "
+        "(CALIB_ASSUME_AUTOSCALING=1 waits resources.pending_timeout_s for one)"
+    )
 
 
 # --------------------------------------------------------------------------- the store
@@ -682,17 +744,18 @@ def _study_exists(url: str, name: str) -> bool:
     try:
         engine = sqlalchemy.create_engine(url)
     except Exception as exc:
-        raise ConfigError(f"search.storage: cannot open the Optuna storage at {redact(url)}: "
-                          f"{' '.join(str(exc).split())[:300]}") from None
+        raise ConfigError(
+            f"search.storage: cannot open the Optuna storage at {redact(url)}: {' '.join(str(exc).split())[:300]}"
+        ) from None
     try:
         with engine.connect() as con:
             if not sqlalchemy.inspect(con).has_table("studies"):
                 return False  # no Optuna tables in that database yet
-            row = con.execute(sqlalchemy.text("SELECT 1 FROM studies WHERE study_name = :name"),
-                              {"name": name}).first()
+            row = con.execute(sqlalchemy.text("SELECT 1 FROM studies WHERE study_name = :name"), {"name": name}).first()
     except Exception as exc:
-        raise ConfigError(f"search.storage: cannot read the Optuna storage at {redact(url)}: "
-                          f"{' '.join(str(exc).split())[:300]}") from None
+        raise ConfigError(
+            f"search.storage: cannot read the Optuna storage at {redact(url)}: {' '.join(str(exc).split())[:300]}"
+        ) from None
     finally:
         engine.dispose()
     return row is not None
@@ -706,12 +769,16 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
     if not resume and storage and "://" not in storage:
         exp_dir = Path(storage) / cfg.name
         if (exp_dir / "tuner.pkl").exists():
-            raise ConfigError(f"name: sweep {cfg.name!r} already exists ({exp_dir}); pass --resume to continue it "
-                              "or --name for a new one")
+            raise ConfigError(
+                f"name: sweep {cfg.name!r} already exists ({exp_dir}); pass --resume to continue it "
+                "or --name for a new one"
+            )
     study_url = cfg.search.storage or "memory"
     if not resume and _study_exists(study_url, cfg.name):
-        raise ConfigError(f"name: sweep {cfg.name!r} already exists (Optuna study in {redact(study_url)}); pass "
-                          "--resume to continue it or --name for a new one")
+        raise ConfigError(
+            f"name: sweep {cfg.name!r} already exists (Optuna study in {redact(study_url)}); pass "
+            "--resume to continue it or --name for a new one"
+        )
     uri = cfg.tracking.uri or ""
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))
@@ -728,14 +795,17 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
             return None
         run = store.parent_run(experiment_id, cfg.name)
     except Exception as exc:  # MlflowException, or SQLAlchemy's own for a damaged SQLite file
-        raise ConfigError(f"tracking.uri: cannot read the MLflow store at {redact(uri)}: "
-                          f"{' '.join(str(exc).split())[:300]}") from None
+        raise ConfigError(
+            f"tracking.uri: cannot read the MLflow store at {redact(uri)}: {' '.join(str(exc).split())[:300]}"
+        ) from None
     if run is None:
         return None
     if not resume:
-        raise ConfigError(f"name: sweep {cfg.name!r} already exists (MLflow experiment {cfg.tracking.experiment!r}, "
-                          f"run {run.info.run_id}, {run.info.status}); pass --resume to continue it or --name "
-                          "for a new one")
+        raise ConfigError(
+            f"name: sweep {cfg.name!r} already exists (MLflow experiment {cfg.tracking.experiment!r}, "
+            f"run {run.info.run_id}, {run.info.status}); pass --resume to continue it or --name "
+            "for a new one"
+        )
     tags = run.data.tags
     champion_run = tags.get(TAG_CHAMPION_RUN)
     if run.info.status != "FINISHED" or TAG_CHAMPION_TRIAL not in tags or not champion_run:
@@ -749,5 +819,7 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
         return None  # selection ran but registration did not: resume registers the champion
     version = versions[-1]
     alias = " (alias champion)" if store.alias_version(model, CHAMPION_ALIAS) == str(version.version) else ""
-    return (f"sweep {cfg.name!r} already finished: champion trial {tags[TAG_CHAMPION_TRIAL]} is registered "
-            f"as {model} version {version.version}{alias}; nothing to resume, nothing changed")
+    return (
+        f"sweep {cfg.name!r} already finished: champion trial {tags[TAG_CHAMPION_TRIAL]} is registered "
+        f"as {model} version {version.version}{alias}; nothing to resume, nothing changed"
+    )

@@ -73,14 +73,21 @@ class ProgressCallback(tune.Callback):
         for t in trials:
             r = t.last_result or {}
             if t.status == "TERMINATED" or t is trial:
-                records.append(TrialRecord(
-                    trial_id=t.trial_id, label=describe_params(t.config), status=str(r.get("status", "")),
-                    metrics={k: float(v) for k, v in r.items()
-                             if k.startswith("val_") and is_number(v)}))
+                records.append(
+                    TrialRecord(
+                        trial_id=t.trial_id,
+                        label=describe_params(t.config),
+                        status=str(r.get("status", "")),
+                        metrics={k: float(v) for k, v in r.items() if k.startswith("val_") and is_number(v)},
+                    )
+                )
         finished = min(sum(t.status in ("TERMINATED", "ERROR") for t in trials) + 1, self.total)
         best_txt = self._best_text(records)
-        print(f"[{finished}/{self.total} trials done, {self.timing(finished)}] {describe_params(trial.config)}: "
-              f"{what}; {best_txt}", flush=True)
+        print(
+            f"[{finished}/{self.total} trials done, {self.timing(finished)}] {describe_params(trial.config)}: "
+            f"{what}; {best_txt}",
+            flush=True,
+        )
 
     def _best_text(self, records: list[TrialRecord]) -> str:
         ok = [r for r in records if r.ok]
@@ -90,11 +97,15 @@ class ProgressCallback(tune.Callback):
             # the rule needs every trial's predictions (read at the end); say what is known now
             acc = max(ok, key=lambda r: r.metrics["val_accuracy"])
             cal = min(ok, key=lambda r: r.metrics["val_ece"])
-            return (f"most accurate so far: {acc.label} (val acc {acc.metrics['val_accuracy']:.4f}); "
-                    f"lowest val ECE so far: {cal.label} ({cal.metrics['val_ece']:.4f})")
+            return (
+                f"most accurate so far: {acc.label} (val acc {acc.metrics['val_accuracy']:.4f}); "
+                f"lowest val ECE so far: {cal.label} ({cal.metrics['val_ece']:.4f})"
+            )
         best, _ = select(records, self.selection)
-        return (f"best so far: {best.label} (val acc {best.metrics['val_accuracy']:.4f}, "
-                f"val ECE {best.metrics['val_ece']:.4f})")
+        return (
+            f"best so far: {best.label} (val acc {best.metrics['val_accuracy']:.4f}, "
+            f"val ECE {best.metrics['val_ece']:.4f})"
+        )
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """Report a finished (or diverged) trial."""
@@ -124,10 +135,15 @@ class StatusReporter(CLIReporter):
             every_s = float(os.environ.get(STATUS_EVERY_ENV, "30"))
         params = {"calibrator": "calibrator", "calibrator_lr": "lr"}
         params.update({k: k.split(".")[-1] for k in extra_params})
-        super().__init__(parameter_columns=params,
-                         metric_columns={"epoch": "epoch", "val_accuracy": "val acc", "val_ece": "val ECE"},
-                         max_report_frequency=int(every_s), print_intermediate_tables=True, max_progress_rows=20,
-                         max_error_rows=5, max_column_length=24)
+        super().__init__(
+            parameter_columns=params,
+            metric_columns={"epoch": "epoch", "val_accuracy": "val acc", "val_ece": "val ECE"},
+            max_report_frequency=int(every_s),
+            print_intermediate_tables=True,
+            max_progress_rows=20,
+            max_error_rows=5,
+            max_column_length=24,
+        )
         self._every_s = every_s
         self._next_report = time.monotonic() + every_s  # the first table after `every_s`, not one of PENDING trials
         self._last_state: tuple = ()
@@ -158,8 +174,11 @@ class StatusReporter(CLIReporter):
 # authentication (its default since 2.52; setting RAY_AUTH_MODE=token instead would silence it too,
 # but Ray reads that variable when it is imported); Ray Train's "Checkpoint successfully created"
 # (once per epoch per trial, in the trial processes: sweeps.trainable applies QUIET_WORKER_LOGGERS).
-QUIET_DRIVER_LOGGERS = {"mlflow.store.db.utils": logging.WARNING, "mlflow.pyfunc": logging.WARNING,
-                        "ray._private.authentication.authentication_token_setup": logging.ERROR}
+QUIET_DRIVER_LOGGERS = {
+    "mlflow.store.db.utils": logging.WARNING,
+    "mlflow.pyfunc": logging.WARNING,
+    "ray._private.authentication.authentication_token_setup": logging.ERROR,
+}
 QUIET_WORKER_LOGGERS = ("ray.train._internal.storage",)
 
 

@@ -60,8 +60,11 @@ def session_processes(session_dir: str, raylet_pids: list[int] | None = None) ->
     me = os.getpid()
     marker = session_dir.encode()
     # a recorded raylet pid now held by another process (the pid was reused) marks nothing of this session
-    raylets = {f"RAY_RAYLET_PID={p}".encode() for p in raylet_pids or []
-               if not _start_time(p) or _zombie(p) or marker in _read(f"/proc/{p}/cmdline")}
+    raylets = {
+        f"RAY_RAYLET_PID={p}".encode()
+        for p in raylet_pids or []
+        if not _start_time(p) or _zombie(p) or marker in _read(f"/proc/{p}/cmdline")
+    }
     found: set[int] = set()
     pids = _pids()
     for pid in pids:
@@ -137,8 +140,10 @@ def reap_stale(storage_path: str, say: Callable[[str], None] = print) -> list[in
         left = session_processes(session_dir, [int(p) for p in info.get("raylet_pids", [])])
         if left:
             stopped += stop_processes(left)
-            say(f"Stopped {len(left)} leftover Ray processes (pids {', '.join(map(str, left))}) of session "
-                f"{session_dir}, left by sweep driver {driver}, which is gone")
+            say(
+                f"Stopped {len(left)} leftover Ray processes (pids {', '.join(map(str, left))}) of session "
+                f"{session_dir}, left by sweep driver {driver}, which is gone"
+            )
         record.unlink(missing_ok=True)
     return stopped
 
@@ -151,8 +156,12 @@ def track(storage_path: str, session_dir: str) -> Path | None:
     folder.mkdir(parents=True, exist_ok=True)
     raylets = [p for p in session_processes(session_dir) if b"raylet/raylet" in _read(f"/proc/{p}/cmdline")]
     record = folder / f"{os.getpid()}.json"
-    info: dict[str, Any] = {"driver_pid": os.getpid(), "driver_start": _start_time(os.getpid()),
-                            "session_dir": session_dir, "raylet_pids": raylets}
+    info: dict[str, Any] = {
+        "driver_pid": os.getpid(),
+        "driver_start": _start_time(os.getpid()),
+        "session_dir": session_dir,
+        "raylet_pids": raylets,
+    }
     tmp = record.with_suffix(".tmp")
     tmp.write_text(json.dumps(info))
     tmp.replace(record)

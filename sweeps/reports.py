@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from sweeps.uncertainty import Replicates
 
 
-
 def pyplot() -> Any:
     """matplotlib.pyplot on the file-only Agg backend (no display on a sweep's nodes)."""
     import matplotlib
@@ -101,8 +100,9 @@ def trial_report_files(ckpt: Path, out: Path, result: dict[str, Any], num_bins: 
     for split in SPLITS:
         what = "validation" if split == "val" else "test"
         path = out / f"reliability_{split}.png"
-        reliability_diagram(preds[f"{split}_probs"], preds[f"{split}_labels"], path, num_bins=num_bins,
-                            title=f"{title} ({what})")
+        reliability_diagram(
+            preds[f"{split}_probs"], preds[f"{split}_labels"], path, num_bins=num_bins, title=f"{title} ({what})"
+        )
         files.append((path, "diagrams"))
     if (ckpt / SHIFT_FILE).is_file():
         tables = json.loads((ckpt / SHIFT_FILE).read_text())
@@ -115,8 +115,9 @@ def trial_report_files(ckpt: Path, out: Path, result: dict[str, Any], num_bins: 
     return files
 
 
-def sweep_report_files(out: Path, records: list[TrialRecord], chosen: TrialRecord, why: str, reps: Replicates,
-                       cfg: SweepConfig) -> tuple[pd.DataFrame, pd.DataFrame, ReportFiles]:
+def sweep_report_files(
+    out: Path, records: list[TrialRecord], chosen: TrialRecord, why: str, reps: Replicates, cfg: SweepConfig
+) -> tuple[pd.DataFrame, pd.DataFrame, ReportFiles]:
     """The sweep's leaderboard, rank agreement, Pareto plot and selection.json, written under `out`;
     returns (leaderboard, rank agreement, files)."""
     from sweeps.selection import leaderboard, pareto_plot, rank_agreement
@@ -127,10 +128,21 @@ def sweep_report_files(out: Path, records: list[TrialRecord], chosen: TrialRecor
     board.to_csv(out / "leaderboard.csv", index=False)
     ranks.to_csv(out / "rank_agreement_spearman.csv")
     pareto_plot(records, chosen, out / "pareto.png", reps)
-    (out / "selection.json").write_text(json.dumps(
-        {"champion_trial": chosen.trial_id, "champion_run": chosen.run_id, "label": chosen.label,
-         "rule": cfg.selection.rule, "why": why, "confidence": reps.level, "num_resamples": reps.num_resamples,
-         "val_metrics": {k: v for k, v in chosen.metrics.items() if k.startswith("val_")},
-         "intervals": champion_ci}, indent=1))
+    (out / "selection.json").write_text(
+        json.dumps(
+            {
+                "champion_trial": chosen.trial_id,
+                "champion_run": chosen.run_id,
+                "label": chosen.label,
+                "rule": cfg.selection.rule,
+                "why": why,
+                "confidence": reps.level,
+                "num_resamples": reps.num_resamples,
+                "val_metrics": {k: v for k, v in chosen.metrics.items() if k.startswith("val_")},
+                "intervals": champion_ci,
+            },
+            indent=1,
+        )
+    )
     names = ("leaderboard.csv", "rank_agreement_spearman.csv", "pareto.png", "selection.json")
     return board, ranks, [(out / name, SWEEP_FOLDER) for name in names]

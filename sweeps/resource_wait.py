@@ -20,8 +20,9 @@ from sweeps.preflight import ResourcesUnavailable
 class PendingTimeout(tune.Callback):
     """Raise ResourcesUnavailable after `timeout_s` with trials PENDING and none RUNNING."""
 
-    def __init__(self, timeout_s: float | None, cpus_per_trial: float, gpus_per_trial: float,
-                 clock: Any = time.monotonic) -> None:
+    def __init__(
+        self, timeout_s: float | None, cpus_per_trial: float, gpus_per_trial: float, clock: Any = time.monotonic
+    ) -> None:
         self.timeout_s = timeout_s
         self.cpus, self.gpus = cpus_per_trial, gpus_per_trial
         self.clock = clock
@@ -54,6 +55,8 @@ class PendingTimeout(tune.Callback):
             have = f"; the cluster has {total.get('CPU', 0):g} CPU and {total.get('GPU', 0):g} GPU in all"
         except Exception:
             have = ""
-        return (f"resources.pending_timeout_s: no trial could start within {self.timeout_s:g} s (each asks for "
-                f"{self.cpus:g} CPU and {self.gpus:g} GPU on one node{have}); the sweep stopped: continue it "
-                "with --resume once a node fits a trial, or lower resources.cpus_per_trial/gpus_per_trial")
+        return (
+            f"resources.pending_timeout_s: no trial could start within {self.timeout_s:g} s (each asks for "
+            f"{self.cpus:g} CPU and {self.gpus:g} GPU on one node{have}); the sweep stopped: continue it "
+            "with --resume once a node fits a trial, or lower resources.cpus_per_trial/gpus_per_trial"
+        )

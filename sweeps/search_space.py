@@ -66,6 +66,9 @@ def describe_params(params: dict[str, Any]) -> str:
     label = str(params.get("calibrator", "?"))
     if "calibrator_lr" in params:
         label += f" lr={params['calibrator_lr']:.1e}"
-    extras = [f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
-              for k, v in params.items() if "." in k]
+    extras = [
+        f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
+        for k, v in params.items()
+        if "." in k
+    ]
     return " ".join([label, *extras])

@@ -35,7 +35,8 @@ class TrialRecord:
     def ok(self) -> bool:
         """Completed with finite validation accuracy and ECE."""
         return self.status == "completed" and all(
-            math.isfinite(self.metrics.get(k, float("nan"))) for k in ("val_accuracy", "val_ece"))
+            math.isfinite(self.metrics.get(k, float("nan"))) for k in ("val_accuracy", "val_ece")
+        )
 
 
 def pareto_front(records: list[TrialRecord], acc: str = "val_accuracy", err: str = "val_ece") -> list[int]:
@@ -45,7 +46,9 @@ def pareto_front(records: list[TrialRecord], acc: str = "val_accuracy", err: str
         a, e = r.metrics[acc], r.metrics[err]
         dominated = any(
             (o.metrics[acc] >= a and o.metrics[err] <= e) and (o.metrics[acc] > a or o.metrics[err] < e)
-            for j, o in enumerate(records) if j != i)
+            for j, o in enumerate(records)
+            if j != i
+        )
         if not dominated:
             front.append(i)
     return front
@@ -83,14 +86,18 @@ def accuracy_candidates(ok: list[TrialRecord], reps: Replicates) -> tuple[TrialR
     """The most accurate trial on validation and, per trial, the one-sided p-value of
     "this trial is less accurate than it" (small = significantly less accurate)."""
     best_acc = max(ok, key=lambda r: (r.metrics["val_accuracy"], -r.metrics["val_ece"]))  # first of ties
-    pvals = {r.trial_id: (1.0 if r is best_acc else
-                          reps.significantly_greater(best_acc.trial_id, r.trial_id, "val_accuracy")[1])
-             for r in ok}
+    pvals = {
+        r.trial_id: (
+            1.0 if r is best_acc else reps.significantly_greater(best_acc.trial_id, r.trial_id, "val_accuracy")[1]
+        )
+        for r in ok
+    }
     return best_acc, pvals
 
 
-def _select_noise_aware(ok: list[TrialRecord], cfg: SelectionConfig,
-                        reps: Replicates | None) -> tuple[TrialRecord, str]:
+def _select_noise_aware(
+    ok: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None
+) -> tuple[TrialRecord, str]:
     if reps is None or any(not reps.has(r.trial_id, "val_accuracy") for r in ok):
         raise ValueError("selection.rule noise_aware needs bootstrap replicates of every completed trial")
     missing = [r.trial_id for r in ok if cfg.metric not in r.metrics]
@@ -113,26 +120,35 @@ def _select_noise_aware(ok: list[TrialRecord], cfg: SelectionConfig,
     # calibrated (the most accurate trial's lead is partly luck): move to it, and repeat.
     moves = []
     while cfg.dominance_factor is not None and cfg.mode == "min":
-        better = [r for r in ok if r.metrics[m] < cfg.dominance_factor * best.metrics[m]
-                  and (r is best_acc or reps.significantly_greater(best.trial_id, r.trial_id, "val_accuracy")[1]
-                       >= alpha)]
+        better = [
+            r
+            for r in ok
+            if r.metrics[m] < cfg.dominance_factor * best.metrics[m]
+            and (r is best_acc or reps.significantly_greater(best.trial_id, r.trial_id, "val_accuracy")[1] >= alpha)
+        ]
         if not better:
             break
         moves.append(best)
         best = min(better, key=rank)
-    head = (f"{best.label}: val {_metric_name(m)} {_fmt_metric(m, best.metrics[m])}{_ci(reps, best, m)}, "
-            f"val acc {_pct(best.metrics['val_accuracy'])}{_ci(reps, best, 'val_accuracy')}")
+    head = (
+        f"{best.label}: val {_metric_name(m)} {_fmt_metric(m, best.metrics[m])}{_ci(reps, best, m)}, "
+        f"val acc {_pct(best.metrics['val_accuracy'])}{_ci(reps, best, 'val_accuracy')}"
+    )
     level = f"{100 * cfg.confidence:.0f} %"
     test = f"one-sided paired bootstrap at {level}"
     if adjusted:
         test += f", Bonferroni over {len(ok) - 1} comparisons (p < {alpha:.3f})"
-    pool = (f"{'lowest' if cfg.mode == 'min' else 'highest'} val {_metric_name(m)} among the {len(near)} of "
-            f"{len(ok)} completed trials not significantly less accurate than the most accurate ({test}, "
-            f"{reps.num_resamples} resamples)")
+    pool = (
+        f"{'lowest' if cfg.mode == 'min' else 'highest'} val {_metric_name(m)} among the {len(near)} of "
+        f"{len(ok)} completed trials not significantly less accurate than the most accurate ({test}, "
+        f"{reps.num_resamples} resamples)"
+    )
     if moves:
-        pool = (f"{pool} was {first.label} (val {_metric_name(m)} {_fmt_metric(m, first.metrics[m])}); this trial "
-                f"has less than {cfg.dominance_factor:g}x its val {_metric_name(m)} with accuracy not "
-                f"significantly lower, so it was chosen instead")
+        pool = (
+            f"{pool} was {first.label} (val {_metric_name(m)} {_fmt_metric(m, first.metrics[m])}); this trial "
+            f"has less than {cfg.dominance_factor:g}x its val {_metric_name(m)} with accuracy not "
+            f"significantly lower, so it was chosen instead"
+        )
     else:
         pool = f"chosen as the {pool}"
     if best is best_acc:
@@ -140,15 +156,16 @@ def _select_noise_aware(ok: list[TrialRecord], cfg: SelectionConfig,
     lo, hi = reps.difference_interval(best_acc.trial_id, best.trial_id, "val_accuracy", level=1.0 - 2.0 * alpha)
     p = reps.significantly_greater(best_acc.trial_id, best.trial_id, "val_accuracy")[1]
     gap = best_acc.metrics["val_accuracy"] - best.metrics["val_accuracy"]
-    trade = (f"{100 * gap:.1f} pt below the most accurate trial {best_acc.label} (difference "
-             f"{100 * (1 - 2 * alpha):.1f} % CI [{100 * lo:.1f}, {100 * hi:.1f}], p = {p:.3f}, "
-             f"{'not significant' if p >= alpha else 'significant'}), whose val "
-             f"{_metric_name(m)} is {_fmt_metric(m, best_acc.metrics[m])}{_ci(reps, best_acc, m)}")
+    trade = (
+        f"{100 * gap:.1f} pt below the most accurate trial {best_acc.label} (difference "
+        f"{100 * (1 - 2 * alpha):.1f} % CI [{100 * lo:.1f}, {100 * hi:.1f}], p = {p:.3f}, "
+        f"{'not significant' if p >= alpha else 'significant'}), whose val "
+        f"{_metric_name(m)} is {_fmt_metric(m, best_acc.metrics[m])}{_ci(reps, best_acc, m)}"
+    )
     return best, f"{head}; {trade}; {pool}"
 
 
-def select(records: list[TrialRecord], cfg: SelectionConfig,
-           reps: Replicates | None = None) -> tuple[TrialRecord, str]:
+def select(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None = None) -> tuple[TrialRecord, str]:
     """Pick the champion by the configured rule; return it and a sentence saying why and what it trades."""
     ok = sorted((r for r in records if r.ok), key=lambda r: r.trial_id)
     if not ok:
@@ -162,16 +179,20 @@ def select(records: list[TrialRecord], cfg: SelectionConfig,
         sign = 1.0 if cfg.mode == "min" else -1.0
         best = min(ok, key=lambda r: (sign * r.metrics[cfg.metric], r.trial_id))
         m = cfg.metric
-        return best, (f"{best.label}: {'lowest' if cfg.mode == 'min' else 'highest'} {m} = "
-                      f"{best.metrics[m]:.4f}{_ci(reps, best, m)}")
+        return best, (
+            f"{best.label}: {'lowest' if cfg.mode == 'min' else 'highest'} {m} = "
+            f"{best.metrics[m]:.4f}{_ci(reps, best, m)}"
+        )
     front = [ok[i] for i in pareto_front(ok)]
     best_acc = max(r.metrics["val_accuracy"] for r in front)
     near = [r for r in front if r.metrics["val_accuracy"] >= best_acc - cfg.accuracy_tolerance - 1e-12]
     best = min(near, key=lambda r: (r.metrics["val_ece"], -r.metrics["val_accuracy"], r.trial_id))
-    why = (f"Pareto front of val accuracy vs val ECE has {len(front)} of {len(ok)} trials; "
-           f"{len(near)} within {cfg.accuracy_tolerance * 100:.2g} points of the best val accuracy "
-           f"{best_acc:.4f}; lowest val ECE among them: {best.label} "
-           f"(val acc {best.metrics['val_accuracy']:.4f}, val ECE {best.metrics['val_ece']:.4f})")
+    why = (
+        f"Pareto front of val accuracy vs val ECE has {len(front)} of {len(ok)} trials; "
+        f"{len(near)} within {cfg.accuracy_tolerance * 100:.2g} points of the best val accuracy "
+        f"{best_acc:.4f}; lowest val ECE among them: {best.label} "
+        f"(val acc {best.metrics['val_accuracy']:.4f}, val ECE {best.metrics['val_ece']:.4f})"
+    )
     return best, why
 
 
@@ -194,8 +215,12 @@ def not_worse_than(reps: Replicates, champion: TrialRecord, r: TrialRecord, metr
     return not less_accurate and not worse
 
 
-def leaderboard(records: list[TrialRecord], champion: TrialRecord | None = None, reps: Replicates | None = None,
-                cfg: SelectionConfig | None = None) -> pd.DataFrame:
+def leaderboard(
+    records: list[TrialRecord],
+    champion: TrialRecord | None = None,
+    reps: Replicates | None = None,
+    cfg: SelectionConfig | None = None,
+) -> pd.DataFrame:
     """One row per trial: calibrator, lr, champion and Pareto flags, metrics with interval bounds;
     sorted by val ECE then trial id."""
     ok = [r for r in records if r.ok]
@@ -204,10 +229,15 @@ def leaderboard(records: list[TrialRecord], champion: TrialRecord | None = None,
     rows = []
     for r in records:
         row: dict[str, Any] = {
-            "trial_id": r.trial_id, "label": r.label, "calibrator": r.params.get("calibrator"),
-            "calibrator_lr": r.params.get("calibrator_lr"), "status": r.status,
+            "trial_id": r.trial_id,
+            "label": r.label,
+            "calibrator": r.params.get("calibrator"),
+            "calibrator_lr": r.params.get("calibrator_lr"),
+            "status": r.status,
             "champion": champion is not None and r.trial_id == champion.trial_id,
-            "pareto": r.trial_id in front_ids, "run_id": r.run_id}
+            "pareto": r.trial_id in front_ids,
+            "run_id": r.run_id,
+        }
         if champion is not None and reps is not None and r.ok and reps.has(r.trial_id, "val_accuracy"):
             row["not_worse_than_champion"] = not_worse_than(reps, champion, r, metric, mode)
         for k, v in sorted(r.metrics.items()):
@@ -268,8 +298,9 @@ def rank_agreement(records: list[TrialRecord], metrics: tuple[str, ...] = RANK_M
     return table
 
 
-def pareto_plot(records: list[TrialRecord], chosen: TrialRecord | None, path: str | Path,
-                reps: Replicates | None = None) -> Path:
+def pareto_plot(
+    records: list[TrialRecord], chosen: TrialRecord | None, path: str | Path, reps: Replicates | None = None
+) -> Path:
     """Scatter of val accuracy vs val ECE with interval whiskers, the Pareto front joined, the champion circled."""
     import numpy as np
 
@@ -284,21 +315,46 @@ def pareto_plot(records: list[TrialRecord], chosen: TrialRecord | None, path: st
         xs = [r.metrics["val_ece"] for r in pts]
         ys = [r.metrics["val_accuracy"] for r in pts]
         if reps is not None and all(reps.has(r.trial_id, "val_ece") for r in pts):
-            xerr = [[x - reps.interval(r.trial_id, "val_ece")[0] for r, x in zip(pts, xs)],
-                    [reps.interval(r.trial_id, "val_ece")[1] - x for r, x in zip(pts, xs)]]
-            yerr = [[y - reps.interval(r.trial_id, "val_accuracy")[0] for r, y in zip(pts, ys)],
-                    [reps.interval(r.trial_id, "val_accuracy")[1] - y for r, y in zip(pts, ys)]]
-            ax.errorbar(xs, ys, xerr=np.clip(xerr, 0, None), yerr=np.clip(yerr, 0, None), fmt="o", ms=5,
-                        capsize=2, lw=0.8, label=kind)
+            xerr = [
+                [x - reps.interval(r.trial_id, "val_ece")[0] for r, x in zip(pts, xs)],
+                [reps.interval(r.trial_id, "val_ece")[1] - x for r, x in zip(pts, xs)],
+            ]
+            yerr = [
+                [y - reps.interval(r.trial_id, "val_accuracy")[0] for r, y in zip(pts, ys)],
+                [reps.interval(r.trial_id, "val_accuracy")[1] - y for r, y in zip(pts, ys)],
+            ]
+            ax.errorbar(
+                xs,
+                ys,
+                xerr=np.clip(xerr, 0, None),
+                yerr=np.clip(yerr, 0, None),
+                fmt="o",
+                ms=5,
+                capsize=2,
+                lw=0.8,
+                label=kind,
+            )
         else:
             ax.scatter(xs, ys, label=kind, s=30)
     front = sorted((ok[i] for i in pareto_front(ok)), key=lambda r: r.metrics["val_ece"])
     if front:
-        ax.plot([r.metrics["val_ece"] for r in front], [r.metrics["val_accuracy"] for r in front],
-                "k--", lw=1, label="Pareto front")
+        ax.plot(
+            [r.metrics["val_ece"] for r in front],
+            [r.metrics["val_accuracy"] for r in front],
+            "k--",
+            lw=1,
+            label="Pareto front",
+        )
     if chosen is not None:
-        ax.scatter([chosen.metrics["val_ece"]], [chosen.metrics["val_accuracy"]], s=160,
-                   facecolors="none", edgecolors="red", linewidths=2, label="champion")
+        ax.scatter(
+            [chosen.metrics["val_ece"]],
+            [chosen.metrics["val_accuracy"]],
+            s=160,
+            facecolors="none",
+            edgecolors="red",
+            linewidths=2,
+            label="champion",
+        )
     ax.set_xlabel("validation ECE (lower is better)")
     ax.set_ylabel("validation accuracy")
     ax.set_title("Sweep trials: accuracy vs calibration" + (f" ({100 * reps.level:.0f} % CIs)" if reps else ""))

@@ -107,8 +107,12 @@ class TrialParams:
         resolved = run_cfg.model_dump(mode="json")
         params = flatten(resolved)
         params.update({f"search.{k}": v for k, v in config.items()})
-        tags = {TAG_DATASET: self.dataset, TAG_CALIBRATOR: str(config.get("calibrator", "")),
-                TAG_METHOD: run_cfg.train.method, TAG_LABEL: describe_params(config)}
+        tags = {
+            TAG_DATASET: self.dataset,
+            TAG_CALIBRATOR: str(config.get("calibrator", "")),
+            TAG_METHOD: run_cfg.train.method,
+            TAG_LABEL: describe_params(config),
+        }
         return params, tags, resolved
 
 
@@ -138,8 +142,15 @@ def _searcher(cfg: SweepConfig) -> SweepSearch:
         metric, mode = [m for m, _ in MULTI_OBJECTIVE], [d for _, d in MULTI_OBJECTIVE]
     else:
         metric, mode = s.metric, s.mode
-    return SweepSearch(space=SearchSpace(s), metric=metric, mode=mode, seed=s.seed, study_name=cfg.name,
-                       storage=make_storage(s.storage or MEMORY), sweep=cfg.name)
+    return SweepSearch(
+        space=SearchSpace(s),
+        metric=metric,
+        mode=mode,
+        seed=s.seed,
+        study_name=cfg.name,
+        storage=make_storage(s.storage or MEMORY),
+        sweep=cfg.name,
+    )
 
 
 def _scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
@@ -155,8 +166,9 @@ def _scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
     if s.objective != "single" or s.scheduler != "asha":
         return None
     epochs = cfg.run.train.epochs
-    return ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=min(s.grace_period, epochs),
-                         stop_last_trials=False)
+    return ASHAScheduler(
+        time_attr="epoch", max_t=epochs, grace_period=min(s.grace_period, epochs), stop_last_trials=False
+    )
 
 
 def _build_tuner(cfg: SweepConfig, trainable: Any) -> tune.Tuner:
@@ -168,12 +180,20 @@ def _build_tuner(cfg: SweepConfig, trainable: Any) -> tune.Tuner:
         metric, mode = s.metric, s.mode
     return tune.Tuner(
         trainable,
-        tune_config=tune.TuneConfig(search_alg=_searcher(cfg), scheduler=scheduler, metric=metric, mode=mode,
-                                    num_samples=s.num_samples, max_concurrent_trials=r.max_concurrent,
-                                    # a trial process keeps torch, the code and cached data loaded
-                                    reuse_actors=True),
+        tune_config=tune.TuneConfig(
+            search_alg=_searcher(cfg),
+            scheduler=scheduler,
+            metric=metric,
+            mode=mode,
+            num_samples=s.num_samples,
+            max_concurrent_trials=r.max_concurrent,
+            # a trial process keeps torch, the code and cached data loaded
+            reuse_actors=True,
+        ),
         run_config=tune.RunConfig(
-            name=cfg.name, storage_path=cfg.storage_path, callbacks=[LiveCallbacks(cfg.name)],
+            name=cfg.name,
+            storage_path=cfg.storage_path,
+            callbacks=[LiveCallbacks(cfg.name)],
             failure_config=tune.FailureConfig(max_failures=r.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=r.checkpoints_to_keep),
             progress_reporter=LiveReporter(cfg.name),  # none installed: Tune's default output (--verbose)
@@ -192,9 +212,17 @@ def _records(results: Any, store: MlflowStore, experiment_id: str, sweep: str) -
         status = m.get("status") or ("errored" if res.error else "stopped")
         # NaN stays: selection and the leaderboard see a diverged trial's metric as NaN
         metrics = {k: float(v) for k, v in m.items() if is_number(v) and k.startswith(tuple(f"{s}_" for s in SPLITS))}
-        records.append(TrialRecord(trial_id=str(tid), label=describe_params(res.config or {}), status=status,
-                                   metrics=metrics, params=dict(res.config or {}),
-                                   run_id=run.info.run_id if run else None, checkpoint=res.checkpoint))
+        records.append(
+            TrialRecord(
+                trial_id=str(tid),
+                label=describe_params(res.config or {}),
+                status=status,
+                metrics=metrics,
+                params=dict(res.config or {}),
+                run_id=run.info.run_id if run else None,
+                checkpoint=res.checkpoint,
+            )
+        )
     return records
 
 
@@ -205,8 +233,13 @@ def _replicates(records: list[TrialRecord], cfg: SweepConfig) -> Replicates:
         if rec.ok and rec.checkpoint is not None:
             with rec.checkpoint.as_directory() as d:
                 predictions[rec.trial_id] = load_predictions(Path(d) / PREDICTIONS_FILE)
-    return compute_replicates(predictions, num_bins=cfg.run.train.num_bins, num_resamples=cfg.selection.num_resamples,
-                              level=cfg.selection.confidence, seed=cfg.search.seed)
+    return compute_replicates(
+        predictions,
+        num_bins=cfg.run.train.num_bins,
+        num_resamples=cfg.selection.num_resamples,
+        level=cfg.selection.confidence,
+        seed=cfg.search.seed,
+    )
 
 
 def _log_intervals(store: MlflowStore, records: list[TrialRecord], reps: Replicates) -> None:
@@ -215,12 +248,25 @@ def _log_intervals(store: MlflowStore, records: list[TrialRecord], reps: Replica
         if rec.run_id is None or rec.trial_id not in reps.values:
             continue
         have = store.get_run(rec.run_id).data.metrics
-        store.log_metrics(rec.run_id, {k: float(v) for k, v in interval_metrics(reps, rec.trial_id).items()
-                                       if k not in have and is_finite_number(v)})
+        store.log_metrics(
+            rec.run_id,
+            {
+                k: float(v)
+                for k, v in interval_metrics(reps, rec.trial_id).items()
+                if k not in have and is_finite_number(v)
+            },
+        )
 
 
-def _log_selection(store: MlflowStore, parent_id: str, records: list[TrialRecord], chosen: TrialRecord, why: str,
-                   reps: Replicates, cfg: SweepConfig) -> Any:
+def _log_selection(
+    store: MlflowStore,
+    parent_id: str,
+    records: list[TrialRecord],
+    chosen: TrialRecord,
+    why: str,
+    reps: Replicates,
+    cfg: SweepConfig,
+) -> Any:
     """The sweep's report files, the trials' intervals and the champion's tags and metrics on the parent run."""
     with tempfile.TemporaryDirectory() as d:
         board, ranks, files = sweep_report_files(Path(d), records, chosen, why, reps, cfg)
@@ -237,8 +283,10 @@ def _log_selection(store: MlflowStore, parent_id: str, records: list[TrialRecord
 
 def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: str) -> None:
     level = f"{100 * cfg.selection.confidence:.0f} %"
-    print(f"\nLeaderboard (validation decides; test for reference; [{level} bootstrap CI]; "
-          "tied = not significantly worse than the champion):")
+    print(
+        f"\nLeaderboard (validation decides; test for reference; [{level} bootstrap CI]; "
+        "tied = not significantly worse than the champion):"
+    )
     print(format_leaderboard(board))
     print("\nRank agreement between metrics over trials (Spearman):")
     print(ranks.to_string(float_format=lambda v: f"{v:+.2f}"))
@@ -254,23 +302,27 @@ def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: 
         print(f"Optuna study: {_tool('optuna-dashboard')} {redact(study)}   (then open http://127.0.0.1:8080)")
 
 
-def _sweep_note(cfg: SweepConfig, experiment_id: str = "", chosen: TrialRecord | None = None, why: str = "",
-                version: str = "") -> str:
+def _sweep_note(
+    cfg: SweepConfig, experiment_id: str = "", chosen: TrialRecord | None = None, why: str = "", version: str = ""
+) -> str:
     """The parent run's description (Markdown): what the sweep is; once selected, the champion and why."""
     s, run = cfg.search, cfg.run
-    goal = ("validation accuracy (max) and validation ECE (min)" if s.objective == "multi"
-            else f"{s.metric} ({s.mode})")
-    lines = [f"Sweep **{cfg.name}**: {s.num_samples} trials of one-go calibrated training, {run.model.name} on "
-             f"{run.data.name} ({run.train.epochs} epochs each). Optuna's TPE sampler (seed {s.seed}) searches the "
-             f"calibrator ({', '.join(f'`{c}`' for c in s.calibrators)}) and its learning rate "
-             f"({s.calibrator_lr.low:g} to {s.calibrator_lr.high:g}, log scale) for {goal}; the Optuna study "
-             f"`{cfg.name}` is in `{redact(s.storage or MEMORY)}`.",
-             f"The champion is chosen on validation metrics only (rule `{cfg.selection.rule}`); each child run is "
-             "one trial."]
+    goal = "validation accuracy (max) and validation ECE (min)" if s.objective == "multi" else f"{s.metric} ({s.mode})"
+    lines = [
+        f"Sweep **{cfg.name}**: {s.num_samples} trials of one-go calibrated training, {run.model.name} on "
+        f"{run.data.name} ({run.train.epochs} epochs each). Optuna's TPE sampler (seed {s.seed}) searches the "
+        f"calibrator ({', '.join(f'`{c}`' for c in s.calibrators)}) and its learning rate "
+        f"({s.calibrator_lr.low:g} to {s.calibrator_lr.high:g}, log scale) for {goal}; the Optuna study "
+        f"`{cfg.name}` is in `{redact(s.storage or MEMORY)}`.",
+        f"The champion is chosen on validation metrics only (rule `{cfg.selection.rule}`); each child run is "
+        "one trial.",
+    ]
     if chosen is not None:
         link = run_link(experiment_id, chosen.run_id, chosen.label) if chosen.run_id else chosen.label
-        lines.append(f"**Champion:** {link} (run `{chosen.run_id}`, trial `{chosen.trial_id}`), registered as "
-                     f"`models:/{cfg.tracking.registered_model}@champion` (version {version}).")
+        lines.append(
+            f"**Champion:** {link} (run `{chosen.run_id}`, trial `{chosen.trial_id}`), registered as "
+            f"`models:/{cfg.tracking.registered_model}@champion` (version {version})."
+        )
         lines.append(f"**Selection:** {why}")
     return "\n\n".join(lines)
 
@@ -296,16 +348,19 @@ def _intro(cfg: SweepConfig, exp_path: str, parent_id: str, resumed: bool) -> st
     lr = f"{s.calibrator_lr.low:.0e}..{s.calibrator_lr.high:.0e}"
     extra = "".join(f", {k}" for k in s.params)
     study = s.storage or MEMORY
-    return "\n".join([
-        f"{'Resuming' if resumed else 'Sweep'} {cfg.name!r}: {s.num_samples} trials "
-        f"({min(r.max_concurrent, s.num_samples)} "
-        f"at a time) of {run.model.name} on {run.data.name}, {run.train.epochs} epochs each",
-        f"Optuna TPE (seed {s.seed}) searches calibrator [{', '.join(s.calibrators)}], calibrator lr {lr}{extra}; "
-        f"objectives: {goal}",
-        f"Optuna study: {cfg.name!r} in {redact(study) if study != MEMORY else 'memory (Ray Tune state only)'}",
-        f"MLflow: experiment {cfg.tracking.experiment!r}, parent run {parent_id} in {redact(cfg.tracking.uri or '')}",
-        f"Ray Tune results and checkpoints: {exp_path}",
-    ])
+    return "\n".join(
+        [
+            f"{'Resuming' if resumed else 'Sweep'} {cfg.name!r}: {s.num_samples} trials "
+            f"({min(r.max_concurrent, s.num_samples)} "
+            f"at a time) of {run.model.name} on {run.data.name}, {run.train.epochs} epochs each",
+            f"Optuna TPE (seed {s.seed}) searches calibrator [{', '.join(s.calibrators)}], calibrator lr {lr}{extra}; "
+            f"objectives: {goal}",
+            f"Optuna study: {cfg.name!r} in {redact(study) if study != MEMORY else 'memory (Ray Tune state only)'}",
+            f"MLflow: experiment {cfg.tracking.experiment!r}, parent run {parent_id} in "
+            f"{redact(cfg.tracking.uri or '')}",
+            f"Ray Tune results and checkpoints: {exp_path}",
+        ]
+    )
 
 
 def execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = False) -> SweepResult:
@@ -366,9 +421,11 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
     sources = source_tags()
     parent_id = _open_parent(cfg, store, experiment_id, sources, new=existing is None)
     r = cfg.resources
-    callbacks = [_tracking_callback(cfg, store, experiment_id, parent_id, sources),
-                 ProgressCallback(cfg.search.num_samples, cfg.selection),
-                 PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial)]  # end a hopeless wait
+    callbacks = [
+        _tracking_callback(cfg, store, experiment_id, parent_id, sources),
+        ProgressCallback(cfg.search.num_samples, cfg.selection),
+        PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial),
+    ]  # end a hopeless wait
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
     trainable = _trainable(cfg, verbose)
 
@@ -381,8 +438,11 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         if session_dir:  # stopped at exit; recorded for the next sweep if this driver is killed
             track_session(cfg.storage_path, session_dir)
         print(_intro(cfg, exp_path, parent_id, resumed=restoring), flush=True)
-        tuner = (tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True) if restoring
-                 else _build_tuner(cfg, trainable))
+        tuner = (
+            tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
+            if restoring
+            else _build_tuner(cfg, trainable)
+        )
         t_fit = time.perf_counter()
         results = _fit_resuming_lost_workers(tuner, exp_path, trainable)
         _deliver_missed_completions(results, store, experiment_id, cfg.name, callbacks[0])
@@ -403,17 +463,34 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         store.terminate(parent_id, "FINISHED")
         t_end = time.perf_counter()
     _print_summary(board, ranks, why, cfg, version)
-    timings = {"ray_start_s": t_fit - t_start, "trials_s": t_trials - t_fit,
-               "selection_registration_s": t_end - t_trials}
-    print(f"Timing: Ray start {t_fit - t_start:.1f}s, trials {t_trials - t_fit:.1f}s, "
-          f"selection and registration {t_end - t_trials:.1f}s")
+    timings = {
+        "ray_start_s": t_fit - t_start,
+        "trials_s": t_trials - t_fit,
+        "selection_registration_s": t_end - t_trials,
+    }
+    print(
+        f"Timing: Ray start {t_fit - t_start:.1f}s, trials {t_trials - t_fit:.1f}s, "
+        f"selection and registration {t_end - t_trials:.1f}s"
+    )
     intervals = {tid: {k: _float_pair(reps.interval(tid, k)) for k in reps.values[tid]} for tid in reps.values}
     return SweepResult(
-        name=cfg.name, champion_run_id=chosen.run_id or "", champion_trial_id=chosen.trial_id,
-        champion_label=chosen.label, model_uri=f"models:/{cfg.tracking.registered_model}/{version}",
-        model_version=str(version), leaderboard=board, selection=why, intervals=intervals, confidence=reps.level,
-        parent_run_id=parent_id, experiment_id=experiment_id, tracking_uri=cfg.tracking.uri,
-        study_storage=cfg.search.storage or MEMORY, replicates=reps, timings=timings)
+        name=cfg.name,
+        champion_run_id=chosen.run_id or "",
+        champion_trial_id=chosen.trial_id,
+        champion_label=chosen.label,
+        model_uri=f"models:/{cfg.tracking.registered_model}/{version}",
+        model_version=str(version),
+        leaderboard=board,
+        selection=why,
+        intervals=intervals,
+        confidence=reps.level,
+        parent_run_id=parent_id,
+        experiment_id=experiment_id,
+        tracking_uri=cfg.tracking.uri,
+        study_storage=cfg.search.storage or MEMORY,
+        replicates=reps,
+        timings=timings,
+    )
 
 
 # Extra in-process resume rounds for trials that died with their worker although retries were left.
@@ -436,8 +513,9 @@ def _fit_resuming_lost_workers(tuner: Any, exp_path: str, trainable: Any) -> Any
         lost = [r for r in results if isinstance(r.error, ray.exceptions.RayActorError)]
         if not lost:
             break
-        print(f"{len(lost)} trial(s) ended when their worker died; resuming them from their last checkpoint",
-              flush=True)
+        print(
+            f"{len(lost)} trial(s) ended when their worker died; resuming them from their last checkpoint", flush=True
+        )
         results = tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True).fit()
     return results
 
@@ -446,16 +524,18 @@ def _restoring(cfg: SweepConfig, exp_path: str, resume: bool, exists: bool) -> b
     """Whether Tune's experiment is restored; a sweep that `exists` in MLflow or Tune is refused without --resume."""
     can_restore = tune.Tuner.can_restore(exp_path)
     if not resume and (exists or can_restore):
-        raise SweepError(f"sweep {cfg.name!r} already exists ({exp_path} or MLflow experiment "
-                         f"{cfg.tracking.experiment!r}); pass --resume to continue it or --name for a new one")
+        raise SweepError(
+            f"sweep {cfg.name!r} already exists ({exp_path} or MLflow experiment "
+            f"{cfg.tracking.experiment!r}); pass --resume to continue it or --name for a new one"
+        )
     return resume and can_restore
 
 
-def _open_parent(cfg: SweepConfig, store: MlflowStore, experiment_id: str, sources: dict[str, str],
-                 new: bool) -> str:
+def _open_parent(cfg: SweepConfig, store: MlflowStore, experiment_id: str, sources: dict[str, str], new: bool) -> str:
     """The sweep's parent run: created (`new`) with the sweep config as params, else reopened (--resume)."""
-    parent_id = store.find_or_create_parent(experiment_id, cfg.name, {**sources, TAG_DATASET: cfg.run.data.name,
-                                                                      NOTE_TAG: _sweep_note(cfg)})
+    parent_id = store.find_or_create_parent(
+        experiment_id, cfg.name, {**sources, TAG_DATASET: cfg.run.data.name, NOTE_TAG: _sweep_note(cfg)}
+    )
     if new:
         flat = flatten(cfg.model_dump(mode="json"))
         flat["search.storage"] = redact(str(flat.get("search.storage")))  # no database password in a param
@@ -463,14 +543,23 @@ def _open_parent(cfg: SweepConfig, store: MlflowStore, experiment_id: str, sourc
     return parent_id
 
 
-def _tracking_callback(cfg: SweepConfig, store: MlflowStore, experiment_id: str, parent_id: str,
-                       sources: dict[str, str]) -> tune.Callback:
+def _tracking_callback(
+    cfg: SweepConfig, store: MlflowStore, experiment_id: str, parent_id: str, sources: dict[str, str]
+) -> tune.Callback:
     """The callback that mirrors every trial into its MLflow child run."""
-    return _UntilTrackingStops(MLflowTrackingCallback(
-        store, experiment_id, parent_id, cfg.name,
-        base_tags=sources, trial_params=TrialParams(cfg.run.model_dump(mode="json"), cfg.run.data.name),
-        num_bins=cfg.run.train.num_bins, scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler"),
-        store)
+    return _UntilTrackingStops(
+        MLflowTrackingCallback(
+            store,
+            experiment_id,
+            parent_id,
+            cfg.name,
+            base_tags=sources,
+            trial_params=TrialParams(cfg.run.model_dump(mode="json"), cfg.run.data.name),
+            num_bins=cfg.run.train.num_bins,
+            scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler",
+        ),
+        store,
+    )
 
 
 class _UntilTrackingStops(tune.Callback):
@@ -513,37 +602,47 @@ class _UntilTrackingStops(tune.Callback):
         self._run("on_trial_error", iteration=iteration, trials=trials, trial=trial, **info)
 
 
-def _deliver_missed_completions(results: Any, store: MlflowStore, experiment_id: str, sweep: str,
-                                tracking: tune.Callback) -> None:
+def _deliver_missed_completions(
+    results: Any, store: MlflowStore, experiment_id: str, sweep: str, tracking: tune.Callback
+) -> None:
     """Trials that made their final report while their completion could not reach MLflow (an outage past the
     limit) are TERMINATED for Tune, which never calls their hook again: their still-open runs get it now,
     from Tune's results (idempotent: steps already logged are skipped, the note is appended once)."""
     if not isinstance(tracking, _UntilTrackingStops):
         return
-    open_runs = {r.data.tags.get(TAG_TRIAL, ""): r for r in store.trial_runs(experiment_id, sweep)
-                 if r.info.status == "RUNNING"}
+    open_runs = {
+        r.data.tags.get(TAG_TRIAL, ""): r for r in store.trial_runs(experiment_id, sweep) if r.info.status == "RUNNING"
+    }
     if not open_runs:
         return
     for res in results:
         m = dict(res.metrics or {})
         tid = str(m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1]) or "")
         if tid in open_runs and m.get("status") and not res.error:
-            trial = SimpleNamespace(trial_id=tid, last_result=m, checkpoint=res.checkpoint,
-                                    config=dict(res.config or {}), error_file=None)
+            trial = SimpleNamespace(
+                trial_id=tid, last_result=m, checkpoint=res.checkpoint, config=dict(res.config or {}), error_file=None
+            )
             tracking.inner.on_trial_complete(iteration=0, trials=[], trial=trial)
 
 
 def _trainable(cfg: SweepConfig, verbose: bool) -> Any:
     """The trial function with its fixed arguments and per-trial resources."""
     r = cfg.resources
-    return tune.with_resources(tune.with_parameters(train_trial, base=cfg.run.model_dump(mode="json"),
-                                                    evaluation=cfg.evaluation, plugins=plugin_modules(cfg.plugins),
-                                                    quiet=not verbose),
-                               {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial})
+    return tune.with_resources(
+        tune.with_parameters(
+            train_trial,
+            base=cfg.run.model_dump(mode="json"),
+            evaluation=cfg.evaluation,
+            plugins=plugin_modules(cfg.plugins),
+            quiet=not verbose,
+        ),
+        {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial},
+    )
 
 
-def _close_trials(cfg: SweepConfig, store: MlflowStore, experiment_id: str, parent_id: str, results: Any,
-                  records: list[TrialRecord]) -> bool:
+def _close_trials(
+    cfg: SweepConfig, store: MlflowStore, experiment_id: str, parent_id: str, results: Any, records: list[TrialRecord]
+) -> bool:
     """After Tune returns: runs of trials Tune forgot dropped, open runs KILLED; True when trials are left
     unfinished (the parent then ends KILLED, resumable)."""
     lost = store.drop_orphan_runs(experiment_id, cfg.name, {rec.trial_id for rec in records})
@@ -566,8 +665,16 @@ def _register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord
     with chosen.checkpoint.as_directory() as d:
         summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
         # idempotent (a version registered from the run is reused), so retried through an outage
-        return str(store.call(log_and_register, chosen.run_id, d, tuple(summary["input_shape"]),
-                              cfg.tracking.registered_model, cfg.tracking.uri))
+        return str(
+            store.call(
+                log_and_register,
+                chosen.run_id,
+                d,
+                tuple(summary["input_shape"]),
+                cfg.tracking.registered_model,
+                cfg.tracking.uri,
+            )
+        )
 
 
 def _float_pair(interval: tuple[float, float]) -> tuple[float, float]:

@@ -41,8 +41,17 @@ ALL_RUNS = 10000  # search_runs page size: a sweep has far fewer runs
 
 # HTTP statuses that mean "the server is not serving right now", not "the request is wrong"
 _UNAVAILABLE_CODES = ("error code 429", "error code 502", "error code 503", "error code 504")
-_UNREACHABLE_TEXT = ("Max retries exceeded", "Connection refused", "Connection aborted", "ConnectionError",
-                     "RemoteDisconnected", "timeout exception", "timed out", "Connection reset", *_UNAVAILABLE_CODES)
+_UNREACHABLE_TEXT = (
+    "Max retries exceeded",
+    "Connection refused",
+    "Connection aborted",
+    "ConnectionError",
+    "RemoteDisconnected",
+    "timeout exception",
+    "timed out",
+    "Connection reset",
+    *_UNAVAILABLE_CODES,
+)
 OUTAGE_FIRST_WAIT_S = 1.0  # the first retry after a failed call; doubled each time
 OUTAGE_MAX_WAIT_S = 10.0  # ... up to this (the server is noticed back at most this late)
 
@@ -79,8 +88,9 @@ class OutageRetry:
     connection dropped is stored once (MLflow's SQL store skips identical metric rows).
     """
 
-    def __init__(self, uri: str, limit_s: float, say: Any = None, sleep: Any = time.sleep,
-                 clock: Any = time.monotonic) -> None:
+    def __init__(
+        self, uri: str, limit_s: float, say: Any = None, sleep: Any = time.sleep, clock: Any = time.monotonic
+    ) -> None:
         self.uri, self.limit_s = uri, limit_s
         self.say = say if say is not None else _say
         self.sleep, self.clock = sleep, clock
@@ -99,21 +109,25 @@ class OutageRetry:
                 now = self.clock()
                 if self.down_since is None:
                     self.down_since = now
-                    self.say(f"MLflow tracking server {_redact(self.uri)} unreachable; the sweep waits for it "
-                             f"(retrying with backoff, up to {self.limit_s:g} s: tracking.outage_timeout_s)")
+                    self.say(
+                        f"MLflow tracking server {_redact(self.uri)} unreachable; the sweep waits for it "
+                        f"(retrying with backoff, up to {self.limit_s:g} s: tracking.outage_timeout_s)"
+                    )
                 waited = now - self.down_since
                 if waited >= self.limit_s:
                     self.stopped = True
                     raise TrackingUnavailable(
                         f"MLflow tracking server {_redact(self.uri)} unreachable for {waited:.0f} s, past "
                         f"tracking.outage_timeout_s={self.limit_s:g}; the sweep stopped, continue it with "
-                        "--resume once the server is back") from None
+                        "--resume once the server is back"
+                    ) from None
                 self.sleep(min(wait, OUTAGE_MAX_WAIT_S, self.limit_s - waited))
                 wait *= 2
                 continue
             if self.down_since is not None:
-                self.say(f"MLflow tracking server is back after {self.clock() - self.down_since:.0f} s; "
-                         "the sweep goes on")
+                self.say(
+                    f"MLflow tracking server is back after {self.clock() - self.down_since:.0f} s; the sweep goes on"
+                )
                 self.down_since = None
             return out
 
@@ -144,6 +158,7 @@ class _RetryingClient:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             return self._retry.call(attr, *args, **kwargs)
+
         return call
 
 
@@ -159,8 +174,13 @@ def find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> 
 class MlflowStore:
     """One MLflow tracking store (a URI), with the operations the sweep needs; picklable (the client is not kept)."""
 
-    def __init__(self, tracking_uri: str, client: Any = None, outage_timeout_s: float | None = None,
-                 retry: OutageRetry | None = None) -> None:
+    def __init__(
+        self,
+        tracking_uri: str,
+        client: Any = None,
+        outage_timeout_s: float | None = None,
+        retry: OutageRetry | None = None,
+    ) -> None:
         """`outage_timeout_s` (the sweep's `tracking.outage_timeout_s`): how long calls wait out an unreachable
         server; None (checks, reading results) fails at once as MLflow does."""
         self.tracking_uri = tracking_uri
@@ -169,8 +189,12 @@ class MlflowStore:
         self._client = self._wrap(client) if client is not None else None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"tracking_uri": self.tracking_uri, "outage_timeout_s": self.outage_timeout_s,
-                "_client": None, "_retry": None}
+        return {
+            "tracking_uri": self.tracking_uri,
+            "outage_timeout_s": self.outage_timeout_s,
+            "_client": None,
+            "_retry": None,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({"outage_timeout_s": None, "_retry": None, **state})
@@ -224,8 +248,9 @@ class MlflowStore:
         if self.tracking_uri.startswith("sqlite:///"):
             db_path = Path(self.tracking_uri.removeprefix("sqlite:///"))
             artifact_location = (db_path.parent / "mlartifacts").as_uri()
-        return self.client.create_experiment(name, artifact_location=artifact_location,
-                                             tags={EXPERIMENT_KIND_TAG: CLASSIC_ML})
+        return self.client.create_experiment(
+            name, artifact_location=artifact_location, tags={EXPERIMENT_KIND_TAG: CLASSIC_ML}
+        )
 
     # ------------------------------------------------------------------------ finding runs
     def find_run(self, experiment_id: str, tags: dict[str, str]) -> Any | None:
@@ -254,8 +279,9 @@ class MlflowStore:
         """The sweep's parent run id; reopened (RUNNING) if it exists."""
         run = self.parent_run(experiment_id, sweep)
         if run is None:
-            run = self.client.create_run(experiment_id, run_name=sweep,
-                                         tags={TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT, **tags})
+            run = self.client.create_run(
+                experiment_id, run_name=sweep, tags={TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT, **tags}
+            )
         elif run.info.status != "RUNNING":
             self.reopen(run.info.run_id)
         return run.info.run_id
@@ -317,7 +343,7 @@ class MlflowStore:
         """Log params as strings (cut to MLflow's limit), in batches."""
         items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS):
-            self.client.log_batch(run_id, params=items[i:i + MAX_PARAMS])
+            self.client.log_batch(run_id, params=items[i : i + MAX_PARAMS])
 
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
         """Set tags on the run, in order."""
@@ -335,7 +361,7 @@ class MlflowStore:
         ts = int(time.time() * 1000)
         batch = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
         for i in range(0, len(batch), MAX_METRICS):
-            self.client.log_batch(run_id, metrics=batch[i:i + MAX_METRICS])
+            self.client.log_batch(run_id, metrics=batch[i : i + MAX_METRICS])
 
     def logged_steps(self, run: Any) -> set[tuple[str, int]]:
         """Every (metric, step) pair the run already has (a reattached trial never logs a step twice)."""
@@ -362,10 +388,14 @@ class MlflowStore:
     def completed_export(self, run_id: str, export_format: str) -> str | None:
         """Id of a logged model in `export_format` an earlier call completed on `run_id`, if any."""
         experiment_id = self.get_run(run_id).info.experiment_id
-        models = self.client.search_logged_models(experiment_ids=[experiment_id],
-                                                  filter_string=f"source_run_id = '{run_id}'")
-        done = [m for m in models
-                if m.tags.get(TAG_EXPORT_COMPLETE) == "true" and m.tags.get(TAG_EXPORT_FORMAT) == export_format]
+        models = self.client.search_logged_models(
+            experiment_ids=[experiment_id], filter_string=f"source_run_id = '{run_id}'"
+        )
+        done = [
+            m
+            for m in models
+            if m.tags.get(TAG_EXPORT_COMPLETE) == "true" and m.tags.get(TAG_EXPORT_FORMAT) == export_format
+        ]
         return max(done, key=lambda m: m.creation_timestamp).model_id if done else None
 
     def mark_export_complete(self, model_id: str) -> None:
@@ -377,16 +407,21 @@ class MlflowStore:
         found = self.client.search_model_versions(f"run_id = '{run_id}'")
         return sorted((v for v in found if v.name == model_name), key=lambda v: int(v.version))
 
-    def register(self, model_name: str, model_id: str, run_id: str, description: str,
-                 tags: dict[str, str]) -> str:
+    def register(self, model_name: str, model_id: str, run_id: str, description: str, tags: dict[str, str]) -> str:
         """A new version of `model_name` (created if needed) from logged model `model_id`; its number."""
         try:
             self.client.create_registered_model(model_name)
         except MlflowException as exc:
             if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
                 raise
-        mv = self.client.create_model_version(model_name, source=f"models:/{model_id}", run_id=run_id,
-                                              model_id=model_id, description=description, tags=tags)
+        mv = self.client.create_model_version(
+            model_name,
+            source=f"models:/{model_id}",
+            run_id=run_id,
+            model_id=model_id,
+            description=description,
+            tags=tags,
+        )
         return str(mv.version)
 
     def describe_version(self, model_name: str, version: str, description: str) -> None:

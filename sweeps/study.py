@@ -102,8 +102,9 @@ class SweepSearch(OptunaSearch):
         storage = self._ot_study._storage
         for frozen in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if frozen._trial_id not in known:
-                storage.set_trial_user_attr(frozen._trial_id, "lost", "started after Ray Tune's last "
-                                            "experiment snapshot; replaced on resume")
+                storage.set_trial_user_attr(
+                    frozen._trial_id, "lost", "started after Ray Tune's last experiment snapshot; replaced on resume"
+                )
                 storage.set_trial_state_values(frozen._trial_id, TrialState.FAIL)
                 log.info("Optuna trial %d was lost with the driver; marked FAIL", frozen.number)
 

@@ -43,8 +43,9 @@ log = logging.getLogger(__name__)
 def git_commit() -> str:
     """The current git commit of the code, or 'unknown' outside a checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -83,9 +84,17 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 class MLflowTrackingCallback(tune.Callback):
     """Tune callback mirroring trials into MLflow child runs (single writer: the driver)."""
 
-    def __init__(self, store: MlflowStore, experiment_id: str, parent_run_id: str, sweep: str,
-                 base_tags: dict[str, str], trial_params: Any, num_bins: int = 15,
-                 scheduler: str = "the scheduler") -> None:
+    def __init__(
+        self,
+        store: MlflowStore,
+        experiment_id: str,
+        parent_run_id: str,
+        sweep: str,
+        base_tags: dict[str, str],
+        trial_params: Any,
+        num_bins: int = 15,
+        scheduler: str = "the scheduler",
+    ) -> None:
         self.store = store
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
@@ -112,12 +121,23 @@ class MLflowTrackingCallback(tune.Callback):
         run = self.store.trial_run(self.experiment_id, self.sweep, tid)
         if run is None:
             params, tags, run_config = self.trial_params(trial.config)
-            note = (f"Trial `{tid}` of sweep {run_link(self.experiment_id, self.parent_run_id, self.sweep)}: "
-                    f"{describe_run(run_config)}.")
-            rid = self.store.create_run(self.experiment_id, tags.get(TAG_LABEL, tid), {
-                **self.base_tags, **tags, TAG_SWEEP: self.sweep, TAG_ROLE: ROLE_TRIAL, TAG_TRIAL: tid,
-                PARENT_TAG: self.parent_run_id, NOTE_TAG: note,
-            })
+            note = (
+                f"Trial `{tid}` of sweep {run_link(self.experiment_id, self.parent_run_id, self.sweep)}: "
+                f"{describe_run(run_config)}."
+            )
+            rid = self.store.create_run(
+                self.experiment_id,
+                tags.get(TAG_LABEL, tid),
+                {
+                    **self.base_tags,
+                    **tags,
+                    TAG_SWEEP: self.sweep,
+                    TAG_ROLE: ROLE_TRIAL,
+                    TAG_TRIAL: tid,
+                    PARENT_TAG: self.parent_run_id,
+                    NOTE_TAG: note,
+                },
+            )
             self.store.log_params(rid, params)
             # The exact run config, loadable with RunConfig.model_validate (params are strings).
             self.store.log_dict(rid, run_config, "run_config.json")
@@ -178,8 +198,7 @@ class MLflowTrackingCallback(tune.Callback):
         self.store.set_tags(rid, {TAG_STATUS: str(status)})
         if result.get("node_id"):
             self.store.set_tags(rid, {TAG_NODE: str(result["node_id"])})
-        final = {k: v for k, v in result.items()
-                 if k.startswith(("val_", "test_", "calibrator_")) or k == "wall_time"}
+        final = {k: v for k, v in result.items() if k.startswith(("val_", "test_", "calibrator_")) or k == "wall_time"}
         self.log_metrics(rid, final, step=step)
         if status != "completed":
             self._terminate(rid, "FAILED", f"{status}: {result.get('reason', '')}")
@@ -221,8 +240,9 @@ class MLflowTrackingCallback(tune.Callback):
         with ckpt.as_directory() as d, tempfile.TemporaryDirectory() as out:
             # kept with the run so paired statistics and any metric can be recomputed later
             self.store.log_artifacts(run_id, [(Path(d) / PREDICTIONS_FILE, "predictions")])
-            files = trial_report_files(Path(d), Path(out), trial.last_result or {}, num_bins=self.num_bins,
-                                       title=describe_params(trial.config))
+            files = trial_report_files(
+                Path(d), Path(out), trial.last_result or {}, num_bins=self.num_bins, title=describe_params(trial.config)
+            )
             self.store.log_artifacts(run_id, files)
 
 
@@ -232,8 +252,10 @@ def describe_run(run_config: dict[str, Any]) -> str:
     what = f"{model['name']} on {data['name']}, {train['epochs']} epochs, seed {run_config['seed']}"
     method = train["method"]
     if method == "onego":
-        return (f"one-go training of {what}, calibrator `{train['calibrator']}` trained with the backbone at "
-                f"calibrator lr {train['calibrator_lr']:.2e} on `{train['calibrator_data']}`")
+        return (
+            f"one-go training of {what}, calibrator `{train['calibrator']}` trained with the backbone at "
+            f"calibrator lr {train['calibrator_lr']:.2e} on `{train['calibrator_data']}`"
+        )
     if method == "posthoc":
         return f"{what}, then post-hoc `{train['posthoc_calibrator']}` scaling (a reference point)"
     if method == "ce":
@@ -243,10 +265,13 @@ def describe_run(run_config: dict[str, Any]) -> str:
 
 def _outcome(result: dict[str, Any]) -> str:
     """The headline numbers of a completed trial, for its description."""
+
     def pct(key: str) -> str:
         v = result.get(key)
         return f"{100 * float(v):.1f} %" if is_number(v) else "n/a"
 
-    return (f"**Result:** val accuracy {pct('val_accuracy')}, val ECE {pct('val_ece')}; test accuracy "
-            f"{pct('test_accuracy')}, test ECE {pct('test_ece')}; diagrams under `diagrams/`, predictions under "
-            "`predictions/`.")
+    return (
+        f"**Result:** val accuracy {pct('val_accuracy')}, val ECE {pct('val_ece')}; test accuracy "
+        f"{pct('test_accuracy')}, test ECE {pct('test_ece')}; diagrams under `diagrams/`, predictions under "
+        "`predictions/`."
+    )

@@ -99,9 +99,13 @@ def _finite(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in metrics.items()}
 
 
-def train_trial(config: dict[str, Any], base: dict[str, Any],
-                evaluation: EvaluationConfig | dict[str, Any] | None = None,
-                plugins: list[str] | None = None, quiet: bool = False) -> None:
+def train_trial(
+    config: dict[str, Any],
+    base: dict[str, Any],
+    evaluation: EvaluationConfig | dict[str, Any] | None = None,
+    plugins: list[str] | None = None,
+    quiet: bool = False,
+) -> None:
     """Run one trial: resolve its config, resume from Tune's checkpoint if any, report per epoch.
 
     `evaluation`: what is measured after training (a dict is validated into an EvaluationConfig).
@@ -157,8 +161,10 @@ def train_trial(config: dict[str, Any], base: dict[str, Any],
                 # Measured once, after training; Tune and Optuna need the keys in every result.
                 for key in final_only_keys(shift=evaluation.shift, ood=evaluation.ood != "none"):
                     metrics[key] = float("nan")
-                tune.report(_lead_columns({**metrics, "epoch": report.epoch, "done": False}),
-                            checkpoint=tune.Checkpoint.from_directory(d))
+                tune.report(
+                    _lead_columns({**metrics, "epoch": report.epoch, "done": False}),
+                    checkpoint=tune.Checkpoint.from_directory(d),
+                )
         _maybe_inject_fault(report.epoch)
 
     result = trainer.fit(on_epoch=on_epoch, resume_state=resume_state)
@@ -189,17 +195,28 @@ def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: Evalua
     from calib_core.evaluation import shift_metrics
 
     with torch.no_grad():
-        return {split: shift_metrics(result.predict_proba, data, run_cfg.seed, split=split,
-                                     names=evaluation.shift_corruptions, severities=evaluation.shift_severities,
-                                     num_bins=run_cfg.train.num_bins)
-                for split in SPLITS}
+        return {
+            split: shift_metrics(
+                result.predict_proba,
+                data,
+                run_cfg.seed,
+                split=split,
+                names=evaluation.shift_corruptions,
+                severities=evaluation.shift_severities,
+                num_bins=run_cfg.train.num_bins,
+            )
+            for split in SPLITS
+        }
 
 
 def _prediction_arrays(result: Any, data: Any) -> dict[str, np.ndarray]:
     """Validation and test predictions (sweeps.uncertainty.load_predictions reads them); for
     multi-task runs every task's probabilities over all rows and the (N, T) labels, -1 = missing."""
-    arrays = {f"{split}_{what}": getattr(result, f"{split}_{what}").numpy()
-              for split in SPLITS for what in ("probs", "labels")}
+    arrays = {
+        f"{split}_{what}": getattr(result, f"{split}_{what}").numpy()
+        for split in SPLITS
+        for what in ("probs", "labels")
+    }
     if getattr(result, "task_val_probs", None) is not None:
         arrays["tasks"] = np.array([str(t[0]) for t in data.tasks])
         for split in SPLITS:
@@ -228,8 +245,14 @@ def _debiased_metrics(arrays: dict[str, np.ndarray]) -> dict[str, float]:
     return out
 
 
-def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, evaluation: EvaluationConfig,
-                  last_epoch: dict[str, float] | None = None) -> None:
+def _report_final(
+    trainer: Trainer,
+    result: Any,
+    run_cfg: RunConfig,
+    data: Any,
+    evaluation: EvaluationConfig,
+    last_epoch: dict[str, float] | None = None,
+) -> None:
     """Last report: final val/test metrics plus the model and predictions for the driver.
 
     It is also the report of the last epoch (`last_epoch`: its train loss, epoch time, lr; the
@@ -276,14 +299,20 @@ def _report_final(trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, 
             np.savez_compressed(Path(d) / PREDICTIONS_FILE, **_prediction_arrays(result, data))  # type: ignore[arg-type]
         if shift:
             (Path(d) / SHIFT_FILE).write_text(json.dumps(shift))
-        (Path(d) / SUMMARY_FILE).write_text(json.dumps({
-            "run_config": run_cfg.model_dump(mode="json"),
-            "input_shape": list(input_shape),
-            "tasks": [str(t[0]) for t in data.tasks] if getattr(data, "tasks", None) else None,
-            "calibrator_info": result.calibrator_info,
-            "status": result.status,
-            "reason": result.reason,
-        }, default=str, indent=1))
+        (Path(d) / SUMMARY_FILE).write_text(
+            json.dumps(
+                {
+                    "run_config": run_cfg.model_dump(mode="json"),
+                    "input_shape": list(input_shape),
+                    "tasks": [str(t[0]) for t in data.tasks] if getattr(data, "tasks", None) else None,
+                    "calibrator_info": result.calibrator_info,
+                    "status": result.status,
+                    "reason": result.reason,
+                },
+                default=str,
+                indent=1,
+            )
+        )
         final = _lead_columns(_finite(final))
         (Path(d) / FINAL_FILE).write_text(json.dumps(final))
         tune.report(final, checkpoint=tune.Checkpoint.from_directory(d))

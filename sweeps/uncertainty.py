@@ -105,9 +105,16 @@ def _tensor(a: np.ndarray) -> Any:
     return torch.from_numpy(np.asarray(a, dtype=np.float64))
 
 
-def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, np.ndarray, np.ndarray]]]], *,
-                       num_bins: int, num_resamples: int = 1000, level: float = 0.95, seed: int = 0,
-                       names: tuple[str, ...] | None = None, null_draws: int = 200) -> Replicates:
+def compute_replicates(
+    predictions: dict[str, dict[str, list[tuple[str | None, np.ndarray, np.ndarray]]]],
+    *,
+    num_bins: int,
+    num_resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+    names: tuple[str, ...] | None = None,
+    null_draws: int = 200,
+) -> Replicates:
     """Replicates of every metric (`names`, default all: METRIC_NAMES) on every split for each trial (keyed
     by trial id), and the calibrated null of its top-label calibration errors (`null_draws` relabellings; 0: none)."""
     import torch
@@ -130,8 +137,9 @@ def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, n
             key = (s_idx, n)
             if key not in counts_cache:
                 # row 0 weighs every example once: the estimate itself, from the same code path
-                counts_cache[key] = torch.cat((torch.ones(1, n), resample_counts(n, num_resamples,
-                                                                                  seed=seed * 2 + s_idx)))
+                counts_cache[key] = torch.cat(
+                    (torch.ones(1, n), resample_counts(n, num_resamples, seed=seed * 2 + s_idx))
+                )
             counts = counts_cache[key]
             groups[split] = _fingerprint(y for _, _, y in parts)
             per_task, null_per_task = [], []
@@ -139,13 +147,20 @@ def compute_replicates(predictions: dict[str, dict[str, list[tuple[str | None, n
                 keep = labels >= 0
                 if not keep.any():
                     continue
-                reps_t = bootstrap_metrics(probs[keep], labels[keep], counts[:, np.flatnonzero(keep)],
-                                           num_bins=num_bins, names=names)
+                reps_t = bootstrap_metrics(
+                    probs[keep], labels[keep], counts[:, np.flatnonzero(keep)], num_bins=num_bins, names=names
+                )
                 r = {m: v.numpy() for m, v in reps_t.items()}
                 per_task.append(r)
                 if errors:
-                    z = calibrated_null(probs[keep], labels[keep], num_draws=null_draws, seed=seed * 2 + s_idx,
-                                        num_bins=num_bins, names=errors)
+                    z = calibrated_null(
+                        probs[keep],
+                        labels[keep],
+                        num_draws=null_draws,
+                        seed=seed * 2 + s_idx,
+                        num_bins=num_bins,
+                        names=errors,
+                    )
                     null_per_task.append({m: v.numpy() for m, v in z.items()})
                 if task is not None:
                     values.update({f"{split}_{task}_{m}": v for m, v in r.items()})

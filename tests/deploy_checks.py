@@ -37,8 +37,11 @@ KUBERAY_HEAD_PORTS = {  # port name -> (rayStartParams key, default)
 # GPU placement comes from the nvidia.com/gpu request; labels such as nvidia.com/gpu.present are set
 # only by GPU Feature Discovery and would leave workers Pending on clusters without it.
 WELL_KNOWN_NODE_LABELS = {
-    "kubernetes.io/arch", "kubernetes.io/os", "node.kubernetes.io/instance-type",
-    "topology.kubernetes.io/region", "topology.kubernetes.io/zone",
+    "kubernetes.io/arch",
+    "kubernetes.io/os",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
 }
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 TELEMETRY_OFF = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
@@ -59,6 +62,7 @@ def quantity(value) -> float:
 
 # ------------------------------------------------------------------------------------ helpers
 
+
 def ray_objects(resources: list[dict]) -> list[dict]:
     return [r for r in resources if r["kind"] in RAY_KINDS]
 
@@ -76,8 +80,9 @@ def _where(obj: dict, role: str = "") -> str:
 
 
 def config_map(resources: list[dict], name: str) -> dict:
-    return next((r.get("data", {}) for r in resources if r["kind"] == "ConfigMap"
-                 and r["metadata"]["name"] == name), {})
+    return next(
+        (r.get("data", {}) for r in resources if r["kind"] == "ConfigMap" and r["metadata"]["name"] == name), {}
+    )
 
 
 def container_env(resources: list[dict], c: dict) -> dict[str, str | None]:
@@ -95,8 +100,9 @@ def template_labels(obj: dict, role: str | None = None) -> dict:
     if obj["kind"] in RAY_KINDS:
         group = dict(ray_groups(obj))[role or "head"]
         labels = dict(group["template"]["metadata"].get("labels", {}))
-        labels.update({"ray.io/node-type": (role or "head").split(":")[0],
-                       "app.kubernetes.io/created-by": "kuberay-operator"})
+        labels.update(
+            {"ray.io/node-type": (role or "head").split(":")[0], "app.kubernetes.io/created-by": "kuberay-operator"}
+        )
         return labels
     if obj["kind"] in dr.WORKLOAD_TEMPLATE_PATHS:
         node = obj
@@ -128,8 +134,12 @@ def selects(selector: dict, labels: dict) -> bool:
             return False
     for expr in selector.get("matchExpressions", []):
         key, op, values = expr["key"], expr["operator"], expr.get("values", [])
-        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values) \
-                or (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
+        if (
+            (op == "In" and labels.get(key) not in values)
+            or (op == "NotIn" and labels.get(key) in values)
+            or (op == "Exists" and key not in labels)
+            or (op == "DoesNotExist" and key in labels)
+        ):
             return False
     return True
 
@@ -137,8 +147,11 @@ def selects(selector: dict, labels: dict) -> bool:
 def policy_allows(policies: list[dict], namespace: str, src: tuple[str, dict], dst_labels: dict, port: int) -> bool:
     """Kubernetes NetworkPolicy ingress semantics (pod/namespace selectors, TCP ports and ranges)."""
     src_ns, src_labels = src
-    applying = [p for p in policies if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
-                and selects(p["spec"]["podSelector"], dst_labels)]
+    applying = [
+        p
+        for p in policies
+        if "Ingress" in p["spec"].get("policyTypes", ["Ingress"]) and selects(p["spec"]["podSelector"], dst_labels)
+    ]
     if not applying:
         return True
     for p in applying:
@@ -153,8 +166,11 @@ def policy_allows(policies: list[dict], namespace: str, src: tuple[str, dict], d
                 if "ipBlock" in peer:
                     continue
                 ns_sel, pod_sel = peer.get("namespaceSelector"), peer.get("podSelector")
-                ns_ok = selects(ns_sel, {"kubernetes.io/metadata.name": src_ns}) if ns_sel is not None \
+                ns_ok = (
+                    selects(ns_sel, {"kubernetes.io/metadata.name": src_ns})
+                    if ns_sel is not None
                     else src_ns == namespace
+                )
                 pod_ok = selects(pod_sel, src_labels) if pod_sel is not None else True
                 if ns_ok and pod_ok:
                     return True
@@ -195,6 +211,7 @@ def entrypoint_options(job: dict) -> dict[str, list[str]]:
 
 # ------------------------------------------------------------------------------------- checks
 
+
 def check_head_ports(resources: list[dict]) -> list[str]:
     """The head container's named ports are the ones KubeRay and the Ray processes agree on."""
     problems = []
@@ -205,8 +222,9 @@ def check_head_ports(resources: list[dict]) -> list[str]:
         for name, (param, default) in KUBERAY_HEAD_PORTS.items():
             want = int(params.get(param, default))
             if ports.get(name) != want:
-                problems.append(f"{_where(r, 'head')}: container port {name!r} is {ports.get(name)}, "
-                                f"Ray listens on {want}")
+                problems.append(
+                    f"{_where(r, 'head')}: container port {name!r} is {ports.get(name)}, Ray listens on {want}"
+                )
     return problems
 
 
@@ -242,14 +260,17 @@ def check_node_selectors(resources: list[dict]) -> list[str]:
     for where, _, spec in pod_templates(resources):
         for key in spec.get("nodeSelector", {}):
             if key not in WELL_KNOWN_NODE_LABELS:
-                problems.append(f"{where}: nodeSelector {key!r} is not a label every node has "
-                                "(the nvidia.com/gpu request places GPU pods)")
+                problems.append(
+                    f"{where}: nodeSelector {key!r} is not a label every node has "
+                    "(the nvidia.com/gpu request places GPU pods)"
+                )
     for r in ray_objects(resources):
         for role, group in ray_groups(r):
             spec = group["template"]["spec"]
             limits = spec["containers"][0].get("resources", {}).get("limits", {})
-            tolerated = any(t.get("key") == "nvidia.com/gpu" and t.get("operator") == "Exists"
-                            for t in spec.get("tolerations", []))
+            tolerated = any(
+                t.get("key") == "nvidia.com/gpu" and t.get("operator") == "Exists" for t in spec.get("tolerations", [])
+            )
             if "nvidia.com/gpu" in limits and not tolerated:
                 problems.append(f"{_where(r, role)}: GPU pods must tolerate the nvidia.com/gpu taint")
     return problems
@@ -345,8 +366,9 @@ def check_mlflow_migrates_before_start(resources: list[dict]) -> list[str]:
     commands = [" ".join(c.get("command", []) + c.get("args", [])) for c in inits]
     problems = []
     wait = next((i for i, c in enumerate(commands) if re.search(r"mlflow-db-upgrade wait|pg_isready", c)), None)
-    upgrade = next((i for i, c in enumerate(commands)
-                    if re.search(r"mlflow-db-upgrade upgrade|mlflow db upgrade", c)), None)
+    upgrade = next(
+        (i for i, c in enumerate(commands) if re.search(r"mlflow-db-upgrade upgrade|mlflow db upgrade", c)), None
+    )
     if wait is None:
         problems.append("mlflow: no init container waits for the database")
     if upgrade is None:
@@ -381,8 +403,11 @@ def check_images_pinned_by_digest(resources: list[dict]) -> list[str]:
 def check_ephemeral_storage(resources: list[dict]) -> list[str]:
     """Every container requests and limits ephemeral storage (logs and disk emptyDirs count)."""
     problems = []
-    containers = [(w, c) for w, _, spec in pod_templates(resources)
-                  for c in spec.get("containers", []) + spec.get("initContainers", [])]
+    containers = [
+        (w, c)
+        for w, _, spec in pod_templates(resources)
+        for c in spec.get("containers", []) + spec.get("initContainers", [])
+    ]
     for r in ray_objects(resources):
         containers.append((_where(r, "autoscaler"), dr.ray_cluster_spec(r).get("autoscalerOptions", {})))
     for where, c in containers:
@@ -391,10 +416,15 @@ def check_ephemeral_storage(resources: list[dict]) -> list[str]:
             if "ephemeral-storage" not in res.get(part, {}):
                 problems.append(f"{where}/{c.get('name', 'autoscaler')}: no {part}.ephemeral-storage")
     for where, _, spec in pod_templates(resources):
-        disk = sum(quantity(v["emptyDir"].get("sizeLimit", 0)) for v in spec.get("volumes", [])
-                   if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory")
-        limit = sum(quantity(c.get("resources", {}).get("limits", {}).get("ephemeral-storage", 0))
-                    for c in spec.get("containers", []))
+        disk = sum(
+            quantity(v["emptyDir"].get("sizeLimit", 0))
+            for v in spec.get("volumes", [])
+            if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory"
+        )
+        limit = sum(
+            quantity(c.get("resources", {}).get("limits", {}).get("ephemeral-storage", 0))
+            for c in spec.get("containers", [])
+        )
         if limit and disk > limit:
             problems.append(f"{where}: disk emptyDirs ({disk / 2**30:.0f}Gi) exceed the ephemeral-storage limit")
     return problems
@@ -405,7 +435,7 @@ def check_head_not_evicted(resources: list[dict]) -> list[str]:
     for r in ray_objects(resources):
         meta = dr.ray_cluster_spec(r)["headGroupSpec"]["template"].get("metadata", {})
         if meta.get("annotations", {}).get(SAFE_TO_EVICT) != "false":
-            problems.append(f"{_where(r, 'head')}: needs {SAFE_TO_EVICT}: \"false\" (it runs the driver for days)")
+            problems.append(f'{_where(r, "head")}: needs {SAFE_TO_EVICT}: "false" (it runs the driver for days)')
     return problems
 
 
@@ -453,7 +483,9 @@ def check_token_auth(resources: list[dict]) -> list[str]:
             env = {e["name"]: e for e in c.get("env", [])}
             ref = env.get("RAY_AUTH_TOKEN", {}).get("valueFrom", {}).get("secretKeyRef", {})
             if env.get("RAY_AUTH_MODE", {}).get("value") != "token" or (ref.get("name"), ref.get("key")) != (
-                    "ray-auth-token", "auth_token"):
+                "ray-auth-token",
+                "auth_token",
+            ):
                 problems.append(f"{where}: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from ray-auth-token/auth_token")
     return problems
 
@@ -463,8 +495,11 @@ def check_ray_version(resources: list[dict]) -> list[str]:
     for line in (dr.REPO_ROOT / "constraints.txt").read_text().splitlines():
         if line.startswith("ray=="):
             pins["ray"] = line.split("==", 1)[1].strip()
-    return [f"{_where(r)}: rayVersion {dr.ray_cluster_spec(r).get('rayVersion')} != ray {pins['ray']}"
-            for r in ray_objects(resources) if dr.ray_cluster_spec(r).get("rayVersion") != pins["ray"]]
+    return [
+        f"{_where(r)}: rayVersion {dr.ray_cluster_spec(r).get('rayVersion')} != ray {pins['ray']}"
+        for r in ray_objects(resources)
+        if dr.ray_cluster_spec(r).get("rayVersion") != pins["ray"]
+    ]
 
 
 def check_pod_hardening(resources: list[dict]) -> list[str]:
@@ -511,12 +546,25 @@ def check_schemas(resources: list[dict]) -> list[str]:
 
 
 CHECKS: dict[str, Callable[[list[dict]], list[str]]] = {
-    f.__name__.removeprefix("check_"): f for f in (
-        check_head_ports, check_shared_memory, check_node_selectors, check_ray_network_policy,
-        check_services_target_pods, check_tracking_uri, check_mlflow_migrates_before_start,
-        check_images_pinned_by_digest, check_ephemeral_storage, check_head_not_evicted,
-        check_telemetry_off, check_datasets_cached, check_token_auth, check_ray_version,
-        check_pod_hardening, check_mlflow_reachable_only_by_clients, check_schemas,
+    f.__name__.removeprefix("check_"): f
+    for f in (
+        check_head_ports,
+        check_shared_memory,
+        check_node_selectors,
+        check_ray_network_policy,
+        check_services_target_pods,
+        check_tracking_uri,
+        check_mlflow_migrates_before_start,
+        check_images_pinned_by_digest,
+        check_ephemeral_storage,
+        check_head_not_evicted,
+        check_telemetry_off,
+        check_datasets_cached,
+        check_token_auth,
+        check_ray_version,
+        check_pod_hardening,
+        check_mlflow_reachable_only_by_clients,
+        check_schemas,
     )
 }
 

@@ -51,13 +51,31 @@ import yaml
 
 KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 SUPPORTED_KEYS = {
-    "apiVersion", "kind", "resources", "namespace", "labels", "commonLabels", "commonAnnotations",
-    "images", "configMapGenerator", "secretGenerator", "generatorOptions", "patches",
+    "apiVersion",
+    "kind",
+    "resources",
+    "namespace",
+    "labels",
+    "commonLabels",
+    "commonAnnotations",
+    "images",
+    "configMapGenerator",
+    "secretGenerator",
+    "generatorOptions",
+    "patches",
 }
 CLUSTER_SCOPED = {
-    "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-    "PersistentVolume", "StorageClass", "PriorityClass", "IngressClass",
-    "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "RuntimeClass",
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "PersistentVolume",
+    "StorageClass",
+    "PriorityClass",
+    "IngressClass",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "RuntimeClass",
 }
 # Kinds whose pod template lives at spec.template (or deeper for CronJob).
 WORKLOAD_TEMPLATE_PATHS = {
@@ -69,8 +87,16 @@ WORKLOAD_TEMPLATE_PATHS = {
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
 }
 BUILTIN_GROUPS = {
-    "", "apps", "batch", "networking.k8s.io", "policy", "rbac.authorization.k8s.io",
-    "autoscaling", "storage.k8s.io", "scheduling.k8s.io", "coordination.k8s.io",
+    "",
+    "apps",
+    "batch",
+    "networking.k8s.io",
+    "policy",
+    "rbac.authorization.k8s.io",
+    "autoscaling",
+    "storage.k8s.io",
+    "scheduling.k8s.io",
+    "coordination.k8s.io",
 }
 # Strategic-merge list keys, by field name (the subset of Kubernetes' patchMergeKey we need).
 MERGE_KEYS = {
@@ -93,6 +119,7 @@ class UnsupportedKustomization(ValueError):
 
 
 # --------------------------------------------------------------------------------------- loading
+
 
 def _read_yaml_docs(path: Path) -> list[dict]:
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
@@ -124,6 +151,7 @@ def resource_id(obj: dict) -> tuple[str, str, str, str]:
 
 
 # -------------------------------------------------------------------------------- strategic merge
+
 
 def strategic_merge(base: Any, patch: Any, field: str | None = None, builtin: bool = True) -> Any:
     """Merge ``patch`` into a copy of ``base`` (strategic merge for built-in kinds, else RFC 7386)."""
@@ -172,6 +200,7 @@ def _strip_directives(value: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------- JSON 6902
+
 
 def _pointer(path: str) -> list[str]:
     if path == "":
@@ -241,6 +270,7 @@ def json6902(doc: dict, ops: list[dict]) -> dict:
 
 # ------------------------------------------------------------------------------------ generators
 
+
 def _hash_suffix(obj: dict) -> str:
     """kustomize's content hash (api/hasher): sha256 of the sorted JSON, first 10 hex, re-lettered.
 
@@ -304,6 +334,7 @@ def _generate(spec: dict, kind: str, root: Path, defaults: dict) -> tuple[dict, 
 
 
 # -------------------------------------------------------------------------------------- renderer
+
 
 def _matches(obj: dict, target: dict) -> bool:
     group, version = group_version(obj)
@@ -432,8 +463,10 @@ def _new_image(image: str, images: list[dict]) -> str:
 
 def _rename_refs(node: Any, kind: str, renames: dict[str, str]) -> None:
     """Rename ConfigMap/Secret references in built-in pod specs after hash suffixing."""
-    ref_keys = {"ConfigMap": ("configMapRef", "configMapKeyRef", "configMap"),
-                "Secret": ("secretRef", "secretKeyRef", "secret")}[kind]
+    ref_keys = {
+        "ConfigMap": ("configMapRef", "configMapKeyRef", "configMap"),
+        "Secret": ("secretRef", "secretKeyRef", "secret"),
+    }[kind]
     if isinstance(node, dict):
         for key, value in node.items():
             if key in ref_keys and isinstance(value, dict):
@@ -469,8 +502,10 @@ def _render(root: Path) -> list[dict]:
     for gen_key, kind in (("configMapGenerator", "ConfigMap"), ("secretGenerator", "Secret")):
         for spec in k.get(gen_key, []):
             obj, behavior, hashed = _generate(spec, kind, root, defaults)
-            idx = next((i for i, r in enumerate(resources)
-                        if r["kind"] == kind and r["metadata"]["name"] == spec["name"]), None)
+            idx = next(
+                (i for i, r in enumerate(resources) if r["kind"] == kind and r["metadata"]["name"] == spec["name"]),
+                None,
+            )
             if behavior == "create":
                 if idx is not None:
                     raise ValueError(f"{kfile}: {kind} {spec['name']} already exists (use behavior: merge)")
@@ -502,8 +537,9 @@ def _render(root: Path) -> list[dict]:
                 r["metadata"]["namespace"] = ns
 
     for spec in k.get("labels", []):
-        _apply_labels(resources, spec.get("pairs", {}), spec.get("includeSelectors", False),
-                      spec.get("includeTemplates", False))
+        _apply_labels(
+            resources, spec.get("pairs", {}), spec.get("includeSelectors", False), spec.get("includeTemplates", False)
+        )
     if k.get("commonLabels"):
         _apply_labels(resources, k["commonLabels"], True, True)
     if k.get("commonAnnotations"):
@@ -544,14 +580,34 @@ def _finish(resources: list[dict]) -> list[dict]:
 # kustomize's legacy output order (api/resid/gvk.go): these kinds first, in this order, these last,
 # every other kind in between; ties by "group_version_kind" ("~G" / "~V" when empty), namespace, name.
 _ORDER_FIRST = (
-    "Namespace", "ResourceQuota", "StorageClass", "CustomResourceDefinition", "ServiceAccount",
-    "PodSecurityPolicy", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ConfigMap", "Secret",
-    "Endpoints", "Service", "LimitRange", "PriorityClass", "PersistentVolume", "PersistentVolumeClaim",
-    "Deployment", "StatefulSet", "CronJob", "PodDisruptionBudget",
+    "Namespace",
+    "ResourceQuota",
+    "StorageClass",
+    "CustomResourceDefinition",
+    "ServiceAccount",
+    "PodSecurityPolicy",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
+    "ConfigMap",
+    "Secret",
+    "Endpoints",
+    "Service",
+    "LimitRange",
+    "PriorityClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "Deployment",
+    "StatefulSet",
+    "CronJob",
+    "PodDisruptionBudget",
 )
 _ORDER_LAST = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
-_TYPE_ORDER = {**{k: i - len(_ORDER_FIRST) for i, k in enumerate(_ORDER_FIRST)},
-               **{k: i + 1 for i, k in enumerate(_ORDER_LAST)}}
+_TYPE_ORDER = {
+    **{k: i - len(_ORDER_FIRST) for i, k in enumerate(_ORDER_FIRST)},
+    **{k: i + 1 for i, k in enumerate(_ORDER_LAST)},
+}
 
 
 def _legacy_order(obj: dict) -> tuple[int, str, str, str]:
@@ -589,8 +645,7 @@ def find_kubectl() -> tuple[str | None, str]:
     if exe is None:
         return None, "kubectl not found on PATH"
     try:
-        proc = subprocess.run([exe, "version", "--client", "-o", "json"], capture_output=True, text=True,
-                              timeout=60)
+        proc = subprocess.run([exe, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=60)
         version = str(json.loads(proc.stdout).get("kustomizeVersion", ""))
     except (OSError, subprocess.SubprocessError, ValueError, AttributeError):
         version = ""

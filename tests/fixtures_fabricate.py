@@ -69,23 +69,29 @@ def fabricate_cifar10(
     xs, ys = [], []
     for b in range(1, 6):
         x, y = _images(rng, per_batch, 3, 32, 32), _labels(rng, per_batch, 10)
-        _pickle(base / f"data_batch_{b}", {
-            "batch_label": f"training batch {b} of 5",
-            "labels": [int(v) for v in y],
-            "data": _cifar_rows(x),
-            "filenames": [f"img_{b}_{i}.png" for i in range(per_batch)],
-        })
+        _pickle(
+            base / f"data_batch_{b}",
+            {
+                "batch_label": f"training batch {b} of 5",
+                "labels": [int(v) for v in y],
+                "data": _cifar_rows(x),
+                "filenames": [f"img_{b}_{i}.png" for i in range(per_batch)],
+            },
+        )
         xs.append(x)
         ys.append(y)
     x_te, y_te = _images(rng, n_test, 3, 32, 32), _labels(rng, n_test, 10)
     if test_value is not None:
         x_te[:] = test_value
-    _pickle(base / "test_batch", {
-        "batch_label": "testing batch 1 of 1",
-        "labels": [int(v) for v in y_te],
-        "data": _cifar_rows(x_te),
-        "filenames": [f"test_{i}.png" for i in range(n_test)],
-    })
+    _pickle(
+        base / "test_batch",
+        {
+            "batch_label": "testing batch 1 of 1",
+            "labels": [int(v) for v in y_te],
+            "data": _cifar_rows(x_te),
+            "filenames": [f"test_{i}.png" for i in range(n_test)],
+        },
+    )
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
     _pickle(base / "batches.meta", {"num_cases_per_batch": per_batch, "label_names": names, "num_vis": 3072})
     return Fab(np.concatenate(xs), np.concatenate(ys), x_te, y_te)
@@ -97,18 +103,24 @@ def fabricate_cifar100(root: Path, *, n_train: int = 120, n_test: int = 20, seed
     out = []
     for split, n in (("train", n_train), ("test", n_test)):
         x, y = _images(rng, n, 3, 32, 32), _labels(rng, n, 100)
-        _pickle(base / split, {
-            "filenames": [f"{split}_{i}.png" for i in range(n)],
-            "batch_label": f"{split}ing batch 1 of 1",
-            "fine_labels": [int(v) for v in y],
-            "coarse_labels": [int(v) // 5 for v in y],
-            "data": _cifar_rows(x),
-        })
+        _pickle(
+            base / split,
+            {
+                "filenames": [f"{split}_{i}.png" for i in range(n)],
+                "batch_label": f"{split}ing batch 1 of 1",
+                "fine_labels": [int(v) for v in y],
+                "coarse_labels": [int(v) // 5 for v in y],
+                "data": _cifar_rows(x),
+            },
+        )
         out += [x, y]
-    _pickle(base / "meta", {
-        "fine_label_names": [f"fine_{i}" for i in range(100)],
-        "coarse_label_names": [f"coarse_{i}" for i in range(20)],
-    })
+    _pickle(
+        base / "meta",
+        {
+            "fine_label_names": [f"fine_{i}" for i in range(100)],
+            "coarse_label_names": [f"coarse_{i}" for i in range(20)],
+        },
+    )
     return Fab(*out)
 
 
@@ -121,8 +133,9 @@ def fabricate_svhn(root: Path, *, n_train: int = 40, n_test: int = 10, seed: int
     for split, n in (("train", n_train), ("test", n_test)):
         x, y = _images(rng, n, 3, 32, 32), _labels(rng, n, 10)
         mat_y = np.where(y == 0, 10, y).astype(np.uint8).reshape(n, 1)  # SVHN writes 10 for the digit 0
-        scipy.io.savemat(str(Path(root) / f"{split}_32x32.mat"),
-                         {"X": np.ascontiguousarray(x.transpose(2, 3, 1, 0)), "y": mat_y})
+        scipy.io.savemat(
+            str(Path(root) / f"{split}_32x32.mat"), {"X": np.ascontiguousarray(x.transpose(2, 3, 1, 0)), "y": mat_y}
+        )
         out += [x, y]
     return Fab(*out)
 

@@ -24,8 +24,9 @@ FAST = ["--set", "run.data.num_samples=1200", "--set", "run.train.epochs=2", "--
 def launch(cwd: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `python sweeps/launch.py ARGS` in `cwd` and return the finished process."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, str(LAUNCH), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+    return subprocess.run(
+        [sys.executable, str(LAUNCH), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
 
 
 def store(cwd: Path) -> MlflowClient:
@@ -53,9 +54,20 @@ def free_port() -> int:
 def mlflow_server(backend_uri: str, artifacts_dir: Path) -> Iterator[str]:
     """An MLflow tracking server on loopback; yields its URL and stops it afterwards."""
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", backend_uri,
-           "--artifacts-destination", str(artifacts_dir), "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1"]
+    cmd = [
+        str(Path(sys.executable).parent / "mlflow"),
+        "server",
+        "--backend-store-uri",
+        backend_uri,
+        "--artifacts-destination",
+        str(artifacts_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     log = open(artifacts_dir.parent / f"mlflow-server-{port}.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -110,8 +122,14 @@ def _wait_http(url: str, proc: subprocess.Popen, log_name: str, timeout: float =
 def optuna_dashboard(storage_url: str, log_dir: Path) -> Iterator[str]:
     """optuna-dashboard (the command the README shows) on loopback; yields its URL and stops it afterwards."""
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "optuna-dashboard"), storage_url, "--host", "127.0.0.1",
-           "--port", str(port)]
+    cmd = [
+        str(Path(sys.executable).parent / "optuna-dashboard"),
+        storage_url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     log = open(log_dir / f"optuna-dashboard-{port}.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -135,9 +153,17 @@ def headless_chromium(paths: tuple[str, str], window: str = "1600,3200") -> Iter
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = paths[0]
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 "--disable-dev-shm-usage", f"--window-size={window}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--window-size={window}",
+    ):
         opts.add_argument(flag)
     driver = webdriver.Chrome(service=Service(paths[1]), options=opts)
     try:

@@ -151,8 +151,17 @@ def test_hypervolume():
 
 def test_summarise_counts_hits_by_budget_and_pairs_with_random():
     def rows(ts):
-        return [{"trials_to_hit": x, "trials_to_hit@0.25": x, "trials_to_hit@0.5": 1, "ece_ratio@8": 1.0,
-                 "ece_ratio@16": 1.0, "ece_ratio@32": 1.0} for x in ts]
+        return [
+            {
+                "trials_to_hit": x,
+                "trials_to_hit@0.25": x,
+                "trials_to_hit@0.5": 1,
+                "ece_ratio@8": 1.0,
+                "ece_ratio@16": 1.0,
+                "ece_ratio@32": 1.0,
+            }
+            for x in ts
+        ]
 
     runs = {TPE_SWEEP: rows([1, 9, 40, None]), RANDOM: rows([1, 20, None, None])}
     s = summarise(runs, "single", cap=64)
@@ -165,12 +174,34 @@ def test_summarise_counts_hits_by_budget_and_pairs_with_random():
 
 def test_verdict_says_no_when_tpe_is_random_at_eight_trials():
     def res(tpe_hits16):
-        s = summarise({TPE_SWEEP: [{"trials_to_hit": t, "trials_to_hit@0.25": t, "trials_to_hit@0.5": t,
-                                    "ece_ratio@8": 1.0, "ece_ratio@16": 1.0, "ece_ratio@32": 1.0}
-                                   for t in tpe_hits16],
-                       RANDOM: [{"trials_to_hit": t, "trials_to_hit@0.25": t, "trials_to_hit@0.5": t,
-                                 "ece_ratio@8": 1.0, "ece_ratio@16": 1.0, "ece_ratio@32": 1.0}
-                                for t in [1] * 5 + [None] * 45]}, "single", cap=64)
+        s = summarise(
+            {
+                TPE_SWEEP: [
+                    {
+                        "trials_to_hit": t,
+                        "trials_to_hit@0.25": t,
+                        "trials_to_hit@0.5": t,
+                        "ece_ratio@8": 1.0,
+                        "ece_ratio@16": 1.0,
+                        "ece_ratio@32": 1.0,
+                    }
+                    for t in tpe_hits16
+                ],
+                RANDOM: [
+                    {
+                        "trials_to_hit": t,
+                        "trials_to_hit@0.25": t,
+                        "trials_to_hit@0.5": t,
+                        "ece_ratio@8": 1.0,
+                        "ece_ratio@16": 1.0,
+                        "ece_ratio@32": 1.0,
+                    }
+                    for t in [1] * 5 + [None] * 45
+                ],
+            },
+            "single",
+            cap=64,
+        )
         return {"d": {"single": {"summary": s, "tpe_first8_equals_random": 1.0}}}
 
     text = "\n".join(verdict(res([1] * 5 + [12] * 45)))  # same at 8, far better by 16

@@ -63,8 +63,15 @@ class Case:
     nobody: bool = False  # run as an unprivileged user (permission checks)
 
 
-def case(cid: str, args: list[str], needle: str, files: dict[str, Any] | None = None,
-         env: dict[str, str] | None = None, nobody: bool = False, skip: str | None = None) -> Any:
+def case(
+    cid: str,
+    args: list[str],
+    needle: str,
+    files: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    nobody: bool = False,
+    skip: str | None = None,
+) -> Any:
     marks = [pytest.mark.skip(reason=skip)] if skip else []
     c = Case(cid, tuple(args), needle, tuple((files or {}).items()), tuple((env or {}).items()), nobody)
     return pytest.param(c, id=cid, marks=marks)
@@ -73,36 +80,83 @@ def case(cid: str, args: list[str], needle: str, files: dict[str, Any] | None = 
 CASES = [
     # --- the config file
     case("cfg-empty", ["--config", "cfg.yaml"], "cfg.yaml: the config file is empty", {"cfg.yaml": ""}),
-    case("cfg-only-comments", ["--config", "cfg.yaml"], "cfg.yaml: the config file is empty",
-         {"cfg.yaml": "# nothing here\n"}),
-    case("cfg-list", ["--config", "cfg.yaml"], "cfg.yaml: top level must be a mapping, got list",
-         {"cfg.yaml": "- a\n- b\n"}),
-    case("cfg-scalar", ["--config", "cfg.yaml"], "cfg.yaml: top level must be a mapping, got str",
-         {"cfg.yaml": "just some words\n"}),
-    case("cfg-yaml-unclosed-flow", ["--config", "cfg.yaml"], r"re:^error: cfg\.yaml:3:1: not valid YAML: ",
-         {"cfg.yaml": "name: x\nsearch: {num_samples: 2\n"}),
-    case("cfg-yaml-bad-indent", ["--config", "cfg.yaml"],
-         "cfg.yaml:2:6: not valid YAML: mapping values are not allowed here", {"cfg.yaml": "name: x\n  bad: 1\n"}),
-    case("cfg-yaml-tab", ["--config", "cfg.yaml"], r"re:^error: cfg\.yaml:2:1: not valid YAML: .*'\\t'",
-         {"cfg.yaml": "run:\n\tseed: 1\n"}),
-    case("cfg-yaml-unclosed-quote", ["--config", "cfg.yaml"], r"re:^error: cfg\.yaml:\d+:\d+: not valid YAML: ",
-         {"cfg.yaml": 'name: "demo\n'}),
-    case("cfg-duplicate-key", ["--config", "cfg.yaml"], "cfg.yaml:2:1: not valid YAML: duplicate key 'name'",
-         {"cfg.yaml": "name: a\nname: b\n"}),
-    case("cfg-latin1", ["--config", "cfg.yaml"], "cfg.yaml:1:10: not UTF-8 text (byte 0xe9)",
-         {"cfg.yaml": b"name: caf\xe9\n"}),
-    case("cfg-utf16", ["--config", "cfg.yaml"], "cfg.yaml:1:1: not UTF-8 text (byte 0xff)",
-         {"cfg.yaml": "name: x\n".encode("utf-16")}),
-    case("cfg-control-char", ["--config", "cfg.yaml"], "cfg.yaml:1:8: not valid YAML: control character U+0007",
-         {"cfg.yaml": b"name: a\x07\n"}),
+    case(
+        "cfg-only-comments",
+        ["--config", "cfg.yaml"],
+        "cfg.yaml: the config file is empty",
+        {"cfg.yaml": "# nothing here\n"},
+    ),
+    case(
+        "cfg-list",
+        ["--config", "cfg.yaml"],
+        "cfg.yaml: top level must be a mapping, got list",
+        {"cfg.yaml": "- a\n- b\n"},
+    ),
+    case(
+        "cfg-scalar",
+        ["--config", "cfg.yaml"],
+        "cfg.yaml: top level must be a mapping, got str",
+        {"cfg.yaml": "just some words\n"},
+    ),
+    case(
+        "cfg-yaml-unclosed-flow",
+        ["--config", "cfg.yaml"],
+        r"re:^error: cfg\.yaml:3:1: not valid YAML: ",
+        {"cfg.yaml": "name: x\nsearch: {num_samples: 2\n"},
+    ),
+    case(
+        "cfg-yaml-bad-indent",
+        ["--config", "cfg.yaml"],
+        "cfg.yaml:2:6: not valid YAML: mapping values are not allowed here",
+        {"cfg.yaml": "name: x\n  bad: 1\n"},
+    ),
+    case(
+        "cfg-yaml-tab",
+        ["--config", "cfg.yaml"],
+        r"re:^error: cfg\.yaml:2:1: not valid YAML: .*'\\t'",
+        {"cfg.yaml": "run:\n\tseed: 1\n"},
+    ),
+    case(
+        "cfg-yaml-unclosed-quote",
+        ["--config", "cfg.yaml"],
+        r"re:^error: cfg\.yaml:\d+:\d+: not valid YAML: ",
+        {"cfg.yaml": 'name: "demo\n'},
+    ),
+    case(
+        "cfg-duplicate-key",
+        ["--config", "cfg.yaml"],
+        "cfg.yaml:2:1: not valid YAML: duplicate key 'name'",
+        {"cfg.yaml": "name: a\nname: b\n"},
+    ),
+    case(
+        "cfg-latin1",
+        ["--config", "cfg.yaml"],
+        "cfg.yaml:1:10: not UTF-8 text (byte 0xe9)",
+        {"cfg.yaml": b"name: caf\xe9\n"},
+    ),
+    case(
+        "cfg-utf16",
+        ["--config", "cfg.yaml"],
+        "cfg.yaml:1:1: not UTF-8 text (byte 0xff)",
+        {"cfg.yaml": "name: x\n".encode("utf-16")},
+    ),
+    case(
+        "cfg-control-char",
+        ["--config", "cfg.yaml"],
+        "cfg.yaml:1:8: not valid YAML: control character U+0007",
+        {"cfg.yaml": b"name: a\x07\n"},
+    ),
     case("cfg-directory", ["--config", "confdir"], "confdir: is a directory", {"confdir": None}),
     case("cfg-missing", ["--config", "nope.yaml"], "config file not found: nope.yaml"),
     case("cfg-unknown-key", ["--config", "cfg.yaml"], "foo: unknown key", {"cfg.yaml": "name: x\nfoo: 1\n"}),
-    case("cfg-unknown-nested-key", ["--config", "cfg.yaml"], "run.train.epochz: unknown key",
-         {"cfg.yaml": "run: {train: {epochz: 3}}\n"}),
+    case(
+        "cfg-unknown-nested-key",
+        ["--config", "cfg.yaml"],
+        "run.train.epochz: unknown key",
+        {"cfg.yaml": "run: {train: {epochz: 3}}\n"},
+    ),
     case("cfg-section-not-mapping", ["--config", "cfg.yaml"], "search: Input should be", {"cfg.yaml": "search: 5\n"}),
-    case("cfg-bad-value", ["--config", "cfg.yaml"], "search.num_samples",
-         {"cfg.yaml": "search: {num_samples: -3}\n"}),
+    case("cfg-bad-value", ["--config", "cfg.yaml"], "search.num_samples", {"cfg.yaml": "search: {num_samples: -3}\n"}),
     # --- flags and --set
     case("set-no-equals", ["--set", "run.train.epochs"], "--set 'run.train.epochs': expected key=value"),
     case("set-empty-key", ["--set", "=3"], "--set '=3': empty key"),
@@ -118,109 +172,228 @@ CASES = [
     case("max-concurrent-zero", ["--max-concurrent", "0"], "resources.max_concurrent"),
     case("seed-negative", ["--seed", "-1"], "run.seed: Input should be greater than or equal to 0"),
     case("seed-too-big", ["--seed", str(2**32)], "run.seed: Input should be less than or equal to"),
-    case("lr-low-equals-high", ["--set", "search.calibrator_lr.low=0.1", "--set", "search.calibrator_lr.high=0.1"],
-         "search.calibrator_lr: low must be < high"),
-    case("lr-high-infinite", ["--set", "search.calibrator_lr.high=.inf"],
-         "search.calibrator_lr.high: must be a finite number (got inf)"),
+    case(
+        "lr-low-equals-high",
+        ["--set", "search.calibrator_lr.low=0.1", "--set", "search.calibrator_lr.high=0.1"],
+        "search.calibrator_lr: low must be < high",
+    ),
+    case(
+        "lr-high-infinite",
+        ["--set", "search.calibrator_lr.high=.inf"],
+        "search.calibrator_lr.high: must be a finite number (got inf)",
+    ),
     case("train-lr-nan", ["--set", "run.train.lr=.nan"], "run.train.lr: Input should be a finite number"),
     case("cpus-infinite", ["--cpus-per-trial", "inf"], "resources.cpus_per_trial: must be a finite number"),
-    case("param-bound-infinite", ["--set", "search.params={train.lr: {type: loguniform, low: 1.0e-4, high: .inf}}"],
-         "search.params.train.lr.high: must be a finite number"),
+    case(
+        "param-bound-infinite",
+        ["--set", "search.params={train.lr: {type: loguniform, low: 1.0e-4, high: .inf}}"],
+        "search.params.train.lr.high: must be a finite number",
+    ),
     case("unknown-calibrator", ["--set", "search.calibrators=[temperature,platt]"], "unknown calibrator 'platt'"),
     case("unknown-objective", ["--set", "search.objective=pareto"], "search.objective"),
     case("asha-with-multi", ["--set", "search.scheduler=asha"], "scheduler 'asha' needs objective 'single'"),
-    case("metric-not-val", ["--set", "search.objective=single", "--set", "search.metric=ece"],
-         "search.metric: must be a validation metric"),
+    case(
+        "metric-not-val",
+        ["--set", "search.objective=single", "--set", "search.metric=ece"],
+        "search.metric: must be a validation metric",
+    ),
     case("selection-metric-test", ["--set", "selection.metric=test_ece"], "selection.metric: must be a validation"),
     case("severities-out-of-range", ["--set", "evaluation.shift_severities=[0,6]"], "evaluation.shift_severities"),
     case("name-with-spaces", ["--name", "my sweep"], "name: must be 1-100 characters"),
     case("name-empty", ["--name", ""], "name: must be 1-100 characters"),
     case("experiment-empty", ["--set", "tracking.experiment="], "tracking.experiment: must not be empty"),
     case("experiment-blank", ["--set", "tracking.experiment='  '"], "tracking.experiment: must not be empty"),
-    case("registered-model-empty", ["--set", "tracking.registered_model="],
-         "tracking.registered_model: must not be empty"),
-    case("registered-model-slash", ["--set", "tracking.registered_model=team/model"],
-         "tracking.registered_model: 'team/model' must not contain '/'"),
+    case(
+        "registered-model-empty",
+        ["--set", "tracking.registered_model="],
+        "tracking.registered_model: must not be empty",
+    ),
+    case(
+        "registered-model-slash",
+        ["--set", "tracking.registered_model=team/model"],
+        "tracking.registered_model: 'team/model' must not contain '/'",
+    ),
     case("gpus-too-fine", ["--gpus-per-trial", "0.00001"], "resources.gpus_per_trial: Ray counts resources in steps"),
     case("cuda-device-without-gpus", ["--set", "run.device=cuda"], "run.device: 'cuda' needs resources.gpus_per_trial"),
     case("cifar-without-root", ["--set", "run.data.name=cifar10"], "run.data.root: cifar10 is read from"),
-    case("cifar-root-missing", ["--set", "run.data.name=cifar10", "--set", "run.data.root={cwd}/nodata"],
-         "run.data.root: {cwd}/nodata is not a folder"),
+    case(
+        "cifar-root-missing",
+        ["--set", "run.data.name=cifar10", "--set", "run.data.root={cwd}/nodata"],
+        "run.data.root: {cwd}/nodata is not a folder",
+    ),
     # --- the tracking store
     case("tracking-scheme-wrong", ["--tracking-uri", "ftp://example/mlflow"], "tracking.uri: must be sqlite:///"),
     case("tracking-empty", ["--tracking-uri", ""], "tracking.uri"),
-    case("tracking-sqlite-relative", ["--tracking-uri", "sqlite:///sub/mlflow.db"],
-         "tracking.uri: 'sqlite:///sub/mlflow.db' is a relative SQLite path"),
-    case("tracking-sqlite-dir-missing", ["--tracking-uri", "sqlite:///{cwd}/missing/mlflow.db"],
-         "tracking.uri: the folder {cwd}/missing of the SQLite store does not exist"),
-    case("tracking-sqlite-is-dir", ["--tracking-uri", "sqlite:///{cwd}/store.db"],
-         "tracking.uri: {cwd}/store.db is not a file", {"store.db": None}),
-    case("tracking-sqlite-not-sqlite", ["--tracking-uri", "sqlite:///{cwd}/notes.db"],
-         "tracking.uri: {cwd}/notes.db is not a SQLite database", {"notes.db": "my notes\n"}),
-    case("tracking-sqlite-damaged", [], "tracking.uri: cannot read the MLflow store at sqlite:///{cwd}/mlflow.db",
-         {"mlflow.db": b"SQLite format 3\x00" + bytes(range(256)) * 20}),
-    case("tracking-artifacts-is-file", [], "tracking.uri: {cwd}/mlartifacts (the artifact folder beside the store)",
-         {"mlartifacts": "x"}),
-    case("tracking-sqlite-on-proc", ["--tracking-uri", "sqlite:////proc/self/mlflow.db"],
-         "tracking.uri: /proc/self is on /proc, a proc file system"),
-    case("tracking-server-unreachable", ["--tracking-uri", "http://127.0.0.1:{port}"],
-         "tracking.uri: no MLflow server answers at http://127.0.0.1:{port} (Connection refused)"),
-    case("tracking-db-unreachable", ["--tracking-uri", "postgresql://u:secret@127.0.0.1:{port}/mlflow"],
-         "tracking.uri: no database answers at 127.0.0.1:{port}"),
-    case("tracking-sqlite-readonly-store", ["--tracking-uri", "sqlite:///{cwd}/locked.db"],
-         "tracking.uri: {cwd}/locked.db is not writable", {"locked.db": b""}, nobody=True),
+    case(
+        "tracking-sqlite-relative",
+        ["--tracking-uri", "sqlite:///sub/mlflow.db"],
+        "tracking.uri: 'sqlite:///sub/mlflow.db' is a relative SQLite path",
+    ),
+    case(
+        "tracking-sqlite-dir-missing",
+        ["--tracking-uri", "sqlite:///{cwd}/missing/mlflow.db"],
+        "tracking.uri: the folder {cwd}/missing of the SQLite store does not exist",
+    ),
+    case(
+        "tracking-sqlite-is-dir",
+        ["--tracking-uri", "sqlite:///{cwd}/store.db"],
+        "tracking.uri: {cwd}/store.db is not a file",
+        {"store.db": None},
+    ),
+    case(
+        "tracking-sqlite-not-sqlite",
+        ["--tracking-uri", "sqlite:///{cwd}/notes.db"],
+        "tracking.uri: {cwd}/notes.db is not a SQLite database",
+        {"notes.db": "my notes\n"},
+    ),
+    case(
+        "tracking-sqlite-damaged",
+        [],
+        "tracking.uri: cannot read the MLflow store at sqlite:///{cwd}/mlflow.db",
+        {"mlflow.db": b"SQLite format 3\x00" + bytes(range(256)) * 20},
+    ),
+    case(
+        "tracking-artifacts-is-file",
+        [],
+        "tracking.uri: {cwd}/mlartifacts (the artifact folder beside the store)",
+        {"mlartifacts": "x"},
+    ),
+    case(
+        "tracking-sqlite-on-proc",
+        ["--tracking-uri", "sqlite:////proc/self/mlflow.db"],
+        "tracking.uri: /proc/self is on /proc, a proc file system",
+    ),
+    case(
+        "tracking-server-unreachable",
+        ["--tracking-uri", "http://127.0.0.1:{port}"],
+        "tracking.uri: no MLflow server answers at http://127.0.0.1:{port} (Connection refused)",
+    ),
+    case(
+        "tracking-db-unreachable",
+        ["--tracking-uri", "postgresql://u:secret@127.0.0.1:{port}/mlflow"],
+        "tracking.uri: no database answers at 127.0.0.1:{port}",
+    ),
+    case(
+        "tracking-sqlite-readonly-store",
+        ["--tracking-uri", "sqlite:///{cwd}/locked.db"],
+        "tracking.uri: {cwd}/locked.db is not writable",
+        {"locked.db": b""},
+        nobody=True,
+    ),
     # --- the storage path
     case("storage-empty", ["--storage-path", ""], "storage_path: must not be empty"),
     case("storage-bad-scheme", ["--storage-path", "ftp://bucket/x"], "storage_path: must be a directory path"),
-    case("storage-is-file", ["--storage-path", "results"], "storage_path: {cwd}/results is a file, not a folder",
-         {"results": "x"}),
-    case("storage-under-file", ["--storage-path", "f/sub"], "storage_path: {cwd}/f is a file, so {cwd}/f/sub cannot",
-         {"f": "x"}),
-    case("storage-on-proc", ["--storage-path", "/proc/sys/ray_results"],
-         "storage_path: /proc/sys/ray_results is on /proc, a proc file system"),
-    case("storage-file-uri-on-proc", ["--storage-path", "file:///proc/sys/ray_results"],
-         "storage_path: /proc/sys/ray_results is on /proc"),
+    case(
+        "storage-is-file",
+        ["--storage-path", "results"],
+        "storage_path: {cwd}/results is a file, not a folder",
+        {"results": "x"},
+    ),
+    case(
+        "storage-under-file",
+        ["--storage-path", "f/sub"],
+        "storage_path: {cwd}/f is a file, so {cwd}/f/sub cannot",
+        {"f": "x"},
+    ),
+    case(
+        "storage-on-proc",
+        ["--storage-path", "/proc/sys/ray_results"],
+        "storage_path: /proc/sys/ray_results is on /proc, a proc file system",
+    ),
+    case(
+        "storage-file-uri-on-proc",
+        ["--storage-path", "file:///proc/sys/ray_results"],
+        "storage_path: /proc/sys/ray_results is on /proc",
+    ),
     case("storage-file-uri-with-host", ["--storage-path", "file://server/results"], "storage_path: 'file://server/"),
-    case("storage-dir-mode-555", ["--storage-path", "{cwd}/locked/results"],
-         "storage_path: no permission to create {cwd}/locked/results under {cwd}/locked", {"locked": None},
-         nobody=True),
-    case("storage-under-private-dir", ["--storage-path", "{cwd}/private/results"],
-         "storage_path: Permission denied ({cwd}/private/results)", {"private": None}, nobody=True,
-         skip=None if os.geteuid() == 0 else "needs root: a folder of root's that the CLI's user cannot enter"),
+    case(
+        "storage-dir-mode-555",
+        ["--storage-path", "{cwd}/locked/results"],
+        "storage_path: no permission to create {cwd}/locked/results under {cwd}/locked",
+        {"locked": None},
+        nobody=True,
+    ),
+    case(
+        "storage-under-private-dir",
+        ["--storage-path", "{cwd}/private/results"],
+        "storage_path: Permission denied ({cwd}/private/results)",
+        {"private": None},
+        nobody=True,
+        skip=None if os.geteuid() == 0 else "needs root: a folder of root's that the CLI's user cannot enter",
+    ),
     # --- resources on this machine
-    case("gpus-per-trial-2-locally", ["--gpus-per-trial", "2"],
-         "resources.gpus_per_trial: a trial asks for 2 GPUs but this machine has no GPU",
-         env={"CUDA_VISIBLE_DEVICES": ""}),
-    case("cpus-per-trial-64-locally", ["--cpus-per-trial", "64"],
-         "resources.cpus_per_trial: a trial asks for 64 CPUs but this machine offers",
-         skip="this machine has 64 CPUs or more" if (os.cpu_count() or 1) >= 64 else None),
-    case("cpus-per-trial-huge-locally", ["--cpus-per-trial", "100000"],
-         "resources.cpus_per_trial: a trial asks for 100000 CPUs"),
+    case(
+        "gpus-per-trial-2-locally",
+        ["--gpus-per-trial", "2"],
+        "resources.gpus_per_trial: a trial asks for 2 GPUs but this machine has no GPU",
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    ),
+    case(
+        "cpus-per-trial-64-locally",
+        ["--cpus-per-trial", "64"],
+        "resources.cpus_per_trial: a trial asks for 64 CPUs but this machine offers",
+        skip="this machine has 64 CPUs or more" if (os.cpu_count() or 1) >= 64 else None,
+    ),
+    case(
+        "cpus-per-trial-huge-locally",
+        ["--cpus-per-trial", "100000"],
+        "resources.cpus_per_trial: a trial asks for 100000 CPUs",
+    ),
     # --- --cluster
-    case("cluster-local-storage", ["--cluster", *SERVER, "--storage-path", "/tmp/r"],
-         "storage_path: '/tmp/r' is a local directory"),
+    case(
+        "cluster-local-storage",
+        ["--cluster", *SERVER, "--storage-path", "/tmp/r"],
+        "storage_path: '/tmp/r' is a local directory",
+    ),
     case("cluster-no-storage", ["--cluster", *SERVER], "storage_path: --cluster needs shared storage"),
-    case("cluster-file-storage", ["--cluster", *SERVER, "--storage-path", "file:///shared/r"],
-         "storage_path: 'file:///shared/r' (file://) is local to each node"),
-    case("cluster-memory-storage", ["--cluster", *SERVER, "--storage-path", "memory://r"],
-         "storage_path: 'memory://r' (memory://) is local"),
+    case(
+        "cluster-file-storage",
+        ["--cluster", *SERVER, "--storage-path", "file:///shared/r"],
+        "storage_path: 'file:///shared/r' (file://) is local to each node",
+    ),
+    case(
+        "cluster-memory-storage",
+        ["--cluster", *SERVER, "--storage-path", "memory://r"],
+        "storage_path: 'memory://r' (memory://) is local",
+    ),
     case("cluster-sqlite", ["--cluster", "--tracking-uri", "sqlite:////tmp/x.db", *S3], "tracking.uri: 'sqlite:////"),
     case("cluster-no-tracking", ["--cluster", *S3], "tracking.uri: --cluster needs an MLflow server"),
-    case("cluster-loopback-tracking", ["--cluster", "--tracking-uri", "http://127.0.0.1:5000", *S3],
-         "tracking.uri: 'http://127.0.0.1:5000' is a loopback address"),
-    case("cluster-loopback-127-8", ["--cluster", "--tracking-uri", "http://127.1.2.3:5000", *S3],
-         "is a loopback address"),
-    case("cluster-localhost-tracking", ["--cluster", "--tracking-uri", "https://localhost", *S3],
-         "tracking.uri: 'https://localhost' is a loopback address"),
-    case("cluster-ipv6-loopback-tracking", ["--cluster", "--tracking-uri", "http://[::1]:5000", *S3],
-         "tracking.uri: 'http://[::1]:5000' is a loopback address"),
-    case("cluster-not-running", ["--cluster", *SERVER, *S3],
-         "--cluster: no Ray cluster answers at 127.0.0.1:{port} (Connection refused)",
-         env={"RAY_ADDRESS": "127.0.0.1:{port}"}),
-    case("cluster-client-not-running", ["--cluster", *SERVER, *S3],
-         "--cluster: no Ray cluster answers at ray://127.0.0.1:{port}", env={"RAY_ADDRESS": "ray://127.0.0.1:{port}"}),
-    case("cluster-bad-address", ["--cluster", *SERVER, *S3], "--cluster: RAY_ADDRESS='head' is not host:port",
-         env={"RAY_ADDRESS": "head"}),
+    case(
+        "cluster-loopback-tracking",
+        ["--cluster", "--tracking-uri", "http://127.0.0.1:5000", *S3],
+        "tracking.uri: 'http://127.0.0.1:5000' is a loopback address",
+    ),
+    case(
+        "cluster-loopback-127-8", ["--cluster", "--tracking-uri", "http://127.1.2.3:5000", *S3], "is a loopback address"
+    ),
+    case(
+        "cluster-localhost-tracking",
+        ["--cluster", "--tracking-uri", "https://localhost", *S3],
+        "tracking.uri: 'https://localhost' is a loopback address",
+    ),
+    case(
+        "cluster-ipv6-loopback-tracking",
+        ["--cluster", "--tracking-uri", "http://[::1]:5000", *S3],
+        "tracking.uri: 'http://[::1]:5000' is a loopback address",
+    ),
+    case(
+        "cluster-not-running",
+        ["--cluster", *SERVER, *S3],
+        "--cluster: no Ray cluster answers at 127.0.0.1:{port} (Connection refused)",
+        env={"RAY_ADDRESS": "127.0.0.1:{port}"},
+    ),
+    case(
+        "cluster-client-not-running",
+        ["--cluster", *SERVER, *S3],
+        "--cluster: no Ray cluster answers at ray://127.0.0.1:{port}",
+        env={"RAY_ADDRESS": "ray://127.0.0.1:{port}"},
+    ),
+    case(
+        "cluster-bad-address",
+        ["--cluster", *SERVER, *S3],
+        "--cluster: RAY_ADDRESS='head' is not host:port",
+        env={"RAY_ADDRESS": "head"},
+    ),
 ]
 
 
@@ -234,8 +407,11 @@ def _listing(d: Path) -> list[tuple[str, int, int]]:
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "CALIB_SHARED_STORAGE", "CALIB_ASSUME_AUTOSCALING", "MLFLOW_TRACKING_URI")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "CALIB_SHARED_STORAGE", "CALIB_ASSUME_AUTOSCALING", "MLFLOW_TRACKING_URI")
+    }
     return {**env, "PYTHONDONTWRITEBYTECODE": "1", **extra}
 
 
@@ -274,9 +450,14 @@ def _run(c: Case, base: Path) -> Outcome:
     before = _listing(cwd)
     drop = [SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if as_nobody else []
     t0 = time.perf_counter()
-    proc = subprocess.run([*drop, sys.executable, str(LAUNCH), *[fill(a) for a in c.args]], cwd=cwd,
-                          capture_output=True, text=True, timeout=CASE_LIMIT_S + 30,
-                          env=_env({k: fill(v) for k, v in c.env}))
+    proc = subprocess.run(
+        [*drop, sys.executable, str(LAUNCH), *[fill(a) for a in c.args]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=CASE_LIMIT_S + 30,
+        env=_env({k: fill(v) for k, v in c.env}),
+    )
     took = time.perf_counter() - t0
     return Outcome(cwd, before, _listing(cwd), proc.returncode, proc.stdout, proc.stderr, took)
 
@@ -284,8 +465,11 @@ def _run(c: Case, base: Path) -> Outcome:
 @pytest.fixture(scope="module")
 def outcomes(request) -> Iterator[dict[str, Future]]:
     """Every selected case, started at once on a few workers (each is mostly interpreter start-up)."""
-    selected = {item.callspec.id for item in request.session.items
-                if getattr(item, "originalname", "") == "test_malformed_invocation" and hasattr(item, "callspec")}
+    selected = {
+        item.callspec.id
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_malformed_invocation" and hasattr(item, "callspec")
+    }
     # not under pytest's base temp (mode 700): the unprivileged user of the permission cases must reach it
     base = Path(tempfile.mkdtemp(prefix="calib-cli-"))
     base.chmod(0o755)
@@ -331,11 +515,14 @@ def test_parent_run_tags_agree_with_tracking():
 
 def test_failing_fast_imports_neither_ray_nor_mlflow_nor_torch(tmp_path):
     """A bad value fails before the heavy imports (that is what makes it fast)."""
-    code = (f"import sys; sys.argv = ['launch.py', '--num-samples', '0']; sys.path.insert(0, {str(ROOT)!r})\n"
-            "from sweeps.launch import main\n"
-            "rc = main()\n"
-            "heavy = [m for m in ('ray', 'mlflow', 'torch', 'optuna') if m in sys.modules]\n"
-            "print(rc, heavy)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env=_env({}))
+    code = (
+        f"import sys; sys.argv = ['launch.py', '--num-samples', '0']; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from sweeps.launch import main\n"
+        "rc = main()\n"
+        "heavy = [m for m in ('ray', 'mlflow', 'torch', 'optuna') if m in sys.modules]\n"
+        "print(rc, heavy)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=_env({})
+    )
     assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr

@@ -28,19 +28,37 @@ def test_everything_builds_and_is_measured(built_images):
 
 
 def test_ray_stand_in_keeps_the_official_contract(built_images):
-    out = _sh(built_images["ray-base"]["image"],
-              "id -u; id -g; id -un; echo $HOME; pwd; command -v python; command -v ray; "
-              "python -c 'import ray, sys; print(ray.__version__, sys.version_info[:2] == (3, 11))'; "
-              "test -x /bin/bash && echo bash; sudo -n true && echo sudo")
-    assert out.split("\n") == ["1000", "100", "ray", "/home/ray", "/home/ray", "/home/ray/anaconda3/bin/python",
-                               "/home/ray/anaconda3/bin/ray", "2.60.0 True", "bash", "sudo"]
+    out = _sh(
+        built_images["ray-base"]["image"],
+        "id -u; id -g; id -un; echo $HOME; pwd; command -v python; command -v ray; "
+        "python -c 'import ray, sys; print(ray.__version__, sys.version_info[:2] == (3, 11))'; "
+        "test -x /bin/bash && echo bash; sudo -n true && echo sudo",
+    )
+    assert out.split("\n") == [
+        "1000",
+        "100",
+        "ray",
+        "/home/ray",
+        "/home/ray",
+        "/home/ray/anaconda3/bin/python",
+        "/home/ray/anaconda3/bin/ray",
+        "2.60.0 True",
+        "bash",
+        "sudo",
+    ]
 
 
 def test_python_stand_in_keeps_the_official_contract(built_images):
-    out = _sh(built_images["python-base"]["image"],
-              "id -u; command -v python; command -v pip; python -c 'import site; print(site.getsitepackages()[0])'")
-    assert out.split("\n") == ["0", "/usr/local/bin/python", "/usr/local/bin/pip",
-                               "/usr/local/lib/python3.11/site-packages"]
+    out = _sh(
+        built_images["python-base"]["image"],
+        "id -u; command -v python; command -v pip; python -c 'import site; print(site.getsitepackages()[0])'",
+    )
+    assert out.split("\n") == [
+        "0",
+        "/usr/local/bin/python",
+        "/usr/local/bin/pip",
+        "/usr/local/lib/python3.11/site-packages",
+    ]
 
 
 def test_postgres_and_s3_stand_ins_keep_the_contract(built_images):
@@ -51,12 +69,18 @@ def test_postgres_and_s3_stand_ins_keep_the_contract(built_images):
 
 
 def test_project_images_run_as_their_users(built_images):
-    out = _sh(images.RAY_IMAGE, "id -u; id -g; pwd; python -c 'import ray, torch, calib_core, sweeps; "
-              "print(ray.__version__, torch.__version__.split(\"+\")[0])'; test -f README.md && echo readme; "
-              "echo $MLFLOW_DISABLE_TELEMETRY $DO_NOT_TRACK $RAY_USAGE_STATS_ENABLED")
+    out = _sh(
+        images.RAY_IMAGE,
+        "id -u; id -g; pwd; python -c 'import ray, torch, calib_core, sweeps; "
+        'print(ray.__version__, torch.__version__.split("+")[0])\'; test -f README.md && echo readme; '
+        "echo $MLFLOW_DISABLE_TELEMETRY $DO_NOT_TRACK $RAY_USAGE_STATS_ENABLED",
+    )
     assert out.split("\n") == ["1000", "100", "/home/ray/app", "2.60.0 2.14.1", "readme", "true true 0"]
-    out = _sh(images.MLFLOW_IMAGE, "id -u; command -v mlflow-db-upgrade mlflow-entrypoint.sh; "
-              "python -c 'import mlflow; print(mlflow.__version__)'; echo $MLFLOW_DISABLE_TELEMETRY")
+    out = _sh(
+        images.MLFLOW_IMAGE,
+        "id -u; command -v mlflow-db-upgrade mlflow-entrypoint.sh; "
+        "python -c 'import mlflow; print(mlflow.__version__)'; echo $MLFLOW_DISABLE_TELEMETRY",
+    )
     lines = out.split("\n")
     assert lines[0] == "10001" and lines[-2:] == ["3.17.2", "true"]
     assert podman("run", "--rm", images.MLFLOW_IMAGE, check=False).returncode != 0  # no DSN: refuses
@@ -71,10 +95,24 @@ def test_demo_sweep_runs_in_the_image_as_the_manifest_runs_it(built_images, tmp_
     head = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
     cluster = Cluster(resources, dev_secrets(), tmp_path)
     try:
-        command = ["python", "/home/ray/app/sweeps/launch.py", "--config",
-                   "/home/ray/app/sweeps/configs/mnist1d_demo.yaml", "--num-samples", "2", "--max-concurrent", "2",
-                   "--set", "run.train.epochs=2", "--tracking-uri", "sqlite:////tmp/mlflow.db",
-                   "--storage-path", "/tmp/ray_results", "--name", "in-image"]
+        command = [
+            "python",
+            "/home/ray/app/sweeps/launch.py",
+            "--config",
+            "/home/ray/app/sweeps/configs/mnist1d_demo.yaml",
+            "--num-samples",
+            "2",
+            "--max-concurrent",
+            "2",
+            "--set",
+            "run.train.epochs=2",
+            "--tracking-uri",
+            "sqlite:////tmp/mlflow.db",
+            "--storage-path",
+            "/tmp/ray_results",
+            "--name",
+            "in-image",
+        ]
         spec = head["spec"]
         c = dict(spec["containers"][0])
         proc = cluster.run_container("head", spec, c, labels={}, detach=False, command=command, timeout=900)

@@ -45,8 +45,17 @@ def test_optuna_db_job_creates_the_study_database_idempotently(stack):
     assert "optuna database ready" in stack.job_logs["optuna-db-0"]
     assert "optuna database ready" in stack.job_logs["optuna-db-1"]
     pg = next(n for n in stack.cluster.containers if n.startswith("postgres-0"))
-    owner = podman("exec", pg, "psql", "-U", "mlflow", "-d", "mlflow", "-tAc",
-                   "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'optuna'")
+    owner = podman(
+        "exec",
+        pg,
+        "psql",
+        "-U",
+        "mlflow",
+        "-d",
+        "mlflow",
+        "-tAc",
+        "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'optuna'",
+    )
     assert owner.stdout.strip() == "optuna"
 
 
@@ -56,12 +65,32 @@ def test_sweep_from_outside_logs_to_the_stack_and_artifacts_land_in_s3(stack, tm
     import optuna
 
     name = f"outside-{uuid.uuid4().hex[:6]}"
-    env = dict(os.environ, MLFLOW_TRACKING_USERNAME=stack.auth[0], MLFLOW_TRACKING_PASSWORD=stack.auth[1],
-               MLFLOW_DISABLE_TELEMETRY="true", RAY_USAGE_STATS_ENABLED="0", CALIB_OPTUNA_STORAGE=stack.optuna_url)
-    cmd = [sys.executable, str(dr.REPO_ROOT / "sweeps" / "launch.py"), "--config",
-           str(dr.REPO_ROOT / "sweeps" / "configs" / "mnist1d_demo.yaml"), "--num-samples", "2",
-           "--max-concurrent", "2", "--set", "run.train.epochs=2", "--tracking-uri", stack.url,
-           "--storage-path", str(tmp_path / "ray_results"), "--name", name]
+    env = dict(
+        os.environ,
+        MLFLOW_TRACKING_USERNAME=stack.auth[0],
+        MLFLOW_TRACKING_PASSWORD=stack.auth[1],
+        MLFLOW_DISABLE_TELEMETRY="true",
+        RAY_USAGE_STATS_ENABLED="0",
+        CALIB_OPTUNA_STORAGE=stack.optuna_url,
+    )
+    cmd = [
+        sys.executable,
+        str(dr.REPO_ROOT / "sweeps" / "launch.py"),
+        "--config",
+        str(dr.REPO_ROOT / "sweeps" / "configs" / "mnist1d_demo.yaml"),
+        "--num-samples",
+        "2",
+        "--max-concurrent",
+        "2",
+        "--set",
+        "run.train.epochs=2",
+        "--tracking-uri",
+        stack.url,
+        "--storage-path",
+        str(tmp_path / "ray_results"),
+        "--name",
+        name,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     (stack.logs / "sweep-from-outside.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -70,10 +99,16 @@ def test_sweep_from_outside_logs_to_the_stack_and_artifacts_land_in_s3(stack, tm
     assert status == 200, body
     version = json.loads(body)["model_version"]
     assert version["source"].startswith(("models:/", "mlflow-artifacts:/")), version["source"]
-    listing = stack.cluster.exec(stack.mlflow, "python", "-c", (
-        "import boto3, os; s3 = boto3.client('s3', endpoint_url=os.environ['MLFLOW_S3_ENDPOINT_URL']); "
-        "keys = [o['Key'] for p in s3.get_paginator('list_objects_v2').paginate(Bucket='mlflow-artifacts') "
-        "for o in p.get('Contents', [])]; print('\\n'.join(keys))"))
+    listing = stack.cluster.exec(
+        stack.mlflow,
+        "python",
+        "-c",
+        (
+            "import boto3, os; s3 = boto3.client('s3', endpoint_url=os.environ['MLFLOW_S3_ENDPOINT_URL']); "
+            "keys = [o['Key'] for p in s3.get_paginator('list_objects_v2').paginate(Bucket='mlflow-artifacts') "
+            "for o in p.get('Contents', [])]; print('\\n'.join(keys))"
+        ),
+    )
     keys = listing.stdout.split()
     assert listing.returncode == 0, listing.stderr
     assert any(k.endswith("MLmodel") for k in keys), keys[:20]
@@ -93,12 +128,15 @@ def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):
     podman("exec", pg, "psql", "-U", "mlflow", "-d", "mlflow", "-c", "CREATE DATABASE mlflow_old")
     password = stack.secrets["postgres-credentials"]["password"]
     old_dsn = f"postgresql://mlflow:{password}@postgres:5432/mlflow_old"
-    script = (f"pip install -q 'mlflow=={PREVIOUS_MLFLOW}' 'sqlalchemy<2.1' psycopg2-binary && "
-              "python -c \"import os, mlflow; "
-              "mlflow.MlflowClient(os.environ['DSN']).create_experiment('made-by-previous-mlflow'); "
-              "print('previous', mlflow.__version__)\"")
-    proc = images.run_in_network(stack.cluster.network, images.qualify("python:3.11.13-slim-bookworm"),
-                                 script, env={"DSN": old_dsn})
+    script = (
+        f"pip install -q 'mlflow=={PREVIOUS_MLFLOW}' 'sqlalchemy<2.1' psycopg2-binary && "
+        'python -c "import os, mlflow; '
+        "mlflow.MlflowClient(os.environ['DSN']).create_experiment('made-by-previous-mlflow'); "
+        "print('previous', mlflow.__version__)\""
+    )
+    proc = images.run_in_network(
+        stack.cluster.network, images.qualify("python:3.11.13-slim-bookworm"), script, env={"DSN": old_dsn}
+    )
     assert "previous " + PREVIOUS_MLFLOW in proc.stdout, proc.stdout[-4000:]
     secrets = json.loads(json.dumps(stack.secrets))
     secrets["mlflow-db"]["backend-store-uri"] = old_dsn
@@ -112,8 +150,10 @@ def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):
         upgrade_log = cluster.init_logs["mlflow-old/db-upgrade"]
         assert "upgrading the tracking schema" in upgrade_log, upgrade_log[-3000:]
         assert "schemas are current" in upgrade_log, upgrade_log[-3000:]
-        status, body = _http(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name"
-                             "?experiment_name=made-by-previous-mlflow", stack.auth)
+        status, body = _http(
+            f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=made-by-previous-mlflow",
+            stack.auth,
+        )
         assert status == 200, body
     finally:
         (stack.logs / "old-db-init.json").write_text(json.dumps(cluster.init_logs, indent=1))

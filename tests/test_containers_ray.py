@@ -85,11 +85,20 @@ print(json.dumps(out))
 
 def process_kind(cmd: str) -> str:
     """A name for the Ray process behind a command line."""
-    rules = [("gcs_server", "gcs_server"), ("/raylet", "raylet"), ("ray::DashboardAgent", "dashboard_agent"),
-             ("ray::RuntimeEnvAgent", "runtime_env_agent"), ("dashboard/dashboard.py", "dashboard"),
-             ("ray-dashboard-", "dashboard_module"), ("ray.util.client.server", "ray_client_server"),
-             ("default_worker.py", "core_worker"), ("ray::", "core_worker"), ("sweeps/launch.py", "driver"),
-             ("log_monitor", "log_monitor"), ("monitor.py", "monitor")]
+    rules = [
+        ("gcs_server", "gcs_server"),
+        ("/raylet", "raylet"),
+        ("ray::DashboardAgent", "dashboard_agent"),
+        ("ray::RuntimeEnvAgent", "runtime_env_agent"),
+        ("dashboard/dashboard.py", "dashboard"),
+        ("ray-dashboard-", "dashboard_module"),
+        ("ray.util.client.server", "ray_client_server"),
+        ("default_worker.py", "core_worker"),
+        ("ray::", "core_worker"),
+        ("sweeps/launch.py", "driver"),
+        ("log_monitor", "log_monitor"),
+        ("monitor.py", "monitor"),
+    ]
     return next((name for pattern, name in rules if pattern in cmd), cmd.split(" ")[0].rsplit("/", 1)[-1] or "?")
 
 
@@ -141,30 +150,46 @@ def ray(stack):
     head_pod = kr.pod_name(name, "head")
     worker_pod = kr.pod_name(name, "worker", spec["workerGroupSpecs"][0]["groupName"])
     # The RayCluster's head Service (workers' FQ_RAY_IP, the dashboard URL) and the RayJob's.
-    aliases = [*cluster.dns_names(kr.head_service_name(name, spec)),
-               *cluster.dns_names(kr.rayjob_head_service_name(job))]
+    aliases = [
+        *cluster.dns_names(kr.head_service_name(name, spec)),
+        *cluster.dns_names(kr.rayjob_head_service_name(job)),
+    ]
     logs = artifacts_dir("ray")
     t0 = time.monotonic()
     started = []
     try:
-        names = cluster.run_pod(head_pod, head, containers=["ray-head"], aliases=aliases,
-                                fields=kr.pod_fields(head, head_pod, ns))
+        names = cluster.run_pod(
+            head_pod, head, containers=["ray-head"], aliases=aliases, fields=kr.pod_fields(head, head_pod, ns)
+        )
         started.append(names["ray-head"])
         cluster.wait_ready(names["ray-head"], head["spec"]["containers"][0], timeout=300)
         head_ready_s = time.monotonic() - t0
-        wnames = cluster.run_pod(worker_pod, worker, containers=["ray-worker"],
-                                 fields=kr.pod_fields(worker, worker_pod, ns))
+        wnames = cluster.run_pod(
+            worker_pod, worker, containers=["ray-worker"], fields=kr.pod_fields(worker, worker_pod, ns)
+        )
         started.append(wnames["ray-worker"])
         cluster.wait_ready(wnames["ray-worker"], worker["spec"]["containers"][0], timeout=300)
-        yield SimpleNamespace(cluster=cluster, job=job, name=name, ns=ns, head=names["ray-head"],
-                              worker=wnames["ray-worker"], head_pod=head, worker_pod=worker, logs=logs,
-                              startup_s=round(time.monotonic() - t0, 1), head_ready_s=round(head_ready_s, 1),
-                              listeners={"head": {}, "worker": {}}, worker_name=worker_pod)
+        yield SimpleNamespace(
+            cluster=cluster,
+            job=job,
+            name=name,
+            ns=ns,
+            head=names["ray-head"],
+            worker=wnames["ray-worker"],
+            head_pod=head,
+            worker_pod=worker,
+            logs=logs,
+            startup_s=round(time.monotonic() - t0, 1),
+            head_ready_s=round(head_ready_s, 1),
+            listeners={"head": {}, "worker": {}},
+            worker_name=worker_pod,
+        )
     finally:
         for n in started:
             (logs / f"{n.rsplit('-', 1)[0]}.log").write_text(cluster.logs(n))
-        (logs / "init-containers.json").write_text(json.dumps(
-            {k: v for k, v in cluster.init_logs.items() if k.startswith(name)}, indent=1))
+        (logs / "init-containers.json").write_text(
+            json.dumps({k: v for k, v in cluster.init_logs.items() if k.startswith(name)}, indent=1)
+        )
         for n in started:
             cluster.stop(n)
 
@@ -180,9 +205,16 @@ def _submit(ray, jobid: str, extra_env=(), detach=False, timeout=600):
     tpl = kr.submitter_pod(ray.job, ray.name, jobid, substituted_entrypoint(ray.job["spec"]["entrypoint"]))
     c = tpl["spec"]["containers"][0]
     pod = f"{jobid}-submitter"
-    return ray.cluster.run_container(pod, tpl["spec"], c, labels=tpl["metadata"]["labels"], detach=detach,
-                                     extra_env=list(extra_env), timeout=timeout,
-                                     fields={"metadata.name": pod, "metadata.namespace": ray.ns})
+    return ray.cluster.run_container(
+        pod,
+        tpl["spec"],
+        c,
+        labels=tpl["metadata"]["labels"],
+        detach=detach,
+        extra_env=list(extra_env),
+        timeout=timeout,
+        fields={"metadata.name": pod, "metadata.namespace": ray.ns},
+    )
 
 
 def test_nodes_run_the_generated_ray_start_command(ray):
@@ -203,7 +235,10 @@ def test_rayjob_submitter_runs_the_sweep_to_a_champion(ray, stack):
     t0 = time.monotonic()
     name = _submit(ray, jobid, detach=True)
     while podman("inspect", "--format", "{{.State.Status}}", name, check=False).stdout.strip() not in (
-            "exited", "stopped", ""):
+        "exited",
+        "stopped",
+        "",
+    ):
         _record(ray, "head", ray.head)
         _record(ray, "worker", ray.worker)
         if time.monotonic() - t0 > 900:
@@ -213,15 +248,23 @@ def test_rayjob_submitter_runs_the_sweep_to_a_champion(ray, stack):
     out = ray.cluster.logs(name)
     ray.cluster.stop(name)
     (ray.logs / "submitter.log").write_text(out)
-    (ray.logs / "timings.json").write_text(json.dumps({"cluster_startup_s": ray.startup_s,
-                                                       "head_ready_s": ray.head_ready_s,
-                                                       "job_s": round(time.monotonic() - t0, 1)}, indent=1))
+    (ray.logs / "timings.json").write_text(
+        json.dumps(
+            {
+                "cluster_startup_s": ray.startup_s,
+                "head_ready_s": ray.head_ready_s,
+                "job_s": round(time.monotonic() - t0, 1),
+            },
+            indent=1,
+        )
+    )
     assert rc == "0", out[-5000:]
     assert "Registered: models:/calibrated-classifier@champion" in out, out[-3000:]
     sweep = shlex.split(ray.job["spec"]["entrypoint"])
     sweep_name = sweep[sweep.index("--name") + 1]
-    status, body = http(f"{stack.url}/api/2.0/mlflow/registered-models/alias?name=calibrated-classifier&alias=champion",
-                        stack.auth)
+    status, body = http(
+        f"{stack.url}/api/2.0/mlflow/registered-models/alias?name=calibrated-classifier&alias=champion", stack.auth
+    )
     assert status == 200, body
     run_id = json.loads(body)["model_version"]["run_id"]
     status, body = http(f"{stack.url}/api/2.0/mlflow/runs/get?run_id={run_id}", stack.auth)
@@ -238,8 +281,11 @@ def test_rayjob_submitter_runs_the_sweep_to_a_champion(ray, stack):
 # How a client goes without the cluster's token: a wrong one (the dashboard answers 403), none but
 # RAY_AUTH_MODE=token (Ray's client refuses to send), neither variable (a client that does not know
 # about the token: the server refuses the unauthenticated request).
-WITHOUT_TOKEN = {"wrong-token": [{"name": "RAY_AUTH_TOKEN", "value": "wrong-token-0123456789abcdef"}],
-                 "no-token": [], "no-auth-config": None}
+WITHOUT_TOKEN = {
+    "wrong-token": [{"name": "RAY_AUTH_TOKEN", "value": "wrong-token-0123456789abcdef"}],
+    "no-token": [],
+    "no-auth-config": None,
+}
 
 
 def _without_token(c: dict, case: str) -> None:
@@ -277,8 +323,16 @@ def test_driver_without_the_token_is_refused(ray, case):
     script = f"import ray; ray.init(address={addr!r}); print('CONNECTED', ray.cluster_resources())"
     name = f"driver-{case}-{ray.cluster.id}"
     try:
-        proc = ray.cluster.run_container(f"driver-{case}", tpl["spec"], c, labels={}, detach=False, timeout=120,
-                                         command=["python", "-c", script], name=name)
+        proc = ray.cluster.run_container(
+            f"driver-{case}",
+            tpl["spec"],
+            c,
+            labels={},
+            detach=False,
+            timeout=120,
+            command=["python", "-c", script],
+            name=name,
+        )
     except subprocess.TimeoutExpired:
         ray.cluster.stop(name)
         pytest.fail("the driver neither connected nor failed within 120 s")
@@ -296,18 +350,28 @@ def test_listening_ports_are_the_recorded_ones(ray):
 
     _record(ray, "head", ray.head)
     _record(ray, "worker", ray.worker)
-    observed = {role: sorted(({"port": p, "process": k, "addrs": sorted(r["addrs"]), "cmds": sorted(r["cmds"])}
-                              for (p, k), r in rows.items()),
-                             key=lambda r: (r["process"], r["port"]))
-                for role, rows in ray.listeners.items()}
+    observed = {
+        role: sorted(
+            (
+                {"port": p, "process": k, "addrs": sorted(r["addrs"]), "cmds": sorted(r["cmds"])}
+                for (p, k), r in rows.items()
+            ),
+            key=lambda r: (r["process"], r["port"]),
+        )
+        for role, rows in ray.listeners.items()
+    }
     (ray.logs / "ports-observed.json").write_text(json.dumps(observed, indent=1))
     assert observed["head"] and observed["worker"], "no listeners recorded"
     params = {"head": ray.head_pod["rayStartParams"], "worker": ray.worker_pod["rayStartParams"]}
     lo, hi = int(params["worker"].get("min-worker-port", 10002)), int(params["worker"].get("max-worker-port", 19999))
     if os.environ.get("CALIB_RECORD_RAY_PORTS") == "1":
-        record = {"ray_version": ray_module.__version__, "recorded_on": datetime.date.today().isoformat(),
-                  "recorded_by": "tests/test_containers_ray.py (CALIB_RECORD_RAY_PORTS=1)",
-                  "kuberay": kr.KUBERAY_SOURCE, "worker_port_range": [lo, hi]}
+        record = {
+            "ray_version": ray_module.__version__,
+            "recorded_on": datetime.date.today().isoformat(),
+            "recorded_by": "tests/test_containers_ray.py (CALIB_RECORD_RAY_PORTS=1)",
+            "kuberay": kr.KUBERAY_SOURCE,
+            "worker_port_range": [lo, hi],
+        }
         for role, rows in observed.items():
             fixed, rand, ranged = {}, set(), set()
             for r in rows:
@@ -317,13 +381,18 @@ def test_listening_ports_are_the_recorded_ones(ray):
                     ranged.add(r["process"])
                 else:
                     rand.add(r["process"])
-            record[role] = {"fixed": dict(sorted(fixed.items(), key=lambda kv: int(kv[0]))),
-                            "random": sorted(rand), "worker_port_range": sorted(ranged),
-                            "examples": {k: sorted({r["port"] for r in rows if r["process"] == k})
-                                         for k in sorted(rand | ranged)}}
+            record[role] = {
+                "fixed": dict(sorted(fixed.items(), key=lambda kv: int(kv[0]))),
+                "random": sorted(rand),
+                "worker_port_range": sorted(ranged),
+                "examples": {k: sorted({r["port"] for r in rows if r["process"] == k}) for k in sorted(rand | ranged)},
+            }
         # The flat list tests/deploy_checks.py check_ray_network_policy reads: every observed port.
-        record["ports"] = [{"role": role, "port": r["port"], "process": r["process"], "addrs": r["addrs"]}
-                           for role, rows in observed.items() for r in rows]
+        record["ports"] = [
+            {"role": role, "port": r["port"], "process": r["process"], "addrs": r["addrs"]}
+            for role, rows in observed.items()
+            for r in rows
+        ]
         PORTS_JSON.write_text(json.dumps(record, indent=1) + "\n")
     recorded = json.loads(PORTS_JSON.read_text())
     assert recorded["ray_version"] == ray_module.__version__, "Ray changed: record the ports again"
@@ -347,5 +416,10 @@ def test_listening_ports_are_the_recorded_ones(ray):
 
 
 # The ports Ray opens at a number the configuration fixes (rayStartParams, KubeRay's and Ray's defaults).
-FIXED_PORTS = {kr.DEFAULT_GCS_SERVER_PORT, kr.DEFAULT_DASHBOARD_PORT, kr.DEFAULT_CLIENT_PORT,
-               kr.DEFAULT_METRICS_PORT, kr.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT}
+FIXED_PORTS = {
+    kr.DEFAULT_GCS_SERVER_PORT,
+    kr.DEFAULT_DASHBOARD_PORT,
+    kr.DEFAULT_CLIENT_PORT,
+    kr.DEFAULT_METRICS_PORT,
+    kr.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT,
+}

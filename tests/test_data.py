@@ -197,8 +197,9 @@ def test_digits():
     assert xs.dtype == torch.float32 and xs.min() == 0.0 and xs.max() == 1.0
     from sklearn.datasets import load_digits
 
-    assert torch.equal(torch.bincount(torch.cat([d.train.y, d.val.y, d.test.y])),
-                       torch.bincount(torch.tensor(load_digits().target)))
+    assert torch.equal(
+        torch.bincount(torch.cat([d.train.y, d.val.y, d.test.y])), torch.bincount(torch.tensor(load_digits().target))
+    )
     a, b = load_dataset(DataConfig(name="digits"), seed=3), load_dataset(DataConfig(name="digits"), seed=4)
     assert not torch.equal(a.test.x, b.test.x)
 
@@ -224,8 +225,11 @@ def test_torchvision_loader_reads_fabricated_files(name, tmp_path, no_network):
     tr, va = split_indices(len(fab.y_train), [0.8, 0.2], seed=4, labels=fab.y_train)
     mean = torch.tensor(d.stats["mean"]).view(1, c, 1, 1)
     std = torch.tensor(d.stats["std"]).view(1, c, 1, 1)
-    for split, x_u8, y in ((d.train, fab.x_train[tr], fab.y_train[tr]), (d.val, fab.x_train[va], fab.y_train[va]),
-                           (d.test, fab.x_test, fab.y_test)):
+    for split, x_u8, y in (
+        (d.train, fab.x_train[tr], fab.y_train[tr]),
+        (d.val, fab.x_train[va], fab.y_train[va]),
+        (d.test, fab.x_test, fab.y_test),
+    ):
         assert split.x.dtype == torch.float32 and split.y.dtype == torch.int64
         back = torch.round((split.x.double() * std + mean) * 255).to(torch.uint8)
         assert torch.equal(back, torch.from_numpy(x_u8))  # pixel values, channel order and layout round-trip

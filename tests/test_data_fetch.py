@@ -39,8 +39,14 @@ def _missing(root: Path) -> list[Path]:
 
 def _fetch_in_process(root: str, log: str) -> bytes:
     r = Path(root)
-    ensure_files("fake", r, lambda: _missing(r), lambda: _slow_download(r, Path(log)), allowed=True,
-                 not_found=lambda paths: "missing")
+    ensure_files(
+        "fake",
+        r,
+        lambda: _missing(r),
+        lambda: _slow_download(r, Path(log)),
+        allowed=True,
+        not_found=lambda paths: "missing",
+    )
     return (r / "data.bin").read_bytes()
 
 
@@ -70,8 +76,14 @@ def test_failed_download_releases_the_lock_for_the_next_try(tmp_path):
     with pytest.raises(RuntimeError, match=r"fake: download to .*data failed: connection reset"):
         ensure_files("fake", root, lambda: _missing(root), broken, allowed=True, not_found=lambda p: "missing")
     log = tmp_path / "log.txt"
-    ensure_files("fake", root, lambda: _missing(root), lambda: _slow_download(root, log), allowed=True,
-                 not_found=lambda p: "missing")
+    ensure_files(
+        "fake",
+        root,
+        lambda: _missing(root),
+        lambda: _slow_download(root, log),
+        allowed=True,
+        not_found=lambda p: "missing",
+    )
     assert log.read_text().splitlines() == ["download"] and not _missing(root)
 
 
@@ -84,8 +96,9 @@ def test_download_that_leaves_files_missing_names_them(tmp_path):
 def test_not_allowed_raises_without_creating_anything(tmp_path):
     root = tmp_path / "absent"
     with pytest.raises(FileNotFoundError, match="^no files here$"):
-        ensure_files("fake", root, lambda: _missing(root), lambda: None, allowed=False,
-                     not_found=lambda p: "no files here")
+        ensure_files(
+            "fake", root, lambda: _missing(root), lambda: None, allowed=False, not_found=lambda p: "no files here"
+        )
     assert not root.exists()
 
 

@@ -24,15 +24,20 @@ def test_persistent_part_holds_namespace_and_dataset_cache(overlay):
     resources = dr.render(overlay)
     ns = dr.namespace_of(resources)
     assert ("Namespace", ns) in kinds
-    claims = {v["persistentVolumeClaim"]["claimName"] for _, _, spec in dc.pod_templates(resources)
-              for v in spec.get("volumes", []) if "persistentVolumeClaim" in v}
+    claims = {
+        v["persistentVolumeClaim"]["claimName"]
+        for _, _, spec in dc.pod_templates(resources)
+        for v in spec.get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
     assert claims == {"ray-datasets"}
     for claim in claims:
         pvc = next(r for r in persistent if r["kind"] == "PersistentVolumeClaim" and r["metadata"]["name"] == claim)
         assert pvc["metadata"]["namespace"] == ns
         modes = pvc["spec"]["accessModes"]
-        max_workers = max(g["maxReplicas"] for r in dc.ray_objects(resources)
-                          for g in dr.ray_cluster_spec(r)["workerGroupSpecs"])
+        max_workers = max(
+            g["maxReplicas"] for r in dc.ray_objects(resources) for g in dr.ray_cluster_spec(r)["workerGroupSpecs"]
+        )
         # Workers on several nodes share it: RWX; dev (one node) gets by with RWO.
         rwo_ok = overlay.name == "dev" and modes == ["ReadWriteOnce"]
         assert "ReadWriteMany" in modes or rwo_ok, (overlay.name, modes)

@@ -61,6 +61,7 @@ def _from_image(path: Path) -> str:
 
 # ----------------------------------------------------------------------------- versions agree
 
+
 def test_ray_version_is_the_same_in_constraints_dockerfile_and_manifests():
     ray = constraint_pins()["ray"]
     m = RAY_IMAGE.match(_from_image(DOCKERFILE))
@@ -124,6 +125,7 @@ def test_images_are_pinned_and_ray_pods_share_one_image():
 
 # ---------------------------------------------------------------------------------- Dockerfiles
 
+
 def _hadolint() -> str:
     exe = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
     if not Path(exe).exists():
@@ -133,8 +135,12 @@ def _hadolint() -> str:
 
 @pytest.mark.parametrize("dockerfile", [DOCKERFILE, MLFLOW_DOCKERFILE], ids=lambda p: p.name)
 def test_hadolint_passes(dockerfile):
-    proc = subprocess.run([_hadolint(), "--no-color", "--failure-threshold", "info", str(dockerfile)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [_hadolint(), "--no-color", "--failure-threshold", "info", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -146,8 +152,7 @@ def test_ray_image_installs_the_project_from_constraints_without_touching_ray():
     assert any(i.rstrip().endswith(" .") for i in installs)
     for forbidden in ("--upgrade", " -U ", "--force-reinstall", "--ignore-installed", "ray=="):
         assert all(forbidden not in f" {i} " for i in installs), forbidden
-    copied = {src for op, a in instructions if op == "COPY"
-              for src in a.split()[:-1] if not src.startswith("--")}
+    copied = {src for op, a in instructions if op == "COPY" for src in a.split()[:-1] if not src.startswith("--")}
     assert {"calib_core/", "sweeps/", "pyproject.toml", "constraints.txt", "README.md"} <= copied
     users = [a for op, a in instructions if op == "USER"]
     assert users and users[-1].split(":")[0] == "1000", "must run as the image's ray user (uid 1000)"
@@ -177,8 +182,11 @@ def test_mlflow_entrypoint_writes_auth_config_and_execs_the_server(tmp_path):
     (fake_bin / "mlflow").write_text('#!/bin/sh\necho "ARGS:$*"\necho "CFG:$MLFLOW_AUTH_CONFIG_PATH"\n')
     (fake_bin / "mlflow").chmod(0o755)
     cfg = tmp_path / "auth" / "basic_auth.ini"
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "MLFLOW_AUTH_CONFIG_PATH": str(cfg),
-           "MLFLOW_AUTH_DATABASE_URI": "postgresql://u:p%40ss@db:5432/mlflow"}
+    env = {
+        "PATH": f"{fake_bin}:/usr/bin:/bin",
+        "MLFLOW_AUTH_CONFIG_PATH": str(cfg),
+        "MLFLOW_AUTH_DATABASE_URI": "postgresql://u:p%40ss@db:5432/mlflow",
+    }
     proc = subprocess.run(["sh", str(script), "--app-name", "basic-auth"], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "ARGS:server --app-name basic-auth" in proc.stdout and f"CFG:{cfg}" in proc.stdout
@@ -263,8 +271,20 @@ def test_image_workdir_is_where_the_entrypoint_looks():
 @pytest.mark.parametrize("overlay,job", _entrypoints())
 def test_entrypoint_is_a_cluster_sweep_that_resumes(overlay, job):
     args, opts = _parse_entrypoint(job["spec"]["entrypoint"])
-    known = {"--config", "--set", "--cluster", "--num-samples", "--max-concurrent", "--gpus-per-trial",
-             "--cpus-per-trial", "--tracking-uri", "--storage-path", "--name", "--resume", "--seed"}
+    known = {
+        "--config",
+        "--set",
+        "--cluster",
+        "--num-samples",
+        "--max-concurrent",
+        "--gpus-per-trial",
+        "--cpus-per-trial",
+        "--tracking-uri",
+        "--storage-path",
+        "--name",
+        "--resume",
+        "--seed",
+    }
     assert set(opts) <= known, set(opts) - known
     assert "--cluster" in opts and "--resume" in opts and "--dry-run" not in opts
     assert len(opts["--name"]) == 1, "a fixed sweep name: retries and re-submissions resume the same sweep"
@@ -289,8 +309,12 @@ def test_entrypoint_is_a_cluster_sweep_that_resumes(overlay, job):
         assert any(data_root == m or data_root.startswith(m.rstrip("/") + "/") for m in mounts), (where, data_root)
     if overlay.name == "dev":
         bucket = storage.removeprefix("s3://").split("/")[0]
-        job_env = {e["name"]: e.get("value") for r in resources if r["kind"] == "Job"
-                   for e in r["spec"]["template"]["spec"]["containers"][0]["env"]}
+        job_env = {
+            e["name"]: e.get("value")
+            for r in resources
+            if r["kind"] == "Job"
+            for e in r["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
         assert bucket in job_env["BUCKETS"].split(","), "the dev bucket-creation Job must create the Tune bucket"
 
 
@@ -333,8 +357,13 @@ def test_mlflow_allowed_hosts_match_the_namespace_and_ingress(overlay):
         for var in re.findall(r"\$\((\w+)\)", a):
             assert var in env, f"args refer to $({var}) that env does not define"
     hosts = env["MLFLOW_SERVER_ALLOWED_HOSTS"]["value"].split(",")
-    for needed in ("mlflow", "mlflow:5000", f"mlflow.{ns}.svc:5000", f"mlflow.{ns}.svc.cluster.local:5000",
-                   "localhost:*"):
+    for needed in (
+        "mlflow",
+        "mlflow:5000",
+        f"mlflow.{ns}.svc:5000",
+        f"mlflow.{ns}.svc.cluster.local:5000",
+        "localhost:*",
+    ):
         assert needed in hosts, needed
     assert "*" not in hosts
     assert env["MLFLOW_ARTIFACTS_DESTINATION"]["value"].startswith("s3://")
@@ -366,9 +395,18 @@ def test_entrypoint_is_a_valid_launch_invocation_dry_run(monkeypatch):
 
 def test_readme_walks_through_the_deployment():
     text = (DEPLOY / "README.md").read_text()
-    for needed in ("docker build", "docker push", "helm install", "kuberay-operator", "render_secrets.py",
-                   "kubectl apply -k deploy/overlays/dev", "kubectl apply -k deploy/overlays/gpu-cluster",
-                   "kubectl -n calib-sweeps port-forward svc/mlflow 5000:5000", "--resume", "RAY_AUTH_TOKEN"):
+    for needed in (
+        "docker build",
+        "docker push",
+        "helm install",
+        "kuberay-operator",
+        "render_secrets.py",
+        "kubectl apply -k deploy/overlays/dev",
+        "kubectl apply -k deploy/overlays/gpu-cluster",
+        "kubectl -n calib-sweeps port-forward svc/mlflow 5000:5000",
+        "--resume",
+        "RAY_AUTH_TOKEN",
+    ):
         assert needed in text, needed
     docs = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
     assert docs["kind"] == "Kustomization"

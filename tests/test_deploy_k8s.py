@@ -38,6 +38,7 @@ def test_expected_overlays_exist():
 
 # ------------------------------------------------------------------- built-in kinds, strict mode
 
+
 def test_kubernetes_validate_ships_a_current_version():
     major, minor = (int(x) for x in K8S_LATEST.split(".")[:2])
     assert (major, minor) >= (1, 33), f"kubernetes-validate only knows Kubernetes {K8S_LATEST}"
@@ -74,6 +75,7 @@ def test_strict_mode_rejects_a_misspelled_builtin_field():
 
 # --------------------------------------------------------------------- KubeRay custom resources
 
+
 def _k8s_definitions() -> dict:
     return kv_utils.schema_contents(f"kubernetes-json-schema/v{K8S_LATEST}-local-strict/_definitions.json", K8S_LATEST)
 
@@ -84,10 +86,12 @@ _VALIDATORS: dict[str, jsonschema.protocols.Validator] = {}
 def ray_validator(kind: str):
     if kind not in _VALIDATORS:
         ours = json.loads(SCHEMA_PATH.read_text())
-        registry = Registry().with_resources([
-            (ours["$id"], Resource.from_contents(ours)),
-            ("https://kubernetes.io/api/_definitions.json", Resource.from_contents(_k8s_definitions())),
-        ])
+        registry = Registry().with_resources(
+            [
+                (ours["$id"], Resource.from_contents(ours)),
+                ("https://kubernetes.io/api/_definitions.json", Resource.from_contents(_k8s_definitions())),
+            ]
+        )
         schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$ref": f"{ours['$id']}#/$defs/{kind}"}
         _VALIDATORS[kind] = jsonschema.Draft202012Validator(schema, registry=registry)
     return _VALIDATORS[kind]
@@ -120,8 +124,12 @@ def _strict(node):
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
-    if node.get("type") == "object" and "properties" in node and "additionalProperties" not in node \
-            and not node.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        node.get("type") == "object"
+        and "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -190,11 +198,15 @@ def test_ray_resources_validate_against_the_real_kuberay_crd(obj):
     assert real_crd_errors(obj) == []
 
 
-@pytest.mark.parametrize("path,new_key", [
-    (["spec", "rayClusterSpec", "authOptions", "secretName"], "secretname"),
-    (["spec", "rayClusterSpec", "workerGroupSpecs", 0, "maxReplicas"], "maxReplica"),
-    (["spec", "submitterPodTemplate", "spec", "containers", 0, "securityContext"], "securitycontext"),
-], ids=["authOptions", "workerGroup", "podTemplate"])
+@pytest.mark.parametrize(
+    "path,new_key",
+    [
+        (["spec", "rayClusterSpec", "authOptions", "secretName"], "secretname"),
+        (["spec", "rayClusterSpec", "workerGroupSpecs", 0, "maxReplicas"], "maxReplica"),
+        (["spec", "submitterPodTemplate", "spec", "containers", 0, "securityContext"], "securitycontext"),
+    ],
+    ids=["authOptions", "workerGroup", "podTemplate"],
+)
 def test_real_crd_rejects_misspelled_fields(path, new_key):
     _need_real_crds()
     job = next(r for r in dr.render(OVERLAYS[0]) if r["kind"] == "RayJob")
@@ -262,8 +274,11 @@ def test_kuberay_schema_rejects_misspelled_fields(path, new_key):
 def test_kuberay_schema_rejects_bad_values():
     job = next(r for r in dr.render(OVERLAYS[0]) if r["kind"] == "RayJob")
     cases = [
-        ("rayStartParams value must be a string",
-         ["spec", "rayClusterSpec", "headGroupSpec", "rayStartParams", "num-gpus"], 0),
+        (
+            "rayStartParams value must be a string",
+            ["spec", "rayClusterSpec", "headGroupSpec", "rayStartParams", "num-gpus"],
+            0,
+        ),
         ("submissionMode enum", ["spec", "submissionMode"], "K8sJob"),
         ("rayVersion x.y.z", ["spec", "rayClusterSpec", "rayVersion"], "2.60"),
         ("negative backoffLimit", ["spec", "backoffLimit"], -1),
@@ -392,17 +407,31 @@ def test_render_secrets_requires_user_values():
     text = (OVERLAYS[OVERLAY_IDS.index("gpu-cluster")] / SECRET_TEMPLATE).read_text()
     with pytest.raises(SystemExit, match="DB_PASSWORD"):
         rs.fill(text, {})
-    env = {n: f"value-{n.lower()}" for n in (
-        "DB_USER", "DB_PASSWORD", "DB_HOST", "DB_NAME", "MLFLOW_S3_ACCESS_KEY_ID",
-        "MLFLOW_S3_SECRET_ACCESS_KEY", "TUNE_S3_ACCESS_KEY_ID", "TUNE_S3_SECRET_ACCESS_KEY",
-        "OPTUNA_DB_USER", "OPTUNA_DB_PASSWORD", "OPTUNA_DB_NAME")}
+    env = {
+        n: f"value-{n.lower()}"
+        for n in (
+            "DB_USER",
+            "DB_PASSWORD",
+            "DB_HOST",
+            "DB_NAME",
+            "MLFLOW_S3_ACCESS_KEY_ID",
+            "MLFLOW_S3_SECRET_ACCESS_KEY",
+            "TUNE_S3_ACCESS_KEY_ID",
+            "TUNE_S3_SECRET_ACCESS_KEY",
+            "OPTUNA_DB_USER",
+            "OPTUNA_DB_PASSWORD",
+            "OPTUNA_DB_NAME",
+        )
+    }
     docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(rs.fill(text, env)) if d}
     assert docs["mlflow-db"]["stringData"]["backend-store-uri"] == (
-        "postgresql://value-db_user:value-db_password@value-db_host:5432/value-db_name?sslmode=require")
+        "postgresql://value-db_user:value-db_password@value-db_host:5432/value-db_name?sslmode=require"
+    )
     # The Optuna study: its own role and database on the same server.
     assert docs["optuna-storage"]["stringData"]["url"] == (
         "postgresql://value-optuna_db_user:value-optuna_db_password@value-db_host:5432/value-optuna_db_name"
-        "?sslmode=require")
+        "?sslmode=require"
+    )
 
 
 def test_filled_secrets_are_ignored_by_git():
@@ -464,8 +493,13 @@ def scan_text(text: str, is_template: bool) -> list[str]:
 def _scanned_files() -> list[Path]:
     files = [REPO / ".dockerignore"]
     for root in (DEPLOY, REPO / "docker"):
-        files += [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                  and not any(d.name.startswith("kuberay-v") for d in p.parents)]  # third-party CRDs
+        files += [
+            p
+            for p in root.rglob("*")
+            if p.is_file()
+            and "__pycache__" not in p.parts
+            and not any(d.name.startswith("kuberay-v") for d in p.parents)
+        ]  # third-party CRDs
     return [p for p in files if p.exists()]
 
 
@@ -493,19 +527,22 @@ def test_env_credentials_are_never_literal_values():
                     assert "valueFrom" in e and "value" not in e, e
 
 
-@pytest.mark.parametrize("text,template,expected", [
-    ("password: hunter2hunter2", False, True),
-    ("  admin-password: s3cr3tValue", True, True),
-    ("- name: X\n  value: postgresql://mlflow:realpass@db:5432/mlflow", False, True),
-    ("token = 0123456789abcdef0123456789abcdef01234567", False, True),
-    ("aws_access_key_id = AKIAABCDEFGHIJKLMNOP", False, True),
-    ("password: CHANGE_ME_RANDOM_X", False, True),  # placeholder outside a template
-    ("password: CHANGE_ME_RANDOM_X", True, False),
-    ("uri: postgresql://mlflow:CHANGE_ME_DB_PASSWORD@db/mlflow", True, False),
-    ("secretName: ray-auth-token", False, False),
-    ("RAY_AUTH_TOKEN: $(RAY_AUTH_TOKEN)", False, False),
-    ("export RAY_AUTH_TOKEN=$(kubectl get secret ray-auth-token -o jsonpath=...)", False, False),
-    ("image: x@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", False, False),
-])
+@pytest.mark.parametrize(
+    "text,template,expected",
+    [
+        ("password: hunter2hunter2", False, True),
+        ("  admin-password: s3cr3tValue", True, True),
+        ("- name: X\n  value: postgresql://mlflow:realpass@db:5432/mlflow", False, True),
+        ("token = 0123456789abcdef0123456789abcdef01234567", False, True),
+        ("aws_access_key_id = AKIAABCDEFGHIJKLMNOP", False, True),
+        ("password: CHANGE_ME_RANDOM_X", False, True),  # placeholder outside a template
+        ("password: CHANGE_ME_RANDOM_X", True, False),
+        ("uri: postgresql://mlflow:CHANGE_ME_DB_PASSWORD@db/mlflow", True, False),
+        ("secretName: ray-auth-token", False, False),
+        ("RAY_AUTH_TOKEN: $(RAY_AUTH_TOKEN)", False, False),
+        ("export RAY_AUTH_TOKEN=$(kubectl get secret ray-auth-token -o jsonpath=...)", False, False),
+        ("image: x@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", False, False),
+    ],
+)
 def test_credential_scanner_finds_what_it_should(text, template, expected):
     assert bool(scan_text(text, template)) is expected, scan_text(text, template)

@@ -23,43 +23,103 @@ def dev():
 
 
 # pod_test.go TestGenerateRayStartCommand (a selection), verbatim.
-@pytest.mark.parametrize(("node_type", "params", "limits", "expected"), [
-    ("worker", {}, {"nvidia.com/gpu": "1"}, "ray start  --num-gpus=1 "),
-    ("worker", {}, {"nvidia.com/mig-2g.32gb": "1"}, "ray start  --num-gpus=1 "),
-    ("worker", {}, {"google.com/tpu": "4"}, "ray start  --resources='{\"TPU\":4}' "),
-    ("head", {}, {"aws.amazon.com/neuroncore": "4"}, "ray start --head  --resources='{\"neuron_cores\":4}' "),
-    ("head", {}, {"aws.amazon.com/neuroncore": "4", "nvidia.com/gpu": "1"},
-     "ray start --head  --num-gpus=1  --resources='{\"neuron_cores\":4}' "),
-    ("head", {"resources": '\'{"custom_resource":2}\''}, {"aws.amazon.com/neuroncore": "4"},
-     "ray start --head  --resources='{\"custom_resource\":2,\"neuron_cores\":4}' "),
-])
+@pytest.mark.parametrize(
+    ("node_type", "params", "limits", "expected"),
+    [
+        ("worker", {}, {"nvidia.com/gpu": "1"}, "ray start  --num-gpus=1 "),
+        ("worker", {}, {"nvidia.com/mig-2g.32gb": "1"}, "ray start  --num-gpus=1 "),
+        ("worker", {}, {"google.com/tpu": "4"}, "ray start  --resources='{\"TPU\":4}' "),
+        ("head", {}, {"aws.amazon.com/neuroncore": "4"}, "ray start --head  --resources='{\"neuron_cores\":4}' "),
+        (
+            "head",
+            {},
+            {"aws.amazon.com/neuroncore": "4", "nvidia.com/gpu": "1"},
+            "ray start --head  --num-gpus=1  --resources='{\"neuron_cores\":4}' ",
+        ),
+        (
+            "head",
+            {"resources": "'{\"custom_resource\":2}'"},
+            {"aws.amazon.com/neuroncore": "4"},
+            'ray start --head  --resources=\'{"custom_resource":2,"neuron_cores":4}\' ',
+        ),
+    ],
+)
 def test_ray_start_command_matches_kuberay_unit_tests(node_type, params, limits, expected):
     assert kr.generate_ray_start_command(node_type, dict(params), {"limits": limits}) == expected
 
 
 def test_submit_command_matches_kuberay_unit_test():
     """job_test.go TestBuildJobSubmitCommandWithK8sJobMode (its rayJobTemplate's fields)."""
-    job = {"kind": "RayJob", "metadata": {"name": "x"}, "spec": {
-        "entrypoint": "echo no quote 'single quote' \"double quote\"", "runtimeEnvYAML": "test: test",
-        "metadata": {"testKey": "testValue"}, "entrypointNumCpus": 1, "entrypointNumGpus": 0.5,
-        "entrypointResources": '{"Custom_1": 1, "Custom_2": 5.5}'}}
+    job = {
+        "kind": "RayJob",
+        "metadata": {"name": "x"},
+        "spec": {
+            "entrypoint": "echo no quote 'single quote' \"double quote\"",
+            "runtimeEnvYAML": "test: test",
+            "metadata": {"testKey": "testValue"},
+            "entrypointNumCpus": 1,
+            "entrypointNumGpus": 0.5,
+            "entrypointResources": '{"Custom_1": 1, "Custom_2": 5.5}',
+        },
+    }
     health = kr.BASE_PYTHON_HEALTH_COMMAND % ("http://127.0.0.1:8265/api/gcs_healthz", 10)
     expected = [
-        "until", health, ">/dev/null", "2>&1", ";",
-        "do", "echo", '"Waiting for Ray Dashboard GCS to become healthy at http://127.0.0.1:8265 ..."', ";",
-        "sleep", "2", ";", "done", ";",
-        "if", "!", "ray", "job", "status", "--address", "http://127.0.0.1:8265", "testJobId", ">/dev/null", "2>&1",
-        ";", "then",
-        "ray", "job", "submit", "--address", "http://127.0.0.1:8265", "--no-wait",
-        "--runtime-env-json", '"{\\"test\\":\\"test\\"}"',
-        "--metadata-json", '"{\\"testKey\\":\\"testValue\\"}"',
-        "--submission-id", "testJobId",
-        "--entrypoint-num-cpus", "1.000000",
-        "--entrypoint-num-gpus", "0.500000",
-        "--entrypoint-resources", '"{\\"Custom_1\\": 1, \\"Custom_2\\": 5.5}"',
-        "--", "echo no quote 'single quote' \"double quote\"",
-        ";", "fi", ";",
-        "ray", "job", "logs", "--address", "http://127.0.0.1:8265", "--follow", "testJobId",
+        "until",
+        health,
+        ">/dev/null",
+        "2>&1",
+        ";",
+        "do",
+        "echo",
+        '"Waiting for Ray Dashboard GCS to become healthy at http://127.0.0.1:8265 ..."',
+        ";",
+        "sleep",
+        "2",
+        ";",
+        "done",
+        ";",
+        "if",
+        "!",
+        "ray",
+        "job",
+        "status",
+        "--address",
+        "http://127.0.0.1:8265",
+        "testJobId",
+        ">/dev/null",
+        "2>&1",
+        ";",
+        "then",
+        "ray",
+        "job",
+        "submit",
+        "--address",
+        "http://127.0.0.1:8265",
+        "--no-wait",
+        "--runtime-env-json",
+        '"{\\"test\\":\\"test\\"}"',
+        "--metadata-json",
+        '"{\\"testKey\\":\\"testValue\\"}"',
+        "--submission-id",
+        "testJobId",
+        "--entrypoint-num-cpus",
+        "1.000000",
+        "--entrypoint-num-gpus",
+        "0.500000",
+        "--entrypoint-resources",
+        '"{\\"Custom_1\\": 1, \\"Custom_2\\": 5.5}"',
+        "--",
+        "echo no quote 'single quote' \"double quote\"",
+        ";",
+        "fi",
+        ";",
+        "ray",
+        "job",
+        "logs",
+        "--address",
+        "http://127.0.0.1:8265",
+        "--follow",
+        "testJobId",
     ]
     assert kr.submit_command(job, "127.0.0.1:8265", "testJobId") == expected
 
@@ -71,7 +131,8 @@ def test_dev_rayjob_head_pod(dev):
     assert pod["rayStartCommand"] == (
         "ray start --head  --block  --dashboard-agent-listen-port=52365  --dashboard-host=0.0.0.0  "
         "--memory=8589934592  --metrics-export-port=8080  --no-monitor  --num-cpus=0  --num-gpus=0  "
-        "--object-store-memory=2000000000 ")
+        "--object-store-memory=2000000000 "
+    )
     ray, autoscaler = pod["spec"]["containers"]
     assert ray["command"] == ["/bin/bash", "-c", "--"]
     assert ray["args"] == ["ulimit -n ${RAY_START_ULIMIT_OPEN_FILES:-65536}; " + pod["rayStartCommand"]]
@@ -101,7 +162,8 @@ def test_dev_rayjob_worker_pod(dev):
     assert pod["rayStartCommand"] == (
         f"ray start  --address={SVC}:6379  --block  --dashboard-agent-listen-port=52365  "
         "--memory=25769803776  --metrics-export-port=8080  --num-cpus=4  --num-gpus=1  "
-        "--object-store-memory=4000000000 ")
+        "--object-store-memory=4000000000 "
+    )
     ray = pod["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in ray["env"]}
     assert env["FQ_RAY_IP"] == SVC and env["RAY_IP"] == f"{CLUSTER}-head-svc"
@@ -152,5 +214,8 @@ def test_interactive_raycluster_pods(dev):
     assert "--head" in head["rayStartCommand"] and "--block" in head["rayStartCommand"]
     worker = kr.build_pod(rc, "worker", "calib-interactive")
     assert "--address=calib-interactive-head-svc.calib-sweeps.svc.cluster.local:6379" in worker["rayStartCommand"]
-    assert shlex.split(worker["spec"]["containers"][0]["args"][0])[:3] == ["ulimit", "-n",
-                                                                           "${RAY_START_ULIMIT_OPEN_FILES:-65536};"]
+    assert shlex.split(worker["spec"]["containers"][0]["args"][0])[:3] == [
+        "ulimit",
+        "-n",
+        "${RAY_START_ULIMIT_OPEN_FILES:-65536};",
+    ]

@@ -122,6 +122,7 @@ def entrypoint_misspelled_field(rs):
 
 # ---- regressions of the issue #14 fixes
 
+
 def gfd_node_selector(rs):
     for r in _ray(rs):
         for g in _workers(r):
@@ -170,12 +171,33 @@ def namespace_in_overlay(rs):
     rs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "calib-sweeps"}})
 
 
-REVIEW = [gcs_port_6380, dashboard_port_renamed, dshm_not_in_memory, object_store_larger_than_shm,
-          wrong_node_selector_label, ray_policy_three_ports, service_target_port_typo, wrong_tracking_uri,
-          worker_without_token, token_secret_key_typo, ray_version_mismatch, head_root_filesystem_writable,
-          mlflow_open_to_namespace, gpu_workers_without_toleration, entrypoint_misspelled_field]
-ISSUE_14 = [gfd_node_selector, no_db_migration, image_by_tag_only, no_ephemeral_storage, head_evictable,
-            telemetry_on, datasets_in_empty_dir, namespace_in_overlay]
+REVIEW = [
+    gcs_port_6380,
+    dashboard_port_renamed,
+    dshm_not_in_memory,
+    object_store_larger_than_shm,
+    wrong_node_selector_label,
+    ray_policy_three_ports,
+    service_target_port_typo,
+    wrong_tracking_uri,
+    worker_without_token,
+    token_secret_key_typo,
+    ray_version_mismatch,
+    head_root_filesystem_writable,
+    mlflow_open_to_namespace,
+    gpu_workers_without_toleration,
+    entrypoint_misspelled_field,
+]
+ISSUE_14 = [
+    gfd_node_selector,
+    no_db_migration,
+    image_by_tag_only,
+    no_ephemeral_storage,
+    head_evictable,
+    telemetry_on,
+    datasets_in_empty_dir,
+    namespace_in_overlay,
+]
 MUTATIONS = REVIEW + ISSUE_14
 
 

@@ -81,16 +81,18 @@ RAYJOB = """\
 
 
 def test_strategic_merge_lists_by_name_and_deletes(tmp_path, build):
-    _write(tmp_path, {
-        "base/kustomization.yaml": "resources: [deploy.yaml]\n",
-        "base/deploy.yaml": DEPLOYMENT,
-        "over/kustomization.yaml": """\
+    _write(
+        tmp_path,
+        {
+            "base/kustomization.yaml": "resources: [deploy.yaml]\n",
+            "base/deploy.yaml": DEPLOYMENT,
+            "over/kustomization.yaml": """\
             resources: [../base]
             namespace: team
             patches:
               - path: patch.yaml
             """,
-        "over/patch.yaml": """\
+            "over/patch.yaml": """\
             apiVersion: apps/v1
             kind: Deployment
             metadata: {name: web}
@@ -105,19 +107,25 @@ def test_strategic_merge_lists_by_name_and_deletes(tmp_path, build):
                     - name: sidecar
                       $patch: delete
             """,
-    })
+        },
+    )
     (dep,) = build(tmp_path / "over")
     assert dep["metadata"]["namespace"] == "team"
     containers = dep["spec"]["template"]["spec"]["containers"]
     assert [c["name"] for c in containers] == ["web"]
     # kustomize's order: the patch's items first (in the patch's order), then the base's others.
-    assert containers[0]["env"] == [{"name": "B", "value": "20"}, {"name": "C", "value": "3"},
-                                    {"name": "A", "value": "1"}]
+    assert containers[0]["env"] == [
+        {"name": "B", "value": "20"},
+        {"name": "C", "value": "3"},
+        {"name": "A", "value": "1"},
+    ]
 
 
 def test_custom_resources_get_json_merge_patch_and_json6902(tmp_path, build):
-    _write(tmp_path, {
-        "kustomization.yaml": """\
+    _write(
+        tmp_path,
+        {
+            "kustomization.yaml": """\
             resources: [job.yaml]
             patches:
               - patch: |
@@ -141,8 +149,9 @@ def test_custom_resources_get_json_merge_patch_and_json6902(tmp_path, build):
                     path: /spec/shutdownAfterJobFinishes
                     value: true
             """,
-        "job.yaml": RAYJOB,
-    })
+            "job.yaml": RAYJOB,
+        },
+    )
     (job,) = build(tmp_path)
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     # RFC 7386 for kinds kustomize has no schema for: the list is replaced, not merged.
@@ -160,8 +169,10 @@ def test_json6902_errors_on_missing_path():
 
 
 def test_images_labels_and_hashed_generator_references(tmp_path, build):
-    _write(tmp_path, {
-        "kustomization.yaml": """\
+    _write(
+        tmp_path,
+        {
+            "kustomization.yaml": """\
             resources: [deploy.yaml, job.yaml]
             labels:
               - pairs: {team: ml}
@@ -174,9 +185,10 @@ def test_images_labels_and_hashed_generator_references(tmp_path, build):
                 newName: registry.local/web
                 newTag: "2.0"
             """,
-        "deploy.yaml": DEPLOYMENT,
-        "job.yaml": RAYJOB,
-    })
+            "deploy.yaml": DEPLOYMENT,
+            "job.yaml": RAYJOB,
+        },
+    )
     out = {r["kind"]: r for r in build(tmp_path)}
     dep, job, cm = out["Deployment"], out["RayJob"], out["ConfigMap"]
     assert dep["metadata"]["labels"] == {"team": "ml"}
@@ -193,14 +205,16 @@ def test_images_labels_and_hashed_generator_references(tmp_path, build):
 
 
 def test_generator_merge(tmp_path, build):
-    _write(tmp_path, {
-        "base/kustomization.yaml": """\
+    _write(
+        tmp_path,
+        {
+            "base/kustomization.yaml": """\
             configMapGenerator:
               - name: env
                 options: {disableNameSuffixHash: true}
                 literals: [A=1, B=2]
             """,
-        "over/kustomization.yaml": """\
+            "over/kustomization.yaml": """\
             resources: [../base]
             configMapGenerator:
               - name: env
@@ -208,7 +222,8 @@ def test_generator_merge(tmp_path, build):
                 options: {disableNameSuffixHash: true}
                 literals: [B=20, C=3]
             """,
-    })
+        },
+    )
     (cm,) = build(tmp_path / "over")
     assert cm["metadata"]["name"] == "env"
     assert cm["data"] == {"A": "1", "B": "20", "C": "3"}
@@ -229,8 +244,10 @@ def test_cli_prints_a_yaml_stream(tmp_path, capsys):
 
 def _cases(root: Path) -> None:
     """The features of the cases above in one kustomization, for the whole-output comparison."""
-    _write(root, {
-        "web/kustomization.yaml": """\
+    _write(
+        root,
+        {
+            "web/kustomization.yaml": """\
             resources: [deploy.yaml, job.yaml, cron.yaml]
             namespace: team
             labels:
@@ -259,9 +276,9 @@ def _cases(root: Path) -> None:
                           - name: web
                             env: [{name: B, value: "20"}, {name: C, value: "3"}]
             """,
-        "web/deploy.yaml": DEPLOYMENT,
-        "web/job.yaml": RAYJOB,
-        "web/cron.yaml": """\
+            "web/deploy.yaml": DEPLOYMENT,
+            "web/job.yaml": RAYJOB,
+            "web/cron.yaml": """\
             apiVersion: batch/v1
             kind: CronJob
             metadata: {name: nightly}
@@ -274,7 +291,8 @@ def _cases(root: Path) -> None:
                       restartPolicy: Never
                       containers: [{name: run, image: example/web:1.0, envFrom: [{secretRef: {name: creds}}]}]
             """,
-    })
+        },
+    )
 
 
 def test_both_renderers_agree_on_a_mixed_kustomization(tmp_path):

@@ -113,8 +113,12 @@ def test_autoscaler_sidecar_is_hardened(resources):
         assert cluster.get("enableInTreeAutoscaling") is True
         opts = cluster["autoscalerOptions"]
         head = cluster["headGroupSpec"]["template"]["spec"]
-        fake = {"name": "autoscaler", "securityContext": opts["securityContext"], "resources": opts["resources"],
-                "volumeMounts": opts.get("volumeMounts", [])}
+        fake = {
+            "name": "autoscaler",
+            "securityContext": opts["securityContext"],
+            "resources": opts["resources"],
+            "volumeMounts": opts.get("volumeMounts", []),
+        }
         volumes = {v["name"]: v for v in head.get("volumes", [])}
         problems = container_violations(f"{r['kind']}/{r['metadata']['name']}", fake, head["securityContext"], volumes)
         assert not problems, problems
@@ -133,12 +137,20 @@ def test_the_hardening_check_is_not_vacuous():
     spec["hostNetwork"] = True
     del c["resources"]["limits"]
     found = "\n".join(pod_violations("Deployment/x", spec))
-    for needle in ("allowPrivilegeEscalation", "drop ALL", "adds capabilities", "readOnlyRootFilesystem",
-                   "runAsUser", "hostNetwork", "limits.cpu"):
+    for needle in (
+        "allowPrivilegeEscalation",
+        "drop ALL",
+        "adds capabilities",
+        "readOnlyRootFilesystem",
+        "runAsUser",
+        "hostNetwork",
+        "limits.cpu",
+    ):
         assert needle in found, needle
 
 
 # ------------------------------------------------------------------------------ Ray specifics
+
 
 def _env(container: dict) -> dict[str, dict]:
     return {e["name"]: e for e in container.get("env", [])}
@@ -189,16 +201,21 @@ def test_head_has_no_gpu_and_workers_are_gpu_nodes(resources):
         head_res = head["template"]["spec"]["containers"][0]["resources"]
         assert "nvidia.com/gpu" not in head_res.get("limits", {}) | head_res.get("requests", {})
         assert not head["template"]["spec"].get("tolerations")
-        gpu_groups = [g for g in cluster["workerGroupSpecs"]
-                      if "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"].get("limits", {})]
+        gpu_groups = [
+            g
+            for g in cluster["workerGroupSpecs"]
+            if "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"].get("limits", {})
+        ]
         assert gpu_groups, "no GPU worker group"
         for g in gpu_groups:
             spec = g["template"]["spec"]
             limits = spec["containers"][0]["resources"]["limits"]
             assert int(limits["nvidia.com/gpu"]) >= 1
             assert spec["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == limits["nvidia.com/gpu"]
-            assert any(t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" and t["effect"] == "NoSchedule"
-                       for t in spec["tolerations"])
+            assert any(
+                t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" and t["effect"] == "NoSchedule"
+                for t in spec["tolerations"]
+            )
             # The GPU request places the pod; a label only GPU Feature Discovery sets must not.
             assert "nvidia.com/gpu.present" not in spec.get("nodeSelector", {})
             assert g["minReplicas"] <= g["maxReplicas"]
@@ -216,6 +233,7 @@ def test_ray_pods_carry_the_labels_the_network_policies_select(resources):
 
 
 # ------------------------------------------------------------------------ NetworkPolicy model
+
 
 def _selects(selector: dict, labels: dict) -> bool:
     for k, v in selector.get("matchLabels", {}).items():
@@ -237,8 +255,11 @@ def _selects(selector: dict, labels: dict) -> bool:
 def allowed(policies: list[dict], namespace: str, src: tuple[str, dict], dst_labels: dict, port: int) -> bool:
     """Kubernetes NetworkPolicy ingress semantics (pod/namespace selectors, TCP ports)."""
     src_ns, src_labels = src
-    applying = [p for p in policies if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
-                and _selects(p["spec"]["podSelector"], dst_labels)]
+    applying = [
+        p
+        for p in policies
+        if "Ingress" in p["spec"].get("policyTypes", ["Ingress"]) and _selects(p["spec"]["podSelector"], dst_labels)
+    ]
     if not applying:
         return True
     for p in applying:
@@ -277,8 +298,10 @@ def _template_labels(resources: list[dict], kind: str, name: str, role: str | No
 def test_network_policies(resources):
     ns = dr.namespace_of(resources)
     policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
-    assert any(p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Ingress"]
-               and not p["spec"].get("ingress") for p in policies), "no default-deny ingress policy"
+    assert any(
+        p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Ingress"] and not p["spec"].get("ingress")
+        for p in policies
+    ), "no default-deny ingress policy"
     head = _template_labels(resources, "RayJob", "calib-sweep", "head")
     worker = _template_labels(resources, "RayJob", "calib-sweep", "worker")
     interactive_head = _template_labels(resources, "RayCluster", "calib-interactive", "head")
@@ -328,6 +351,7 @@ def test_network_policies(resources):
 
 
 # ------------------------------------------------------- the ports the Ray processes listen on
+
 
 def _recorded_ray_ports() -> dict:
     """tests/containers/ray_ports.json: the TCP ports Ray's processes listened on in the head and

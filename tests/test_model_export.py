@@ -43,8 +43,11 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = "calibrated-classifier"
 VENV_PY = Path(sys.executable)
 
-TINY = {"data": {"name": "mnist1d", "num_samples": 300}, "model": {"name": "cnn1d"},
-        "train": {"calibrator": "temperature", "epochs": 1, "batch_size": 64}}
+TINY = {
+    "data": {"name": "mnist1d", "num_samples": 300},
+    "model": {"name": "cnn1d"},
+    "train": {"calibrator": "temperature", "epochs": 1, "batch_size": 64},
+}
 
 
 def _train(overrides: dict) -> tuple[RunConfig, object, object]:
@@ -65,11 +68,19 @@ def write_checkpoint(ckpt: Path, cfg: RunConfig, data, result) -> None:
 
     ckpt.mkdir(parents=True, exist_ok=True)
     torch.save(result.model.cpu().eval(), ckpt / MODEL_FILE)
-    (ckpt / SUMMARY_FILE).write_text(json.dumps({
-        "run_config": cfg.model_dump(mode="json"), "input_shape": list(data.input_shape),
-        "tasks": [str(t[0]) for t in data.tasks] if getattr(data, "tasks", None) else None,
-        "calibrator_info": result.calibrator_info, "status": result.status, "reason": result.reason,
-    }, default=str))
+    (ckpt / SUMMARY_FILE).write_text(
+        json.dumps(
+            {
+                "run_config": cfg.model_dump(mode="json"),
+                "input_shape": list(data.input_shape),
+                "tasks": [str(t[0]) for t in data.tasks] if getattr(data, "tasks", None) else None,
+                "calibrator_info": result.calibrator_info,
+                "status": result.status,
+                "reason": result.reason,
+            },
+            default=str,
+        )
+    )
     (ckpt / FINAL_FILE).write_text(json.dumps({f"val_{k}": float(v) for k, v in result.val_metrics.items()}))
 
 
@@ -105,27 +116,56 @@ def store(tmp_path_factory):
         version = log_and_register(run_id, ckpt, tuple(data.input_shape), MODEL, uri)
         seconds = time.perf_counter() - t0
     x = data.test.x[:16].numpy()
-    return SimpleNamespace(dir=d, uri=uri, client=client, experiment_id=exp, run_id=run_id, run_before=run_before,
-                           version=version, ckpt=ckpt, x=x, expected=_probs(result.model.eval(), x),
-                           data=data, seconds=seconds)
+    return SimpleNamespace(
+        dir=d,
+        uri=uri,
+        client=client,
+        experiment_id=exp,
+        run_id=run_id,
+        run_before=run_before,
+        version=version,
+        ckpt=ckpt,
+        x=x,
+        expected=_probs(result.model.eval(), x),
+        data=data,
+        seconds=seconds,
+    )
 
 
 # ---------------------------------------------------------------------------- spec round trip
 ROUND_TRIP = {
     "cnn1d-temperature": TINY,
-    "mlp-last_layer": {"data": {"name": "digits"}, "model": {"name": "mlp"},
-                       "train": {"calibrator": "last_layer", "calibrator_data": "same"}},
-    "cnn2d-mlp-on-features": {"data": {"name": "digits"}, "model": {"name": "cnn2d"},
-                              "train": {"calibrator": "mlp", "calibrator_kwargs": {"input": "features", "hidden": 8}}},
-    "mlp-dirichlet": {"data": {"name": "mnist1d", "num_samples": 300}, "model": {"name": "mlp"},
-                      "train": {"calibrator": "dirichlet"}},
-    "posthoc-matrix": {"data": {"name": "mnist1d", "num_samples": 300}, "model": {"name": "cnn1d"},
-                       "train": {"method": "posthoc", "posthoc_calibrator": "matrix"}},
-    "ce-no-calibrator": {"data": {"name": "mnist1d", "num_samples": 300}, "model": {"name": "cnn1d"},
-                         "train": {"method": "ce"}},
+    "mlp-last_layer": {
+        "data": {"name": "digits"},
+        "model": {"name": "mlp"},
+        "train": {"calibrator": "last_layer", "calibrator_data": "same"},
+    },
+    "cnn2d-mlp-on-features": {
+        "data": {"name": "digits"},
+        "model": {"name": "cnn2d"},
+        "train": {"calibrator": "mlp", "calibrator_kwargs": {"input": "features", "hidden": 8}},
+    },
+    "mlp-dirichlet": {
+        "data": {"name": "mnist1d", "num_samples": 300},
+        "model": {"name": "mlp"},
+        "train": {"calibrator": "dirichlet"},
+    },
+    "posthoc-matrix": {
+        "data": {"name": "mnist1d", "num_samples": 300},
+        "model": {"name": "cnn1d"},
+        "train": {"method": "posthoc", "posthoc_calibrator": "matrix"},
+    },
+    "ce-no-calibrator": {
+        "data": {"name": "mnist1d", "num_samples": 300},
+        "model": {"name": "cnn1d"},
+        "train": {"method": "ce"},
+    },
     "multitask-vector": {"data": {"name": "digits_mtl"}, "model": {"name": "mlp"}, "train": {"calibrator": "vector"}},
-    "multitask-last_layer": {"data": {"name": "mnist1d_mtl", "num_samples": 300}, "model": {"name": "cnn1d"},
-                             "train": {"calibrator": "last_layer", "calibrator_data": "same"}},
+    "multitask-last_layer": {
+        "data": {"name": "mnist1d_mtl", "num_samples": 300},
+        "model": {"name": "cnn1d"},
+        "train": {"calibrator": "last_layer", "calibrator_data": "same"},
+    },
 }
 
 
@@ -195,20 +235,31 @@ def test_logged_model_is_portable_and_described(store):
     info = store.client.get_run(store.run_id).info
     assert (info.status, info.end_time) == (store.run_before.status, store.run_before.end_time)
 
-    local = Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}/{store.version}", tracking_uri=store.uri,
-                                                     dst_path=str(store.dir / "download")))
+    local = Path(
+        mlflow.artifacts.download_artifacts(
+            f"models:/{MODEL}/{store.version}", tracking_uri=store.uri, dst_path=str(store.dir / "download")
+        )
+    )
     names = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
     assert not [n for n in names if n.endswith((".pkl", ".pyc")) or "__pycache__" in n], names
-    assert {"MLmodel", "champion_pyfunc.py", "requirements.txt", "input_example.json",
-            "code/calib_core/__init__.py", "code/calib_core/export.py"} <= names
+    assert {
+        "MLmodel",
+        "champion_pyfunc.py",
+        "requirements.txt",
+        "input_example.json",
+        "code/calib_core/__init__.py",
+        "code/calib_core/export.py",
+    } <= names
     mlmodel = yaml.safe_load((local / "MLmodel").read_text())
     pyfunc = mlmodel["flavors"]["python_function"]
     assert pyfunc["model_code_path"].endswith("champion_pyfunc.py") and "python_model" not in pyfunc
     assert pyfunc["code"] == "code"
     assert json.loads(mlmodel["signature"]["inputs"]) == [
-        {"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 40]}}]
+        {"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 40]}}
+    ]
     assert json.loads(mlmodel["signature"]["outputs"]) == [
-        {"type": "tensor", "tensor-spec": {"dtype": "float64", "shape": [-1, 10]}}]
+        {"type": "tensor", "tensor-spec": {"dtype": "float64", "shape": [-1, 10]}}
+    ]
 
     reqs = (local / "requirements.txt").read_text().split()
     assert reqs == pip_requirements()
@@ -233,8 +284,7 @@ def test_in_process_predictions_and_the_bad_inputs_refused(store):
     saved = list(sys.path)
     (store.dir / "inproc").mkdir(exist_ok=True)
     try:
-        model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion",
-                                         dst_path=str(store.dir / "inproc"))
+        model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion", dst_path=str(store.dir / "inproc"))
     finally:
         sys.path[:] = saved
     probs = model.predict(store.x)
@@ -322,9 +372,24 @@ def test_loads_and_predicts_in_a_fresh_process_without_the_repository(store, tmp
     dst = tmp_path / "model"
     dst.mkdir()
     # -I: no PYTHONPATH, no user site, no script/cwd directory on sys.path; cwd is elsewhere too
-    proc = subprocess.run([str(VENV_PY), "-I", str(script), str(ROOT), store.uri, f"models:/{MODEL}@champion",
-                           str(dst), str(x_path), str(out)], cwd=tmp_path, env=_clean_env(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            str(VENV_PY),
+            "-I",
+            str(script),
+            str(ROOT),
+            store.uri,
+            f"models:/{MODEL}@champion",
+            str(dst),
+            str(x_path),
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(out.read_text())
     assert not got["sweeps_importable"] and "sweeps" in got["blocked"]
@@ -354,8 +419,9 @@ def test_registration_is_idempotent_and_survives_a_death_before_registering(stor
         # a second champion run whose registration died after the model was logged
         run_b = _finished_run(client, store.experiment_id)
         module, summary = _load_trained(store.ckpt)
-        logged = _log_portable_model(MlflowStore(store.uri), run_b, module,
-                                     model_spec(module, summary["run_config"], (40,)))
+        logged = _log_portable_model(
+            MlflowStore(store.uri), run_b, module, model_spec(module, summary["run_config"], (40,))
+        )
         second = log_and_register(run_b, store.ckpt, (40,), name, store.uri)
         third = log_and_register(run_b, store.ckpt, (40,), name, store.uri, description="richer text")
     assert second == third != first
@@ -389,13 +455,23 @@ def _post(url: str, payload: dict, timeout: float = 30) -> tuple[int, str]:
 def test_mlflow_models_serve_answers_on_loopback(store, tmp_path):
     port = _free_port()
     log = open(tmp_path / "serve.log", "w")
-    cmd = [str(VENV_PY.parent / "mlflow"), "models", "serve", "-m", f"models:/{MODEL}@champion",
-           "--env-manager", "local", "-p", str(port), "-h", "127.0.0.1"]
+    cmd = [
+        str(VENV_PY.parent / "mlflow"),
+        "models",
+        "serve",
+        "-m",
+        f"models:/{MODEL}@champion",
+        "--env-manager",
+        "local",
+        "-p",
+        str(port),
+        "-h",
+        "127.0.0.1",
+    ]
     t0 = time.perf_counter()
     # as in an activated venv: the server execs `uvicorn` from PATH
     env = _clean_env(MLFLOW_TRACKING_URI=store.uri, PATH=f"{VENV_PY.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 180
@@ -408,7 +484,8 @@ def test_mlflow_models_serve_answers_on_loopback(store, tmp_path):
                 pass
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
             assert time.time() < deadline, (
-                "server did not come up in 180 s: " + (tmp_path / "serve.log").read_text()[-3000:])
+                "server did not come up in 180 s: " + (tmp_path / "serve.log").read_text()[-3000:]
+            )
             time.sleep(0.5)
         print(f"server up after {time.perf_counter() - t0:.1f}s")
 

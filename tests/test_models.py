@@ -118,8 +118,9 @@ def test_parameter_counts_of_full_size_models(name, expected):
 
 def test_full_size_feature_dims():
     with torch.device("meta"):
-        dims = {n: create_model(n, 10, (3, 32, 32)).feature_dim
-                for n in ("resnet18", "resnet50", "wrn28_10", "vit_small")}
+        dims = {
+            n: create_model(n, 10, (3, 32, 32)).feature_dim for n in ("resnet18", "resnet50", "wrn28_10", "vit_small")
+        }
     assert dims == {"resnet18": 512, "resnet50": 2048, "wrn28_10": 640, "vit_small": 192}
 
 

@@ -63,7 +63,8 @@ def test_digits_mtl_splits_disjoint_seeded_and_labels():
     assert d.name == "digits_mtl" and d.num_classes == 10 and d.input_shape == (1, 8, 8)
     assert d.tasks == DIGIT_TASKS and d.tasks[1] == ("parity", 2)
     tr, va, te = train_val_test_indices(
-        1797, val_fraction=0.2, test_fraction=0.2, seed=5, labels=torch.tensor(bunch.target))
+        1797, val_fraction=0.2, test_fraction=0.2, seed=5, labels=torch.tensor(bunch.target)
+    )
     all_idx = torch.cat([tr, va, te])
     assert len(all_idx) == 1797 and len(torch.unique(all_idx)) == 1797  # disjoint and covering
     for split, idx in ((d.train, tr), (d.val, va), (d.test, te)):
@@ -137,14 +138,17 @@ def fabricate_celeba(root: Path, partition=(0, 0, 0, 0, 0, 0, 1, 1, 2, 2, 2), se
         Image.fromarray(img).save(base / "img_align_celeba" / f, quality=100, subsampling=0)
     # list_attr_celeba.txt: count, names (trailing space, as in the release), "file -1  1 ..." rows
     lines = [str(n), " ".join(ATTRS) + " "] + [
-        f + " " + " ".join(f"{v:2d}" for v in row) for f, row in zip(files, attrs)]
+        f + " " + " ".join(f"{v:2d}" for v in row) for f, row in zip(files, attrs)
+    ]
     (base / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
     (base / "list_eval_partition.txt").write_text("".join(f"{f} {p}\n" for f, p in zip(files, partition)))
     (base / "identity_CelebA.txt").write_text("".join(f"{f} {rng.integers(1, 10000)}\n" for f in files))
     bbox = [str(n), "image_id x_1 y_1 width height"] + [f"{f}    95  71 226 313" for f in files]
     (base / "list_bbox_celeba.txt").write_text("\n".join(bbox) + "\n")
-    marks = [str(n), "lefteye_x lefteye_y righteye_x righteye_y nose_x nose_y "
-                     "leftmouth_x leftmouth_y rightmouth_x rightmouth_y"]
+    marks = [
+        str(n),
+        "lefteye_x lefteye_y righteye_x righteye_y nose_x nose_y leftmouth_x leftmouth_y rightmouth_x rightmouth_y",
+    ]
     marks += [f"{f}  69 109 106 113  77 142  73 152 108 154" for f in files]
     (base / "list_landmarks_align_celeba.txt").write_text("\n".join(marks) + "\n")
     part = np.array(partition)
@@ -172,8 +176,10 @@ def test_celeba_reads_fabricated_files_through_torchvision(tmp_path, no_network)
     small = load_celeba_splits(tmp_path, verify_checksums=False, image_size=8, max_per_split=2)
     assert [len(small.train), len(small.val), len(small.test)] == [2, 2, 2] and small.input_shape == (3, 8, 8)
     assert torch.equal(small.train.y, torch.from_numpy(fab["attrs01"][:2]))
-    px = (small.train.x.double() * torch.tensor(small.stats["std"]).view(1, 3, 1, 1)
-          + torch.tensor(small.stats["mean"]).view(1, 3, 1, 1)) * 255
+    px = (
+        small.train.x.double() * torch.tensor(small.stats["std"]).view(1, 3, 1, 1)
+        + torch.tensor(small.stats["mean"]).view(1, 3, 1, 1)
+    ) * 255
     assert (px - torch.from_numpy(fab["colours"][:2]).double().view(-1, 3, 1, 1)).abs().max() < 4
     # the registry-style adapter reads data.root / data.verify_checksums
     via_cfg = load_celeba(DataConfig(root=str(tmp_path), verify_checksums=False), seed=0)
@@ -197,8 +203,14 @@ def test_celeba_integrity(tmp_path):
         load_celeba_splits(tmp_path / "nowhere")
     msg = str(e.value)
     assert "does not exist" in msg and "download" in msg
-    for f in ("img_align_celeba", "list_attr_celeba.txt", "list_eval_partition.txt", "identity_CelebA.txt",
-              "list_bbox_celeba.txt", "list_landmarks_align_celeba.txt"):
+    for f in (
+        "img_align_celeba",
+        "list_attr_celeba.txt",
+        "list_eval_partition.txt",
+        "identity_CelebA.txt",
+        "list_bbox_celeba.txt",
+        "list_landmarks_align_celeba.txt",
+    ):
         assert f in msg
     with pytest.raises(ValueError, match="data.root"):
         load_celeba(DataConfig(), 0)

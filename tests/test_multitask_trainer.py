@@ -39,8 +39,13 @@ def _split(n: int, seed: int, missing: float = 0.0) -> Split:
 
 def _data(missing: float = 0.0) -> DataSplits:
     return DataSplits(
-        train=_split(301, 1, missing), val=_split(211, 2, missing), test=_split(205, 3, missing),
-        num_classes=3, input_shape=(D,), name="blobs_mtl", tasks=TASKS,
+        train=_split(301, 1, missing),
+        val=_split(211, 2, missing),
+        test=_split(205, 3, missing),
+        num_classes=3,
+        input_shape=(D,),
+        name="blobs_mtl",
+        tasks=TASKS,
     )
 
 
@@ -184,7 +189,11 @@ def test_a_task_without_any_label_in_a_split_is_left_out_of_the_means():
 RESUME_CASES = {
     "temperature-holdout": dict(calibrator="temperature", calibrator_steps=2, lr_schedule="cosine"),
     "last_layer-lookahead-warmup-sgd": dict(
-        calibrator="last_layer", calibrator_data="lookahead", warmup_epochs=1, optimizer="sgd", lr=0.05,
+        calibrator="last_layer",
+        calibrator_data="lookahead",
+        warmup_epochs=1,
+        optimizer="sgd",
+        lr=0.05,
         calibrator_optimizer="sgd",
     ),
     "posthoc-vector": dict(method="posthoc", posthoc_calibrator="vector"),
@@ -233,8 +242,14 @@ def test_posthoc_runs_one_calibration_stage_per_task(monkeypatch):
 # ---------------------------------------------------------------------------- dispatch
 def test_make_trainer_dispatches_on_tasks(data):
     assert type(make_trainer(_cfg(), data)) is MultiTaskTrainer
-    single = DataSplits(train=Split(data.train.x, data.train.y[:, 0]), val=Split(data.val.x, data.val.y[:, 0]),
-                        test=Split(data.test.x, data.test.y[:, 0]), num_classes=3, input_shape=(D,), name="blobs")
+    single = DataSplits(
+        train=Split(data.train.x, data.train.y[:, 0]),
+        val=Split(data.val.x, data.val.y[:, 0]),
+        test=Split(data.test.x, data.test.y[:, 0]),
+        num_classes=3,
+        input_shape=(D,),
+        name="blobs",
+    )
     assert type(make_trainer(_cfg(), single)) is Trainer
     with pytest.raises(ValueError, match="multi-task"):
         MultiTaskTrainer(_cfg(), single)
@@ -243,11 +258,15 @@ def test_make_trainer_dispatches_on_tasks(data):
 
 
 def test_registered_multitask_dataset_trains_end_to_end():
-    cfg = RunConfig.model_validate({
-        "seed": 0, "device": "cpu", "data": {"name": "digits_mtl"},
-        "model": {"name": "mlp", "kwargs": {"hidden_dims": [16]}},
-        "train": {"epochs": 1, "batch_size": 128, "calibrator": "last_layer"},
-    })
+    cfg = RunConfig.model_validate(
+        {
+            "seed": 0,
+            "device": "cpu",
+            "data": {"name": "digits_mtl"},
+            "model": {"name": "mlp", "kwargs": {"hidden_dims": [16]}},
+            "train": {"epochs": 1, "batch_size": 128, "calibrator": "last_layer"},
+        }
+    )
     from calib_core.data import load_dataset
 
     d = load_dataset(cfg.data, cfg.seed)
@@ -274,8 +293,16 @@ def test_last_layer_heads_move_only_by_the_calibrator_step_after_warmup(data, wa
     optimizer may move the heads, never the backbone optimizer (which held them for the
     warm-up) with the calibrators' stale gradients. One batch per epoch and K_c = 1: a copy
     of the trainer that takes the epoch's calibrator step alone ends with the same heads."""
-    cfg = _cfg(calibrator="last_layer", calibrator_data="holdout:0.2", warmup_epochs=warmup, epochs=warmup + 1,
-               batch_size=512, optimizer=optimizer, momentum=0.9, calibrator_optimizer=optimizer)
+    cfg = _cfg(
+        calibrator="last_layer",
+        calibrator_data="holdout:0.2",
+        warmup_epochs=warmup,
+        epochs=warmup + 1,
+        batch_size=512,
+        optimizer=optimizer,
+        momentum=0.9,
+        calibrator_optimizer=optimizer,
+    )
     t = MultiTaskTrainer(cfg, data)
     for e in range(warmup):
         t.train_epoch(e)

@@ -40,8 +40,13 @@ def test_auroc_matches_sklearn(seed):
         s_in, s_out = np.round(s_in, 1), np.round(s_out, 1)
     ref = roc_auc_score(np.r_[np.ones(n_in), np.zeros(n_out)], np.r_[s_in, s_out])
     assert abs(auroc(s_in, s_out) - ref) < 1e-12
-    assert abs(auroc(torch.from_numpy(s_in).float(), torch.from_numpy(s_out).float())
-               - roc_auc_score(np.r_[np.ones(n_in), np.zeros(n_out)], np.r_[s_in, s_out].astype(np.float32))) < 1e-12
+    assert (
+        abs(
+            auroc(torch.from_numpy(s_in).float(), torch.from_numpy(s_out).float())
+            - roc_auc_score(np.r_[np.ones(n_in), np.zeros(n_out)], np.r_[s_in, s_out].astype(np.float32))
+        )
+        < 1e-12
+    )
 
 
 def test_fpr_at_tpr_hand_cases():
@@ -63,8 +68,9 @@ def test_fpr_at_tpr_matches_roc_curve(seed):
     rng = np.random.default_rng(seed)
     s_in = np.round(rng.normal(1.0, 1.0, 977), 2)
     s_out = np.round(rng.normal(0.0, 1.0, 613), 2)
-    fpr, tpr, _ = roc_curve(np.r_[np.ones(len(s_in)), np.zeros(len(s_out))], np.r_[s_in, s_out],
-                            drop_intermediate=False)
+    fpr, tpr, _ = roc_curve(
+        np.r_[np.ones(len(s_in)), np.zeros(len(s_out))], np.r_[s_in, s_out], drop_intermediate=False
+    )
     for target in (0.5, 0.9, 0.95, 0.99):
         assert fpr_at_tpr(s_in, s_out, tpr=target) == pytest.approx(fpr[np.argmax(tpr >= target)], abs=1e-15)
 

@@ -26,8 +26,19 @@ def _cfg(*overrides: str):
 # --------------------------------------------------------------------------- helpers
 
 
-@pytest.mark.parametrize("host,loop", [("127.0.0.1", True), ("127.9.8.7", True), ("localhost", True), ("::1", True),
-                                       ("[::1]", True), ("mlflow", False), ("10.0.0.5", False), ("", False)])
+@pytest.mark.parametrize(
+    "host,loop",
+    [
+        ("127.0.0.1", True),
+        ("127.9.8.7", True),
+        ("localhost", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("mlflow", False),
+        ("10.0.0.5", False),
+        ("", False),
+    ],
+)
 def test_loopback_hosts(host, loop):
     assert preflight._is_loopback(host) is loop
 
@@ -129,8 +140,11 @@ def test_loopback_tracking_needs_every_node_on_this_machine(fake_ray, monkeypatc
     fake_ray.nodes.append(("192.0.2.9", {"CPU": 2.0}))  # a node started here, with this machine's address
     preflight.check_cluster(cfg, True)
     fake_ray.nodes.append(("10.0.0.7", {"CPU": 2.0}))
-    with pytest.raises(ConfigError, match=r"tracking.uri: 'http://127.0.0.1:5000' is a loopback address but the "
-                                          r"cluster has nodes on other machines \(10.0.0.7\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"tracking.uri: 'http://127.0.0.1:5000' is a loopback address but the "
+        r"cluster has nodes on other machines \(10.0.0.7\)",
+    ):
         preflight.check_cluster(cfg, True)
 
 
@@ -149,8 +163,14 @@ def test_autoscaler_node_types(monkeypatch):
     assert preflight._autoscaler(4, 1)[0] is True
 
 
-@pytest.mark.parametrize("mapping,scales", [({"ab12": "node_ab12"}, False),  # `ray start`: read-only
-                                            ({"ab12": "ray.head.default", "cd34": "gpu-worker"}, True), ({}, False)])
+@pytest.mark.parametrize(
+    "mapping,scales",
+    [
+        ({"ab12": "node_ab12"}, False),  # `ray start`: read-only
+        ({"ab12": "ray.head.default", "cd34": "gpu-worker"}, True),
+        ({}, False),
+    ],
+)
 def test_autoscaler_v1_status(monkeypatch, mapping, scales):
     import json
 
@@ -188,8 +208,11 @@ def test_pending_timeout_ends_a_hopeless_wait():
     clock.t = 59
     cb.on_step_begin(1, _trials("PENDING", "PENDING"))
     clock.t = 61
-    with pytest.raises(preflight.ResourcesUnavailable, match=r"^resources.pending_timeout_s: no trial could start "
-                                                             r"within 60 s \(each asks for 64 CPU and 0 GPU"):
+    with pytest.raises(
+        preflight.ResourcesUnavailable,
+        match=r"^resources.pending_timeout_s: no trial could start "
+        r"within 60 s \(each asks for 64 CPU and 0 GPU",
+    ):
         cb.on_step_begin(2, _trials("PENDING", "PENDING"))
 
 
@@ -230,15 +253,23 @@ def _fabricate_sweep(d: Path, name: str, status: str, register: bool) -> None:
     client = MlflowClient(uri)
     exp = client.create_experiment("calib-sweeps", artifact_location=(d / "mlartifacts").as_uri())
     parent = client.create_run(exp, run_name=name, tags={"calib.sweep": name, "calib.role": "parent"})
-    trial = client.create_run(exp, tags={"calib.sweep": name, "calib.role": "trial", "calib.trial_id": "t1",
-                                         "mlflow.parentRunId": parent.info.run_id})
+    trial = client.create_run(
+        exp,
+        tags={
+            "calib.sweep": name,
+            "calib.role": "trial",
+            "calib.trial_id": "t1",
+            "mlflow.parentRunId": parent.info.run_id,
+        },
+    )
     client.set_terminated(trial.info.run_id, "FINISHED")
     client.set_tag(parent.info.run_id, "calib.champion_trial", "t1")
     client.set_tag(parent.info.run_id, "calib.champion_run", trial.info.run_id)
     if register:
         client.create_registered_model("calibrated-classifier")
-        mv = client.create_model_version("calibrated-classifier", source=f"runs:/{trial.info.run_id}/model",
-                                         run_id=trial.info.run_id)
+        mv = client.create_model_version(
+            "calibrated-classifier", source=f"runs:/{trial.info.run_id}/model", run_id=trial.info.run_id
+        )
         client.set_registered_model_alias("calibrated-classifier", "champion", mv.version)
     client.set_terminated(parent.info.run_id, status)
 
@@ -250,15 +281,18 @@ def _snapshot(d: Path) -> tuple:
     exp = client.get_experiment_by_name("calib-sweeps")
     runs = client.search_runs([exp.experiment_id])
     versions = client.search_model_versions("name = 'calibrated-classifier'")
-    return (sorted((r.info.run_id, r.info.status, r.info.end_time, tuple(sorted(r.data.tags.items()))) for r in runs),
-            sorted((v.version, v.run_id) for v in versions),
-            sorted(str(p.relative_to(d)) for p in d.rglob("*")))
+    return (
+        sorted((r.info.run_id, r.info.status, r.info.end_time, tuple(sorted(r.data.tags.items()))) for r in runs),
+        sorted((v.version, v.run_id) for v in versions),
+        sorted(str(p.relative_to(d)) for p in d.rglob("*")),
+    )
 
 
 def _launch(d: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
-    return subprocess.run([sys.executable, str(LAUNCH), *args], cwd=d, capture_output=True, text=True, timeout=120,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, str(LAUNCH), *args], cwd=d, capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def test_resume_of_a_finished_sweep_changes_nothing(tmp_path):
@@ -281,13 +315,23 @@ def test_resume_of_a_finished_sweep_changes_nothing(tmp_path):
 
 def test_unfinished_or_unregistered_sweeps_are_resumed(tmp_path):
     _fabricate_sweep(tmp_path, "cut", "KILLED", register=True)
-    assert preflight.check_store(_cfg(f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "name=cut",
-                                      f"storage_path={tmp_path}/ray_results"), resume=True) is None
+    assert (
+        preflight.check_store(
+            _cfg(f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "name=cut", f"storage_path={tmp_path}/ray_results"),
+            resume=True,
+        )
+        is None
+    )
     other = tmp_path / "other"
     other.mkdir()
     _fabricate_sweep(other, "sel", "FINISHED", register=False)
-    assert preflight.check_store(_cfg(f"tracking.uri=sqlite:///{other}/mlflow.db", "name=sel",
-                                      f"storage_path={other}/ray_results"), resume=True) is None
+    assert (
+        preflight.check_store(
+            _cfg(f"tracking.uri=sqlite:///{other}/mlflow.db", "name=sel", f"storage_path={other}/ray_results"),
+            resume=True,
+        )
+        is None
+    )
 
 
 def test_store_that_does_not_exist_is_not_created(tmp_path):

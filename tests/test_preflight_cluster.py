@@ -27,26 +27,67 @@ def cluster(tmp_path_factory) -> Iterator[dict]:
     port = free_port()
     token = secrets.token_hex(32)
     ray_tmp = tempfile.mkdtemp(prefix="rp", dir="/tmp")  # Ray's socket paths must stay short
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_TMPDIR": ray_tmp,
-           "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token,
+        "RAY_TMPDIR": ray_tmp,
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     d = tmp_path_factory.mktemp("cluster")
-    head = subprocess.run([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                           "--num-cpus", "1", "--include-dashboard", "false"],
-                          env=env, capture_output=True, text=True, timeout=180)
+    head = subprocess.run(
+        [
+            RAY,
+            "start",
+            "--head",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "1",
+            "--include-dashboard",
+            "false",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     try:
         assert head.returncode == 0, head.stderr[-2000:]
         with mlflow_server(f"sqlite:///{d}/mlflow.db", d / "mlartifacts") as url:
-            yield {"url": url, "shared": d, "env": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
-                                                      "RAY_ADDRESS": f"127.0.0.1:{port}", "CALIB_SHARED_STORAGE": "1"}}
+            yield {
+                "url": url,
+                "shared": d,
+                "env": {
+                    "RAY_AUTH_MODE": "token",
+                    "RAY_AUTH_TOKEN": token,
+                    "RAY_ADDRESS": f"127.0.0.1:{port}",
+                    "CALIB_SHARED_STORAGE": "1",
+                },
+            }
     finally:
         subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_trial_larger_than_every_node_fails_fast(cluster, tmp_path):
-    proc = launch(tmp_path, "--cluster", "--cpus-per-trial", "2", "--name", "too-big", "--tracking-uri",
-                  cluster["url"], "--storage-path", str(cluster["shared"] / "results"), *FAST, env=cluster["env"],
-                  timeout=120)
+    proc = launch(
+        tmp_path,
+        "--cluster",
+        "--cpus-per-trial",
+        "2",
+        "--name",
+        "too-big",
+        "--tracking-uri",
+        cluster["url"],
+        "--storage-path",
+        str(cluster["shared"] / "results"),
+        *FAST,
+        env=cluster["env"],
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -57,10 +98,25 @@ def test_trial_larger_than_every_node_fails_fast(cluster, tmp_path):
 
 
 def test_pending_timeout_ends_the_wait_for_an_autoscaler(cluster, tmp_path):
-    proc = launch(tmp_path, "--cluster", "--cpus-per-trial", "2", "--num-samples", "1", "--name", "waits",
-                  "--set", "resources.pending_timeout_s=8", "--tracking-uri", cluster["url"],
-                  "--storage-path", str(cluster["shared"] / "results"), *FAST,
-                  env={**cluster["env"], "CALIB_ASSUME_AUTOSCALING": "1"}, timeout=300)
+    proc = launch(
+        tmp_path,
+        "--cluster",
+        "--cpus-per-trial",
+        "2",
+        "--num-samples",
+        "1",
+        "--name",
+        "waits",
+        "--set",
+        "resources.pending_timeout_s=8",
+        "--tracking-uri",
+        cluster["url"],
+        "--storage-path",
+        str(cluster["shared"] / "results"),
+        *FAST,
+        env={**cluster["env"], "CALIB_ASSUME_AUTOSCALING": "1"},
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "waiting at most 8 s" in proc.stdout
     last = proc.stderr.strip().splitlines()[-1]

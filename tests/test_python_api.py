@@ -15,9 +15,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_example_runs_a_sweep_and_uses_its_result(tmp_path):
     # env: TMPDIR left as it is (a TMPDIR this deep: Ray socket paths too long)
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "python_api.py")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "python_api.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout.split("--- what run_sweep returned ---", 1)[1]
     assert re.search(r"champion: \S+ .*\(MLflow run [0-9a-f]{32}, trial \w+\)", out), out

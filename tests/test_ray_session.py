@@ -32,10 +32,15 @@ def test_reap_stops_only_the_dead_drivers_session(tmp_path):
         folder = tmp_path / "ray_results" / SESSIONS_DIR
         folder.mkdir(parents=True)
         dead = _dead_pid()
-        (folder / f"{dead}.json").write_text(json.dumps(
-            {"driver_pid": dead, "driver_start": "1", "session_dir": ours, "raylet_pids": []}))
-        live = {"driver_pid": os.getpid(), "driver_start": _start_time(os.getpid()), "session_dir": other,
-                "raylet_pids": []}
+        (folder / f"{dead}.json").write_text(
+            json.dumps({"driver_pid": dead, "driver_start": "1", "session_dir": ours, "raylet_pids": []})
+        )
+        live = {
+            "driver_pid": os.getpid(),
+            "driver_start": _start_time(os.getpid()),
+            "session_dir": other,
+            "raylet_pids": [],
+        }
         (folder / f"{os.getpid()}.json").write_text(json.dumps(live))
         assert session_processes(ours) == [mine.pid]
         lines: list[str] = []

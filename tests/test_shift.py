@@ -90,8 +90,10 @@ def test_strength_strictly_increasing_with_severity(kind, name, which, natural, 
 def test_contrast_std_drop_increasing(which, natural, digits, signals):
     x, stats = _batch("image", natural, digits, signals, which)
     clean_std = S.to_pixels(x, stats).std(dim=(2, 3)).mean()
-    drops = [float(clean_std - S.to_pixels(S.corrupt(x, "contrast", k, stats=stats), stats).std(dim=(2, 3)).mean())
-             for k in S.SEVERITIES]
+    drops = [
+        float(clean_std - S.to_pixels(S.corrupt(x, "contrast", k, stats=stats), stats).std(dim=(2, 3)).mean())
+        for k in S.SEVERITIES
+    ]
     assert drops[0] > 0 and all(a < b for a, b in zip(drops, drops[1:])), drops
 
 
@@ -150,8 +152,9 @@ def test_standardisation_round_trip_and_identity_parameters(natural, digits, sig
             y = S.corrupt_with_param(batch, name, identity, generator=_gen(), stats=st)
             torch.testing.assert_close(y, batch, atol=2e-5, rtol=0)
     for name, identity in (("gaussian_noise", 0.0), ("time_shift", 0.0), ("amplitude_scale", 0.0), ("time_warp", 0.0)):
-        torch.testing.assert_close(S.corrupt_with_param(signals, name, identity, generator=_gen()), signals,
-                                   atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            S.corrupt_with_param(signals, name, identity, generator=_gen()), signals, atol=1e-6, rtol=0
+        )
 
 
 def test_outputs_are_valid_pixels_and_stats_are_used(natural):
@@ -177,15 +180,21 @@ def test_reference_definitions(natural):
     p = pixels[:2]  # float64 (2, 3, 32, 32)
     im = p.numpy()
     for sigma in S.severity_params("image", "gaussian_blur"):
-        ref = np.stack([[gaussian_filter(im[i, c], sigma, mode="nearest", truncate=4.0) for c in range(3)]
-                        for i in range(2)])
+        ref = np.stack(
+            [[gaussian_filter(im[i, c], sigma, mode="nearest", truncate=4.0) for c in range(3)] for i in range(2)]
+        )
         np.testing.assert_allclose(S.corrupt_with_param(p, "gaussian_blur", sigma).numpy(), ref, atol=1e-12)
     c = S.severity_params("image", "brightness")[4]
     hw = im[0].transpose(1, 2, 0)
-    ref = np.array([[colorsys.hsv_to_rgb(*(lambda h, s, v: (h, s, min(v + c, 1.0)))(*colorsys.rgb_to_hsv(*px)))
-                     for px in row] for row in hw])
-    np.testing.assert_allclose(S.corrupt_with_param(p[:1], "brightness", c)[0].numpy().transpose(1, 2, 0), ref,
-                               atol=1e-12)
+    ref = np.array(
+        [
+            [colorsys.hsv_to_rgb(*(lambda h, s, v: (h, s, min(v + c, 1.0)))(*colorsys.rgb_to_hsv(*px))) for px in row]
+            for row in hw
+        ]
+    )
+    np.testing.assert_allclose(
+        S.corrupt_with_param(p[:1], "brightness", c)[0].numpy().transpose(1, 2, 0), ref, atol=1e-12
+    )
     grey = torch.rand(3, 1, 8, 8, generator=_gen(), dtype=torch.float64)  # grey: V = x, brightness = clip(x + c)
     torch.testing.assert_close(S.corrupt_with_param(grey, "brightness", 0.3), (grey + 0.3).clamp(0, 1))
     k = S.severity_params("image", "contrast")[2]
@@ -226,7 +235,7 @@ def test_signal_corruptions_exact(signals):
         assert torch.equal(y[i], torch.roll(x[i], step)) or torch.equal(y[i], torch.roll(x[i], -step))
     a = S.corrupt(x, "amplitude_scale", 4, generator=_gen(4))  # d = 1: factor 2 or 1/2 about the mean
     m = x.mean(dim=1, keepdim=True)
-    ratio = ((a - m).norm(dim=1) / (x - m).norm(dim=1))
+    ratio = (a - m).norm(dim=1) / (x - m).norm(dim=1)
     assert torch.all(((ratio - 2).abs() < 1e-4) | ((ratio - 0.5).abs() < 1e-4))
     assert torch.allclose(a.mean(dim=1), x.mean(dim=1), atol=1e-5)
     w = S.corrupt(x.double(), "time_warp", 5, generator=_gen(4))  # d = 0.5: stretch 1.5 or 1/1.5 about the centre
@@ -290,8 +299,13 @@ def test_corrupt_split_and_suite():
     # standardised image sets: the suite un-standardises with the data's stats
     x = torch.rand(6, 3, 8, 8, generator=_gen())
     mean, std = channel_stats(x)
-    ds = DataSplits(*(Split(standardize(x, mean, std), torch.zeros(6, dtype=torch.long)),) * 3, num_classes=2,
-                    input_shape=(3, 8, 8), name="toy", stats={"mean": mean.tolist(), "std": std.tolist()})
+    ds = DataSplits(
+        *(Split(standardize(x, mean, std), torch.zeros(6, dtype=torch.long)),) * 3,
+        num_classes=2,
+        input_shape=(3, 8, 8),
+        name="toy",
+        stats={"mean": mean.tolist(), "std": std.tolist()},
+    )
     name, sev, sp = next(S.shift_suite(ds, 0, names=["contrast"], severities=[5]))
     torch.testing.assert_close(S.to_pixels(sp.x, ds.stats), S.corrupt(x, "contrast", 5), atol=1e-5, rtol=0)
     # signals: MNIST-1D

@@ -9,9 +9,11 @@ from mlflow.exceptions import MlflowException
 
 from sweeps.store import OUTAGE_MAX_WAIT_S, MlflowStore, OutageRetry, TrackingUnavailable, is_outage
 
-REFUSED = MlflowException("API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed with exception "
-                          "HTTPConnectionPool(host='127.0.0.1', port=5000): Max retries exceeded with url: ... "
-                          "(Caused by NewConnectionError(... [Errno 111] Connection refused))")
+REFUSED = MlflowException(
+    "API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed with exception "
+    "HTTPConnectionPool(host='127.0.0.1', port=5000): Max retries exceeded with url: ... "
+    "(Caused by NewConnectionError(... [Errno 111] Connection refused))"
+)
 
 
 class Clock:
@@ -75,6 +77,7 @@ def test_retried_call_sends_the_same_metric_timestamps():
     def spy(run_id, metrics=(), params=()):
         seen.append(tuple(m.timestamp for m in metrics))
         return orig(run_id, metrics=metrics, params=params)
+
     client.log_batch = spy  # type: ignore[method-assign]
     store.log_metrics("r1", {"a": 1.0}, step=0)
     assert len(seen) == 3 and len(set(seen)) == 1  # an identical row: the SQL store keeps it once

@@ -56,8 +56,11 @@ def reports(tmp_path_factory) -> list[tuple[dict, Path | None]]:
     mp.setattr(trainable, "_trial_resources", lambda: (1.0, 0.0))
     mp.setattr(trainable, "_node_id", lambda: "local")
     try:
-        trainable.train_trial({"calibrator": "temperature", "calibrator_lr": 0.01},
-                              base=cfg.run.model_dump(mode="json"), evaluation=cfg.evaluation)
+        trainable.train_trial(
+            {"calibrator": "temperature", "calibrator_lr": 0.01},
+            base=cfg.run.model_dump(mode="json"),
+            evaluation=cfg.evaluation,
+        )
     finally:
         mp.undo()
     return got
@@ -133,29 +136,41 @@ class MemoryClient:
 
     def get_run(self, run_id) -> SimpleNamespace:
         run = self.runs[run_id]
-        return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=run["status"]),
-                               data=SimpleNamespace(tags=dict(run["tags"]), metrics={}))
+        return SimpleNamespace(
+            info=SimpleNamespace(run_id=run_id, status=run["status"]),
+            data=SimpleNamespace(tags=dict(run["tags"]), metrics={}),
+        )
 
     def set_terminated(self, run_id, status="FINISHED", end_time=None) -> None:
         self.runs[run_id]["status"] = status
 
 
 def _trial(tid: str, calibrator: str) -> SimpleNamespace:
-    return SimpleNamespace(trial_id=tid, config={"calibrator": calibrator, "calibrator_lr": 0.01},
-                           last_result=None, checkpoint=None, error_file=None, status="RUNNING")
+    return SimpleNamespace(
+        trial_id=tid,
+        config={"calibrator": calibrator, "calibrator_lr": 0.01},
+        last_result=None,
+        checkpoint=None,
+        error_file=None,
+        status="RUNNING",
+    )
 
 
 def _epoch(epoch: int, ece: float) -> dict:
-    return {"val_accuracy": 0.9, "val_ece": ece, "epoch": epoch, "done": False, "train_loss": 0.5,
-            "epoch_time": 0.1}
+    return {"val_accuracy": 0.9, "val_ece": ece, "epoch": epoch, "done": False, "train_loss": 0.5, "epoch_time": 0.1}
 
 
 def test_scheduler_stop_is_recorded_as_stopped_early_not_as_failure(capsys):
     client = MemoryClient()
-    cb = MLflowTrackingCallback(MlflowStore("sqlite:///unused.db", client=client), "0", "parent", "asha-unit",
-                                base_tags={}, trial_params=lambda c: ({"x": 1}, {"calib.label": str(c)},
-                                                                      RunConfig().model_dump(mode="json")),
-                                scheduler="ASHA")
+    cb = MLflowTrackingCallback(
+        MlflowStore("sqlite:///unused.db", client=client),
+        "0",
+        "parent",
+        "asha-unit",
+        base_tags={},
+        trial_params=lambda c: ({"x": 1}, {"calib.label": str(c)}, RunConfig().model_dump(mode="json")),
+        scheduler="ASHA",
+    )
     progress = ProgressCallback(2, SelectionConfig(rule="min_metric", metric="val_ece"))
     stopped, completed = _trial("stop1", "matrix"), _trial("done1", "temperature")
     for t in (stopped, completed):
@@ -177,8 +192,15 @@ def test_scheduler_stop_is_recorded_as_stopped_early_not_as_failure(capsys):
     # `completed` trains 3 epochs; the third is its final report.
     for epoch in (1, 2):
         cb.on_trial_result(0, [], completed, _epoch(epoch, 0.2))
-    final = {**_epoch(3, 0.1), "done": True, "status": "completed", "reason": "", "test_ece": 0.12,
-             "test_accuracy": 0.88, "wall_time": 1.0}
+    final = {
+        **_epoch(3, 0.1),
+        "done": True,
+        "status": "completed",
+        "reason": "",
+        "test_ece": 0.12,
+        "test_accuracy": 0.88,
+        "wall_time": 1.0,
+    }
     cb.on_trial_result(0, [], completed, final)
     completed.last_result, completed.status = final, "TERMINATED"
     cb.on_trial_complete(0, [], completed)
@@ -200,9 +222,15 @@ def test_scheduler_stop_is_recorded_as_stopped_early_not_as_failure(capsys):
     assert "best so far: temperature" in lines[1]
 
     # Selection sees only completed trials, even when a stopped one has the lower val ECE.
-    records = [TrialRecord(trial_id=t.trial_id, label=t.trial_id, status=t.last_result["status"],
-                           metrics={k: v for k, v in t.last_result.items() if k.startswith(("val_", "test_"))})
-               for t in (stopped, completed)]
+    records = [
+        TrialRecord(
+            trial_id=t.trial_id,
+            label=t.trial_id,
+            status=t.last_result["status"],
+            metrics={k: v for k, v in t.last_result.items() if k.startswith(("val_", "test_"))},
+        )
+        for t in (stopped, completed)
+    ]
     best, _ = select(records, SelectionConfig(rule="min_metric", metric="val_ece"))
     assert best.trial_id == "done1"
 

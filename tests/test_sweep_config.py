@@ -30,26 +30,56 @@ BAD_CASES = [
     ("bad-calibrator-data", ["--set", "run.train.calibrator_data=holdout:2"], None, "run.train.calibrator_data"),
     ("bad-tracking-uri", ["--tracking-uri", "ftp://example/mlflow"], None, "tracking.uri"),
     ("bad-storage-uri", ["--storage-path", "ftp://bucket/x"], None, "storage_path"),
-    ("bad-lr-range", ["--set", "search.calibrator_lr.low=0.1", "--set", "search.calibrator_lr.high=0.01"],
-     None, "search.calibrator_lr"),
+    (
+        "bad-lr-range",
+        ["--set", "search.calibrator_lr.low=0.1", "--set", "search.calibrator_lr.high=0.01"],
+        None,
+        "search.calibrator_lr",
+    ),
     ("asha-multi", ["--set", "search.scheduler=asha"], None, "asha"),
     ("bad-metric", ["--set", "search.metric=test_ece", "--set", "search.objective=single"], None, "search.metric"),
     ("bad-name", ["--name", "my sweep!"], None, "name"),
-    ("shift-metric-without-shift", ["--set", "search.objective=single", "--set", "search.metric=val_shift_ece"],
-     None, "evaluation.shift"),
-    ("shift-accuracy-without-shift", ["--set", "selection.rule=min_metric", "--set",
-                                      "selection.metric=val_shift_accuracy", "--set", "selection.mode=max"],
-     None, "evaluation.shift"),
-    ("ood-metric-without-ood", ["--set", "selection.rule=min_metric", "--set", "selection.metric=val_ood_msp_auroc"],
-     None, "evaluation.ood"),
+    (
+        "shift-metric-without-shift",
+        ["--set", "search.objective=single", "--set", "search.metric=val_shift_ece"],
+        None,
+        "evaluation.shift",
+    ),
+    (
+        "shift-accuracy-without-shift",
+        [
+            "--set",
+            "selection.rule=min_metric",
+            "--set",
+            "selection.metric=val_shift_accuracy",
+            "--set",
+            "selection.mode=max",
+        ],
+        None,
+        "evaluation.shift",
+    ),
+    (
+        "ood-metric-without-ood",
+        ["--set", "selection.rule=min_metric", "--set", "selection.metric=val_ood_msp_auroc"],
+        None,
+        "evaluation.ood",
+    ),
     ("unknown-ood-kind", ["--set", "evaluation.ood=svhn"], None, "evaluation.ood"),
     ("bad-override-syntax", ["--set", "run.train.epochs"], None, "expected key=value"),
     ("missing-config-file", ["--config", "does-not-exist.yaml"], None, "config file not found"),
     ("not-a-mapping", [], "- a\n- b\n", "top level must be a mapping"),
-    ("cluster-local-sqlite", ["--cluster", "--tracking-uri", "sqlite:////tmp/x.db", "--storage-path", "s3://b/p"],
-     None, "local store"),
-    ("cluster-local-storage", ["--cluster", "--tracking-uri", "http://mlflow:5000", "--storage-path", "/tmp/r"],
-     None, "storage_path"),
+    (
+        "cluster-local-sqlite",
+        ["--cluster", "--tracking-uri", "sqlite:////tmp/x.db", "--storage-path", "s3://b/p"],
+        None,
+        "local store",
+    ),
+    (
+        "cluster-local-storage",
+        ["--cluster", "--tracking-uri", "http://mlflow:5000", "--storage-path", "/tmp/r"],
+        None,
+        "storage_path",
+    ),
     ("cluster-no-tracking", ["--cluster", "--storage-path", "s3://b/p"], None, "tracking.uri"),
 ]
 
@@ -78,8 +108,21 @@ def test_several_bad_fields_are_all_named():
 
 
 def test_dry_run_prints_resolved_config_and_plan(tmp_path, capsys):
-    rc = main(["--dry-run", "--num-samples", "3", "--gpus-per-trial", "0.25", "--max-concurrent", "4",
-               "--set", "run.train.epochs=2", "--seed", "7"])
+    rc = main(
+        [
+            "--dry-run",
+            "--num-samples",
+            "3",
+            "--gpus-per-trial",
+            "0.25",
+            "--max-concurrent",
+            "4",
+            "--set",
+            "run.train.epochs=2",
+            "--seed",
+            "7",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "num_samples: 3" in out and "epochs: 2" in out
@@ -98,8 +141,21 @@ def test_default_stores_are_absolute(tmp_path, monkeypatch, capsys):
 
 def test_help_explains_every_flag():
     text = build_parser().format_help()
-    for flag in ("--config", "--set", "--cluster", "--num-samples", "--max-concurrent", "--gpus-per-trial",
-                 "--cpus-per-trial", "--tracking-uri", "--storage-path", "--name", "--resume", "--dry-run", "--seed"):
+    for flag in (
+        "--config",
+        "--set",
+        "--cluster",
+        "--num-samples",
+        "--max-concurrent",
+        "--gpus-per-trial",
+        "--cpus-per-trial",
+        "--tracking-uri",
+        "--storage-path",
+        "--name",
+        "--resume",
+        "--dry-run",
+        "--seed",
+    ):
         assert flag in text
 
 
@@ -143,14 +199,20 @@ def test_search_space_is_seeded_and_conditional():
 
 
 def test_yaml_config_file_roundtrip(tmp_path):
-    (tmp_path / "c.yaml").write_text(textwrap.dedent("""
+    (tmp_path / "c.yaml").write_text(
+        textwrap.dedent("""
         name: t1
         run: {train: {epochs: 3}}
         search: {num_samples: 2, calibrators: [matrix]}
-    """))
+    """)
+    )
     cfg = load_sweep_config(tmp_path / "c.yaml", ["search.calibrator_lr.high=0.5"])
     assert (cfg.name, cfg.run.train.epochs, cfg.search.calibrators, cfg.search.calibrator_lr.high) == (
-        "t1", 3, ["matrix"], 0.5)
+        "t1",
+        3,
+        ["matrix"],
+        0.5,
+    )
 
 
 def test_searchable_metric_names_follow_calib_core() -> None:
@@ -162,8 +224,9 @@ def test_searchable_metric_names_follow_calib_core() -> None:
     assert set(PER_EPOCH_METRICS) == set(CORE)
     assert all(callable(getattr(metrics, name, None)) for name in DEBIASED_METRICS)
     for name in ("val_classwise_ece", "val_smooth_ece", "val_ece_sweep", "val_debiased_l2_ce"):
-        cfg = SweepConfig.model_validate({"search": {"objective": "single", "metric": name},
-                                          "selection": {"metric": name}})
+        cfg = SweepConfig.model_validate(
+            {"search": {"objective": "single", "metric": name}, "selection": {"metric": name}}
+        )
         assert cfg.search.metric == name
 
 

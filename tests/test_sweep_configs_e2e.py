@@ -59,8 +59,17 @@ def _check_sweep(cwd: Path, proc, sweep: str, n: int, epochs: int) -> dict[str, 
 def test_readme_digits_command_registers_a_champion(tmp_path):
     """README: `python sweeps/launch.py --config sweeps/configs/digits_demo.yaml --seed 3`
     (single objective val_ece with ASHA), with fewer epochs and trials."""
-    proc = launch(tmp_path, "--config", str(CONFIGS / "digits_demo.yaml"), "--seed", "3",
-                  "--set", "run.train.epochs=6", "--num-samples", "6")
+    proc = launch(
+        tmp_path,
+        "--config",
+        str(CONFIGS / "digits_demo.yaml"),
+        "--seed",
+        "3",
+        "--set",
+        "run.train.epochs=6",
+        "--num-samples",
+        "6",
+    )
     by_status = _check_sweep(tmp_path, proc, "digits-demo", n=6, epochs=6)
     assert by_status.get("completed")
     assert "stopped early by ASHA at epoch" in proc.stdout or not by_status.get("stopped_early")
@@ -73,9 +82,22 @@ def test_mnist1d_demo_config_multi_objective(tmp_path):
 
 
 def test_single_objective_without_scheduler(tmp_path):
-    proc = launch(tmp_path, "--num-samples", "3", "--name", "single", *FAST,
-                  "--set", "search.objective=single", "--set", "search.metric=val_nll",
-                  "--set", "selection.rule=min_metric", "--set", "selection.metric=val_nll")
+    proc = launch(
+        tmp_path,
+        "--num-samples",
+        "3",
+        "--name",
+        "single",
+        *FAST,
+        "--set",
+        "search.objective=single",
+        "--set",
+        "search.metric=val_nll",
+        "--set",
+        "selection.rule=min_metric",
+        "--set",
+        "selection.metric=val_nll",
+    )
     by_status = _check_sweep(tmp_path, proc, "single", n=3, epochs=2)
     assert len(by_status["completed"]) == 3
     parents, children = sweep_runs(store(tmp_path), "single")
@@ -85,12 +107,33 @@ def test_single_objective_without_scheduler(tmp_path):
 
 def test_single_objective_with_asha_completes_some_and_stops_some(tmp_path):
     # One trial at a time: ASHA's rung decisions, and so this outcome, are deterministic.
-    proc = launch(tmp_path, "--num-samples", "5", "--name", "asha", "--max-concurrent", "1",
-                  "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=3",
-                  "--set", "run.train.batch_size=64",
-                  "--set", "search.objective=single", "--set", "search.metric=val_ece",
-                  "--set", "search.scheduler=asha", "--set", "search.grace_period=1",
-                  "--set", "selection.rule=min_metric", "--set", "selection.metric=val_ece")
+    proc = launch(
+        tmp_path,
+        "--num-samples",
+        "5",
+        "--name",
+        "asha",
+        "--max-concurrent",
+        "1",
+        "--set",
+        "run.data.num_samples=1200",
+        "--set",
+        "run.train.epochs=3",
+        "--set",
+        "run.train.batch_size=64",
+        "--set",
+        "search.objective=single",
+        "--set",
+        "search.metric=val_ece",
+        "--set",
+        "search.scheduler=asha",
+        "--set",
+        "search.grace_period=1",
+        "--set",
+        "selection.rule=min_metric",
+        "--set",
+        "selection.metric=val_ece",
+    )
     by_status = _check_sweep(tmp_path, proc, "asha", n=5, epochs=3)
     assert by_status.get("completed") and by_status.get("stopped_early"), {k: len(v) for k, v in by_status.items()}
     assert "stopped early by ASHA at epoch 1" in proc.stdout  # the progress line

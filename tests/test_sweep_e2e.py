@@ -49,8 +49,14 @@ def test_terminal_output_is_made_for_people(sweep_dir):
     assert not stray, err[-3000:]
     for line in lines:
         assert not re.search("[\u2500-\u257f]", line), line  # box drawing (Tune's new-style tables)
-        for noise in ("TensorBoard", "Checkpoint successfully created", "\x1b[", "Downloading artifacts",
-                      "A new study created", "Token authentication"):
+        for noise in (
+            "TensorBoard",
+            "Checkpoint successfully created",
+            "\x1b[",
+            "Downloading artifacts",
+            "A new study created",
+            "Token authentication",
+        ):
             assert noise not in line, line
     # Tune's status table with the calibrator, its lr and the headline metrics (when the trials ran for 20 s)
     # (metric columns appear once a trial has reported)
@@ -108,8 +114,12 @@ def test_artifacts_on_runs(sweep_dir):
     client = store(sweep_dir)
     parents, children = sweep_runs(client, "e2e")
     names = {a.path for a in client.list_artifacts(parents[0].info.run_id, "sweep")}
-    assert {"sweep/leaderboard.csv", "sweep/pareto.png", "sweep/rank_agreement_spearman.csv",
-            "sweep/selection.json"} <= names
+    assert {
+        "sweep/leaderboard.csv",
+        "sweep/pareto.png",
+        "sweep/rank_agreement_spearman.csv",
+        "sweep/selection.json",
+    } <= names
     diagrams = {a.path for a in client.list_artifacts(children[0].info.run_id, "diagrams")}
     assert {"diagrams/reliability_val.png", "diagrams/reliability_test.png"} <= diagrams
 
@@ -165,15 +175,14 @@ from calib_core.data import load_dataset
 from calib_core.metrics import ece
 mlflow.set_tracking_uri("sqlite:///{sweep_dir}/mlflow.db")
 model = mlflow.pyfunc.load_model("models:/{MODEL}@champion")
-raw = mlflow.artifacts.load_dict("runs:/{mv.tags['source_run_id']}/run_config.json")
+raw = mlflow.artifacts.load_dict("runs:/{mv.tags["source_run_id"]}/run_config.json")
 cfg = RunConfig.model_validate(raw)
 data = load_dataset(cfg.data, cfg.seed)
 probs = model.predict(data.test.x.numpy())
 assert np.allclose(probs.sum(1), 1.0, atol=1e-6)
 print(json.dumps({{"ece": float(ece(probs, data.test.y.numpy(), num_bins=cfg.train.num_bins))}}))
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=sweep_dir)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=sweep_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])["ece"]
     assert got == pytest.approx(logged.metrics["test_ece"], abs=1e-5)
@@ -291,14 +300,24 @@ def test_mlflow_ui_compare_view_shows_the_sweep(sweep_dir):
     with mlflow_server(f"sqlite:///{sweep_dir}/mlflow.db", sweep_dir / "mlartifacts") as url:
         opts = webdriver.ChromeOptions()
         opts.binary_location = paths[0]
-        for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                     "--disable-component-update", "--disable-sync", "--no-first-run",
-                     "--disable-dev-shm-usage", "--window-size=1600,3200"):
+        for flag in (
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            "--window-size=1600,3200",
+        ):
             opts.add_argument(flag)
         driver = webdriver.Chrome(service=Service(paths[1]), options=opts)
         try:
-            driver.get(f"{url}/#/compare-runs?runs={json.dumps(ids).replace(' ', '')}"
-                       f"&experiments={json.dumps([exp_id]).replace(' ', '')}")
+            driver.get(
+                f"{url}/#/compare-runs?runs={json.dumps(ids).replace(' ', '')}"
+                f"&experiments={json.dumps([exp_id]).replace(' ', '')}"
+            )
             names = [r.info.run_name for r in children]
             deadline = time.time() + 60
             text = ""
@@ -324,12 +343,15 @@ def _scroll_metrics_grid(driver, wanted: tuple[str, ...]) -> set[str]:
     driver.execute_script(
         "const h=[...document.querySelectorAll('*')]"
         ".filter(e=>e.childElementCount===0&&e.textContent.trim()==='Metrics');"
-        "if(h.length) h[h.length-1].scrollIntoView({block:'start'});")
+        "if(h.length) h[h.length-1].scrollIntoView({block:'start'});"
+    )
     for step in range(60):
         done = driver.execute_script(
             "const g=document.querySelector('.ReactVirtualized__Grid'); if(!g) return true;"
             "g.scrollTop = arguments[0] * g.clientHeight / 3; g.dispatchEvent(new Event('scroll'));"
-            "return g.scrollTop + g.clientHeight >= g.scrollHeight;", step)
+            "return g.scrollTop + g.clientHeight >= g.scrollHeight;",
+            step,
+        )
         time.sleep(0.3)
         body = driver.execute_script("return document.body.textContent")
         found |= {w for w in wanted if w in body}

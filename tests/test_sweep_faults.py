@@ -21,10 +21,22 @@ def _steps(client, run_id, key="epoch_time"):
 
 def test_killed_trial_retries_from_checkpoint_into_the_same_run(tmp_path):
     marker = tmp_path / "killed.marker"
-    proc = launch(tmp_path, "--num-samples", "2", "--name", "kill", "--max-concurrent", "2",
-                  "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=4",
-                  "--set", "search.calibrators=[temperature]",
-                  env={"CALIB_SWEEP_FAULT_KILL_EPOCH": "2", "CALIB_SWEEP_FAULT_MARKER": str(marker)})
+    proc = launch(
+        tmp_path,
+        "--num-samples",
+        "2",
+        "--name",
+        "kill",
+        "--max-concurrent",
+        "2",
+        "--set",
+        "run.data.num_samples=1200",
+        "--set",
+        "run.train.epochs=4",
+        "--set",
+        "search.calibrators=[temperature]",
+        env={"CALIB_SWEEP_FAULT_KILL_EPOCH": "2", "CALIB_SWEEP_FAULT_MARKER": str(marker)},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert marker.exists(), "the fault was never injected"
     client = store(tmp_path)
@@ -40,12 +52,30 @@ def test_killed_trial_retries_from_checkpoint_into_the_same_run(tmp_path):
 
 def test_killed_driver_then_resume_completes_without_duplicates(tmp_path):
     # Calibrators and learning rates that cannot diverge, so every trial must end FINISHED.
-    args = ["--num-samples", "4", "--name", "resume", "--max-concurrent", "1",
-            "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=3",
-            "--set", "search.calibrators=[temperature,vector]", "--set", "search.calibrator_lr.high=0.01"]
-    driver = subprocess.Popen([sys.executable, str(LAUNCH), *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    args = [
+        "--num-samples",
+        "4",
+        "--name",
+        "resume",
+        "--max-concurrent",
+        "1",
+        "--set",
+        "run.data.num_samples=1200",
+        "--set",
+        "run.train.epochs=3",
+        "--set",
+        "search.calibrators=[temperature,vector]",
+        "--set",
+        "search.calibrator_lr.high=0.01",
+    ]
+    driver = subprocess.Popen(
+        [sys.executable, str(LAUNCH), *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     db = tmp_path / "mlflow.db"
     finished_before: dict[str, int] = {}
     deadline = time.time() + 400
@@ -66,8 +96,9 @@ def test_killed_driver_then_resume_completes_without_duplicates(tmp_path):
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
         driver.wait()
     assert finished_before, "no trial finished in time"
-    subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "stop", "--force"],
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "ray"), "stop", "--force"], capture_output=True, timeout=60
+    )
 
     proc = launch(tmp_path, *args, "--resume")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -85,10 +116,26 @@ def test_killed_driver_then_resume_completes_without_duplicates(tmp_path):
 
 
 def test_interrupted_sweep_leaves_no_run_running(tmp_path):
-    args = ["--num-samples", "4", "--name", "interrupt", "--max-concurrent", "1",
-            "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=6"]
-    driver = subprocess.Popen([sys.executable, str(LAUNCH), *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    args = [
+        "--num-samples",
+        "4",
+        "--name",
+        "interrupt",
+        "--max-concurrent",
+        "1",
+        "--set",
+        "run.data.num_samples=1200",
+        "--set",
+        "run.train.epochs=6",
+    ]
+    driver = subprocess.Popen(
+        [sys.executable, str(LAUNCH), *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.time() + 300
     started = False
     while time.time() < deadline and not started:
@@ -109,11 +156,27 @@ def test_interrupted_sweep_leaves_no_run_running(tmp_path):
 
 
 def test_diverging_trial_fails_with_reason_while_sweep_completes(tmp_path):
-    proc = launch(tmp_path, "--num-samples", "4", "--name", "diverge", "--seed", "1",
-                  "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=2",
-                  "--set", "search.calibrators=[none,temperature]",
-                  "--set", "search.calibrator_lr.low=1.0e6", "--set", "search.calibrator_lr.high=1.0e7",
-                  "--set", "run.train.calibrator_optimizer=sgd")
+    proc = launch(
+        tmp_path,
+        "--num-samples",
+        "4",
+        "--name",
+        "diverge",
+        "--seed",
+        "1",
+        "--set",
+        "run.data.num_samples=1200",
+        "--set",
+        "run.train.epochs=2",
+        "--set",
+        "search.calibrators=[none,temperature]",
+        "--set",
+        "search.calibrator_lr.low=1.0e6",
+        "--set",
+        "search.calibrator_lr.high=1.0e7",
+        "--set",
+        "run.train.calibrator_optimizer=sgd",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _, children = sweep_runs(store(tmp_path), "diverge")
     assert len(children) == 4

@@ -52,8 +52,14 @@ def test_restored_stand_ins_forward_to_this_invocations_hooks():
         assert reporter.should_report([1, 2])
         reporter.report([1, 2], True)
     assert first == []
-    assert second == [("a", "result", 3), ("b", "result", 3), ("a", "end"), ("b", "end"),
-                      ("setup", 4), ("report", 2, True)]
+    assert second == [
+        ("a", "result", 3),
+        ("b", "result", 3),
+        ("a", "end"),
+        ("b", "end"),
+        ("setup", 4),
+        ("report", 2, True),
+    ]
 
 
 def test_no_installed_reporter_means_tunes_default_output():

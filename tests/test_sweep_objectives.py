@@ -15,11 +15,28 @@ SMALL = ["--set", "run.data.num_samples=1200", "--set", "run.train.epochs=2"]
 
 
 def test_shift_objective_selects_on_validation_shift_ece_and_logs_tables(tmp_path):
-    proc = launch(tmp_path, "--num-samples", "3", "--name", "shift", *SMALL,
-                  "--set", "evaluation.shift=true", "--set", "evaluation.shift_severities=[1,3,5]",
-                  "--set", "evaluation.ood=permuted",
-                  "--set", "search.objective=single", "--set", "search.metric=val_shift_ece",
-                  "--set", "selection.rule=min_metric", "--set", "selection.metric=val_shift_ece")
+    proc = launch(
+        tmp_path,
+        "--num-samples",
+        "3",
+        "--name",
+        "shift",
+        *SMALL,
+        "--set",
+        "evaluation.shift=true",
+        "--set",
+        "evaluation.shift_severities=[1,3,5]",
+        "--set",
+        "evaluation.ood=permuted",
+        "--set",
+        "search.objective=single",
+        "--set",
+        "search.metric=val_shift_ece",
+        "--set",
+        "selection.rule=min_metric",
+        "--set",
+        "selection.metric=val_shift_ece",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     client = store(tmp_path)
     parents, children = sweep_runs(client, "shift")
@@ -43,8 +60,18 @@ def test_shift_objective_selects_on_validation_shift_ece_and_logs_tables(tmp_pat
 
 
 def test_multitask_sweep_reports_mean_and_per_task_metrics(tmp_path):
-    proc = launch(tmp_path, "--num-samples", "2", "--name", "mtl", *SMALL,
-                  "--set", "run.data.name=mnist1d_mtl", "--set", "search.calibrators=[temperature,last_layer]")
+    proc = launch(
+        tmp_path,
+        "--num-samples",
+        "2",
+        "--name",
+        "mtl",
+        *SMALL,
+        "--set",
+        "run.data.name=mnist1d_mtl",
+        "--set",
+        "search.calibrators=[temperature,last_layer]",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     client = store(tmp_path)
     _, children = sweep_runs(client, "mtl")
@@ -53,8 +80,11 @@ def test_multitask_sweep_reports_mean_and_per_task_metrics(tmp_path):
         assert run.info.status == "FINISHED"
         m = run.data.metrics
         sweep_level = {f"val_{name}" for name in METRIC_NAMES}  # means over tasks, debiased estimators
-        per_task = [v for k, v in m.items() if k.startswith("val_") and k.endswith("_ece")
-                    and k not in sweep_level and k.count("_") == 2]
+        per_task = [
+            v
+            for k, v in m.items()
+            if k.startswith("val_") and k.endswith("_ece") and k not in sweep_level and k.count("_") == 2
+        ]
         assert len(per_task) >= 3
         assert m["val_ece"] == pytest.approx(sum(per_task) / len(per_task), abs=1e-9)
         assert "tasks/per_task.csv" in {a.path for a in client.list_artifacts(run.info.run_id, "tasks")}

@@ -24,8 +24,18 @@ from tests.sweep_helpers import LAUNCH, free_port, launch, sweep_runs
 pytestmark = pytest.mark.slow
 
 EPOCHS = 5
-ARGS = ["--num-samples", "3", "--max-concurrent", "1", "--set", "run.data.num_samples=1200",
-        "--set", f"run.train.epochs={EPOCHS}", "--set", "run.train.batch_size=64"]
+ARGS = [
+    "--num-samples",
+    "3",
+    "--max-concurrent",
+    "1",
+    "--set",
+    "run.data.num_samples=1200",
+    "--set",
+    f"run.train.epochs={EPOCHS}",
+    "--set",
+    "run.train.batch_size=64",
+]
 
 
 class Server:
@@ -38,9 +48,20 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-               f"sqlite:///{self.root}/mlflow.db", "--artifacts-destination", str(self.root / "artifacts"),
-               "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        cmd = [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{self.root}/mlflow.db",
+            "--artifacts-destination",
+            str(self.root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+        ]
         log = open(self.root / "server.log", "a")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 120
@@ -70,9 +91,15 @@ class Server:
 
 
 def _driver(cwd: Path, url: str, name: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(LAUNCH), *ARGS, "--name", name, "--tracking-uri", url, *extra],
-                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, str(LAUNCH), *ARGS, "--name", name, "--tracking-uri", url, *extra],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def _wait_for_epochs(client: MlflowClient, name: str, driver: subprocess.Popen, steps: int = 1) -> None:
@@ -92,8 +119,9 @@ def _wait_for_epochs(client: MlflowClient, name: str, driver: subprocess.Popen, 
 def _check_complete(client: MlflowClient, name: str) -> None:
     parents, children = sweep_runs(client, name)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert len(children) == 3 and all(r.info.status == "FINISHED" for r in children), \
-        [(r.data.tags.get("calib.trial_id"), r.info.status) for r in children]
+    assert len(children) == 3 and all(r.info.status == "FINISHED" for r in children), [
+        (r.data.tags.get("calib.trial_id"), r.info.status) for r in children
+    ]
     for run in children:
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch_time"))
         assert len(steps) == EPOCHS and len(set(steps)) == EPOCHS, (run.data.tags.get("calib.trial_id"), steps)

@@ -64,7 +64,7 @@ PLUGIN = textwrap.dedent('''
             return logits + self.bias.to(logits.dtype)
 ''')
 
-CONFIG = textwrap.dedent('''
+CONFIG = textwrap.dedent("""
     name: plugin-sweep
     plugins: [calib_test_plugin]
     run:
@@ -75,7 +75,7 @@ CONFIG = textwrap.dedent('''
       num_samples: 2
       calibrators: [plugin_shift, temperature]
     selection: {num_resamples: 200}
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -109,16 +109,29 @@ def test_champion_of_a_plugin_model_loads_in_a_fresh_process(plugin_sweep):
         assert probs.shape == (4, 3) and np.allclose(probs.sum(1), 1.0, atol=1e-5), probs
         print("ok")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=plugin_sweep, env={**__import__("os").environ, "PYTHONPATH": str(plugin_sweep)})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=plugin_sweep,
+        env={**__import__("os").environ, "PYTHONPATH": str(plugin_sweep)},
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
 def test_unknown_names_list_the_registered_ones_plugins_included(tmp_path):
     (tmp_path / "calib_test_plugin.py").write_text(PLUGIN)
     (tmp_path / "plugin.yaml").write_text(CONFIG)
-    proc = launch(tmp_path, "--config", str(tmp_path / "plugin.yaml"), "--set", "run.model.name=plugin_nett",
-                  "--dry-run", env={"PYTHONPATH": str(tmp_path)})
+    proc = launch(
+        tmp_path,
+        "--config",
+        str(tmp_path / "plugin.yaml"),
+        "--set",
+        "run.model.name=plugin_nett",
+        "--dry-run",
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert proc.returncode == 2
     assert "run.model.name: unknown model 'plugin_nett'; registered:" in proc.stderr and "plugin_net," in proc.stderr
     proc = launch(tmp_path, "--config", str(tmp_path / "plugin.yaml"), "--dry-run")  # not on PYTHONPATH

@@ -21,14 +21,30 @@ from tests.sweep_helpers import LAUNCH, launch, store, sweep_runs
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--num-samples", "3", "--max-concurrent", "1", "--set", "run.data.num_samples=1200",
-        "--set", "run.train.epochs=6", "--set", "run.train.batch_size=64"]
+ARGS = [
+    "--num-samples",
+    "3",
+    "--max-concurrent",
+    "1",
+    "--set",
+    "run.data.num_samples=1200",
+    "--set",
+    "run.train.epochs=6",
+    "--set",
+    "run.train.batch_size=64",
+]
 
 
 def _start(tmp_path: Path, name: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(LAUNCH), *ARGS, "--name", name], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, str(LAUNCH), *ARGS, "--name", name],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def _wait_for_trial(tmp_path: Path, name: str, driver: subprocess.Popen) -> dict:
@@ -99,8 +115,10 @@ def test_sigkilled_driver_leftovers_are_stopped_by_the_next_run(tmp_path):
         # 5 s after the kill in one run, none in another): whatever is left when the next run
         # starts is stopped by it, with one line
         left = session_processes(record["session_dir"], record["raylet_pids"])
-        print(f"left 1 s after SIGKILL: {len(left)} processes", [Path(f"/proc/{p}/cmdline").read_bytes()[:80]
-                                                                 for p in left if Path(f"/proc/{p}").exists()])
+        print(
+            f"left 1 s after SIGKILL: {len(left)} processes",
+            [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left if Path(f"/proc/{p}").exists()],
+        )
         proc = launch(tmp_path, *ARGS, "--name", "killed", "--resume", timeout=900)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]

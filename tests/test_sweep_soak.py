@@ -68,12 +68,30 @@ def test_soak_random_worker_kills_exactly_once(tmp_path):
     t0 = time.monotonic()
     try:
         # Calibrators and learning rates that cannot diverge: every trial must finish.
-        proc = launch(tmp_path, "--config", str(Path(__file__).parents[1] / "sweeps/configs/digits_demo.yaml"),
-                      "--name", "soak", "--num-samples", str(TRIALS), "--max-concurrent", str(CONCURRENT),
-                      "--set", f"run.train.epochs={EPOCHS}", "--set", "search.scheduler=none",
-                      "--set", "search.calibrators=[temperature,vector]", "--set", "search.calibrator_lr.high=0.01",
-                      "--set", "resources.max_failures=8", "--set", "resources.cpus_per_trial=0.5",
-                      timeout=1500)
+        proc = launch(
+            tmp_path,
+            "--config",
+            str(Path(__file__).parents[1] / "sweeps/configs/digits_demo.yaml"),
+            "--name",
+            "soak",
+            "--num-samples",
+            str(TRIALS),
+            "--max-concurrent",
+            str(CONCURRENT),
+            "--set",
+            f"run.train.epochs={EPOCHS}",
+            "--set",
+            "search.scheduler=none",
+            "--set",
+            "search.calibrators=[temperature,vector]",
+            "--set",
+            "search.calibrator_lr.high=0.01",
+            "--set",
+            "resources.max_failures=8",
+            "--set",
+            "resources.cpus_per_trial=0.5",
+            timeout=1500,
+        )
     finally:
         killer.stopped.set()
         killer.join(timeout=15)
@@ -99,8 +117,15 @@ def test_soak_random_worker_kills_exactly_once(tmp_path):
     # Ray Tune can error a trial killed while it restores (one death counted twice); the service
     # resumes such trials in-process (sweeps.service._fit_resuming_lost_workers): how often here.
     resumed = proc.stdout.count("ended when their worker died")
-    figures = {"trials": TRIALS, "concurrent": CONCURRENT, "epochs": EPOCHS, "kills": len(killer.kills),
-               "elapsed_s": round(elapsed, 1), "runs": len(children), "model_versions": len(versions),
-               "lost_worker_rounds": resumed}
+    figures = {
+        "trials": TRIALS,
+        "concurrent": CONCURRENT,
+        "epochs": EPOCHS,
+        "kills": len(killer.kills),
+        "elapsed_s": round(elapsed, 1),
+        "runs": len(children),
+        "model_versions": len(versions),
+        "lost_worker_rounds": resumed,
+    }
     (tmp_path / "soak.json").write_text(json.dumps(figures))
     print("soak:", figures)

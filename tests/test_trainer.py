@@ -35,8 +35,9 @@ def _blobs(n: int, seed: int, noise: float = 0.3) -> Split:
 
 @pytest.fixture(scope="module")
 def data() -> DataSplits:
-    return DataSplits(train=_blobs(500, 1), val=_blobs(700, 2), test=_blobs(700, 3), num_classes=K, input_shape=(D,),
-                      name="blobs")
+    return DataSplits(
+        train=_blobs(500, 1), val=_blobs(700, 2), test=_blobs(700, 3), num_classes=K, input_shape=(D,), name="blobs"
+    )
 
 
 def _cfg(**train) -> RunConfig:
@@ -60,10 +61,13 @@ def test_onego_temperature_reduces_ece_of_overconfident_model(data):
     scaling with a holdout learns T > 1 and gets a lower val and test ECE."""
     common = dict(epochs=40, lr=1e-2, batch_size=50)
     ce = Trainer(_cfg(method="ce", **common), data).fit()
-    og = Trainer(_cfg(method="onego", calibrator="temperature", calibrator_data="holdout:0.2", calibrator_lr=0.05,
-                      **common), data).fit()
-    ph = Trainer(_cfg(method="posthoc", posthoc_calibrator="temperature", calibrator_data="holdout:0.2", **common),
-                 data).fit()
+    og = Trainer(
+        _cfg(method="onego", calibrator="temperature", calibrator_data="holdout:0.2", calibrator_lr=0.05, **common),
+        data,
+    ).fit()
+    ph = Trainer(
+        _cfg(method="posthoc", posthoc_calibrator="temperature", calibrator_data="holdout:0.2", **common), data
+    ).fit()
     assert ce.status == og.status == ph.status == "completed"
     assert ce.val_metrics["ece"] > 0.1, ce.val_metrics  # the baseline really is over-confident
     assert og.calibrator_info["temperature"] > 1.5
@@ -120,8 +124,13 @@ def test_unrolled_trainer_runs_and_differs_from_first_order(data):
 RESUME_CASES = {
     "temperature-holdout-adam-cosine-dropout": dict(calibrator="temperature", lr_schedule="cosine", calibrator_steps=2),
     "last_layer-lookahead-warmup-sgd-step": dict(
-        calibrator="last_layer", calibrator_data="lookahead", warmup_epochs=1, optimizer="sgd", lr=0.05,
-        lr_schedule="step", calibrator_optimizer="sgd",
+        calibrator="last_layer",
+        calibrator_data="lookahead",
+        warmup_epochs=1,
+        optimizer="sgd",
+        lr=0.05,
+        lr_schedule="step",
+        calibrator_optimizer="sgd",
     ),
     "dirichlet-unrolled-same": dict(calibrator="dirichlet", calibrator_data="same", hypergradient="unrolled"),
     "posthoc-vector": dict(method="posthoc", posthoc_calibrator="vector"),
@@ -225,8 +234,13 @@ def test_backbone_never_sees_holdout(data):
 
 @pytest.mark.parametrize(
     "calibrator, kwargs",
-    [("vector", {}), ("matrix", {}), ("dirichlet", {"lambda_od": 0.01, "lambda_b": 0.01}), ("mlp", {}),
-     ("mlp", {"input": "features", "hidden": 8})],
+    [
+        ("vector", {}),
+        ("matrix", {}),
+        ("dirichlet", {"lambda_od": 0.01, "lambda_b": 0.01}),
+        ("mlp", {}),
+        ("mlp", {"input": "features", "hidden": 8}),
+    ],
 )
 def test_every_calibrator_trains(data, calibrator, kwargs):
     t = Trainer(_cfg(calibrator=calibrator, calibrator_kwargs=kwargs, epochs=2), data)
@@ -264,7 +278,8 @@ def test_train_result_and_epoch_reports(data):
     assert isinstance(res, TrainResult) and res.status == "completed" and res.reason is None
     assert [r.epoch for r in reports] == [1, 2]
     keys = {"train_loss", "epoch_time"} | {
-        f"val_{k}" for k in ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce", "rmsce", "aurc")}
+        f"val_{k}" for k in ("accuracy", "nll", "brier", "ece", "sce", "ace", "tace", "mce", "rmsce", "aurc")
+    }
     assert keys <= set(reports[0].metrics)
     assert all(isinstance(v, float) for v in reports[0].metrics.values())
     pickle.dumps(reports[-1].state())
@@ -289,8 +304,10 @@ def test_head_lr_moves_the_head_at_its_own_rate(data):
     feat0 = [p.detach().clone() for n, p in t.model.named_parameters() if not n.startswith("head.")]
     t.fit()
     head_moves = max(float((p.detach() - q).abs().max()) for p, q in zip(t.model.head.parameters(), head0))
-    feat_moves = max(float((p.detach() - q).abs().max()) for (n, p), q in
-                     zip([(n, p) for n, p in t.model.named_parameters() if not n.startswith("head.")], feat0))
+    feat_moves = max(
+        float((p.detach() - q).abs().max())
+        for (n, p), q in zip([(n, p) for n, p in t.model.named_parameters() if not n.startswith("head.")], feat0)
+    )
     assert head_moves < 1e-8 < 1e-3 < feat_moves
     groups = t.backbone_opt.param_groups
     assert [g["lr"] for g in groups] == [0.1, 1e-10]
@@ -321,8 +338,19 @@ def test_last_layer_head_moves_only_by_the_calibrator_step_after_warmup(data, wa
     not step it again with the calibrator's stale gradient). One batch per epoch and K_c = 1,
     so the post-warm-up epoch is one calibrator step + one backbone step; a copy of the
     trainer that takes that calibrator step alone must end with the very same head."""
-    t = Trainer(_cfg(calibrator="last_layer", calibrator_data="holdout:0.2", warmup_epochs=warmup, epochs=warmup + 1,
-                     batch_size=512, optimizer=optimizer, momentum=0.9, calibrator_optimizer=optimizer), data)
+    t = Trainer(
+        _cfg(
+            calibrator="last_layer",
+            calibrator_data="holdout:0.2",
+            warmup_epochs=warmup,
+            epochs=warmup + 1,
+            batch_size=512,
+            optimizer=optimizer,
+            momentum=0.9,
+            calibrator_optimizer=optimizer,
+        ),
+        data,
+    )
     for e in range(warmup):
         t.train_epoch(e)
     alone = copy.deepcopy(t)
@@ -385,12 +413,24 @@ def test_huge_calibrator_lr_drives_temperature_to_inf_and_the_run_diverges():
     T = inf. That run used to end "completed" with uniform predictions and temperature inf."""
     from calib_core.data import load_dataset
 
-    cfg = RunConfig.model_validate({
-        "seed": 3, "device": "cpu", "num_threads": 1, "data": {"name": "mnist1d", "num_samples": 600},
-        "model": {"name": "mlp", "kwargs": {"hidden_dims": [32]}},
-        "train": {"epochs": 2, "warmup_epochs": 1, "batch_size": 4096, "lr": 0.003, "calibrator": "temperature",
-                  "calibrator_data": "holdout:0.1", "calibrator_lr": 1e3},
-    })
+    cfg = RunConfig.model_validate(
+        {
+            "seed": 3,
+            "device": "cpu",
+            "num_threads": 1,
+            "data": {"name": "mnist1d", "num_samples": 600},
+            "model": {"name": "mlp", "kwargs": {"hidden_dims": [32]}},
+            "train": {
+                "epochs": 2,
+                "warmup_epochs": 1,
+                "batch_size": 4096,
+                "lr": 0.003,
+                "calibrator": "temperature",
+                "calibrator_data": "holdout:0.1",
+                "calibrator_lr": 1e3,
+            },
+        }
+    )
     t = Trainer(cfg, load_dataset(cfg.data, cfg.seed))
     res = t.fit()
     assert float(t.calibrator.log_t.detach()) > 88  # the scenario: a finite log T, an infinite T

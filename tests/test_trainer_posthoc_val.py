@@ -20,8 +20,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 @pytest.fixture(scope="module")
 def data() -> DataSplits:
-    return DataSplits(train=_blobs(300, 1), val=_blobs(253, 2), test=_blobs(400, 3), num_classes=K, input_shape=(D,),
-                      name="blobs")
+    return DataSplits(
+        train=_blobs(300, 1), val=_blobs(253, 2), test=_blobs(400, 3), num_classes=K, input_shape=(D,), name="blobs"
+    )
 
 
 def _cfg(**train) -> RunConfig:
@@ -112,8 +113,9 @@ def test_early_stopping_returns_the_best_epoch(data):
 
 
 def test_early_stopping_resume_is_bit_for_bit(data):
-    cfg = _cfg(method="onego", calibrator="temperature", calibrator_lr=0.05, epochs=30, lr=3e-2,
-               early_stopping_patience=2)
+    cfg = _cfg(
+        method="onego", calibrator="temperature", calibrator_lr=0.05, epochs=30, lr=3e-2, early_stopping_patience=2
+    )
     full_t = Trainer(cfg, data)
     full = full_t.fit()
     assert full.epochs_run < 30
@@ -135,8 +137,15 @@ def test_multitask_posthoc_on_validation():
         y[torch.rand(n, 2, generator=g) < 0.2] = -1
         return Split(s.x, y)
 
-    d = DataSplits(train=split(300, 1), val=split(250, 2), test=split(200, 3), num_classes=3, input_shape=(D,),
-                   name="blobs_mtl", tasks=tasks)
+    d = DataSplits(
+        train=split(300, 1),
+        val=split(250, 2),
+        test=split(200, 3),
+        num_classes=3,
+        input_shape=(D,),
+        name="blobs_mtl",
+        tasks=tasks,
+    )
     tr = MultiTaskTrainer(_cfg(method="posthoc", posthoc_split="val", epochs=2), d)
     assert len(tr.holdout_idx) == 0
     res = tr.fit()

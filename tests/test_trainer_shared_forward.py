@@ -33,22 +33,35 @@ def _split(n: int, seed: int, tasks: bool = False) -> Split:
 
 @pytest.fixture(scope="module")
 def data() -> DataSplits:
-    return DataSplits(train=_split(301, 1), val=_split(211, 2), test=_split(205, 3), num_classes=K, input_shape=(D,),
-                      name="blobs")
+    return DataSplits(
+        train=_split(301, 1), val=_split(211, 2), test=_split(205, 3), num_classes=K, input_shape=(D,), name="blobs"
+    )
 
 
 @pytest.fixture(scope="module")
 def mtl_data() -> DataSplits:
-    return DataSplits(train=_split(301, 1, True), val=_split(211, 2, True), test=_split(205, 3, True), num_classes=3,
-                      input_shape=(D,), name="blobs_mtl", tasks=TASKS)
+    return DataSplits(
+        train=_split(301, 1, True),
+        val=_split(211, 2, True),
+        test=_split(205, 3, True),
+        num_classes=3,
+        input_shape=(D,),
+        name="blobs_mtl",
+        tasks=TASKS,
+    )
 
 
 def _cfg(model: str = "mlp", kwargs: dict | None = None, **train) -> RunConfig:
     base = dict(epochs=2, batch_size=64, lr=3e-3, lr_schedule="none", calibrator_lr=0.05, calibrator_data="same")
     base.update(train)
     return RunConfig.model_validate(
-        {"seed": 0, "device": "cpu", "model": {"name": model, "kwargs": kwargs or {"hidden_dims": [32, 32]}},
-         "train": base})
+        {
+            "seed": 0,
+            "device": "cpu",
+            "model": {"name": model, "kwargs": kwargs or {"hidden_dims": [32, 32]}},
+            "train": base,
+        }
+    )
 
 
 def _state(t: Trainer) -> list[torch.Tensor]:
@@ -92,15 +105,18 @@ def test_mode_switch_sets_every_flag_like_train():
     assert all(m.training for m in model.modules())
 
 
-@pytest.mark.parametrize("train", [
-    dict(calibrator="temperature"),
-    dict(calibrator="last_layer"),
-    dict(calibrator="vector", calibrator_steps=2),
-    dict(calibrator="mlp"),
-    dict(calibrator="dirichlet", calibrator_kwargs={"lambda_od": 1e-2, "lambda_b": 1e-2}),
-    dict(calibrator="temperature", hypergradient="unrolled"),
-    dict(calibrator="last_layer", warmup_epochs=1, calibrator_optimizer="sgd", max_grad_norm=0.5),
-])
+@pytest.mark.parametrize(
+    "train",
+    [
+        dict(calibrator="temperature"),
+        dict(calibrator="last_layer"),
+        dict(calibrator="vector", calibrator_steps=2),
+        dict(calibrator="mlp"),
+        dict(calibrator="dirichlet", calibrator_kwargs={"lambda_od": 1e-2, "lambda_b": 1e-2}),
+        dict(calibrator="temperature", hypergradient="unrolled"),
+        dict(calibrator="last_layer", warmup_epochs=1, calibrator_optimizer="sgd", max_grad_norm=0.5),
+    ],
+)
 def test_shared_forward_is_bit_identical_to_the_eval_forward(data, train):
     shared = Trainer(_cfg(**train), data)
     assert shared.shared_forward
@@ -110,8 +126,9 @@ def test_shared_forward_is_bit_identical_to_the_eval_forward(data, train):
     a, b = shared.fit(), separate.fit()
     assert a.status == b.status == "completed"
     assert all(torch.equal(x, y) for x, y in zip(_state(shared), _state(separate)))
-    assert [{k: v for k, v in h.items() if k != "epoch_time"} for h in a.history] == \
-        [{k: v for k, v in h.items() if k != "epoch_time"} for h in b.history]
+    assert [{k: v for k, v in h.items() if k != "epoch_time"} for h in a.history] == [
+        {k: v for k, v in h.items() if k != "epoch_time"} for h in b.history
+    ]
     assert [(k, i.tolist()) for k, i in shared.trace] == [(k, i.tolist()) for k, i in separate.trace]
 
 
@@ -135,16 +152,25 @@ def test_shared_forward_multitask_is_bit_identical(mtl_data, calibrator):
     assert all(torch.equal(x, y) for x, y in zip(_state(shared), _state(separate)))
 
 
-@pytest.mark.parametrize("model,kwargs,train", [
-    ("mlp", {"hidden_dims": [32], "dropout": 0.2}, {}),  # dropout: train and eval forwards differ
-    ("cnn1d", {"channels": [4], "kernel_sizes": [3]}, {}),  # BatchNorm
-    ("mlp", {"hidden_dims": [32]}, {"calibrator_data": "lookahead"}),
-    ("mlp", {"hidden_dims": [32]}, {"calibrator_data": "holdout:0.1"}),
-])
+@pytest.mark.parametrize(
+    "model,kwargs,train",
+    [
+        ("mlp", {"hidden_dims": [32], "dropout": 0.2}, {}),  # dropout: train and eval forwards differ
+        ("cnn1d", {"channels": [4], "kernel_sizes": [3]}, {}),  # BatchNorm
+        ("mlp", {"hidden_dims": [32]}, {"calibrator_data": "lookahead"}),
+        ("mlp", {"hidden_dims": [32]}, {"calibrator_data": "holdout:0.1"}),
+    ],
+)
 def test_separate_eval_forward_is_kept_where_the_modes_differ(model, kwargs, train):
     split = (lambda n, s: Split(_split(n, s).x[:, :8].clone(), _split(n, s).y)) if model == "cnn1d" else _split
-    d = DataSplits(train=split(150, 1), val=split(90, 2), test=split(90, 3), num_classes=K,
-                   input_shape=(8,) if model == "cnn1d" else (D,), name="blobs")
+    d = DataSplits(
+        train=split(150, 1),
+        val=split(90, 2),
+        test=split(90, 3),
+        num_classes=K,
+        input_shape=(8,) if model == "cnn1d" else (D,),
+        name="blobs",
+    )
     t = Trainer(_cfg(model, kwargs, epochs=1, **train), d)
     assert not t.shared_forward
     assert t.fit().status == "completed"

@@ -35,7 +35,8 @@ def test_calibrated_trial_interval_reaches_zero_and_miscalibrated_does_not():
     # accuracy has no null: the bootstrap interval, unchanged
     r = reps.values["calibrated"]["val_accuracy"]
     assert reps.interval("calibrated", "val_accuracy") == centered_interval(
-        torch.from_numpy(r), reps.points["calibrated"]["val_accuracy"], 0.95)
+        torch.from_numpy(r), reps.points["calibrated"]["val_accuracy"], 0.95
+    )
     # top-label errors only: SCE (class-conditional) keeps the bootstrap interval
     assert set(reps.nulls["calibrated"]) == {"val_ece", "test_ece"}
 
@@ -57,7 +58,12 @@ def test_multitask_nulls_per_task_and_for_the_mean():
 def test_no_null_draws_means_plain_bootstrap_intervals():
     rng = np.random.default_rng(2)
     val, test = _split(rng, 800, 0.0), _split(rng, 800, 0.0)
-    reps = compute_replicates({"t": {"val": [(None, *val)], "test": [(None, *test)]}}, num_bins=15,
-                              num_resamples=200, names=("ece",), null_draws=0)
+    reps = compute_replicates(
+        {"t": {"val": [(None, *val)], "test": [(None, *test)]}},
+        num_bins=15,
+        num_resamples=200,
+        names=("ece",),
+        null_draws=0,
+    )
     assert reps.nulls["t"] == {}
     assert reps.interval("t", "val_ece")[0] > 0.0

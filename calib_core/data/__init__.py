@@ -18,6 +18,15 @@ from calib_core.data.splits import (
 )
 
 __all__ = [
-    "load_dataset", "list_datasets", "register_dataset", "DataSplits", "Split", "CropFlip", "iterate_batches",
-    "split_indices", "train_val_test_indices", "channel_stats", "standardize",
+    "load_dataset",
+    "list_datasets",
+    "register_dataset",
+    "DataSplits",
+    "Split",
+    "CropFlip",
+    "iterate_batches",
+    "split_indices",
+    "train_val_test_indices",
+    "channel_stats",
+    "standardize",
 ]

@@ -150,9 +150,14 @@ def load_celeba_splits(
             "or set data.download=true on a machine with internet access."
         )
 
-    ensure_files(NAME, root, lambda: missing_files(root),
-                 lambda: CelebA(str(root), split="train", target_type="attr", download=True),
-                 allowed=download, not_found=not_found)
+    ensure_files(
+        NAME,
+        root,
+        lambda: missing_files(root),
+        lambda: CelebA(str(root), split="train", target_type="attr", download=True),
+        allowed=download,
+        not_found=not_found,
+    )
     if verify_checksums:
         verify_list_checksums(root)
     parts = {

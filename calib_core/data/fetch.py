@@ -22,8 +22,15 @@ LOCK_NAME = ".calib-download.lock"
 log = logging.getLogger(__name__)
 
 
-def ensure_files(name: str, root: Path, missing: Callable[[], list[Path]], download: Callable[[], object], *,
-                 allowed: bool, not_found: Callable[[list[Path]], str]) -> None:
+def ensure_files(
+    name: str,
+    root: Path,
+    missing: Callable[[], list[Path]],
+    download: Callable[[], object],
+    *,
+    allowed: bool,
+    not_found: Callable[[list[Path]], str],
+) -> None:
     """Return when ``missing()`` is empty, downloading first (under the lock) if ``allowed``.
 
     Raises FileNotFoundError(``not_found(paths)``) when files are missing and downloading is
@@ -64,8 +71,9 @@ def some(items: list[str], k: int = 3) -> str:
 
 def verify_md5(name: str, official: dict[Path, str]) -> None:
     """ValueError naming every file whose md5 differs from its official one."""
-    bad = [f"{path} (md5 {got}, official {md5})" for path, md5 in official.items()
-           if (got := calculate_md5(path)) != md5]
+    bad = [
+        f"{path} (md5 {got}, official {md5})" for path, md5 in official.items() if (got := calculate_md5(path)) != md5
+    ]
     if bad:
         raise ValueError(
             f"{name}: files differ from the official release: {some(bad)}. "

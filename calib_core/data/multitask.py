@@ -133,8 +133,15 @@ def load_multitask(
         if split_name in missing_splits:
             y = mask_labels(y, missing_fraction, seed=_mask_seed(seed, split_name))
         splits[split_name] = Split(split.x, y)
-    return replace(base, train=splits["train"], val=splits["val"], test=splits["test"],
-                   num_classes=DIGIT_TASKS[0].num_classes, name=name, tasks=DIGIT_TASKS)
+    return replace(
+        base,
+        train=splits["train"],
+        val=splits["val"],
+        test=splits["test"],
+        num_classes=DIGIT_TASKS[0].num_classes,
+        name=name,
+        tasks=DIGIT_TASKS,
+    )
 
 
 def _config_loader(name: str) -> Callable[[DataConfig, int], DataSplits]:

@@ -26,8 +26,7 @@ _AUGMENTABLE = set(SPECS)  # image sets with a crop (+ flip) policy
 Loader = Callable[[DataConfig, int], DataSplits]
 
 
-def register_dataset(name: str, *, generated: bool = False,
-                     augmentable: bool = False) -> Callable[[Loader], Loader]:
+def register_dataset(name: str, *, generated: bool = False, augmentable: bool = False) -> Callable[[Loader], Loader]:
     """Decorator: register `loader(cfg: DataConfig, seed: int) -> DataSplits` under `name`.
 
     `generated`: the loader honours `data.num_samples`; `augmentable`: it applies `data.augment`.

@@ -174,7 +174,7 @@ def split_indices(
         shuffle = torch.randperm(n, generator=gen)  # ties between classes break at random
         ranked = idx_c[shuffle][torch.sort(quantile[shuffle], stable=True).indices]
     cuts = [0] + [int(round(n * c)) for c in np.cumsum(fractions[1:])]
-    out = [ranked[cuts[-1]:]] + [ranked[cuts[j - 1] : cuts[j]] for j in range(1, len(fractions))]
+    out = [ranked[cuts[-1] :]] + [ranked[cuts[j - 1] : cuts[j]] for j in range(1, len(fractions))]
     for j, (f, idx) in enumerate(zip(fractions, out)):
         if (j == 0 or f > 0) and len(idx) == 0:
             raise ValueError(f"split of {n} samples by fractions {fractions} leaves part {j} empty")

@@ -158,8 +158,14 @@ def read_raw(cfg: DataConfig) -> RawArrays:
             "on a machine with internet access."
         )
 
-    ensure_files(spec.name, root, lambda: missing_files(spec, root), lambda: spec.read(root, True),
-                 allowed=cfg.download, not_found=not_found)
+    ensure_files(
+        spec.name,
+        root,
+        lambda: missing_files(spec, root),
+        lambda: spec.read(root, True),
+        allowed=cfg.download,
+        not_found=not_found,
+    )
     if cfg.verify_checksums:
         verify_checksums(spec, root)
     x_tr, y_tr, x_te, y_te = spec.read(root, False)

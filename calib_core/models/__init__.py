@@ -17,6 +17,18 @@ from calib_core.models.vit import ViT
 from calib_core.models.wideresnet import WideResNet
 
 __all__ = [
-    "Classifier", "create_model", "get_model_class", "list_models", "register_model",
-    "MLP", "CNN1D", "CNN2D", "ResNet", "ResNet18", "ResNet34", "ResNet50", "WideResNet", "ViT",
+    "Classifier",
+    "create_model",
+    "get_model_class",
+    "list_models",
+    "register_model",
+    "MLP",
+    "CNN1D",
+    "CNN2D",
+    "ResNet",
+    "ResNet18",
+    "ResNet34",
+    "ResNet50",
+    "WideResNet",
+    "ViT",
 ]

@@ -25,7 +25,18 @@ def make_trainer(cfg: Any, data: Any, device: Any = None, **kwargs: Any) -> Trai
 
 
 __all__ = [
-    "CalibratedModel", "Diverged", "EpochReport", "Evaluation", "MultiTask", "MultiTaskCalibratedModel",
-    "MultiTaskTrainResult", "MultiTaskTrainer", "SingleTask", "TaskStrategy", "TrainResult", "Trainer",
-    "make_trainer", "resolve_device",
+    "CalibratedModel",
+    "Diverged",
+    "EpochReport",
+    "Evaluation",
+    "MultiTask",
+    "MultiTaskCalibratedModel",
+    "MultiTaskTrainResult",
+    "MultiTaskTrainer",
+    "SingleTask",
+    "TaskStrategy",
+    "TrainResult",
+    "Trainer",
+    "make_trainer",
+    "resolve_device",
 ]

@@ -17,14 +17,41 @@ from calib_core.models.multitask import MultiTaskClassifier
 
 # torch.nn modules whose forward never reads `self.training` (matched by exact type: a subclass
 # may override forward)
-_MODE_FREE_TORCH: frozenset[type] = frozenset({
-    nn.Sequential, nn.ModuleList, nn.ModuleDict,
-    nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Softplus,
-    nn.Flatten, nn.Unflatten, nn.Identity, nn.LayerNorm, nn.GroupNorm,
-    nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
-    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d,
-})
+_MODE_FREE_TORCH: frozenset[type] = frozenset(
+    {
+        nn.Sequential,
+        nn.ModuleList,
+        nn.ModuleDict,
+        nn.Linear,
+        nn.Bilinear,
+        nn.Conv1d,
+        nn.Conv2d,
+        nn.Conv3d,
+        nn.ReLU,
+        nn.ReLU6,
+        nn.LeakyReLU,
+        nn.ELU,
+        nn.GELU,
+        nn.SiLU,
+        nn.Mish,
+        nn.Tanh,
+        nn.Sigmoid,
+        nn.Softplus,
+        nn.Flatten,
+        nn.Unflatten,
+        nn.Identity,
+        nn.LayerNorm,
+        nn.GroupNorm,
+        nn.MaxPool1d,
+        nn.MaxPool2d,
+        nn.AvgPool1d,
+        nn.AvgPool2d,
+        nn.AdaptiveAvgPool1d,
+        nn.AdaptiveAvgPool2d,
+        nn.AdaptiveMaxPool1d,
+        nn.AdaptiveMaxPool2d,
+    }
+)
 
 
 def _trusted_shell(module: nn.Module) -> bool:
@@ -36,7 +63,8 @@ def _trusted_shell(module: nn.Module) -> bool:
     from calib_core.models.mlp import MLP
 
     return type(module) in (MLP, CNN1D, CNN2D, MultiTaskClassifier) and (
-        not isinstance(module, Classifier) or type(module).forward is Classifier.forward)
+        not isinstance(module, Classifier) or type(module).forward is Classifier.forward
+    )
 
 
 def forward_is_mode_free(model: nn.Module) -> bool:
@@ -45,8 +73,10 @@ def forward_is_mode_free(model: nn.Module) -> bool:
     forward hook (e.g. the old `spectral_norm`, whose pre-hook iterates only in train mode). Any
     other module (BatchNorm, Dropout of any rate, a custom layer) makes it False: the
     conservative answer, which only costs the extra eval-mode forward."""
-    return all((type(m) in _MODE_FREE_TORCH or _trusted_shell(m)) and not m._forward_pre_hooks and not m._forward_hooks
-               for m in model.modules())
+    return all(
+        (type(m) in _MODE_FREE_TORCH or _trusted_shell(m)) and not m._forward_pre_hooks and not m._forward_hooks
+        for m in model.modules()
+    )
 
 
 class ModeSwitch:

@@ -197,8 +197,10 @@ class MultiTask(TaskStrategy):
         """One calibrator per task (with last_layer: the task's head), as a ModuleList."""
         fd = getattr(model, "feature_dim", None)
         return nn.ModuleList(
-            [create_calibrator(name, k, feature_dim=fd, head=model_heads(model)[t], **kwargs)
-             for t, (_, k) in enumerate(self.tasks)]
+            [
+                create_calibrator(name, k, feature_dim=fd, head=model_heads(model)[t], **kwargs)
+                for t, (_, k) in enumerate(self.tasks)
+            ]
         )
 
     def calibrators(self, module: nn.Module | None) -> list[Calibrator]:
@@ -211,19 +213,28 @@ class MultiTask(TaskStrategy):
         kinds = [c.input_kind for c in calibrators] if calibrators else ["logits"] * len(self.tasks)
         return [f if kinds[t] == "features" else head(f) for t, head in enumerate(model_heads(model))]
 
-    def calibrator_loss(self, calibrators: list[Calibrator], inputs: list[Tensor],
-                        labels: Tensor) -> tuple[Tensor, list[int]] | None:
+    def calibrator_loss(
+        self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor
+    ) -> tuple[Tensor, list[int]] | None:
         """Sum over the tasks with labelled rows of masked CE plus regularization."""
         counts = (labels >= 0).sum(0).tolist()
         live = [t for t in range(len(self.tasks)) if counts[t] > 0]
         if not live:
             return None
-        terms = [add_regularization(masked_cross_entropy(calibrators[t](inputs[t]), labels[:, t]), calibrators[t])
-                 for t in live]
+        terms = [
+            add_regularization(masked_cross_entropy(calibrators[t](inputs[t]), labels[:, t]), calibrators[t])
+            for t in live
+        ]
         return cast(Tensor, sum(terms)), live  # a tensor: live is not empty
 
-    def backbone_loss(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
-                      lookahead: CalibratorBatch | None, calibrator_lr: float) -> Tensor:
+    def backbone_loss(
+        self,
+        calibrators: list[Calibrator],
+        inputs: list[Tensor],
+        labels: Tensor,
+        lookahead: CalibratorBatch | None,
+        calibrator_lr: float,
+    ) -> Tensor:
         """sum_t masked CE_t of the calibrated logits (a task's look-ahead uses its labelled rows)."""
         losses = []
         for t, z in enumerate(inputs):
@@ -246,8 +257,9 @@ class MultiTask(TaskStrategy):
         """The tasks with at least one label in `labels` (N, T)."""
         return [t for t in range(len(self.tasks)) if bool((labels[:, t] >= 0).any())]
 
-    def fit_posthoc(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
-                    tasks: list[int]) -> None:
+    def fit_posthoc(
+        self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor, tasks: list[int]
+    ) -> None:
         """One post-hoc stage per task: LBFGS on task t's labelled holdout rows."""
         for t in tasks:
             keep = labels[:, t] >= 0
@@ -256,8 +268,15 @@ class MultiTask(TaskStrategy):
                 raise Diverged(f"non-finite logits of task {self.tasks[t][0]!r} on the post-hoc holdout")
             fit_posthoc(calibrators[t], inp_t, labels[keep, t])
 
-    def crossfit_posthoc(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
-                         tasks: list[int], folds: int, seed: int) -> list[Tensor]:
+    def crossfit_posthoc(
+        self,
+        calibrators: list[Calibrator],
+        inputs: list[Tensor],
+        labels: Tensor,
+        tasks: list[int],
+        folds: int,
+        seed: int,
+    ) -> list[Tensor]:
         """Task t's calibrator on its labelled validation rows, cross-fitted with folds of its own
         seed; unlabelled rows (and tasks without labels) keep the identity's logits."""
         out: list[Tensor] = []

@@ -28,7 +28,8 @@ def plan_run(tc: TrainConfig, n_train: int, seed: int) -> RunPlan:
     """The plan of a run with `n_train` training samples (the holdout is fixed by `seed`)."""
     method = tc.method
     uses_holdout = (method == "posthoc" and tc.posthoc_split == "holdout") or (
-        method == "onego" and tc.calibrator_data.startswith("holdout:"))
+        method == "onego" and tc.calibrator_data.startswith("holdout:")
+    )
     cal_source = tc.calibrator_data.split(":")[0] if method == "onego" else None
     backbone_idx, holdout_idx = holdout_split(n_train, tc.holdout_fraction if uses_holdout else 0.0, seed)
     if method == "onego":

@@ -10,8 +10,9 @@ from torch import nn
 from calib_core.config import TrainConfig
 
 
-def backbone_param_groups(feature_params: list[nn.Parameter], head: nn.Module, warmup_head_params: list[nn.Parameter],
-                          cfg: TrainConfig) -> list[dict]:
+def backbone_param_groups(
+    feature_params: list[nn.Parameter], head: nn.Module, warmup_head_params: list[nn.Parameter], cfg: TrainConfig
+) -> list[dict]:
     """The backbone optimizer's parameter groups.
 
     ``feature_params`` are what the backbone player trains (the model's own head included

@@ -72,13 +72,20 @@ class TaskStrategy(ABC):
         """What each calibrator consumes (logits or features) for `x`, in the model's current mode."""
 
     @abstractmethod
-    def calibrator_loss(self, calibrators: list[Calibrator], inputs: list[Tensor],
-                        labels: Tensor) -> tuple[Tensor, list[int]] | None:
+    def calibrator_loss(
+        self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor
+    ) -> tuple[Tensor, list[int]] | None:
         """The calibrators' loss on a batch and the calibrators it trains; None when none has a label."""
 
     @abstractmethod
-    def backbone_loss(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
-                      lookahead: CalibratorBatch | None, calibrator_lr: float) -> Tensor:
+    def backbone_loss(
+        self,
+        calibrators: list[Calibrator],
+        inputs: list[Tensor],
+        labels: Tensor,
+        lookahead: CalibratorBatch | None,
+        calibrator_lr: float,
+    ) -> Tensor:
         """The backbone's loss through the frozen calibrators ([]: none), or through their one-step
         look-ahead on `lookahead` (hypergradient `unrolled`)."""
 
@@ -87,13 +94,21 @@ class TaskStrategy(ABC):
         """The calibrators a post-hoc fit on `labels` fits: those with a labelled row."""
 
     @abstractmethod
-    def fit_posthoc(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
-                    tasks: list[int]) -> None:
+    def fit_posthoc(
+        self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor, tasks: list[int]
+    ) -> None:
         """Fit calibrators `tasks` (already reset to the identity) on cached holdout inputs."""
 
     @abstractmethod
-    def crossfit_posthoc(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
-                         tasks: list[int], folds: int, seed: int) -> list[Tensor]:
+    def crossfit_posthoc(
+        self,
+        calibrators: list[Calibrator],
+        inputs: list[Tensor],
+        labels: Tensor,
+        tasks: list[int],
+        folds: int,
+        seed: int,
+    ) -> list[Tensor]:
         """Fit calibrators `tasks` (reset to the identity) on the validation split's cached inputs;
         return their cross-fitted (out-of-fold) validation logits."""
 

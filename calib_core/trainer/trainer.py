@@ -28,6 +28,7 @@ Single- and multi-task runs share this one loop: what differs (the calibrator(s)
 the losses, post-hoc fits, metrics, the calibrated model and the result type) is a `TaskStrategy`
 (strategy.py). `SingleTask`, below, is the default; `multitask.MultiTask` is the other.
 """
+
 from __future__ import annotations
 
 import copy
@@ -73,8 +74,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def crossfit_posthoc(calibrator: Calibrator, init_state: dict[str, Any], inputs: Tensor, labels: Tensor,
-                     folds: list[Tensor]) -> Tensor:
+def crossfit_posthoc(
+    calibrator: Calibrator, init_state: dict[str, Any], inputs: Tensor, labels: Tensor, folds: list[Tensor]
+) -> Tensor:
     """Out-of-fold calibrated logits of a post-hoc calibrator: the rows of each fold are calibrated
     by the calibrator refitted from `init_state` on the other folds' rows. The calibrator is left
     fitted on all rows (the one a final model uses)."""
@@ -110,8 +112,9 @@ class SingleTask(TaskStrategy):
     def for_run(cls, cfg: RunConfig, data: Any) -> SingleTask:
         """The strategy of a single-task run of `cfg` on `data`."""
         tc = cfg.train
-        return cls(int(data.num_classes), make_loss(tc.method, label_smoothing=tc.label_smoothing,
-                                                    focal_gamma=tc.focal_gamma))
+        return cls(
+            int(data.num_classes), make_loss(tc.method, label_smoothing=tc.label_smoothing, focal_gamma=tc.focal_gamma)
+        )
 
     def create_model(self, cfg: RunConfig, data: Any) -> nn.Module:
         """`create_model(cfg.model.name, ...)` for the data's classes and input shape."""
@@ -124,8 +127,13 @@ class SingleTask(TaskStrategy):
 
     def create_calibrator(self, name: str, kwargs: dict[str, Any], model: nn.Module) -> nn.Module:
         """The registry's calibrator `name` (with `last_layer`: the model's head)."""
-        return create_calibrator(name, self.num_classes, feature_dim=getattr(model, "feature_dim", None),
-                                 head=getattr(model, "head", None), **kwargs)
+        return create_calibrator(
+            name,
+            self.num_classes,
+            feature_dim=getattr(model, "feature_dim", None),
+            head=getattr(model, "head", None),
+            **kwargs,
+        )
 
     def calibrators(self, module: nn.Module | None) -> list[Calibrator]:
         """[the calibrator], or [] without one."""
@@ -136,14 +144,21 @@ class SingleTask(TaskStrategy):
         kind = calibrators[0].input_kind if calibrators else "logits"
         return [model_features(model, x) if kind == "features" else model(x)]
 
-    def calibrator_loss(self, calibrators: list[Calibrator], inputs: list[Tensor],
-                        labels: Tensor) -> tuple[Tensor, list[int]]:
+    def calibrator_loss(
+        self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor
+    ) -> tuple[Tensor, list[int]]:
         """CE of the calibrated inputs plus the calibrator's regularization."""
         cal = calibrators[0]
         return add_regularization(F.cross_entropy(cal(inputs[0]), labels), cal), [0]
 
-    def backbone_loss(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
-                      lookahead: CalibratorBatch | None, calibrator_lr: float) -> Tensor:
+    def backbone_loss(
+        self,
+        calibrators: list[Calibrator],
+        inputs: list[Tensor],
+        labels: Tensor,
+        lookahead: CalibratorBatch | None,
+        calibrator_lr: float,
+    ) -> Tensor:
         """The method's loss of the calibrated logits (through the look-ahead calibrator if given)."""
         z = inputs[0]
         if not calibrators:
@@ -157,15 +172,23 @@ class SingleTask(TaskStrategy):
         """[0]: a single-task split has no missing labels."""
         return [0]
 
-    def fit_posthoc(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
-                    tasks: list[int]) -> None:
+    def fit_posthoc(
+        self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor, tasks: list[int]
+    ) -> None:
         """LBFGS on all holdout rows."""
         if not bool(torch.isfinite(inputs[0]).all()):
             raise Diverged("non-finite logits on the post-hoc holdout")
         fit_posthoc(calibrators[0], inputs[0], labels)
 
-    def crossfit_posthoc(self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor,
-                         tasks: list[int], folds: int, seed: int) -> list[Tensor]:
+    def crossfit_posthoc(
+        self,
+        calibrators: list[Calibrator],
+        inputs: list[Tensor],
+        labels: Tensor,
+        tasks: list[int],
+        folds: int,
+        seed: int,
+    ) -> list[Tensor]:
         """k-fold cross-fitting over all validation rows."""
         inp = inputs[0]
         if not bool(torch.isfinite(inp).all()):
@@ -248,7 +271,12 @@ class Trainer:
         self._augments = self._augment is not None and getattr(data, "augmentation", True) is not None
 
     def __init__(
-        self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None,
+        self,
+        cfg: RunConfig,
+        data: Any,
+        device: str | torch.device | None = None,
+        *,
+        model: nn.Module | None = None,
         strategy: TaskStrategy | None = None,
     ) -> None:
         self.strategy = strategy if strategy is not None else SingleTask.for_run(cfg, data)
@@ -268,8 +296,9 @@ class Trainer:
         self.calibrator_name = plan.calibrator or "none"
         self.calibrator: nn.Module | None = None
         if plan.calibrator is not None:
-            self.calibrator = self.strategy.create_calibrator(
-                plan.calibrator, plan.calibrator_kwargs, self.model).to(self.device)
+            self.calibrator = self.strategy.create_calibrator(plan.calibrator, plan.calibrator_kwargs, self.model).to(
+                self.device
+            )
         self._cal_init = cpu_copy(self.calibrator.state_dict()) if self.calibrator is not None else None
         self.calibrators = self.strategy.calibrators(self.calibrator)
         self.train_calibrators = self.calibrators if self.method == "onego" else []  # in the training graph
@@ -351,8 +380,9 @@ class Trainer:
                 f"{what} exploded ({value:.3g} > divergence_loss={limit:g}) at epoch {epoch + 1}, step {step + 1}"
             )
 
-    def _calibrator_step(self, idx: Tensor, epoch: int, step: int, inp: list[Tensor] | None = None,
-                         y: Tensor | None = None) -> None:
+    def _calibrator_step(
+        self, idx: Tensor, epoch: int, step: int, inp: list[Tensor] | None = None, y: Tensor | None = None
+    ) -> None:
         """One CE step of the calibrator(s) on batch `idx` (inputs detached; pass `inp` to reuse
         inputs already computed for this batch under the current backbone, `y` its labels). A
         calibrator without a labelled row in the batch does not step (its gradient stays None)."""
@@ -501,13 +531,21 @@ class Trainer:
         if self.tc.posthoc_split == "val":
             val = self.val_split
             self._crossfit_val = self.strategy.crossfit_posthoc(
-                self.calibrators, self._cached_inputs(val.x), val.y, self.posthoc_tasks, self.tc.posthoc_folds,
-                self.seed)
+                self.calibrators,
+                self._cached_inputs(val.x),
+                val.y,
+                self.posthoc_tasks,
+                self.tc.posthoc_folds,
+                self.seed,
+            )
             return
         hold = self.holdout_idx.to(self.device)
         self.strategy.fit_posthoc(
-            self.calibrators, self._cached_inputs(self.train_split.x[hold]), self.train_split.y[hold],
-            self.posthoc_tasks)
+            self.calibrators,
+            self._cached_inputs(self.train_split.x[hold]),
+            self.train_split.y[hold],
+            self.posthoc_tasks,
+        )
 
     def _calibrator_problem(self) -> str | None:
         """The calibrator's own divergence check (`Calibrator.divergence()`: its parameters and

@@ -60,8 +60,9 @@ def dev_secrets() -> dict[str, dict[str, str]]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     text = module.fill((dr.DEPLOY / "overlays" / "dev" / "secrets.example.yaml").read_text(), {})
-    return {d["metadata"]["name"]: {k: str(v) for k, v in d["stringData"].items()}
-            for d in yaml.safe_load_all(text) if d}
+    return {
+        d["metadata"]["name"]: {k: str(v) for k, v in d["stringData"].items()} for d in yaml.safe_load_all(text) if d
+    }
 
 
 def free_port() -> int:
@@ -124,8 +125,14 @@ def stack(built_images, tmp_path_factory):
         for job_name, runs in (("minio-buckets", 1), ("optuna-db", 2)):
             job = find_template(resources, "Job", job_name)
             for i in range(runs):
-                proc = cluster.run_container(f"{job_name}-{i}", job["spec"], job["spec"]["containers"][0],
-                                             labels=job["metadata"]["labels"], detach=False, timeout=300)
+                proc = cluster.run_container(
+                    f"{job_name}-{i}",
+                    job["spec"],
+                    job["spec"]["containers"][0],
+                    labels=job["metadata"]["labels"],
+                    detach=False,
+                    timeout=300,
+                )
                 job_logs[f"{job_name}-{i}"] = proc.stdout + proc.stderr
                 assert proc.returncode == 0, proc.stdout + proc.stderr
         port = free_port()
@@ -135,9 +142,18 @@ def stack(built_images, tmp_path_factory):
         # The driver's CALIB_OPTUNA_STORAGE (Secret optuna-storage), pointed at the published port.
         optuna_url = secrets["optuna-storage"]["url"].replace("@postgres:5432/", f"@127.0.0.1:{pg_port}/")
         _SESSION["stack"] = SimpleNamespace(
-            cluster=cluster, resources=resources, secrets=secrets, port=port, mlflow=name,
-            url=f"http://127.0.0.1:{port}", auth=(tracking["username"], tracking["password"]),
-            startup_s=round(time.monotonic() - t0, 1), logs=logs, job_logs=job_logs, optuna_url=optuna_url)
+            cluster=cluster,
+            resources=resources,
+            secrets=secrets,
+            port=port,
+            mlflow=name,
+            url=f"http://127.0.0.1:{port}",
+            auth=(tracking["username"], tracking["password"]),
+            startup_s=round(time.monotonic() - t0, 1),
+            logs=logs,
+            job_logs=job_logs,
+            optuna_url=optuna_url,
+        )
         yield _SESSION["stack"]
     finally:
         _SESSION.pop("stack", None)

@@ -30,8 +30,10 @@ from pathlib import Path
 from tests import deploy_checks as dc
 from tests import deploy_render as dr
 
-OUR_IMAGES = {"calib-sweeps/ray": "localhost/calib-sweeps/ray:test",
-              "calib-sweeps/mlflow": "localhost/calib-sweeps/mlflow:test"}
+OUR_IMAGES = {
+    "calib-sweeps/ray": "localhost/calib-sweeps/ray:test",
+    "calib-sweeps/mlflow": "localhost/calib-sweeps/mlflow:test",
+}
 
 
 def local_image(image: str) -> str:
@@ -50,8 +52,11 @@ def podman(*args: str, check: bool = True, timeout: float | None = None, **kw) -
 
 def expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion ($$ escapes); unknown references stay as they are."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        text,
+    )
 
 
 class Cluster:
@@ -137,7 +142,7 @@ class Cluster:
         args = []
         if uid is not None:
             args += ["--user", f"{uid}:{gid}" if gid is not None else str(uid)]
-        if (sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))):
+        if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")):
             assert uid not in (None, 0), "runAsNonRoot without a non-zero runAsUser"
         if pod_sc.get("fsGroup") is not None:
             args += ["--group-add", str(pod_sc["fsGroup"])]
@@ -155,10 +160,22 @@ class Cluster:
         return args
 
     # ------------------------------------------------------------------------------- running
-    def run_container(self, pod: str, spec: dict, c: dict, *, labels: dict, detach: bool,
-                      command: list[str] | None = None, extra_env: list[dict] = (), aliases: list[str] = (),
-                      publish: list[str] = (), timeout: float | None = None, name: str | None = None,
-                      fields: dict[str, str] | None = None):
+    def run_container(
+        self,
+        pod: str,
+        spec: dict,
+        c: dict,
+        *,
+        labels: dict,
+        detach: bool,
+        command: list[str] | None = None,
+        extra_env: list[dict] = (),
+        aliases: list[str] = (),
+        publish: list[str] = (),
+        timeout: float | None = None,
+        name: str | None = None,
+        fields: dict[str, str] | None = None,
+    ):
         env = self.env_of(c, extra_env, fields)
         cmd = command if command is not None else [*c.get("command", []), *c.get("args", [])]
         cmd = [expand(a, env) for a in cmd]
@@ -191,8 +208,16 @@ class Cluster:
         labels = template.get("metadata", {}).get("labels", {})
         kw.setdefault("fields", {"metadata.name": pod, "metadata.namespace": self.namespace})
         for init in spec.get("initContainers", []):
-            proc = self.run_container(pod, spec, init, labels={}, detach=False, timeout=600, fields=kw["fields"],
-                                      extra_env=kw.get("extra_env", ()))
+            proc = self.run_container(
+                pod,
+                spec,
+                init,
+                labels={},
+                detach=False,
+                timeout=600,
+                fields=kw["fields"],
+                extra_env=kw.get("extra_env", ()),
+            )
             self.init_logs[f"{pod}/{init['name']}"] = proc.stdout + proc.stderr
             if proc.returncode != 0:
                 out = proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -269,7 +294,8 @@ def find_template(resources: list[dict], kind: str, name: str) -> dict:
     for vct in r["spec"].get("volumeClaimTemplates", []) if kind == "StatefulSet" else []:
         claim = f"{vct['metadata']['name']}-{name}-0"
         node["spec"].setdefault("volumes", []).append(
-            {"name": vct["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim}})
+            {"name": vct["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim}}
+        )
     return node
 
 

@@ -94,28 +94,33 @@ def _pip_mounts(tmp: Path) -> list[str]:
 
 def build(tag: str, dockerfile: Path, context: Path, log, extra_tags=()) -> dict:
     with tempfile.TemporaryDirectory(prefix="calib-build-") as tmp:
-        cmd = ["podman", "build", "--pull=never", "--layers", *_pip_mounts(Path(tmp)),
-               "-f", str(dockerfile), "-t", tag]
+        cmd = ["podman", "build", "--pull=never", "--layers", *_pip_mounts(Path(tmp)), "-f", str(dockerfile), "-t", tag]
         for t in extra_tags:
             cmd += ["-t", t]
         print(f"$ {' '.join(cmd)} {context}", file=log, flush=True)
         t0 = time.monotonic()
         run([*cmd, str(context)], log=log)
         seconds = time.monotonic() - t0
-    return {"image": tag, "dockerfile": str(dockerfile.relative_to(REPO)), "seconds": round(seconds, 1),
-            "bytes": image_size(tag)}
+    return {
+        "image": tag,
+        "dockerfile": str(dockerfile.relative_to(REPO)),
+        "seconds": round(seconds, 1),
+        "bytes": image_size(tag),
+    }
 
 
-def run_in_network(network: str, image: str, script: str, env: dict[str, str] | None = None,
-                   timeout: float = 900) -> subprocess.CompletedProcess:
+def run_in_network(
+    network: str, image: str, script: str, env: dict[str, str] | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess:
     """Run a shell script in IMAGE on a test network, with pip set up as in the builds."""
     with tempfile.TemporaryDirectory(prefix="calib-run-") as tmp:
         mounts = [a for a in _pip_mounts(Path(tmp)) if a not in ("--network", "host")]
         args = ["podman", "run", "--rm", "--network", network, *mounts]
         for k, v in (env or {}).items():
             args += ["-e", f"{k}={v}"]
-        return subprocess.run([*args, "--entrypoint", "/bin/sh", image, "-c", script],
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [*args, "--entrypoint", "/bin/sh", image, "-c", script], capture_output=True, text=True, timeout=timeout
+        )
 
 
 def build_all(log=None) -> dict:

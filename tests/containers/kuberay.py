@@ -46,8 +46,10 @@ RAY_AUTH_TOKEN_SECRET_KEY = "auth_token"
 RAY_NODE_HEALTH_PATH = "/api/healthz"
 RAY_DASHBOARD_GCS_HEALTH_PATH = "api/gcs_healthz"
 RAY_DASHBOARD_GCS_HEALTH_CHECK_TIMEOUT_SECONDS = 10
-BASE_PYTHON_HEALTH_COMMAND = ("python -c \"import urllib.request; r=urllib.request.urlopen('%s', timeout=%d); "
-                              "exit(0 if b'success' in r.read() else 1)\"")
+BASE_PYTHON_HEALTH_COMMAND = (
+    "python -c \"import urllib.request; r=urllib.request.urlopen('%s', timeout=%d); "
+    "exit(0 if b'success' in r.read() else 1)\""
+)
 HEAD_GROUP_LABEL_VALUE = "headgroup"
 # utils/util.go DefaultDomainName (CLUSTER_DOMAIN unset)
 CLUSTER_DOMAIN = "cluster.local"
@@ -65,8 +67,9 @@ def quantity_value(q) -> int:
 
 def go_json(obj: dict) -> str:
     """encoding/json.Marshal of a map[string]float64: sorted keys, no spaces, 4 not 4.0."""
-    return json.dumps({k: int(v) if float(v).is_integer() else v for k, v in obj.items()},
-                      sort_keys=True, separators=(",", ":"))
+    return json.dumps(
+        {k: int(v) if float(v).is_integer() else v for k, v in obj.items()}, sort_keys=True, separators=(",", ":")
+    )
 
 
 def rand5() -> str:
@@ -113,8 +116,9 @@ def dashboard_url(name: str, spec: dict, namespace: str) -> str:
     """RayJob status.dashboardURL: utils.FetchHeadServiceURL(cluster, "dashboard") -- the head
     Service's FQDN and its dashboard port (the head container's port named dashboard, else 8265)."""
     c = spec["headGroupSpec"]["template"]["spec"]["containers"][0]
-    port = next((p["containerPort"] for p in c.get("ports", []) if p.get("name") == "dashboard"),
-                DEFAULT_DASHBOARD_PORT)
+    port = next(
+        (p["containerPort"] for p in c.get("ports", []) if p.get("name") == "dashboard"), DEFAULT_DASHBOARD_PORT
+    )
     return f"{fqdn(head_service_name(name, spec), namespace)}:{port}"
 
 
@@ -142,6 +146,7 @@ def autoscaling_enabled(spec: dict) -> bool:
 
 
 # ----------------------------------------------------------------------- rayStartParams, command
+
 
 def update_params_resources(params: dict, group_resources: dict | None) -> None:
     """pod.go updateRayStartParamsResources (the group's top-level `resources`)."""
@@ -238,6 +243,7 @@ def generate_ray_start_command(node_type: str, params: dict, resources: dict) ->
 
 # ----------------------------------------------------------------------------------- the pods
 
+
 def _env_exists(name: str, env: list[dict]) -> bool:
     return any(e["name"] == name for e in env)
 
@@ -251,8 +257,12 @@ def set_token_auth_env(container: dict, name: str, spec: dict) -> None:
         env.append({"name": "RAY_AUTH_MODE", "value": "token"})
     secret = (spec.get("authOptions") or {}).get("secretName") or name
     if not _env_exists("RAY_AUTH_TOKEN", env):
-        env.append({"name": "RAY_AUTH_TOKEN",
-                    "valueFrom": {"secretKeyRef": {"name": secret, "key": RAY_AUTH_TOKEN_SECRET_KEY}}})
+        env.append(
+            {
+                "name": "RAY_AUTH_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": secret, "key": RAY_AUTH_TOKEN_SECRET_KEY}},
+            }
+        )
 
 
 def add_empty_dir(container: dict, spec: dict, volume: str, path: str, medium: str | None) -> None:
@@ -273,15 +283,24 @@ def autoscaler_container(image: str, name: str, spec: dict) -> dict:
     """pod.go BuildAutoscalerContainer + SetContainerTokenAuthEnvVars + mergeAutoscalerOverrides
     (command, env and resources; the tests never run it: it watches the Kubernetes API)."""
     start = "ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) --cluster-namespace $(RAY_CLUSTER_NAMESPACE)"
-    c = {"name": "autoscaler", "image": image, "imagePullPolicy": "IfNotPresent",
-         "command": ["/bin/bash", "-c", "--"], "args": [start],
-         "env": [{"name": "RAY_CLUSTER_NAME",
-                  "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_CLUSTER}']"}}},
-                 {"name": "RAY_CLUSTER_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                 {"name": "RAY_HEAD_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                 {"name": "KUBERAY_CRD_VER", "value": "v1"},
-                 {"name": "KUBERAY_GEN_AUTOSCALER_START_CMD", "value": start}],
-         "resources": {"limits": {"cpu": "500m", "memory": "512Mi"}, "requests": {"cpu": "500m", "memory": "512Mi"}}}
+    c = {
+        "name": "autoscaler",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/bin/bash", "-c", "--"],
+        "args": [start],
+        "env": [
+            {
+                "name": "RAY_CLUSTER_NAME",
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_CLUSTER}']"}},
+            },
+            {"name": "RAY_CLUSTER_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "RAY_HEAD_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "KUBERAY_CRD_VER", "value": "v1"},
+            {"name": "KUBERAY_GEN_AUTOSCALER_START_CMD", "value": start},
+        ],
+        "resources": {"limits": {"cpu": "500m", "memory": "512Mi"}, "requests": {"cpu": "500m", "memory": "512Mi"}},
+    }
     if auth_enabled(spec):
         set_token_auth_env(c, name, spec)
     opts = spec.get("autoscalerOptions") or {}  # mergeAutoscalerOverrides: replace or append
@@ -300,10 +319,24 @@ def probes(node_type: str, params: dict) -> dict:
     port = int(params.get("dashboard-agent-listen-port", DEFAULT_DASHBOARD_AGENT_LISTEN_PORT))
     get = {"path": RAY_NODE_HEALTH_PATH, "port": port}
     head = node_type == "head"
-    return {"livenessProbe": {"initialDelaySeconds": 30, "timeoutSeconds": 5 if head else 2, "periodSeconds": 5,
-                              "successThreshold": 1, "failureThreshold": 120, "httpGet": get},
-            "readinessProbe": {"initialDelaySeconds": 10, "timeoutSeconds": 5 if head else 2, "periodSeconds": 5,
-                               "successThreshold": 1, "failureThreshold": 10, "httpGet": dict(get)}}
+    return {
+        "livenessProbe": {
+            "initialDelaySeconds": 30,
+            "timeoutSeconds": 5 if head else 2,
+            "periodSeconds": 5,
+            "successThreshold": 1,
+            "failureThreshold": 120,
+            "httpGet": get,
+        },
+        "readinessProbe": {
+            "initialDelaySeconds": 10,
+            "timeoutSeconds": 5 if head else 2,
+            "periodSeconds": 5,
+            "successThreshold": 1,
+            "failureThreshold": 10,
+            "httpGet": dict(get),
+        },
+    }
 
 
 def _version_at_least(version: str, minimum: tuple[int, ...]) -> bool:
@@ -334,12 +367,17 @@ def build_pod(obj: dict, node_type: str, name: str, group: int = 0) -> dict:
     if node_type == "worker":
         # wait-gcs-ready init container (env and mounts: a copy of the Ray container's, taken first)
         script = _wait_gcs_script(fqdn_ray_ip, port)
-        init = {"name": "wait-gcs-ready", "image": ray["image"], "imagePullPolicy": ray.get("imagePullPolicy"),
-                "command": ["/bin/bash", "-c", "--"], "args": [script],
-                "securityContext": copy.deepcopy(ray.get("securityContext", {})),
-                "env": copy.deepcopy(ray.get("env", [])), "volumeMounts": copy.deepcopy(ray.get("volumeMounts", [])),
-                "resources": {"limits": {"cpu": "200m", "memory": "256Mi"},
-                              "requests": {"cpu": "200m", "memory": "256Mi"}}}
+        init = {
+            "name": "wait-gcs-ready",
+            "image": ray["image"],
+            "imagePullPolicy": ray.get("imagePullPolicy"),
+            "command": ["/bin/bash", "-c", "--"],
+            "args": [script],
+            "securityContext": copy.deepcopy(ray.get("securityContext", {})),
+            "env": copy.deepcopy(ray.get("env", [])),
+            "volumeMounts": copy.deepcopy(ray.get("volumeMounts", [])),
+            "resources": {"limits": {"cpu": "200m", "memory": "256Mi"}, "requests": {"cpu": "200m", "memory": "256Mi"}},
+        }
         pod_spec.setdefault("initContainers", []).append(init)
     update_params_resources(params, g.get("resources"))
     update_params_labels(params, g.get("labels"))
@@ -369,16 +407,19 @@ def build_pod(obj: dict, node_type: str, name: str, group: int = 0) -> dict:
     cmd = "".join(f" {a} " for a in ray.get("command", [])) + "".join(f" {a} " for a in ray.get("args", []))
     ulimit = "ulimit -n ${RAY_START_ULIMIT_OPEN_FILES:-65536}"
     start = generate_ray_start_command(node_type, params, ray.get("resources", {}))
-    overwrite = str(template.get("metadata", {}).get("annotations", {}).get("ray.io/overwrite-container-cmd",
-                                                                             "")).lower() == "true"
+    overwrite = (
+        str(template.get("metadata", {}).get("annotations", {}).get("ray.io/overwrite-container-cmd", "")).lower()
+        == "true"
+    )
     if not overwrite and "ray start" not in cmd:
         generated = f"{ulimit}; {start}"
         ray["command"] = ["/bin/bash", "-c", "--"]
         ray["args"] = [f"{cmd} && {generated}" if cmd else generated]
     for c in pod_spec.get("initContainers", []):
         # setInitContainerEnvVars
-        c.setdefault("env", []).extend([{"name": "FQ_RAY_IP", "value": fqdn_ray_ip},
-                                        {"name": "RAY_IP", "value": fqdn_ray_ip.split(".")[0]}])
+        c.setdefault("env", []).extend(
+            [{"name": "FQ_RAY_IP", "value": fqdn_ray_ip}, {"name": "RAY_IP", "value": fqdn_ray_ip.split(".")[0]}]
+        )
     # raycluster_controller.go getCreatorCRDType: a RayJob's cluster carries originated-from-crd RayJob.
     set_container_env(ray, node_type, fqdn_ray_ip, port, start, creator=obj["kind"])
     if "livenessProbe" not in ray or "readinessProbe" not in ray:
@@ -419,18 +460,25 @@ def _wait_gcs_script(host: str, port: str) -> str:
 def label_pod(node_type: str, name: str, group_name: str, labels: dict) -> dict:
     """pod.go labelPod: KubeRay's labels; the template's may not override node-type, group, cluster."""
     ident = f"{name}-{node_type}"
-    ident = ident[len(ident) - 63:] if len(ident) > 63 else ident  # utils.CheckLabel keeps the tail
-    out = {"ray.io/is-ray-node": "yes", LABEL_CLUSTER: name, "ray.io/node-type": node_type,
-           LABEL_GROUP: group_name, "ray.io/identifier": ident,
-           "app.kubernetes.io/name": "kuberay", "app.kubernetes.io/created-by": "kuberay-operator"}
+    ident = ident[len(ident) - 63 :] if len(ident) > 63 else ident  # utils.CheckLabel keeps the tail
+    out = {
+        "ray.io/is-ray-node": "yes",
+        LABEL_CLUSTER: name,
+        "ray.io/node-type": node_type,
+        LABEL_GROUP: group_name,
+        "ray.io/identifier": ident,
+        "app.kubernetes.io/name": "kuberay",
+        "app.kubernetes.io/created-by": "kuberay-operator",
+    }
     for k, v in labels.items():
         if k not in ("ray.io/node-type", LABEL_GROUP, LABEL_CLUSTER):
             out[k] = v
     return out
 
 
-def set_container_env(c: dict, node_type: str, fqdn_ray_ip: str, port: str, start: str,
-                      creator: str = "RayCluster") -> None:
+def set_container_env(
+    c: dict, node_type: str, fqdn_ray_ip: str, port: str, start: str, creator: str = "RayCluster"
+) -> None:
     """pod.go setContainerEnvVars (no default container envs configured, not a RayService)."""
     env = c.setdefault("env", [])
     ip = LOCAL_HOST
@@ -475,6 +523,7 @@ def pod_name(name: str, node_type: str, group: str = "") -> str:
 
 # ---------------------------------------------------------------------------------- submitter
 
+
 def submit_command(rayjob: dict, address: str, jobid: str, entrypoint: str | None = None) -> list[str]:
     """common/job.go BuildJobSubmitCommand, K8sJobMode: wait for the dashboard's GCS health, then
     `ray job status` / `ray job submit --no-wait --submission-id` / `ray job logs --follow` (the
@@ -484,18 +533,35 @@ def submit_command(rayjob: dict, address: str, jobid: str, entrypoint: str | Non
     if not address.startswith("http://"):
         address = "http://" + address
     entry = (entrypoint if entrypoint is not None else spec["entrypoint"]).strip()
-    health = BASE_PYTHON_HEALTH_COMMAND % (address + "/" + RAY_DASHBOARD_GCS_HEALTH_PATH,
-                                           RAY_DASHBOARD_GCS_HEALTH_CHECK_TIMEOUT_SECONDS)
-    cmd = ["until", health, ">/dev/null", "2>&1", ";",
-           "do", "echo", json.dumps(f"Waiting for Ray Dashboard GCS to become healthy at {address} ..."), ";",
-           "sleep", "2", ";", "done", ";"]
+    health = BASE_PYTHON_HEALTH_COMMAND % (
+        address + "/" + RAY_DASHBOARD_GCS_HEALTH_PATH,
+        RAY_DASHBOARD_GCS_HEALTH_CHECK_TIMEOUT_SECONDS,
+    )
+    cmd = [
+        "until",
+        health,
+        ">/dev/null",
+        "2>&1",
+        ";",
+        "do",
+        "echo",
+        json.dumps(f"Waiting for Ray Dashboard GCS to become healthy at {address} ..."),
+        ";",
+        "sleep",
+        "2",
+        ";",
+        "done",
+        ";",
+    ]
     cmd += ["if", "!", "ray", "job", "status", "--address", address, jobid, ">/dev/null", "2>&1", ";", "then"]
     cmd += ["ray", "job", "submit", "--address", address, "--no-wait"]
     if spec.get("runtimeEnvYAML"):
         import yaml
 
-        cmd += ["--runtime-env-json", json.dumps(json.dumps(yaml.safe_load(spec["runtimeEnvYAML"]),
-                                                            separators=(",", ":")))]
+        cmd += [
+            "--runtime-env-json",
+            json.dumps(json.dumps(yaml.safe_load(spec["runtimeEnvYAML"]), separators=(",", ":"))),
+        ]
     if spec.get("metadata"):
         cmd += ["--metadata-json", json.dumps(json.dumps(spec["metadata"], separators=(",", ":")))]
     if jobid:
@@ -519,21 +585,42 @@ def submitter_pod(rayjob: dict, name: str, jobid: str, entrypoint: str | None = 
     namespace = rayjob["metadata"].get("namespace", "default")
     address = dashboard_url(name, spec, namespace)
     head_image = spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
-    template = copy.deepcopy(rayjob["spec"].get("submitterPodTemplate") or {
-        "spec": {"restartPolicy": "Never", "containers": [{
-            "name": SUBMITTER_CONTAINER_NAME, "image": head_image,
-            "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "200Mi"}}}]}})
+    template = copy.deepcopy(
+        rayjob["spec"].get("submitterPodTemplate")
+        or {
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": SUBMITTER_CONTAINER_NAME,
+                        "image": head_image,
+                        "resources": {
+                            "limits": {"cpu": "1", "memory": "1Gi"},
+                            "requests": {"cpu": "500m", "memory": "200Mi"},
+                        },
+                    }
+                ],
+            }
+        }
+    )
     c = template["spec"]["containers"][0]
     if not c.get("command"):
         c["command"] = ["/bin/bash", "-ce", "--"]
         c["args"] = [" ".join(submit_command(rayjob, address, jobid, entrypoint))]
     env = c.setdefault("env", [])
-    env += [{"name": "PYTHONUNBUFFERED", "value": "1"},
-            {"name": "RAY_DASHBOARD_ADDRESS", "value": address},
-            {"name": "RAY_JOB_SUBMISSION_ID", "value": jobid}]
+    env += [
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "RAY_DASHBOARD_ADDRESS", "value": address},
+        {"name": "RAY_JOB_SUBMISSION_ID", "value": jobid},
+    ]
     if auth_enabled(spec):
         set_token_auth_env(c, name, spec)
     labels = template.setdefault("metadata", {}).setdefault("labels", {})
-    labels.update({"ray.io/originated-from-cr-name": rayjob["metadata"]["name"],
-                   "ray.io/originated-from-crd": "RayJob", "app.kubernetes.io/created-by": "kuberay-operator"})
+    labels.update(
+        {
+            "ray.io/originated-from-cr-name": rayjob["metadata"]["name"],
+            "ray.io/originated-from-crd": "RayJob",
+            "app.kubernetes.io/created-by": "kuberay-operator",
+        }
+    )
     return template

@@ -41,8 +41,9 @@ def _group_error(values, hits, *, num_bins, binning, norm, threshold):
     return worst if norm == "max" else total
 
 
-def brute_gce(probs, labels, *, num_bins=15, binning="even", top_label=True, class_conditional=False,
-              norm="l1", threshold=0.0):
+def brute_gce(
+    probs, labels, *, num_bins=15, binning="even", top_label=True, class_conditional=False, norm="l1", threshold=0.0
+):
     probs = np.asarray(probs, dtype=np.float64)
     labels = np.asarray(labels)
     if probs.ndim == 1 or probs.shape[1] == 1:

@@ -103,8 +103,12 @@ def _download_wheel(workdir: Path, quiet: bool) -> Path:
         dest.mkdir()
         try:
             pip, env = make(workdir, quiet)
-            _run(pip + ["download", "-q", "--no-deps", "--only-binary=:all:", "--dest", str(dest),
-                        f"{PACKAGE}=={VERSION}"], quiet, env)
+            _run(
+                pip
+                + ["download", "-q", "--no-deps", "--only-binary=:all:", "--dest", str(dest), f"{PACKAGE}=={VERSION}"],
+                quiet,
+                env,
+            )
             break
         except Exception as exc:  # noqa: BLE001 - try the next way, report all at the end
             errors.append(f"{make.__name__}: {exc}")

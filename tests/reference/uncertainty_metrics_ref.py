@@ -54,6 +54,15 @@ def load_reference() -> ModuleType:
 def reference_gce(probs, labels, *, num_bins, binning, top_label, class_conditional, norm="l1", threshold=0.0):
     """Our keyword names mapped onto the reference's ``gce(labels, probs, ...)``."""
     mod = _load()
-    return float(mod.gce(labels, probs, binning_scheme=binning, max_prob=top_label,
-                         class_conditional=class_conditional, norm=norm, num_bins=num_bins,
-                         threshold=threshold))
+    return float(
+        mod.gce(
+            labels,
+            probs,
+            binning_scheme=binning,
+            max_prob=top_label,
+            class_conditional=class_conditional,
+            norm=norm,
+            num_bins=num_bins,
+            threshold=threshold,
+        )
+    )

@@ -12,8 +12,10 @@ from moto.server import create_backend_app
 from werkzeug.serving import run_simple
 
 HEADER_KEY = re.compile(r"Credential=([^/,\s]+)/")
-DENIED = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidAccessKeyId</Code>'
-          b"<Message>The Access Key Id you provided does not exist in our records.</Message></Error>")
+DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidAccessKeyId</Code>'
+    b"<Message>The Access Key Id you provided does not exist in our records.</Message></Error>"
+)
 
 
 def access_key(environ) -> str | None:
@@ -36,8 +38,11 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv[1:])
     user, password = os.environ.get("MINIO_ROOT_USER", ""), os.environ.get("MINIO_ROOT_PASSWORD", "")
     if len(user) < 3 or len(password) < 8:
-        print("ERROR Unable to validate credentials: MINIO_ROOT_USER (>= 3 characters) and "
-              "MINIO_ROOT_PASSWORD (>= 8 characters) must be set", file=sys.stderr)
+        print(
+            "ERROR Unable to validate credentials: MINIO_ROOT_USER (>= 3 characters) and "
+            "MINIO_ROOT_PASSWORD (>= 8 characters) must be set",
+            file=sys.stderr,
+        )
         return 1
     for d in args.dirs:  # MinIO refuses a data directory it cannot write
         probe = os.path.join(d, ".minio-standin-write-check")
