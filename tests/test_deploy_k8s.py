@@ -103,10 +103,10 @@ def _ray_errors(obj: dict) -> list[str]:
 
 
 # The real KubeRay CRDs (v1.7.0, ray-operator/config/crd/bases of ray-project/kuberay at the tag's
-# commit below). They are third-party files and not committed: put them into KUBERAY_CRD_DIR
-# (default deploy/schemas/kuberay-v1.7.0/, git-ignored). Where they are, every Ray object is also
+# commit below), vendored gzipped with their license in KUBERAY_CRD_DIR (deploy/schemas/
+# kuberay-v1.7.0/, README.md there; an uncompressed copy is read first). Every Ray object is also
 # validated against them, strictly (unknown fields rejected, as `kubectl apply` does with
-# server-side field validation); where they are not, the hand-written schema above stands in.
+# server-side field validation), besides the hand-written schema above.
 KUBERAY_VERSION, KUBERAY_COMMIT = "v1.7.0", "59d663aeec13760646da3db9c1cf8cfe883e30b7"
 KUBERAY_CRD_DIR = Path(os.environ.get("KUBERAY_CRD_DIR", DEPLOY / "schemas" / f"kuberay-{KUBERAY_VERSION}"))
 CRD_FILES = {"RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml"}
@@ -134,17 +134,34 @@ def _strict(node):
     return out
 
 
+CRD_SHA256 = {
+    "RayJob": "01a5cf3b17c1769fda44af7e82debcd98722f0c27b9ab84d084681c6649121f5",
+    "RayCluster": "c44704442eef0c6721ad40c1d66782c8bd3fdab9d3344306a5820910a679baa1",
+}
+
+
+@functools.cache
+def _crd_text(kind: str) -> str | None:
+    """The CRD file's text (uncompressed copy, else the vendored .gz), None where neither exists."""
+    import gzip
+
+    path = KUBERAY_CRD_DIR / CRD_FILES[kind]
+    if path.is_file():
+        return path.read_text()
+    packed = path.with_name(path.name + ".gz")
+    return gzip.decompress(packed.read_bytes()).decode() if packed.is_file() else None
+
+
 @functools.cache
 def _crd_schema(kind: str) -> dict:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    crd = yaml.load((KUBERAY_CRD_DIR / CRD_FILES[kind]).read_text(), Loader=loader)
+    crd = yaml.load(_crd_text(kind) or "", Loader=loader)
     return next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
 
 
 @functools.cache
 def real_crd_validator(kind: str):
-    path = KUBERAY_CRD_DIR / CRD_FILES[kind]
-    if not path.is_file():
+    if _crd_text(kind) is None:
         return None
     schema = _strict(_crd_schema(kind))
     return jsonschema.Draft7Validator(schema)
@@ -165,8 +182,19 @@ def kuberay_errors(obj: dict) -> list[str]:
 
 
 def _need_real_crds():
-    if real_crd_validator("RayJob") is None or real_crd_validator("RayCluster") is None:
-        pytest.skip(f"KubeRay {KUBERAY_VERSION} CRDs not in {KUBERAY_CRD_DIR} (third-party files, not committed)")
+    if KUBERAY_CRD_DIR != DEPLOY / "schemas" / f"kuberay-{KUBERAY_VERSION}" and (
+        real_crd_validator("RayJob") is None or real_crd_validator("RayCluster") is None
+    ):
+        pytest.skip(f"KubeRay CRDs not in KUBERAY_CRD_DIR={KUBERAY_CRD_DIR}")
+
+
+def test_vendored_kuberay_crds_are_the_release_files():
+    import hashlib
+
+    for kind, digest in CRD_SHA256.items():
+        text = _crd_text(kind)
+        assert text is not None, f"{CRD_FILES[kind]}(.gz) missing from {KUBERAY_CRD_DIR}"
+        assert hashlib.sha256(text.encode()).hexdigest() == digest, kind
 
 
 def test_our_kuberay_schema_is_a_valid_schema_with_closed_objects():
