@@ -145,7 +145,7 @@ def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):
     cluster.network = stack.cluster.network  # same namespace: reach postgres and minio
     try:
         port = free_port()
-        name, container = start_mlflow(cluster, stack.resources, "mlflow-old", port)
+        name, container = start_mlflow(cluster, stack.resources, "mlflow-old", port, service=False)
         cluster.wait_ready(name, container, timeout=300)
         upgrade_log = cluster.init_logs["mlflow-old/db-upgrade"]
         assert "upgrading the tracking schema" in upgrade_log, upgrade_log[-3000:]

@@ -93,10 +93,15 @@ def http(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
         return 0, b""
 
 
-def start_mlflow(cluster: Cluster, resources, pod: str, port: int, with_init: bool = True):
+def start_mlflow(cluster: Cluster, resources, pod: str, port: int, with_init: bool = True, service: bool = True):
+    """The MLflow Deployment's pod; `service=False` keeps it out of the `mlflow` Service's DNS name
+    (a second server on the same network would otherwise take the name over, and stopping it
+    removes the name for the first one too)."""
     dep = find_template(resources, "Deployment", "mlflow")
     if not with_init:
         dep["spec"].pop("initContainers")
+    if not service:
+        dep.setdefault("metadata", {})["labels"] = {}
     names = cluster.run_pod(pod, dep, publish=[f"127.0.0.1:{port}:5000"])
     return names["mlflow"], dep["spec"]["containers"][0]
 
