@@ -9,6 +9,7 @@ and reporter this process installed for that name (`installed`), a fresh run and
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +23,10 @@ from ray.tune import ProgressReporter
 class _Hooks:
     callbacks: list[tune.Callback]
     reporter: ProgressReporter | None
+    # Tune sets a reporter up once per run and refuses to set up one twice; a second run in this
+    # process (the in-process resume of lost trials) gets a fresh copy of the reporter as installed.
+    pristine: ProgressReporter | None = None
+    set_up: bool = False
 
 
 _INSTALLED: dict[str, _Hooks] = {}
@@ -30,7 +35,7 @@ _INSTALLED: dict[str, _Hooks] = {}
 @contextmanager
 def installed(sweep: str, callbacks: list[tune.Callback], reporter: ProgressReporter | None) -> Iterator[None]:
     """Make `callbacks` and `reporter` the ones that sweep `sweep`'s stand-ins forward to, while it runs."""
-    _INSTALLED[sweep] = _Hooks(list(callbacks), reporter)
+    _INSTALLED[sweep] = _Hooks(list(callbacks), reporter, copy.deepcopy(reporter))
     try:
         yield
     finally:
@@ -106,10 +111,15 @@ class LiveReporter(ProgressReporter):
         return self.target() is not None
 
     def setup(self, *args: Any, **kwargs: Any) -> None:
-        """Forward to the installed reporter."""
-        target = self.target()
-        if target is not None:
-            target.setup(*args, **kwargs)
+        """Forward to the installed reporter (a fresh copy of it for a second run in this process)."""
+        if self.target() is None:
+            return
+        hooks = _hooks(self.sweep)
+        if hooks.set_up:
+            hooks.reporter = copy.deepcopy(hooks.pristine)
+        hooks.set_up = True
+        assert hooks.reporter is not None
+        hooks.reporter.setup(*args, **kwargs)
 
     def should_report(self, trials: list, done: bool = False) -> bool:
         """Forward to the installed reporter."""

@@ -444,7 +444,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
             else _build_tuner(cfg, trainable)
         )
         t_fit = time.perf_counter()
-        results = _fit_resuming_lost_workers(tuner, exp_path, trainable)
+        results = _fit_resuming_lost_workers(tuner, exp_path, trainable, cfg.resources.max_failures)
         _deliver_missed_completions(results, store, experiment_id, cfg.name, callbacks[0])
         t_trials = time.perf_counter()
         records = _records(results, store, experiment_id, cfg.name)
@@ -497,19 +497,19 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
 LOST_WORKER_ROUNDS = 2
 
 
-def _fit_resuming_lost_workers(tuner: Any, exp_path: str, trainable: Any) -> Any:
+def _fit_resuming_lost_workers(tuner: Any, exp_path: str, trainable: Any, max_failures: int) -> Any:
     """`tuner.fit()`, then resume (from their checkpoints) trials that ended in a worker death.
 
     Ray Tune 2.60 can count one worker death twice: a trial killed while restoring from its
     checkpoint fails both in-flight calls, the first failure re-queues the trial and the second
     finds it PENDING and errors it for good, retries left or not (seen in tests/test_sweep_soak.py).
-    Such trials are resumed the way `--resume` would, at most LOST_WORKER_ROUNDS times; trials
-    whose own code raised are not.
+    Such trials are resumed the way `--resume` would, at most LOST_WORKER_ROUNDS times, when
+    retries are allowed at all (`resources.max_failures` > 0); trials whose own code raised are not.
     """
     import ray.exceptions
 
     results = tuner.fit()
-    for _ in range(LOST_WORKER_ROUNDS):
+    for _ in range(LOST_WORKER_ROUNDS if max_failures > 0 else 0):
         lost = [r for r in results if isinstance(r.error, ray.exceptions.RayActorError)]
         if not lost:
             break

@@ -73,3 +73,18 @@ def test_no_installed_reporter_means_tunes_default_output():
 def test_callbacks_without_an_installed_sweep_fail_clearly():
     with pytest.raises(RuntimeError, match="runs without its callbacks"):
         LiveCallbacks("nowhere").on_trial_start(iteration=0, trials=[], trial=None)
+
+
+def test_a_second_run_in_the_process_sets_up_a_fresh_reporter():
+    """Tune sets the reporter up once per run and refuses a reporter that already has a metric;
+    the in-process resume of lost trials is a second run, so it gets a fresh copy."""
+    from ray.tune import CLIReporter
+
+    reporter = CLIReporter()
+    live = LiveReporter("twice")
+    with installed("twice", [], reporter):
+        live.setup(start_time=0.0, total_samples=2, metric="val_ece", mode="min")
+        first = live.target()
+        live.setup(start_time=1.0, total_samples=2, metric="val_ece", mode="min")  # no ValueError
+        assert live.target() is not first
+    assert reporter is first  # the first run used the installed reporter itself
