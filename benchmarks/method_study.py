@@ -554,7 +554,14 @@ def paired(a: dict[int, dict], b: dict[int, dict], key: str, split: str = "test"
 
 
 def per_seed_bootstrap(
-    cache: Path, regime: str, m1: str, m2: str, seeds: Sequence[int], resamples: int, level: float = 0.95
+    cache: Path,
+    regime: str,
+    m1: str,
+    m2: str,
+    seeds: Sequence[int],
+    resamples: int,
+    level: float = 0.95,
+    path_fn: Any = None,
 ) -> list[dict[str, float]]:
     """Per seed: the paired bootstrap over test examples of ECE(m1) - ECE(m2) (mean over tasks
     for multi-task runs), its percentile interval."""
@@ -579,11 +586,12 @@ def per_seed_bootstrap(
             )
         return torch.stack(reps).mean(0)
 
+    path_fn = path_fn or eval_path
     out = []
     for s in seeds:
         p1, p2 = (
-            eval_path(cache, regime, m1, s).with_suffix(".npz"),
-            eval_path(cache, regime, m2, s).with_suffix(".npz"),
+            path_fn(cache, regime, m1, s).with_suffix(".npz"),
+            path_fn(cache, regime, m2, s).with_suffix(".npz"),
         )
         if not (p1.is_file() and p2.is_file()):
             continue

@@ -39,6 +39,20 @@ class DataConfig(_Strict):
     val_fraction: float = Field(default=0.15, gt=0.0, lt=0.5)
     test_fraction: float = Field(default=0.15, gt=0.0, lt=0.5)
     augment: bool = False
+    label_noise: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=0.9,
+        description="symmetric label noise in every split: each label is replaced by another class with this "
+        "probability (single-task data; calib_core.data.perturb)",
+    )
+    imbalance_ratio: float | None = Field(
+        default=None,
+        ge=1.0,
+        le=1000.0,
+        description="long-tailed class profile in every split: class k keeps ratio ** (-k / (K - 1)) of its "
+        "examples (single-task data; None = as loaded)",
+    )
     verify_checksums: bool = Field(
         default=True,
         description="check torchvision datasets' files against the official md5 sums (false for re-packed copies)",

@@ -10,6 +10,7 @@ from calib_core.data.celeba import load_celeba
 from calib_core.data.digits import load_digits_splits
 from calib_core.data.mnist1d import load_mnist1d
 from calib_core.data.multitask import MULTITASK_LOADERS
+from calib_core.data.perturb import perturb_splits
 from calib_core.data.splits import DataSplits
 from calib_core.data.torchvision_sets import SPECS, load_torchvision
 
@@ -71,4 +72,5 @@ def load_dataset(cfg: DataConfig | dict[str, Any], seed: int) -> DataSplits:
         raise ValueError(
             f"data.augment: no augmentation is defined for {cfg.name!r}; defined for {', '.join(sorted(_AUGMENTABLE))}"
         )
-    return _LOADERS[cfg.name](cfg, int(seed))
+    data = _LOADERS[cfg.name](cfg, int(seed))
+    return perturb_splits(data, label_noise=cfg.label_noise, imbalance_ratio=cfg.imbalance_ratio, seed=int(seed))
