@@ -7,8 +7,9 @@ The sweep service embeds these models in its own config, so one schema serves bo
 from __future__ import annotations
 
 import re
+import stat
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -21,12 +22,37 @@ Method = Literal["onego", "ce", "posthoc", "label_smoothing", "focal"]
 CalibratorName = str  # a registered calibrator, or "none"
 PosthocName = Literal["temperature", "vector", "matrix"]
 
-_CALIB_DATA = re.compile(r"^(same|lookahead|holdout:(0?\.\d+|1e-\d+))$")
+_CALIB_DATA = re.compile(r"\A(same|lookahead|holdout:(0?\.\d+|1e-\d+))\Z")
+
+
+INT_LIMIT = 2**63 - 1  # the largest integer a config value may hold (C long, Ray and SQLite integers)
+
+
+def _admits(annotation: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether a field annotation (through Optional, unions and Annotated) admits one of `kinds` or Any."""
+    if annotation is Any or annotation in kinds:
+        return True
+    return any(_admits(a, kinds) for a in get_args(annotation))
 
 
 class _Strict(BaseModel):
-    # allow_inf_nan=False: `lr: .inf` or `--set train.lr=nan` is refused here, naming the field.
+    """The one base of every config model (calib_core's and the sweep's): unknown keys refused, values
+    checked on assignment, NaN/inf refused (`lr: .inf`), no boolean where a number is expected
+    (`epochs: true` is not 1) and no integer beyond INT_LIMIT, each error naming its field."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:
+            return v
+        if isinstance(v, bool) and _admits(field.annotation, (int, float)) and not _admits(field.annotation, (bool,)):
+            raise ValueError("expected a number, not a boolean")
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT_LIMIT:
+            raise ValueError(f"integer out of range (at most {INT_LIMIT} in absolute value)")
+        return v
 
 
 class DataConfig(_Strict):
@@ -35,7 +61,9 @@ class DataConfig(_Strict):
     name: DatasetName = "mnist1d"
     root: str | None = None
     download: bool = False
-    num_samples: int | None = Field(default=None, ge=100, description="total samples for generated sets (mnist1d)")
+    num_samples: int | None = Field(
+        default=None, ge=100, le=1_000_000, description="total samples for generated sets (mnist1d), at most 10^6"
+    )
     val_fraction: float = Field(default=0.15, gt=0.0, lt=0.5)
     test_fraction: float = Field(default=0.15, gt=0.0, lt=0.5)
     augment: bool = False
@@ -173,7 +201,7 @@ class RunConfig(_Strict):
     @field_validator("device")
     @classmethod
     def _check_device(cls, v: str) -> str:
-        if not re.match(r"^(auto|cpu|cuda(:\d+)?)$", v):
+        if not re.match(r"\A(auto|cpu|cuda(:\d+)?)\Z", v):
             raise ValueError("must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
         return v
 
@@ -196,22 +224,32 @@ class ConfigError(ValueError):
     """A configuration problem, already formatted as one line per bad field."""
 
 
+MAX_ECHO = 60  # characters of a value (or a field path) echoed in an error line
+MAX_PROBLEMS = 5  # problems listed in one error line; the rest are counted
+
+
+def clip(text: str, limit: int = MAX_ECHO) -> str:
+    """`text` cut to `limit` characters, saying how long it was (error lines echo user input)."""
+    return text if len(text) <= limit else f"{text[: limit - 1]}…({len(text)} characters)"
+
+
 def format_validation_error(err: ValidationError) -> str:
-    """One line per problem: 'field.path: message (got value)'."""
+    """One line: 'field.path: message (got value)' per problem, values and paths clipped, at most MAX_PROBLEMS."""
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
+        path = clip(".".join(str(p) for p in e["loc"]))
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         if not path:  # a rule across fields: its message names them
-            lines.append(msg)
+            lines.append(clip(msg, 200))
         elif e["type"] == "extra_forbidden":
             lines.append(f"{path}: unknown key")
         elif isinstance(got, (dict, list)):
-            lines.append(f"{path}: {msg}")
+            lines.append(f"{path}: {clip(msg, 200)}")
         else:
-            lines.append(f"{path}: {msg} (got {got!r})")
-    return "; ".join(lines)
+            lines.append(f"{path}: {clip(msg, 200)} (got {clip(repr(got))})")
+    more = len(lines) - MAX_PROBLEMS
+    return "; ".join(lines[:MAX_PROBLEMS]) + (f"; and {more} more problems" if more > 0 else "")
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -220,11 +258,13 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {item!r}: expected key=value")
     key, raw = item.split("=", 1)
     if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {item!r}: empty key")
+        raise ConfigError(f"--set {clip(item)!r}: empty key")
+    if len(item) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"--set {clip(key)}: the value is longer than {MAX_CONFIG_BYTES} characters")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = load_bounded_yaml(raw, f"--set {clip(key)}") if raw != "" else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {item!r}: value is not valid YAML ({exc.__class__.__name__})") from None
+        raise ConfigError(f"--set {clip(item)!r}: value is not valid YAML ({exc.__class__.__name__})") from None
     return key.split("."), value
 
 
@@ -289,6 +329,66 @@ def _yaml_error_line(p: Path, text: str, exc: yaml.YAMLError) -> str:
     return f"{p}: not valid YAML: {' '.join(str(exc).split())}"
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file (or one --set value) of at most 1 MiB
+MAX_YAML_NODES = 100_000  # values in a document once every alias is expanded (an alias bomb has billions)
+MAX_YAML_DEPTH = 64  # nesting of mappings and lists
+
+
+def _node_bounds(root: yaml.Node, where: str) -> None:
+    """Refuse a YAML node graph whose expanded size or depth exceeds the limits, without expanding it."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            kids = _children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            if size[key] > MAX_YAML_NODES:
+                raise ConfigError(f"{where}: more than {MAX_YAML_NODES} values once aliases are expanded")
+            if depth[key] > MAX_YAML_DEPTH:
+                raise ConfigError(f"{where}: nested deeper than {MAX_YAML_DEPTH} levels")
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise ConfigError(f"{where}: a recursive alias (a value that contains itself)")
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in _children(node) if id(k) not in size)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def load_bounded_yaml(text: str, where: str) -> Any:
+    """YAML -> Python with bounded size, depth and aliases (checked on the node graph before anything is built)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise ConfigError(f"{where}: nested deeper than {MAX_YAML_DEPTH} levels") from None
+        if node is None:
+            return None
+        _node_bounds(node, where)
+        try:
+            return loader.construct_document(node)
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits
+            raise ConfigError(f"{where}: a value cannot be read ({clip(str(exc), 120)})") from None
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path | None) -> dict[str, Any]:
     """Read a YAML mapping from a file (empty mapping when path is None).
 
@@ -298,14 +398,27 @@ def read_yaml(path: str | Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file not found: {p}")
-    if p.is_dir():
-        raise ConfigError(f"{p}: is a directory, not a config file")
+    if "\x00" in str(p):
+        raise ConfigError(f"config path {clip(repr(str(p)))}: contains a NUL byte")
     try:
-        data = p.read_bytes()
+        st = p.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {clip(str(p), 200)}") from None
+    except OSError as exc:
+        raise ConfigError(f"{clip(str(p), 200)}: cannot read the config file ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{p}: is a directory, not a config file")
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end
+        raise ConfigError(f"{p}: not a regular file (a pipe, socket or device); give a YAML file")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p}: {st.st_size} bytes; a config file may have at most {MAX_CONFIG_BYTES}")
+    try:
+        with p.open("rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the config file ({exc.strerror or exc})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p}: a config file may have at most {MAX_CONFIG_BYTES} bytes")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -316,7 +429,7 @@ def read_yaml(path: str | Path | None) -> dict[str, Any]:
             f"{p}:{line}:{column}: not UTF-8 text (byte 0x{data[start]:02x}); save the config as UTF-8"
         ) from None
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        raw = load_bounded_yaml(text, str(p))
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error_line(p, text, exc)) from None
     if raw is None:

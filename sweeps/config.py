@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from calib_core.config import ConfigError, RunConfig, apply_overrides, build_model, read_yaml
+from calib_core.config import ConfigError, RunConfig, _Strict, apply_overrides, build_model, read_yaml
 
 # The metric names live in sweeps.contract (what trials report); re-exported for the benchmarks.
 from sweeps.contract import (  # noqa: F401
@@ -28,10 +28,6 @@ DEFAULT_CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp", "l
 # Reference points a sweep may include beside the one-go calibrators (no calibrator lr is searched).
 BASELINE_CHOICES = ("none", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "mnist1d_demo.yaml"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class LogRange(_Strict):
@@ -101,7 +97,7 @@ class SearchConfig(_Strict):
     def _storage_url(cls, v: str | None) -> str | None:
         if v is None or v == "memory":
             return v
-        if not re.match(r"^(sqlite:///.+|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+)$", v):
+        if not re.match(r"\A(sqlite:///.+|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+)\Z", v):
             raise ValueError("must be sqlite:////ABS/PATH.db, postgresql://..., mysql://... or 'memory'")
         return v
 
@@ -117,7 +113,7 @@ class SearchConfig(_Strict):
     @classmethod
     def _param_paths(cls, v: dict[str, ExtraParam]) -> dict[str, ExtraParam]:
         for key in v:
-            if not re.match(r"^(data|model|train)\.[a-z_][a-z0-9_.]*$", key):
+            if not re.match(r"\A(data|model|train)\.[a-z_][a-z0-9_.]*\Z", key):
                 raise ValueError(f"{key!r}: keys are dotted run-config paths under data., model. or train.")
             if key in ("train.calibrator", "train.calibrator_lr", "train.method"):
                 raise ValueError(f"{key!r} is searched by 'calibrators' / 'calibrator_lr'")
@@ -144,6 +140,8 @@ class ResourcesConfig(_Strict):
     # How long the sweep waits with trials pending and none running (a cluster autoscaling to fit
     # a trial) before it ends with an error; None waits for ever. See sweeps/preflight.py.
     pending_timeout_s: float | None = Field(default=900.0, gt=0.0)
+    # Above this many trials the launch says so in one warning line (sizes and time grow with it).
+    warn_trials: int = Field(default=1000, ge=1)
 
 
 class TrackingConfig(_Strict):
@@ -162,7 +160,7 @@ class TrackingConfig(_Strict):
         if v is None:
             return v
         if not re.match(
-            r"^(sqlite:///.+|https?://[^/\s]+.*|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+|databricks.*)$", v
+            r"\A(sqlite:///.+|https?://[^/\s]+.*|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+|databricks.*)\Z", v
         ):
             raise ValueError("must be sqlite:///ABS/PATH.db, http(s)://host[:port], postgresql://... or mysql://...")
         return v
@@ -266,14 +264,14 @@ class SweepConfig(_Strict):
     @classmethod
     def _module_names(cls, v: list[str]) -> list[str]:
         for name in v:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", name):
+            if not re.match(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z", name):
                 raise ValueError(f"{name!r} is not a module name (e.g. my_plugins or my_pkg.calibration)")
         return v
 
     @field_validator("name")
     @classmethod
     def _safe_name(cls, v: str) -> str:
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", v):
+        if not re.match(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z", v):
             raise ValueError("must be 1-100 characters of letters, digits, '.', '_' or '-'")
         return v
 

@@ -45,6 +45,21 @@ def _closed_port() -> int:
 
 
 CLOSED_PORT = _closed_port()
+# hostile configs: an alias bomb (9^8 values once expanded), 20,000 levels of nesting, 1 MiB + 1 byte, a
+# 900 KB name (under the size limit: its echo must be clipped), 2,000 unknown keys (one line, counted)
+BOMB = """a: &a ["x","x","x","x","x","x","x","x","x"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+"""
+DEEP = "a: " + "[" * 20000 + "]" * 20000 + "\n"
+BIG = "name: x\n" + "#" * (1 << 20) + "\n"
+LONG_NAME = "name: " + "x" * 900_000 + "\n"
+MANY_KEYS = "".join(f"key{i}: 1\n" for i in range(2000))
 S3 = ["--storage-path", "s3://bucket/ray-results"]
 SERVER = ["--tracking-uri", "http://mlflow.example:5000"]
 
@@ -61,6 +76,7 @@ class Case:
     files: tuple[tuple[str, Any], ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     nobody: bool = False  # run as an unprivileged user (permission checks)
+    limit_s: float = 30.0  # the model/data and disk checks build the model: torch's import, seconds on a busy machine
 
 
 def case(
@@ -71,9 +87,10 @@ def case(
     env: dict[str, str] | None = None,
     nobody: bool = False,
     skip: str | None = None,
+    limit_s: float = 30.0,
 ) -> Any:
     marks = [pytest.mark.skip(reason=skip)] if skip else []
-    c = Case(cid, tuple(args), needle, tuple((files or {}).items()), tuple((env or {}).items()), nobody)
+    c = Case(cid, tuple(args), needle, tuple((files or {}).items()), tuple((env or {}).items()), nobody, limit_s)
     return pytest.param(c, id=cid, marks=marks)
 
 
@@ -180,14 +197,14 @@ CASES = [
     case(
         "lr-high-infinite",
         ["--set", "search.calibrator_lr.high=.inf"],
-        "search.calibrator_lr.high: must be a finite number (got inf)",
+        "search.calibrator_lr.high: Input should be a finite number (got inf)",
     ),
     case("train-lr-nan", ["--set", "run.train.lr=.nan"], "run.train.lr: Input should be a finite number"),
-    case("cpus-infinite", ["--cpus-per-trial", "inf"], "resources.cpus_per_trial: must be a finite number"),
+    case("cpus-infinite", ["--cpus-per-trial", "inf"], "resources.cpus_per_trial: Input should be a finite number"),
     case(
         "param-bound-infinite",
         ["--set", "search.params={train.lr: {type: loguniform, low: 1.0e-4, high: .inf}}"],
-        "search.params.train.lr.high: must be a finite number",
+        "search.params.train.lr.high: Input should be a finite number",
     ),
     case("unknown-calibrator", ["--set", "search.calibrators=[temperature,platt]"], "unknown calibrator 'platt'"),
     case("unknown-objective", ["--set", "search.objective=pareto"], "search.objective"),
@@ -394,6 +411,44 @@ CASES = [
         "--cluster: RAY_ADDRESS='head' is not host:port",
         env={"RAY_ADDRESS": "head"},
     ),
+    # --- hostile inputs (issue #22): bounded YAML, strict types, clipped echoes, URIs, model/data, sizes
+    case("yaml-alias-bomb", ["--config", "bomb.yaml"], "bomb.yaml: more than 100000 values", {"bomb.yaml": BOMB}),
+    case("yaml-deep", ["--config", "deep.yaml"], "deep.yaml: nested deeper than 64 levels", {"deep.yaml": DEEP}),
+    case("yaml-recursive", ["--config", "rec.yaml"], "rec.yaml: a recursive alias", {"rec.yaml": "a: &a [*a]\n"}),
+    case("cfg-too-big", ["--config", "big.yaml"], "a config file may have at most 1048576", {"big.yaml": BIG}),
+    case("cfg-nul-in-path", ["--config", "a\x01b.yaml"], "config file not found"),
+    case("bool-for-int", ["--set", "run.train.epochs=true"], "run.train.epochs: expected a number, not a boolean"),
+    case("bool-for-float", ["--set", "run.train.lr=false"], "run.train.lr: expected a number, not a boolean"),
+    case("int-overflow", ["--set", "run.train.epochs=" + "9" * 30], "run.train.epochs: integer out of range"),
+    case("int-5000-digits", ["--set", "search.num_samples=" + "9" * 5000], "--set search.num_samples: a value cannot"),
+    case(
+        "num-samples-huge", ["--set", "run.data.num_samples=2000000000"], "run.data.num_samples: Input should be less"
+    ),
+    case("name-newline", ["--name", "sweep\n"], "name: must be 1-100 characters"),
+    case("name-10mb-clipped", ["--config", "name.yaml"], "name: must be 1-100 characters", {"name.yaml": LONG_NAME}),
+    case("unknown-keys-many", ["--config", "keys.yaml"], "and 1995 more problems", {"keys.yaml": MANY_KEYS}),
+    case("tracking-ipv6-malformed", ["--tracking-uri", "http://u:pw@[::1"], "tracking.uri: http://u:***@[::1 is not"),
+    case(
+        "storage-ipv6-malformed",
+        ["--set", "search.storage=postgresql://u:pw@[::1/x"],
+        "search.storage: postgresql://u:***@[::1/x is not a valid URI",
+    ),
+    case(
+        "storage-hdfs-no-lib", ["--storage-path", "hdfs://nn:8020/x"], "storage_path: cannot write to hdfs://nn:8020/x"
+    ),
+    case("storage-s3-unreachable", ["--storage-path", "s3://bucket/x"], "storage_path: cannot write to s3://bucket/x"),
+    case(
+        "model-data-mismatch",
+        ["--set", "run.model.name=resnet18"],
+        "run.model.name: 'resnet18' cannot take mnist1d",
+        limit_s=90,
+    ),
+    case(
+        "trials-do-not-fit-disk",
+        ["--num-samples", "10000000"],
+        "search.num_samples: 10000000 trials keep about",
+        limit_s=90,
+    ),
 ]
 
 
@@ -455,7 +510,7 @@ def _run(c: Case, base: Path) -> Outcome:
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=CASE_LIMIT_S + 30,
+        timeout=c.limit_s + 30,
         env=_env({k: fill(v) for k, v in c.env}),
     )
     took = time.perf_counter() - t0
@@ -494,13 +549,14 @@ def test_malformed_invocation(outcomes, c: Case):
     assert len(lines) == 1 and lines[0].strip(), f"expected one stderr line, got {len(lines)}:\n{o.stderr}"
     line = lines[0]
     assert line.startswith("error: "), line
+    assert len(line) <= 300, f"error line of {len(line)} characters"
     needle = c.needle.replace("{cwd}", str(o.cwd)).replace("{port}", str(CLOSED_PORT))
     if needle.startswith("re:"):
         assert re.search(needle[3:], line), (needle, line)
     else:
         assert needle in line, (needle, line)
     assert o.after == o.before, "the CLI wrote into the working directory"
-    assert o.took < CASE_LIMIT_S, f"took {o.took:.1f} s"
+    assert o.took < c.limit_s, f"took {o.took:.1f} s"
 
 
 def test_at_least_forty_cases():
@@ -526,3 +582,18 @@ def test_failing_fast_imports_neither_ray_nor_mlflow_nor_torch(tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=_env({})
     )
     assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
+
+
+def test_a_fifo_as_config_is_refused_without_blocking(tmp_path):
+    """A named pipe would block a reader for ever: refused by its file type, before it is opened."""
+    fifo = tmp_path / "cfg.yaml"
+    os.mkfifo(fifo)
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(LAUNCH), "--config", str(fifo)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {fifo}: not a regular file (a pipe, socket or device); give a YAML file"
+    ]
+    assert time.perf_counter() - t0 < CASE_LIMIT_S

@@ -65,7 +65,7 @@ def test_dry_run_checks_values_but_not_the_environment(capsys):
     # a GPU request on a machine without one is a plan, not an error, in --dry-run
     assert main(["--dry-run", "--gpus-per-trial", "8", "--storage-path", "/proc/sys/x"]) == 0
     assert main(["--dry-run", "--set", "search.calibrator_lr.high=.inf"]) == 2
-    assert "search.calibrator_lr.high: must be a finite number" in capsys.readouterr().err
+    assert "search.calibrator_lr.high: Input should be a finite number" in capsys.readouterr().err
 
 
 def test_string_flags_are_taken_verbatim(tmp_path, monkeypatch, capsys):

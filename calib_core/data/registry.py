@@ -22,6 +22,19 @@ _LOADERS: dict[str, Callable[[DataConfig, int], DataSplits]] = {
     "celeba": load_celeba,  # 40 binary attribute tasks
 }
 _GENERATED = {"mnist1d", "mnist1d_mtl"}  # accept data.num_samples
+# (input shape without the batch dimension, classes of the first task) of the built-in sets whose shape does not
+# depend on the config: what a model/data compatibility check needs without loading the data
+_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
+    "mnist1d": ((40,), 10),
+    "mnist1d_mtl": ((40,), 10),
+    "digits": ((1, 8, 8), 10),
+    "digits_mtl": ((1, 8, 8), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+    "svhn": ((3, 32, 32), 10),
+    "mnist": ((1, 28, 28), 10),
+    "fashionmnist": ((1, 28, 28), 10),
+}
 _AUGMENTABLE = set(SPECS)  # image sets with a crop (+ flip) policy
 
 Loader = Callable[[DataConfig, int], DataSplits]
@@ -46,6 +59,11 @@ def register_dataset(name: str, *, generated: bool = False, augmentable: bool = 
         return loader
 
     return deco
+
+
+def dataset_shape(name: str) -> tuple[tuple[int, ...], int] | None:
+    """(input shape, classes of the first task) of a built-in dataset, or None where it depends on the config."""
+    return _SHAPES.get(name)
 
 
 def list_datasets() -> list[str]:
