@@ -88,6 +88,7 @@ def load_result(cfg: SweepConfig) -> Any:
     import pandas as pd
 
     from sweeps.contract import TAG_CHAMPION_RUN, TAG_TRIAL
+    from sweeps.redaction import redact
     from sweeps.service import SweepError, SweepResult
     from sweeps.store import MlflowStore
     from sweeps.study import MEMORY
@@ -97,7 +98,7 @@ def load_result(cfg: SweepConfig) -> Any:
     experiment_id = store.experiment_id(cfg.tracking.experiment)
     parent = store.parent_run(experiment_id, cfg.name) if experiment_id is not None else None
     if parent is None or TAG_CHAMPION_RUN not in parent.data.tags:
-        raise SweepError(f"sweep {cfg.name!r} has no selected champion in {cfg.tracking.uri}")
+        raise SweepError(f"sweep {cfg.name!r} has no selected champion in {redact(cfg.tracking.uri)}")
     assert experiment_id is not None  # the parent run was found in it
     champion_run = parent.data.tags[TAG_CHAMPION_RUN]
     model = cfg.tracking.registered_model

@@ -18,9 +18,10 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(_root))
 
-from typing import TYPE_CHECKING, NoReturn  # noqa: E402
+from typing import TYPE_CHECKING, Any, NoReturn  # noqa: E402
 
 from calib_core.config import ConfigError  # noqa: E402
+from sweeps.redaction import redact, redact_text, redact_values  # noqa: E402
 
 if TYPE_CHECKING:
     from sweeps.config import SweepConfig
@@ -32,7 +33,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (`error: ...`), exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"error: {' '.join(message.split())} (see --help)", file=sys.stderr)
+        print(f"error: {redact_text(' '.join(message.split()))} (see --help)", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
 
 
@@ -123,8 +124,6 @@ def resolve_config(args: argparse.Namespace) -> SweepConfig:
 
 def resource_plan(cfg: SweepConfig) -> str:
     """A short human summary of what the sweep will ask Ray for."""
-    from sweeps.preflight import redact
-
     r, s = cfg.resources, cfg.search
     conc = min(r.max_concurrent, s.num_samples)
     metric = s.metric if s.objective == "single" else "val_accuracy max + val_ece min"
@@ -134,13 +133,21 @@ def resource_plan(cfg: SweepConfig) -> str:
         f"per trial: {r.cpus_per_trial:g} CPU, {r.gpus_per_trial:g} GPU; at most {conc} at once "
         f"-> peak {conc * r.cpus_per_trial:g} CPU, {conc * r.gpus_per_trial:g} GPU\n"
         f"retries per trial: {r.max_failures}; epochs per trial: {cfg.run.train.epochs}\n"
-        f"storage: {cfg.storage_path}\ntracking: {cfg.tracking.uri}\n"
+        f"storage: {redact(cfg.storage_path or '')}\ntracking: {redact(cfg.tracking.uri or '')}\n"
         f"optuna study: {cfg.name} in {redact(cfg.search.storage or 'memory')}"
     )
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """The error as one line, every URI in it without its secrets (sweeps/redaction.py)."""
+    return redact_text(" ".join(str(exc).split())) or type(exc).__name__
+
+
+def _redacting_excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """An unexpected error's traceback, as Python prints it but with no URI's password in it."""
+    import traceback
+
+    sys.stderr.write(redact_text("".join(traceback.format_exception(kind, exc, tb))))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     value, path, server or resource request is one `error:` line on stderr, exit 2, and
     nothing is created (no mlflow.db, mlartifacts, ray_results, or run in an existing store).
     """
+    sys.excepthook = _redacting_excepthook
     args = build_parser().parse_args(argv)
     try:
         from sweeps.preflight import check_config
@@ -162,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         import yaml
 
-        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip())
+        print(yaml.safe_dump(redact_values(cfg.model_dump(mode="json")), sort_keys=False).rstrip())
         print("---")
         print(resource_plan(cfg))
         return EXIT_OK
@@ -184,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         execute(cfg, cluster=args.cluster, resume=args.resume, verbose=args.verbose)
     except SweepIncomplete as exc:
-        print(str(exc), file=sys.stderr)
+        print(redact_text(str(exc)), file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ConfigError, SweepError, ResourcesUnavailable) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)

@@ -36,6 +36,7 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE re-exported: t
     TAG_ROLE,
     TAG_SWEEP,
 )
+from sweeps.redaction import redact
 
 if TYPE_CHECKING:
     from sweeps.config import SweepConfig
@@ -208,15 +209,6 @@ def _cluster_store_problems(cfg: SweepConfig) -> list[str]:
 def is_local_store(uri: str) -> bool:
     """True for MLflow stores other nodes cannot reach (SQLite files, file paths)."""
     return uri.startswith(("sqlite:", "file:", "/", ".")) or "://" not in uri
-
-
-def redact(uri: str) -> str:
-    """`uri` without a password in its user-info part."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = f"{parts.username}:***@{parts.netloc.rsplit('@', 1)[1]}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _host(uri: str) -> str:

@@ -43,8 +43,8 @@ from sweeps.contract import (
     is_number,
 )
 from sweeps.live_hooks import LiveCallbacks, LiveReporter, installed
-from sweeps.preflight import redact
 from sweeps.progress import ProgressCallback, StatusReporter, quiet_output
+from sweeps.redaction import redact, redact_values
 from sweeps.reports import sweep_report_files
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
 from sweeps.selection import TrialRecord, format_leaderboard, select
@@ -294,9 +294,10 @@ def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: 
     print(f"Registered: models:/{cfg.tracking.registered_model}@champion (version {version})")
     uri = cfg.tracking.uri or ""
     if uri.startswith("sqlite:"):
-        print(f"Compare runs: {_tool('mlflow')} ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)")
+        ui = f"{_tool('mlflow')} ui --backend-store-uri {redact(uri)}"
+        print(f"Compare runs: {ui}   (then open http://127.0.0.1:5000)")
     else:
-        print(f"Compare runs: open the MLflow UI at {uri}")
+        print(f"Compare runs: open the MLflow UI at {redact(uri)}")
     study = cfg.search.storage or MEMORY
     if study != MEMORY:
         print(f"Optuna study: {_tool('optuna-dashboard')} {redact(study)}   (then open http://127.0.0.1:8080)")
@@ -537,8 +538,8 @@ def _open_parent(cfg: SweepConfig, store: MlflowStore, experiment_id: str, sourc
         experiment_id, cfg.name, {**sources, TAG_DATASET: cfg.run.data.name, NOTE_TAG: _sweep_note(cfg)}
     )
     if new:
-        flat = flatten(cfg.model_dump(mode="json"))
-        flat["search.storage"] = redact(str(flat.get("search.storage")))  # no database password in a param
+        # no password of the MLflow store or the Optuna database in a param (tracking.uri, search.storage)
+        flat = flatten(redact_values(cfg.model_dump(mode="json")))
         store.log_params(parent_id, flat)
     return parent_id
 

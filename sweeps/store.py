@@ -31,12 +31,16 @@ from sweeps.contract import (
     TAG_SWEEP,
     TAG_TRIAL,
 )
+from sweeps.redaction import has_credentials, redact, redact_text
 
 MAX_METRICS = 900  # MLflow's log_batch takes at most 1000 metrics
 MAX_PARAMS = 90  # ... and at most 100 params
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 MAX_TAG_CHARS = 5000  # what the service keeps of a long tag (a reason, a selection sentence)
 ALL_RUNS = 10000  # search_runs page size: a sweep has far fewer runs
+# MLflow prints "View run ... at: URL" when a run ends on an http(s) store (TrackingServiceClient._log_url),
+# the URL carrying the tracking URI's user-info password; its documented switch turns those lines off.
+QUIET_RUN_LINKS_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 
 # HTTP statuses that mean "the server is not serving right now", not "the request is wrong"
@@ -110,14 +114,14 @@ class OutageRetry:
                 if self.down_since is None:
                     self.down_since = now
                     self.say(
-                        f"MLflow tracking server {_redact(self.uri)} unreachable; the sweep waits for it "
+                        f"MLflow tracking server {redact(self.uri)} unreachable; the sweep waits for it "
                         f"(retrying with backoff, up to {self.limit_s:g} s: tracking.outage_timeout_s)"
                     )
                 waited = now - self.down_since
                 if waited >= self.limit_s:
                     self.stopped = True
                     raise TrackingUnavailable(
-                        f"MLflow tracking server {_redact(self.uri)} unreachable for {waited:.0f} s, past "
+                        f"MLflow tracking server {redact(self.uri)} unreachable for {waited:.0f} s, past "
                         f"tracking.outage_timeout_s={self.limit_s:g}; the sweep stopped, continue it with "
                         "--resume once the server is back"
                     ) from None
@@ -136,13 +140,16 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _redact(uri: str) -> str:
-    """The URI without a password (user:password@host)."""
-    if "@" in uri and "://" in uri:
-        scheme, rest = uri.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
-    return uri
+def quiet_run_links(tracking_uri: str) -> None:
+    """No "View run ... at: URL" lines from MLflow: a user's setting wins, unless the URL would show a password."""
+    if has_credentials(tracking_uri):
+        os.environ[QUIET_RUN_LINKS_ENV] = "true"
+    else:
+        os.environ.setdefault(QUIET_RUN_LINKS_ENV, "true")
+
+
+def _redacted(tags: dict[str, str]) -> dict[str, str]:
+    return {k: redact_text(str(v)) for k, v in tags.items()}
 
 
 class _RetryingClient:
@@ -225,6 +232,7 @@ class MlflowStore:
                 # request timeout: OutageRetry decides how long to wait and says so. A user's setting wins.
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+            quiet_run_links(self.tracking_uri)
             self._client = self._wrap(MlflowClient(self.tracking_uri))
         return self._client
 
@@ -280,7 +288,7 @@ class MlflowStore:
         run = self.parent_run(experiment_id, sweep)
         if run is None:
             run = self.client.create_run(
-                experiment_id, run_name=sweep, tags={TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT, **tags}
+                experiment_id, run_name=sweep, tags={TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT, **_redacted(tags)}
             )
         elif run.info.status != "RUNNING":
             self.reopen(run.info.run_id)
@@ -288,7 +296,7 @@ class MlflowStore:
 
     def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str:
         """A new run; its id."""
-        return self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        return self.client.create_run(experiment_id, run_name=name, tags=_redacted(tags)).info.run_id
 
     def reopen(self, run_id: str) -> None:
         """Mark the run RUNNING again (a retried or resumed trial, a resumed sweep)."""
@@ -341,17 +349,18 @@ class MlflowStore:
     # ------------------------------------------------------------------------ params, tags, metrics
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         """Log params as strings (cut to MLflow's limit), in batches."""
-        items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
+        items = [Param(k, redact_text(str(v))[:MAX_PARAM_CHARS]) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS):
             self.client.log_batch(run_id, params=items[i : i + MAX_PARAMS])
 
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
-        """Set tags on the run, in order."""
+        """Set tags on the run, in order (secrets in URIs masked: sweeps/redaction.py)."""
         for key, value in tags.items():
-            self.client.set_tag(run_id, key, value)
+            self.client.set_tag(run_id, key, redact_text(str(value)))
 
     def append_to_note(self, run_id: str, text: str) -> None:
         """Append a paragraph to the run's description (once: a replayed result adds nothing)."""
+        text = redact_text(text)  # as set_tags stores it, so a replay finds it
         note = self.get_run(run_id).data.tags.get(NOTE_TAG, "")
         if text not in note:
             self.set_tags(run_id, {NOTE_TAG: f"{note}\n\n{text}".strip()})
@@ -419,20 +428,20 @@ class MlflowStore:
             source=f"models:/{model_id}",
             run_id=run_id,
             model_id=model_id,
-            description=description,
-            tags=tags,
+            description=redact_text(description),
+            tags=_redacted(tags),
         )
         return str(mv.version)
 
     def describe_version(self, model_name: str, version: str, description: str) -> None:
         """Replace a model version's description."""
-        self.client.update_model_version(model_name, version, description=description)
+        self.client.update_model_version(model_name, version, description=redact_text(description))
 
     def point_alias(self, model_name: str, alias: str, version: str, tags: dict[str, str]) -> None:
         """Point `alias` at `version` and set the version's `tags`."""
         self.client.set_registered_model_alias(model_name, alias, version)
         for key, value in tags.items():
-            self.client.set_model_version_tag(model_name, version, key, value)
+            self.client.set_model_version_tag(model_name, version, key, redact_text(value))
 
     def alias_version(self, model_name: str, alias: str) -> str | None:
         """The version `alias` points at, or None."""
