@@ -170,3 +170,32 @@ def headless_chromium(paths: tuple[str, str], window: str = "1600,3200") -> Iter
         yield driver
     finally:
         driver.quit()
+
+
+def stop_ray_under(temp_dir: str, grace_s: float = 15.0) -> list[int]:
+    """Stop only the Ray processes this test started: those whose command line names `temp_dir` (the cluster's
+    RAY_TMPDIR, so every raylet, GCS and worker of it carries its session folder there). Never `ray stop --force`,
+    which kills every Ray cluster on the machine. SIGTERM first, SIGKILL after `grace_s`; returns the pids."""
+    import signal
+
+    mine = os.getpid()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == mine:
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if temp_dir in cmd:
+            pids.append(int(entry.name))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+            time.sleep(0.2)
+    return pids

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sweep_helpers import FAST, free_port, launch, mlflow_server
+from tests.sweep_helpers import FAST, free_port, launch, mlflow_server, stop_ray_under
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).parent / "ray")
@@ -68,7 +68,7 @@ def cluster(tmp_path_factory) -> Iterator[dict]:
                 },
             }
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        stop_ray_under(ray_tmp)  # only this test's cluster (never `ray stop --force`)
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 

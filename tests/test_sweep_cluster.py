@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sweep_helpers import FAST, free_port, launch, mlflow_server, sweep_runs
+from tests.sweep_helpers import FAST, free_port, launch, mlflow_server, stop_ray_under, sweep_runs
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).parent / "ray")
@@ -91,5 +91,5 @@ def test_cluster_sweep_uses_both_nodes(tmp_path):
         nodes = {r.data.tags["calib.node_id"] for r in children}
         assert len(nodes) == 2, nodes
     finally:
-        ray_cmd("stop", "--force")
+        stop_ray_under(ray_tmp)  # only this test's cluster (never `ray stop --force`)
         shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -96,9 +96,8 @@ def test_killed_driver_then_resume_completes_without_duplicates(tmp_path):
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
         driver.wait()
     assert finished_before, "no trial finished in time"
-    subprocess.run(
-        [os.path.join(os.path.dirname(sys.executable), "ray"), "stop", "--force"], capture_output=True, timeout=60
-    )
+    # the SIGKILLed driver's own Ray processes are stopped by the resumed run (sweeps/ray_session.py: the session
+    # it recorded under the storage path); `ray stop --force` would kill every Ray cluster on the machine
 
     proc = launch(tmp_path, *args, "--resume")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
