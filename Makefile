@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sweep test test-slow test-containers lint bench clean
+.PHONY: setup sweep test test-slow test-containers lint bench clean distclean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,5 +41,9 @@ lint: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_metrics.py
 
+# Everything the demo and the tests write here (stores, artifacts, Ray results, caches); `distclean` also the venv.
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache mlruns mlflow.db ray_results
+	rm -rf .pytest_cache .ruff_cache .mypy_cache mlruns mlflow.db optuna.db mlartifacts ray_results test-artifacts
+
+distclean: clean
+	rm -rf $(VENV)
