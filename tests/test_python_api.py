@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # a whole sweep: the e2e tier
 def test_example_runs_a_sweep_and_uses_its_result(tmp_path):
     # env: TMPDIR left as it is (a TMPDIR this deep: Ray socket paths too long)
     proc = subprocess.run(

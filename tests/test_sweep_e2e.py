@@ -24,6 +24,9 @@ from tests.sweep_helpers import (
     sweep_runs,
 )
 
+# whole sweeps: the e2e tier (make test-slow), not the unit tier (make test)
+pytestmark = pytest.mark.slow
+
 MODEL = "calibrated-classifier"
 
 

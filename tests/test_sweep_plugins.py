@@ -89,6 +89,7 @@ def plugin_sweep(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.mark.slow  # a whole sweep: the e2e tier
 def test_plugin_model_dataset_and_calibrator_run_a_sweep(plugin_sweep):
     parents, children = sweep_runs(store(plugin_sweep), "plugin-sweep")
     assert parents[0].info.status == "FINISHED" and len(children) == 2
@@ -99,6 +100,7 @@ def test_plugin_model_dataset_and_calibrator_run_a_sweep(plugin_sweep):
     assert "of plugin_net on plugin_blobs" in out and "Registered: models:/" in out
 
 
+@pytest.mark.slow  # a whole sweep: the e2e tier
 def test_champion_of_a_plugin_model_loads_in_a_fresh_process(plugin_sweep):
     """The exported spec names the plugin; loading imports it (it must be importable there)."""
     script = textwrap.dedent(f"""
