@@ -5,7 +5,9 @@
 classes or the task list, input shape) as JSON-serialisable data;
 `build_calibrated_model(spec)` rebuilds the same module from calib_core's registries, and
 `load_calibrated_model(spec, state_dict)` loads the weights strictly (every key, every shape).
-Nothing here unpickles Python objects: the weights load with `torch.load(weights_only=True)`.
+Nothing here unpickles Python objects: the weights load with `torch.load(weights_only=True)`
+(`load_tensors`), which refuses a file naming any other Python object with `UnsafeFileError`
+instead of running it.
 
 `prepare_inputs(x, input_shape)` turns what a caller passes (numpy array, pandas DataFrame,
 torch tensor, nested lists) into a finite float32 array (N, *input_shape), or raises
@@ -15,6 +17,8 @@ torch tensor, nested lists) into a finite float32 array (N, *input_shape), or ra
 from __future__ import annotations
 
 import math
+import pickle
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -32,6 +36,28 @@ SPEC_VERSION = 1
 
 class InvalidInputError(ValueError):
     """The input cannot be fed to the model (wrong shape, not numeric, NaN or inf)."""
+
+
+class UnsafeFileError(ValueError):
+    """A file that should hold only tensors and plain data names other Python objects (a pickled
+    module, a class with `__reduce__`, ...): it is refused, and nothing in it is run."""
+
+
+def load_tensors(path: str | Path) -> Any:
+    """`torch.load(path, weights_only=True)` on the CPU: tensors, dicts, lists, tuples and
+    primitives only. Anything else raises `UnsafeFileError` naming the file and what it holds;
+    torch's restricted unpickler never imports or calls it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(
+            r"Unsupported (?:global: GLOBAL \S+|operand \S+|class \S+)|Trying to \S+ .*?(?=\n|$)", str(exc)
+        )
+        what = (found.group(0) if found else str(exc).splitlines()[-1]).rstrip(".")
+        raise UnsafeFileError(
+            f"refusing to load {path}: it holds more than tensors and plain data ({what}); it is not "
+            "unpickled, since that could run code (a file written by an older version must be made again)"
+        ) from None
 
 
 # ---------------------------------------------------------------------------- the spec
@@ -154,7 +180,7 @@ def load_calibrated_model(spec: Mapping[str, Any], weights: Mapping[str, torch.T
     """`build_calibrated_model(spec)` with `weights` (a state_dict, or a file saved with
     torch.save holding one: loaded with weights_only=True) loaded strictly, in eval mode."""
     if isinstance(weights, (str, Path)):
-        state: Mapping[str, torch.Tensor] = torch.load(weights, map_location="cpu", weights_only=True)
+        state: Mapping[str, torch.Tensor] = load_tensors(weights)
     else:
         state = weights
     module = build_calibrated_model(spec)
@@ -226,11 +252,13 @@ def prepare_inputs(x: Any, input_shape: Sequence[int]) -> np.ndarray:
 __all__ = [
     "InvalidInputError",
     "SPEC_FORMAT",
+    "UnsafeFileError",
     "SPEC_VERSION",
     "accepted_input_shapes",
     "build_calibrated_model",
     "expected_input_text",
     "load_calibrated_model",
+    "load_tensors",
     "model_spec",
     "output_classes",
     "prepare_inputs",

@@ -12,8 +12,11 @@ from typing import Any, TypeGuard
 
 # ---------------------------------------------------------------------------- checkpoint layout
 # Every epoch checkpoint holds STATE_FILE; the final one (the trial's last report) holds all of them.
+# The .pt files hold tensors and plain data only and are read with torch.load(weights_only=True):
+# nothing under the storage path is unpickled into Python objects.
 STATE_FILE = "state.pt"  # the trainer's resumable state
-MODEL_FILE = "model.pt"  # the calibrated module, pickled (completed trials only)
+MODEL_FILE = "model.pt"  # the calibrated module's state_dict (completed trials only)
+MODEL_SPEC_FILE = "model_spec.json"  # what rebuilds that module (calib_core.export.model_spec)
 PREDICTIONS_FILE = "predictions.npz"  # val/test probabilities and labels (sweeps.uncertainty.load_predictions)
 SUMMARY_FILE = "summary.json"  # run config, input shape, tasks, calibrator info, status
 FINAL_FILE = "final.json"  # the final report itself: a restarted finished trial reports it again

@@ -45,6 +45,7 @@ from sweeps.contract import (
     CHAMPION_ALIAS,
     FINAL_FILE,
     MODEL_FILE,
+    MODEL_SPEC_FILE,
     SUMMARY_FILE,
     TAG_EXPORT_FORMAT,
     TAG_SOURCE_RUN,
@@ -74,10 +75,16 @@ VAL_METRICS = (
 
 class CalibratedClassifierModel(PythonModel):
     """Legacy (CloudPickled) model class: versions registered before the portable format
-    reference it by name, so it stays importable for them. New versions never use it."""
+    reference it by name, so it stays importable for them. New versions never use it.
+
+    Their `model` artifact is a whole pickled nn.Module, which is no longer unpickled (that
+    could run code): loading one raises calib_core.export.UnsafeFileError; register the
+    champion again (the portable format) to serve it."""
 
     def load_context(self, context: Any) -> None:
-        self.model = torch.load(context.artifacts["model"], map_location="cpu", weights_only=False).eval()
+        from calib_core.export import load_tensors
+
+        self.model = load_tensors(context.artifacts["model"]).eval()
         summary = json.loads(Path(context.artifacts["summary"]).read_text())
         self.input_shape = tuple(summary["input_shape"])
 
@@ -173,17 +180,23 @@ def _read_metrics(store: MlflowStore, run_id: str, ckpt: Path) -> dict[str, Any]
     return metrics
 
 
-def _load_trained(ckpt: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The trial's calibrated module and summary from its final checkpoint (sweeps.contract's layout)."""
+def _load_trained(ckpt: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
+    """The trial's calibrated module, summary and model spec from its final checkpoint
+    (sweeps.contract's layout, written by sweeps.trainable.save_model): the module is rebuilt
+    from the spec with calib_core's registries and its state_dict loaded with
+    `torch.load(weights_only=True)`; a file holding any other pickled object raises
+    calib_core.export.UnsafeFileError and is never unpickled."""
+    from calib_core.export import load_calibrated_model, load_tensors
+
     summary = json.loads((ckpt / SUMMARY_FILE).read_text())
     if not (ckpt / MODEL_FILE).is_file():
-        raise FileNotFoundError(
-            f"{ckpt / MODEL_FILE} is missing: the trial did not complete "
-            f"(status {summary.get('status')!r}), so there is no model to register"
-        )
-    # The checkpoint the trial wrote holds the whole module, pickled; it is read only here.
-    module = torch.load(ckpt / MODEL_FILE, map_location="cpu", weights_only=False).eval()
-    return module, summary
+        why = summary.get("model_export_error") or f"the trial did not complete (status {summary.get('status')!r})"
+        raise FileNotFoundError(f"{ckpt / MODEL_FILE} is missing: {why}, so there is no model to register")
+    weights = load_tensors(ckpt / MODEL_FILE)  # before the spec: an old pickled module is refused by name
+    if not (ckpt / MODEL_SPEC_FILE).is_file():
+        raise FileNotFoundError(f"{ckpt / MODEL_SPEC_FILE} is missing: {ckpt} was not written by this version")
+    spec = json.loads((ckpt / MODEL_SPEC_FILE).read_text())
+    return load_calibrated_model(spec, weights), summary, spec
 
 
 def _stage(module: torch.nn.Module, spec: dict[str, Any], out: Path) -> None:
@@ -255,8 +268,6 @@ def log_and_register(
     the version. Idempotent: a version already registered from `run_id` is reused (only the
     alias, tags and, when given, the description are set), so a resumed sweep never adds a
     second one. `description` replaces the default one built from the run's summary."""
-    from calib_core.export import model_spec
-
     mlflow.set_tracking_uri(tracking_uri)  # mlflow.pyfunc.log_model logs through the fluent API
     store = MlflowStore(tracking_uri)
     ckpt = Path(checkpoint_dir)
@@ -268,8 +279,9 @@ def log_and_register(
         if description is not None and description != mv.description:
             store.describe_version(model_name, version, description)
     else:
-        module, summary = _load_trained(ckpt)
-        spec = model_spec(module, summary["run_config"], input_shape)
+        module, summary, spec = _load_trained(ckpt)
+        if tuple(spec["input_shape"]) != input_shape:
+            raise ValueError(f"{ckpt}'s model takes inputs {tuple(spec['input_shape'])}, not {input_shape}")
         # an earlier call that died between logging and registering left a complete model: reuse it
         model_id = store.completed_export(run_id, EXPORT_FORMAT) or _log_portable_model(store, run_id, module, spec)
         if description is None:

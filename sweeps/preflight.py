@@ -264,7 +264,10 @@ def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False) -> str | No
         check_local_resources(cfg)
     with _fs_errors("search.storage"):
         check_study_storage(cfg.search.storage or "memory")
-    with _fs_errors("tracking.uri"):
+    from sweeps.sweep_lock import refused_while_running
+
+    # a launch of this name that is running now is named (reads its lock file only)
+    with _fs_errors("tracking.uri"), refused_while_running(cfg.storage_path, cfg.name):
         return check_store(cfg, resume)
 
 

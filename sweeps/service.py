@@ -369,8 +369,13 @@ def execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = Fa
 
     Raises SweepIncomplete when trials were left unfinished, SweepError when the sweep failed.
     Output is made for people (sweeps/progress.py) unless `verbose`, which keeps Ray Tune's default
-    output and every library's log lines."""
-    with quiet_output(not verbose), _sigterm_as_sigint():
+    output and every library's log lines.
+
+    The sweep name's lock (sweeps/sweep_lock.py) is taken before anything is written and held to
+    the end: a second launch of the same name raises SweepRunning (a ConfigError) naming this one."""
+    from sweeps import sweep_lock
+
+    with quiet_output(not verbose), _sigterm_as_sigint(), sweep_lock.hold(cfg.storage_path, cfg.name):
         try:
             return _execute(cfg, cluster=cluster, resume=resume, verbose=verbose)
         except TrackingUnavailable as exc:

@@ -24,6 +24,7 @@ from sweeps.contract import (
     DEBIASED_METRICS,
     FINAL_FILE,
     MODEL_FILE,
+    MODEL_SPEC_FILE,
     OOD_SCORES,
     PREDICTIONS_FILE,
     SHIFT_FILE,
@@ -115,6 +116,7 @@ def train_trial(
     import torch
 
     from calib_core.data import load_dataset
+    from calib_core.export import load_tensors
     from calib_core.trainer import make_trainer
 
     evaluation = EvaluationConfig.model_validate(evaluation or {})
@@ -144,7 +146,9 @@ def train_trial(
                 # The trial had finished before the driver went down: report, do not run again.
                 tune.report(json.loads((Path(d) / FINAL_FILE).read_text()))
                 return
-            resume_state = torch.load(Path(d) / STATE_FILE, map_location="cpu", weights_only=False)
+            # tensors and plain data only (calib_core.trainer's state): a file naming any other
+            # Python object is refused (UnsafeFileError), never unpickled
+            resume_state = load_tensors(Path(d) / STATE_FILE)
 
     last_epoch: dict[str, float] = {}
 
@@ -245,6 +249,20 @@ def _debiased_metrics(arrays: dict[str, np.ndarray]) -> dict[str, float]:
     return out
 
 
+def save_model(directory: str | Path, module: Any, run_config: dict[str, Any], input_shape: tuple[int, ...]) -> None:
+    """The trained calibrated module as MODEL_FILE (its state_dict, tensors only) plus
+    MODEL_SPEC_FILE (calib_core.export.model_spec: what rebuilds it from calib_core's registries);
+    sweeps.model_export reads them back with calib_core.export.load_calibrated_model."""
+    import torch
+
+    from calib_core.export import model_spec, state_dict_for_export
+
+    module = module.cpu().eval()
+    spec = model_spec(module, run_config, input_shape)
+    torch.save(state_dict_for_export(module), Path(directory) / MODEL_FILE)
+    (Path(directory) / MODEL_SPEC_FILE).write_text(json.dumps(spec, indent=1))
+
+
 def _report_final(
     trainer: Trainer,
     result: Any,
@@ -293,8 +311,13 @@ def _report_final(
             final[f"calibrator_{k}"] = float(v)
     with tempfile.TemporaryDirectory() as d:
         torch.save(trainer.state_dict(), Path(d) / STATE_FILE)
+        export_error = None
         if result.status == "completed":
-            torch.save(result.model.cpu().eval(), Path(d) / MODEL_FILE)
+            try:
+                save_model(d, result.model, run_cfg.model_dump(mode="json"), input_shape)
+            except (TypeError, ValueError) as exc:  # a module calib_core.export cannot describe
+                export_error = f"{type(exc).__name__}: {exc}"
+                logging.getLogger(__name__).warning("the trained model is not saved for export: %s", export_error)
             # numpy's stub lets the unpacked str-keyed dict reach the keyword `allow_pickle: bool`
             np.savez_compressed(Path(d) / PREDICTIONS_FILE, **_prediction_arrays(result, data))  # type: ignore[arg-type]
         if shift:
@@ -308,6 +331,7 @@ def _report_final(
                     "calibrator_info": result.calibrator_info,
                     "status": result.status,
                     "reason": result.reason,
+                    **({"model_export_error": export_error} if export_error else {}),
                 },
                 default=str,
                 indent=1,

@@ -1,8 +1,11 @@
-"""Shared test harness: crash a training run after an epoch, then resume it from the pickled state."""
+"""Shared test harness: crash a training run after an epoch, then resume it from the saved state.
+
+The state goes through `torch.save` and `torch.load(weights_only=True)`, as a sweep's trial
+checkpoint does (sweeps/trainable.py): it must hold only tensors and plain data."""
 
 from __future__ import annotations
 
-import pickle
+import io
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +14,7 @@ import torch
 
 
 def crash_then_resume(make_trainer: Callable[[], Any], crash_after: int) -> tuple[Any, Any, list]:
-    """Run until `crash_after` epochs (state pickled, then a crash), resume in a fresh trainer.
+    """Run until `crash_after` epochs (state saved, then a crash), resume in a fresh trainer.
 
     Returns (resumed trainer, its result, the epoch reports of the resumed part). The global
     RNG is reseeded before resuming: resumption must not depend on it.
@@ -23,7 +26,9 @@ def crash_then_resume(make_trainer: Callable[[], Any], crash_after: int) -> tupl
 
     def crash(report: Any) -> None:
         if report.epoch == crash_after:
-            saved["state"] = pickle.dumps(report.state())
+            buf = io.BytesIO()
+            torch.save(report.state(), buf)
+            saved["state"] = buf.getvalue()
             raise Crash
 
     with pytest.raises(Crash):
@@ -31,5 +36,10 @@ def crash_then_resume(make_trainer: Callable[[], Any], crash_after: int) -> tupl
     torch.manual_seed(999)
     trainer = make_trainer()
     reports: list = []
-    result = trainer.fit(on_epoch=reports.append, resume_state=pickle.loads(saved["state"]))
+    result = trainer.fit(on_epoch=reports.append, resume_state=load_state(saved["state"]))
     return trainer, result, reports
+
+
+def load_state(raw: bytes) -> Any:
+    """A saved trainer state read back the way a trial reads its checkpoint (no unpickling of objects)."""
+    return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)

@@ -1,9 +1,11 @@
 """The champion as a portable MLflow model (sweeps.model_export, calib_core.export).
 
 A tiny model is trained for one epoch with calib_core's trainer (no Ray) and written as the
-trial's final checkpoint (model.pt, summary.json, final.json, as sweeps.trainable does), then
-logged and registered into a temporary SQLite store. The checks: the spec + state_dict
-rebuild every kind of trained module exactly; the logged model holds no pickle, ships
+trial's final checkpoint (model.pt: a state_dict, model_spec.json, summary.json, final.json, as
+sweeps.trainable does), then logged and registered into a temporary SQLite store. The checks:
+the spec + state_dict rebuild every kind of trained module exactly; a checkpoint or model file
+holding a pickled object (a malicious `__reduce__`, an old whole pickled module) is refused
+with a clear error and nothing in it runs; the logged model holds no pickle, ships
 calib_core, pins its requirements and has a signature, an input example and a description;
 it loads and predicts in a fresh interpreter that cannot import this repository; registration
 is idempotent; bad inputs are refused with the shapes named; `mlflow models serve` answers
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,10 +67,10 @@ def _train(overrides: dict) -> tuple[RunConfig, object, object]:
 
 def write_checkpoint(ckpt: Path, cfg: RunConfig, data, result) -> None:
     """The files sweeps.trainable._report_final writes that the export reads."""
-    from sweeps.trainable import FINAL_FILE, MODEL_FILE, SUMMARY_FILE
+    from sweeps.trainable import FINAL_FILE, SUMMARY_FILE, save_model
 
     ckpt.mkdir(parents=True, exist_ok=True)
-    torch.save(result.model.cpu().eval(), ckpt / MODEL_FILE)
+    save_model(ckpt, result.model, cfg.model_dump(mode="json"), tuple(data.input_shape))
     (ckpt / SUMMARY_FILE).write_text(
         json.dumps(
             {
@@ -184,6 +187,86 @@ def test_spec_and_state_dict_rebuild_the_trained_module(case, tmp_path):
     assert len(want) == len(got) and all(torch.equal(a, b) for a, b in zip(want, got))
     if getattr(data, "tasks", None):
         assert spec["tasks"] == [[str(n), int(k)] for n, k in data.tasks] and spec["num_classes"] is None
+
+
+# ---------------------------------------------------------------------------- no code runs from data
+class _Planted:
+    """What an attacker with write access to the storage path could plant: unpickling it runs
+    `open(marker, "w")` (any callable would do; os.system the same way)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _plant(path: Path, marker: Path) -> None:
+    torch.save({"weights": torch.zeros(2), "payload": _Planted(marker)}, path)
+    # the file really is a working exploit when unpickled without the restriction
+    probe = marker.with_name("probe")
+    torch.save({"payload": _Planted(probe)}, path.with_name("probe.pt"))
+    torch.load(path.with_name("probe.pt"), weights_only=False)
+    assert probe.exists()
+    probe.unlink()
+
+
+def test_planted_pickles_are_refused_and_never_run(tmp_path):
+    from calib_core.export import UnsafeFileError
+    from sweeps.contract import MODEL_FILE, STATE_FILE
+    from sweeps.model_export import CalibratedClassifierModel, _load_trained
+
+    cfg, data, result = _train(TINY)
+    marker = tmp_path / "PWNED"
+    ckpt = tmp_path / "ckpt"
+    write_checkpoint(ckpt, cfg, data, result)
+    module, _, _ = _load_trained(ckpt)  # the real layout loads
+    assert type(module) is type(result.model)
+
+    # the exported model of a trial's final checkpoint
+    _plant(ckpt / MODEL_FILE, marker)
+    with pytest.raises(
+        UnsafeFileError, match=rf"refusing to load {re.escape(str(ckpt / MODEL_FILE))}: .*GLOBAL io\.open"
+    ):
+        _load_trained(ckpt)
+    assert not marker.exists()
+
+    # an old checkpoint's whole pickled nn.Module is refused the same way, by its class
+    torch.save(result.model.cpu().eval(), ckpt / MODEL_FILE)
+    with pytest.raises(UnsafeFileError, match=r"GLOBAL calib_core\.trainer\.result\.CalibratedModel"):
+        _load_trained(ckpt)
+    # and so is a legacy pyfunc version's pickled module
+    with pytest.raises(UnsafeFileError, match="refusing to load"):
+        CalibratedClassifierModel().load_context(SimpleNamespace(artifacts={"model": str(ckpt / MODEL_FILE)}))
+
+    # the trainer's resume state (what sweeps.trainable.train_trial reads on a retry)
+    from calib_core.export import load_tensors
+
+    _plant(ckpt / STATE_FILE, marker)
+    with pytest.raises(
+        UnsafeFileError, match=rf"refusing to load {re.escape(str(ckpt / STATE_FILE))}: .*not unpickled"
+    ):
+        load_tensors(ckpt / STATE_FILE)
+    assert not marker.exists()
+
+
+def test_a_trial_refuses_a_planted_resume_state(tmp_path, monkeypatch):
+    """train_trial itself, resuming from a Tune checkpoint whose state.pt was replaced."""
+    from ray import tune
+
+    import sweeps.trainable as trainable
+    from calib_core.export import UnsafeFileError
+    from sweeps.contract import STATE_FILE
+
+    marker = tmp_path / "PWNED"
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    _plant(d / STATE_FILE, marker)
+    monkeypatch.setattr(trainable.tune, "get_checkpoint", lambda: tune.Checkpoint.from_directory(str(d)))
+    base = RunConfig.model_validate({**TINY, "device": "cpu", "num_threads": 1}).model_dump(mode="json")
+    with pytest.raises(UnsafeFileError, match=rf"refusing to load .*{STATE_FILE}"):
+        trainable.train_trial({}, base)
+    assert not marker.exists()
 
 
 # ---------------------------------------------------------------------------- input validation
@@ -418,10 +501,8 @@ def test_registration_is_idempotent_and_survives_a_death_before_registering(stor
 
         # a second champion run whose registration died after the model was logged
         run_b = _finished_run(client, store.experiment_id)
-        module, summary = _load_trained(store.ckpt)
-        logged = _log_portable_model(
-            MlflowStore(store.uri), run_b, module, model_spec(module, summary["run_config"], (40,))
-        )
+        module, _, spec = _load_trained(store.ckpt)
+        logged = _log_portable_model(MlflowStore(store.uri), run_b, module, spec)
         second = log_and_register(run_b, store.ckpt, (40,), name, store.uri)
         third = log_and_register(run_b, store.ckpt, (40,), name, store.uri, description="richer text")
     assert second == third != first

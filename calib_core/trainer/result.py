@@ -73,7 +73,8 @@ class EpochReport:
     _state_fn: Callable[[], dict[str, Any]] = field(repr=False)
 
     def state(self) -> dict[str, Any]:
-        """A picklable dict that resumes this run bit-for-bit (CPU) via `fit(resume_state=...)`."""
+        """A dict of tensors and plain data (`torch.save` it; it loads with `torch.load(weights_only=True)`)
+        that resumes this run bit-for-bit (CPU) via `fit(resume_state=...)`."""
         return self._state_fn()
 
 

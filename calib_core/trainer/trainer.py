@@ -52,7 +52,7 @@ from .modes import ModeSwitch, forward_is_mode_free
 from .plan import plan_run
 from .result import CalibratedModel, EpochReport, Evaluation, TrainResult, model_features, model_submodule
 from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
-from .snapshot import cpu_copy, differing_keys
+from .snapshot import cpu_copy, differing_keys, numpy_rng_state, set_numpy_rng_state
 from .strategy import EVAL_BATCH, CalibratorBatch, Diverged, TaskStrategy, add_regularization
 
 STATE_VERSION = 1
@@ -587,8 +587,9 @@ class Trainer:
         return d
 
     def state_dict(self) -> dict[str, Any]:
-        """A picklable snapshot (tensors on the CPU) that `fit(resume_state=...)` continues from."""
-        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        """A snapshot (tensors on the CPU and plain data: it loads with `torch.load(weights_only=True)`)
+        that `fit(resume_state=...)` continues from."""
+        rng = {"torch": torch.get_rng_state(), "numpy": numpy_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return cpu_copy(
@@ -639,7 +640,7 @@ class Trainer:
             self.cycler.load_state_dict(state["cycler"])
         rng = state["rng"]
         torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
+        set_numpy_rng_state(rng["numpy"])
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
