@@ -1,0 +1,130 @@
+"""The README's result blocks, generated from the result files (issue #21 item 7).
+
+    python benchmarks/readme_results.py           # rewrite the blocks in README.md
+    python benchmarks/readme_results.py --check   # exit 1 if README.md differs from the result files
+
+A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` in README.md; its text is
+made here from benchmarks/results/*.json only, with the verdict words of the study's own rules, so
+a number or a verdict in those blocks cannot drift from its file (tests/test_readme_results.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+from benchmarks.common import RESULTS_DIR, ROOT
+
+README = ROOT / "README.md"
+
+
+def _ci(c: dict[str, float]) -> str:
+    if not c or not all(math.isfinite(c.get(k, math.nan)) for k in ("mean", "lo", "hi")):
+        return "n/a"
+    return f"{100 * c['mean']:+.2f} [{100 * c['lo']:+.2f}, {100 * c['hi']:+.2f}] pt"
+
+
+def _paired(d: list[float]) -> dict[str, float]:
+    from benchmarks.method_study import paired_ci
+
+    return paired_ci(d)
+
+
+def method_study_v2(results: Path = RESULTS_DIR) -> str:
+    """Regime check and per-claim verdicts of the v2 study."""
+    path = results / "method_study_v2.json"
+    if not path.is_file():
+        return "_No v2 result file yet (`benchmarks/results/method_study_v2.json`)._"
+    rec = json.loads(path.read_text())
+    spec_text = (ROOT / rec["protocol"]).read_text()
+    import yaml
+
+    spec = yaml.safe_load(spec_text)
+    n_eval = len(spec["evaluation"]["seeds"])
+    L = [
+        f"Protocol B (backbone fixed, calibrator lr tuned on 3 seeds), {n_eval} evaluation seeds per regime, "
+        f"margins {100 * spec['margin_ece']:g} pt ECE / {100 * spec['margin_acc']:g} pt accuracy "
+        "(`benchmarks/results/method_study_v2.md`). Regime check, plain CE minus TS on validation, test ECE:",
+        "",
+    ]
+    for r, c in rec["check"].items():
+        state = "kept" if c["kept"] else ("dropped" if c["complete"] else "pending")
+        L.append(f"- {r}: {_ci(c['diff'])} ({len(c['seeds'])} check seeds): {state}")
+    L += ["", "Claims (method minus reference, paired by seed; verdicts by the pre-registered rules):", ""]
+    for name, claim in spec["claims"].items():
+        v = rec["verdicts"].get(name, {"overall": "pending", "per_regime": []})
+        rows = rec["claims"].get(name, [])
+        parts = []
+        for row in rows:
+            seeds = len(row["seeds"])
+            tag = row["verdict"] if row["complete"] else f"pending at {seeds}/{n_eval} seeds"
+            parts.append(
+                f"{row['regime']} ECE {_ci(_paired(row['d']['ece']))}, acc {_ci(_paired(row['d']['accuracy']))}: {tag}"
+            )
+        detail = "; ".join(parts) if parts else "no regime yet"
+        L.append(f"- ({name}) {claim['text']}: **{v['overall']}**. {detail}.")
+    return "\n".join(L)
+
+
+def selection_heldout(results: Path = RESULTS_DIR) -> str:
+    """Per held-out regime: the default rule's ECE ratio to the old rule, regret and accuracy gap."""
+    path = results / "selection_heldout.json"
+    if not path.is_file():
+        return "_No held-out selection result yet (`benchmarks/results/selection_heldout.json`)._"
+    rec = json.loads(path.read_text())
+    default = next(k for k in next(iter(rec["summary"].values()))["rules"] if k.startswith("noise_aware (default"))
+    L = [
+        f"Held out (`benchmarks/results/selection_heldout.md`; rule frozen before the runs; seeds "
+        f"{rec['meta']['first_seed']}-{rec['meta']['first_seed'] + rec['meta']['seeds'] - 1}, new to the rule):",
+        "",
+    ]
+    for regime, reg in rec["summary"].items():
+        row = reg["rules"][default]
+        r, g, a = row["ece_ratio_to_old"], row["ece_regret"], row["acc_gap"]
+        verdict = "helps" if r[2] < 1.0 else ("hurts" if r[1] > 1.0 else "no difference shown")
+        L.append(
+            f"- {regime} ({row['sweeps']} sweeps): test ECE {r[0]:.2f}x the old rule's [{r[1]:.2f}, {r[2]:.2f}] "
+            f"({verdict}); regret {100 * g[0]:.2f} pt [{100 * g[1]:.2f}, {100 * g[2]:.2f}]; accuracy "
+            f"{100 * a[0]:.2f} pt below the sweep's best [{100 * a[1]:.2f}, {100 * a[2]:.2f}]"
+        )
+    return "\n".join(L)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"method_study_v2": method_study_v2, "selection_heldout": selection_heldout}
+
+
+def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
+    """`text` with every generated block replaced by its freshly generated content."""
+    for name, make in blocks.items():
+        pat = re.compile(rf"(<!-- generated:{name} -->\n)(?:.*?\n)?(<!-- /generated:{name} -->)", re.S)
+        if not pat.search(text):
+            raise SystemExit(f"README.md has no block <!-- generated:{name} -->")
+        body = make()
+        text = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite (or --check) the README's generated blocks."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true")
+    args = p.parse_args(argv)
+    old = README.read_text()
+    new = render(old)
+    if args.check:
+        if new != old:
+            print("README.md's generated blocks differ from the result files: run python benchmarks/readme_results.py")
+            return 1
+        return 0
+    README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

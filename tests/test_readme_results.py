@@ -1,0 +1,53 @@
+"""The README's result statements come from the result files (issue #21 item 7)."""
+
+import json
+
+from benchmarks import readme_results
+from benchmarks.common import ROOT
+
+
+def test_readme_result_blocks_match_the_result_files():
+    text = (ROOT / "README.md").read_text()
+    assert readme_results.render(text) == text, "run: python benchmarks/readme_results.py"
+
+
+def _heldout(ratio_lo: float) -> dict:
+    row = {
+        "ece_ratio_to_old": [0.8, ratio_lo, 0.95],
+        "ece_regret": [0.004, 0.001, 0.007],
+        "acc_gap": [0.006, 0.002, 0.01],
+        "sweeps": 12,
+    }
+    return {
+        "meta": {"first_seed": 2000, "seeds": 12},
+        "summary": {"mnist1d": {"rules": {"noise_aware (default: Bonferroni, half-ECE dominance)": row}}},
+    }
+
+
+def test_a_changed_number_in_a_result_file_changes_the_block(tmp_path):
+    (tmp_path / "selection_heldout.json").write_text(json.dumps(_heldout(0.70)))
+    a = readme_results.selection_heldout(tmp_path)
+    assert "0.80x the old rule's [0.70, 0.95] (helps)" in a and "regret 0.40 pt [0.10, 0.70]" in a
+    (tmp_path / "selection_heldout.json").write_text(json.dumps(_heldout(0.71)))
+    b = readme_results.selection_heldout(tmp_path)
+    assert a != b
+    # the README test above would then fail: a block written from `a` does not render to itself under `b`
+    text = "x\n<!-- generated:selection_heldout -->\n" + a + "\n<!-- /generated:selection_heldout -->\n"
+    assert readme_results.render(text, {"selection_heldout": lambda: b}) != text
+
+
+def test_verdict_words_follow_the_interval():
+    hurts = _heldout(1.05)
+    hurts["summary"]["mnist1d"]["rules"]["noise_aware (default: Bonferroni, half-ECE dominance)"][
+        "ece_ratio_to_old"
+    ] = [
+        1.2,
+        1.05,
+        1.4,
+    ]
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "selection_heldout.json").write_text(json.dumps(hurts))
+        assert "(hurts)" in readme_results.selection_heldout(Path(d))
