@@ -18,7 +18,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-
 from benchmarks.common import RESULTS_DIR, ROOT
 
 README = ROOT / "README.md"
@@ -106,7 +105,7 @@ def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
         if not pat.search(text):
             raise SystemExit(f"README.md has no block <!-- generated:{name} -->")
         body = make()
-        text = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+        text = pat.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     return text
 
 
