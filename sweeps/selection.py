@@ -130,39 +130,34 @@ def _select_noise_aware(
             break
         moves.append(best)
         best = min(better, key=rank)
+    level = f"{100 * cfg.confidence:.0f} %"
+    # three short lines: the champion with its intervals, what it trades, the rule that chose it
     head = (
         f"{best.label}: val {_metric_name(m)} {_fmt_metric(m, best.metrics[m])}{_ci(reps, best, m)}, "
-        f"val acc {_pct(best.metrics['val_accuracy'])}{_ci(reps, best, 'val_accuracy')}"
+        f"val acc {_pct(best.metrics['val_accuracy'])}{_ci(reps, best, 'val_accuracy')} ({level} bootstrap intervals)"
     )
-    level = f"{100 * cfg.confidence:.0f} %"
     test = f"one-sided paired bootstrap at {level}"
     if adjusted:
-        test += f", Bonferroni over {len(ok) - 1} comparisons (p < {alpha:.3f})"
-    pool = (
-        f"{'lowest' if cfg.mode == 'min' else 'highest'} val {_metric_name(m)} among the {len(near)} of "
-        f"{len(ok)} completed trials not significantly less accurate than the most accurate ({test}, "
-        f"{reps.num_resamples} resamples)"
+        test += f", Bonferroni over {len(ok) - 1} comparisons: p < {alpha:.3f}"
+    rule = (
+        f"Rule: {'lowest' if cfg.mode == 'min' else 'highest'} val {_metric_name(m)} among the {len(near)} of "
+        f"{len(ok)} completed trials not significantly less accurate than the most accurate ({test})"
     )
     if moves:
-        pool = (
-            f"{pool} was {first.label} (val {_metric_name(m)} {_fmt_metric(m, first.metrics[m])}); this trial "
-            f"has less than {cfg.dominance_factor:g}x its val {_metric_name(m)} with accuracy not "
-            f"significantly lower, so it was chosen instead"
+        rule += (
+            f"; that was {first.label} ({_fmt_metric(m, first.metrics[m])}), replaced by this trial with under "
+            f"{cfg.dominance_factor:g}x its val {_metric_name(m)} and accuracy not significantly lower"
         )
-    else:
-        pool = f"chosen as the {pool}"
     if best is best_acc:
-        return best, f"{head}; it is also the most accurate trial; {pool}"
-    lo, hi = reps.difference_interval(best_acc.trial_id, best.trial_id, "val_accuracy", level=1.0 - 2.0 * alpha)
+        return best, f"{head}\nTrade: none, it is also the most accurate trial.\n{rule}."
     p = reps.significantly_greater(best_acc.trial_id, best.trial_id, "val_accuracy")[1]
     gap = best_acc.metrics["val_accuracy"] - best.metrics["val_accuracy"]
     trade = (
-        f"{100 * gap:.1f} pt below the most accurate trial {best_acc.label} (difference "
-        f"{100 * (1 - 2 * alpha):.1f} % CI [{100 * lo:.1f}, {100 * hi:.1f}], p = {p:.3f}, "
-        f"{'not significant' if p >= alpha else 'significant'}), whose val "
-        f"{_metric_name(m)} is {_fmt_metric(m, best_acc.metrics[m])}{_ci(reps, best_acc, m)}"
+        f"Trade: {100 * gap:.1f} pt below the most accurate trial {best_acc.label} (p = {p:.3f}, "
+        f"{'not significant' if p >= alpha else 'significant'}), whose val {_metric_name(m)} is "
+        f"{_fmt_metric(m, best_acc.metrics[m])}{_ci(reps, best_acc, m)}"
     )
-    return best, f"{head}; {trade}; {pool}"
+    return best, f"{head}\n{trade}.\n{rule}."
 
 
 def select(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None = None) -> tuple[TrialRecord, str]:
