@@ -1,10 +1,9 @@
-"""Model selection on validation metrics: Pareto front, the champion rule, rank agreement."""
+"""Model selection on validation metrics: the Pareto front and the champion rules (presentation: sweeps/reports.py)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeps.config import SelectionConfig
@@ -12,11 +11,7 @@ from sweeps.config import SelectionConfig
 # pandas, scipy and matplotlib are imported where used: the sweep's driver imports this module
 # before its trials start and needs them only for selection and its reports.
 if TYPE_CHECKING:
-    import pandas as pd
-
     from sweeps.uncertainty import Replicates
-
-RANK_METRICS = ("val_ece", "val_sce", "val_ace", "val_tace", "val_nll", "val_brier")
 
 
 @dataclass
@@ -191,10 +186,6 @@ def select(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | 
     return best, why
 
 
-#: Metrics whose intervals the terminal leaderboard shows.
-BOARD_CI_KEYS = ("val_accuracy", "val_ece", "test_accuracy", "test_ece")
-
-
 def not_worse_than(reps: Replicates, champion: TrialRecord, r: TrialRecord, metric: str, mode: str) -> bool:
     """True when `r` is neither significantly less accurate nor significantly worse on `metric`
     than the champion (one-sided paired tests at the replicates' level)."""
@@ -208,154 +199,3 @@ def not_worse_than(reps: Replicates, champion: TrialRecord, r: TrialRecord, metr
     else:
         worse, _ = reps.significantly_greater(champion.trial_id, r.trial_id, metric)
     return not less_accurate and not worse
-
-
-def leaderboard(
-    records: list[TrialRecord],
-    champion: TrialRecord | None = None,
-    reps: Replicates | None = None,
-    cfg: SelectionConfig | None = None,
-) -> pd.DataFrame:
-    """One row per trial: calibrator, lr, champion and Pareto flags, metrics with interval bounds;
-    sorted by val ECE then trial id."""
-    ok = [r for r in records if r.ok]
-    front_ids = {ok[i].trial_id for i in pareto_front(ok)} if ok else set()
-    metric, mode = (cfg.metric, cfg.mode) if cfg is not None else ("val_ece", "min")
-    rows = []
-    for r in records:
-        row: dict[str, Any] = {
-            "trial_id": r.trial_id,
-            "label": r.label,
-            "calibrator": r.params.get("calibrator"),
-            "calibrator_lr": r.params.get("calibrator_lr"),
-            "status": r.status,
-            "champion": champion is not None and r.trial_id == champion.trial_id,
-            "pareto": r.trial_id in front_ids,
-            "run_id": r.run_id,
-        }
-        if champion is not None and reps is not None and r.ok and reps.has(r.trial_id, "val_accuracy"):
-            row["not_worse_than_champion"] = not_worse_than(reps, champion, r, metric, mode)
-        for k, v in sorted(r.metrics.items()):
-            if not k.startswith(("val_", "test_")) or k.endswith(("_ci_low", "_ci_high")):
-                continue
-            row[k] = v
-            if reps is not None and reps.has(r.trial_id, k):
-                row[f"{k}_ci_low"], row[f"{k}_ci_high"] = reps.interval(r.trial_id, k)
-        rows.append(row)
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    if "val_ece" in df:
-        df = df.sort_values(["val_ece", "trial_id"], na_position="last", kind="stable")
-    return df.reset_index(drop=True)
-
-
-def format_leaderboard(board: pd.DataFrame, limit: int = 15) -> str:
-    """The leaderboard for a terminal: metrics in percent with their intervals."""
-    lines = []
-    cols = [c for c in ("label", "status") if c in board]
-    shown = board.head(limit)
-    table = shown[cols].copy()
-    for key in BOARD_CI_KEYS:
-        if key not in shown:
-            continue
-        lo, hi = shown.get(f"{key}_ci_low"), shown.get(f"{key}_ci_high")
-        cells = []
-        for i, v in enumerate(shown[key]):
-            if v != v:  # NaN: not completed
-                cells.append("-")
-            elif lo is not None and lo.iloc[i] == lo.iloc[i]:
-                cells.append(f"{100 * v:.1f} [{100 * lo.iloc[i]:.1f}, {100 * hi.iloc[i]:.1f}]")
-            else:
-                cells.append(f"{100 * v:.1f}")
-        table[key.replace("accuracy", "acc") + " %"] = cells
-    for flag, title in (("champion", "champion"), ("not_worse_than_champion", "tied")):
-        if flag in shown:
-            table[title] = ["*" if v is True else "" for v in shown[flag]]
-    lines.append(table.to_string(index=False))
-    return "\n".join(lines)
-
-
-def rank_agreement(records: list[TrialRecord], metrics: tuple[str, ...] = RANK_METRICS) -> pd.DataFrame:
-    """Spearman rank correlation between calibration metrics over the completed trials."""
-    import pandas as pd
-    from scipy.stats import spearmanr
-
-    ok = [r for r in records if r.ok and all(m in r.metrics for m in metrics)]
-    table = pd.DataFrame(index=list(metrics), columns=list(metrics), dtype=float)
-    for a in metrics:
-        for b in metrics:
-            if len(ok) < 3:
-                table.loc[a, b] = float("nan")
-                continue
-            rho = spearmanr([r.metrics[a] for r in ok], [r.metrics[b] for r in ok]).statistic
-            table.loc[a, b] = float(rho)
-    return table
-
-
-def pareto_plot(
-    records: list[TrialRecord], chosen: TrialRecord | None, path: str | Path, reps: Replicates | None = None
-) -> Path:
-    """Scatter of val accuracy vs val ECE with interval whiskers, the Pareto front joined, the champion circled."""
-    import numpy as np
-
-    from sweeps.reports import pyplot
-
-    plt = pyplot()
-    ok = [r for r in records if r.ok]
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    kinds = sorted({r.params.get("calibrator", "?") for r in ok})
-    for kind in kinds:
-        pts = [r for r in ok if r.params.get("calibrator", "?") == kind]
-        xs = [r.metrics["val_ece"] for r in pts]
-        ys = [r.metrics["val_accuracy"] for r in pts]
-        if reps is not None and all(reps.has(r.trial_id, "val_ece") for r in pts):
-            xerr = [
-                [x - reps.interval(r.trial_id, "val_ece")[0] for r, x in zip(pts, xs)],
-                [reps.interval(r.trial_id, "val_ece")[1] - x for r, x in zip(pts, xs)],
-            ]
-            yerr = [
-                [y - reps.interval(r.trial_id, "val_accuracy")[0] for r, y in zip(pts, ys)],
-                [reps.interval(r.trial_id, "val_accuracy")[1] - y for r, y in zip(pts, ys)],
-            ]
-            ax.errorbar(
-                xs,
-                ys,
-                xerr=np.clip(xerr, 0, None),
-                yerr=np.clip(yerr, 0, None),
-                fmt="o",
-                ms=5,
-                capsize=2,
-                lw=0.8,
-                label=kind,
-            )
-        else:
-            ax.scatter(xs, ys, label=kind, s=30)
-    front = sorted((ok[i] for i in pareto_front(ok)), key=lambda r: r.metrics["val_ece"])
-    if front:
-        ax.plot(
-            [r.metrics["val_ece"] for r in front],
-            [r.metrics["val_accuracy"] for r in front],
-            "k--",
-            lw=1,
-            label="Pareto front",
-        )
-    if chosen is not None:
-        ax.scatter(
-            [chosen.metrics["val_ece"]],
-            [chosen.metrics["val_accuracy"]],
-            s=160,
-            facecolors="none",
-            edgecolors="red",
-            linewidths=2,
-            label="champion",
-        )
-    ax.set_xlabel("validation ECE (lower is better)")
-    ax.set_ylabel("validation accuracy")
-    ax.set_title("Sweep trials: accuracy vs calibration" + (f" ({100 * reps.level:.0f} % CIs)" if reps else ""))
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out

@@ -8,7 +8,8 @@ import pytest
 from scipy.stats import spearmanr
 
 from sweeps.config import SelectionConfig
-from sweeps.selection import TrialRecord, leaderboard, pareto_front, pareto_plot, rank_agreement, select
+from sweeps.reports import leaderboard, pareto_plot, rank_agreement
+from sweeps.selection import TrialRecord, pareto_front, select
 
 PARETO = "pareto_min_ece_near_best_accuracy"
 

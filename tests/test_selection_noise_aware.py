@@ -11,7 +11,8 @@ import torch
 
 from calib_core.metrics import compute_all
 from sweeps.config import SelectionConfig
-from sweeps.selection import TrialRecord, format_leaderboard, leaderboard, pareto_plot, select
+from sweeps.reports import format_leaderboard, leaderboard, pareto_plot
+from sweeps.selection import TrialRecord, select
 from sweeps.trainable import _prediction_arrays
 from sweeps.uncertainty import compute_replicates, load_predictions
 
