@@ -28,7 +28,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from calib_core.config import ConfigError
+from calib_core.config import ConfigError, clip
 from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE re-exported: tests/test_cli_malformed.py)
     CHAMPION_ALIAS,
     TAG_CHAMPION_RUN,
@@ -248,6 +248,12 @@ def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False) -> str | No
     Returns a one-line message when there is nothing to do (`--resume` of a sweep that already
     finished and registered its champion), else None.
     """
+    for field, uri in (
+        ("tracking.uri", cfg.tracking.uri),
+        ("search.storage", cfg.search.storage),
+        ("storage_path", cfg.storage_path),
+    ):
+        check_uri_syntax(field, uri or "")
     loopback_tracking = bool(cfg.tracking.uri) and _is_loopback(_host(cfg.tracking.uri or ""))
     with _fs_errors("storage_path"):
         check_storage(cfg.storage_path or "", cluster)
@@ -264,11 +270,25 @@ def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False) -> str | No
         check_local_resources(cfg)
     with _fs_errors("search.storage"):
         check_study_storage(cfg.search.storage or "memory")
+    if cfg.storage_path and "://" in cfg.storage_path and not cfg.storage_path.startswith("file://"):
+        probe_remote_storage(cfg.storage_path)
     from sweeps.sweep_lock import refused_while_running
 
     # a launch of this name that is running now is named (reads its lock file only)
     with _fs_errors("tracking.uri"), refused_while_running(cfg.storage_path, cfg.name):
-        return check_store(cfg, resume)
+        nothing_to_do = check_store(cfg, resume)
+    if nothing_to_do:
+        return nothing_to_do
+    params = check_model_fits_data(cfg)
+    if not cluster and params is not None and cfg.storage_path and "://" not in cfg.storage_path:
+        check_disk_fits(cfg, params)
+    if cfg.search.num_samples > cfg.resources.warn_trials:
+        print(
+            f"warning: {cfg.search.num_samples} trials (more than resources.warn_trials = "
+            f"{cfg.resources.warn_trials}): the stores, the report and selection grow with the trial count",
+            file=sys.stderr,
+        )
+    return None
 
 
 @contextmanager
@@ -342,15 +362,70 @@ def _check_database_server(field: str, url: str) -> None:
         raise ConfigError(f"{field}: no database answers at {parts.hostname}:{port} ({reason})")
 
 
+def check_uri_syntax(field: str, uri: str) -> None:
+    """A URI-shaped value must parse (host, port, IPv6 brackets): one line naming the field, never a traceback."""
+    if "\x00" in uri:
+        raise ConfigError(f"{field}: contains a NUL byte")
+    if "://" not in uri:
+        return
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        parts.port  # noqa: B018 - parsing the port raises on a bad one
+        parts.hostname  # noqa: B018
+    except ValueError as exc:
+        raise ConfigError(f"{field}: {clip(redact(uri), 120)} is not a valid URI ({clip(str(exc), 80)})") from None
+
+
+PROBE_TIMEOUT_S = 20.0
+
+
+def probe_remote_storage(storage: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Write and delete a marker file in a remote storage path (s3://, gs://, hdfs://, ...) through pyarrow, as
+    Ray Tune will: missing libraries or credentials are one line here, before anything of the sweep is written."""
+    import threading
+    import uuid
+
+    problem: list[str] = []
+
+    def probe() -> None:
+        try:
+            import pyarrow.fs as pafs
+
+            fs, path = pafs.FileSystem.from_uri(storage)
+            marker = f"{path.rstrip('/')}/.calib-probe-{uuid.uuid4().hex}"
+            with fs.open_output_stream(marker) as out:
+                out.write(b"calib-sweep storage probe")
+            fs.delete_file(marker)
+        except Exception as exc:  # noqa: BLE001 - every failure is reported as the one line below
+            problem.append(" ".join(str(exc).split()) or type(exc).__name__)
+
+    worker = threading.Thread(target=probe, name="storage-probe", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    scheme = storage.split("://", 1)[0]
+    if worker.is_alive():
+        raise ConfigError(
+            f"storage_path: {scheme}:// storage did not answer within {timeout:.0f} s ({clip(redact(storage), 100)})"
+        )
+    if problem:
+        raise ConfigError(
+            f"storage_path: cannot write to {clip(redact(storage), 100)} ({clip(problem[0], 140)}); check the "
+            f"{scheme} library and credentials"
+        )
+
+
 def check_storage(storage: str, cluster: bool) -> None:
-    """A local storage path (or file://) must be a folder this process can create or write into."""
+    """A local storage path (or file://) must be a folder this process can create or write into; a remote one
+    (s3://, gs://, hdfs://, ...) must take a marker file."""
     if storage.startswith("file://"):
         parts = urllib.parse.urlsplit(storage)
         if parts.netloc not in ("", "localhost"):
             raise ConfigError(f"storage_path: {storage!r}: a file:// URI names no host (file:///ABS/PATH)")
         path = Path(urllib.parse.unquote(parts.path))
-    elif "://" in storage or (cluster and not os.environ.get("CALIB_SHARED_STORAGE")):
-        return  # an object store (checked by Ray when it starts), or nothing local to check
+    elif "://" in storage:
+        return  # an object store: probed by preflight once the cheaper checks passed (probe_remote_storage)
+    elif cluster and not os.environ.get("CALIB_SHARED_STORAGE"):
+        return  # nothing local to check
     else:
         path = Path(storage)
     if not path.is_absolute():
@@ -521,6 +596,64 @@ def check_local_data(cfg: SweepConfig) -> None:
                 f"run.data.root: {root} is not a folder ({d.name} needs torchvision's files there, "
                 "or run.data.download: true)"
             )
+
+
+CHECKPOINT_COPIES = 3  # weights + Adam's two moments in every epoch checkpoint
+
+
+def check_disk_fits(cfg: SweepConfig, params: int) -> None:
+    """Refuse a local sweep whose epoch checkpoints (estimated from the model's parameter count) cannot fit
+    on the storage path's disk."""
+    import shutil
+
+    kept = cfg.run.train.epochs if cfg.resources.checkpoints_to_keep is None else cfg.resources.checkpoints_to_keep
+    need = cfg.search.num_samples * min(kept, cfg.run.train.epochs) * params * 4 * CHECKPOINT_COPIES
+    existing = Path(cfg.storage_path or ".")
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if need > free:
+        raise ConfigError(
+            f"search.num_samples: {cfg.search.num_samples} trials keep about {need / 2**30:.1f} GiB of checkpoints "
+            f"({params} parameters, {kept} per trial) but {existing} has {free / 2**30:.1f} GiB free; use fewer "
+            "trials or resources.checkpoints_to_keep"
+        )
+
+
+def check_model_fits_data(cfg: SweepConfig) -> int | None:
+    """Build the backbone for the dataset's input shape and run one dummy batch of two rows on the CPU,
+    so that a model/data mismatch (resnet18 on 1-D signals) is one line here, not an error in every trial.
+    Returns the backbone's parameter count (None where the shape is not known before loading)."""
+    from calib_core.data.registry import dataset_shape
+
+    shape = dataset_shape(cfg.run.data.name)
+    if shape is None:  # plugins and config-dependent shapes: the trials find out
+        return None
+    import torch
+
+    from calib_core.models import create_model
+
+    input_shape, num_classes = shape
+    m = cfg.run.model
+    try:
+        model = create_model(m.name, num_classes, input_shape, **m.kwargs).eval()
+        with torch.no_grad():
+            out = model(torch.zeros(2, *input_shape))
+    except Exception as exc:  # noqa: BLE001 - any failure is the mismatch to report
+        raise ConfigError(
+            f"run.model.name: {m.name!r} cannot take {cfg.run.data.name}'s inputs of shape {input_shape}: "
+            f"{clip(_first_line(exc), 160)}"
+        ) from None
+    if tuple(out.shape) != (2, num_classes):
+        raise ConfigError(
+            f"run.model.name: {m.name!r} gives outputs of shape {tuple(out.shape)[1:]} for {cfg.run.data.name}, "
+            f"which has {num_classes} classes"
+        )
+    return sum(p.numel() for p in model.parameters())
+
+
+def _first_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 # --------------------------------------------------------------------------- the cluster
