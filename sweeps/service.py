@@ -45,9 +45,9 @@ from sweeps.contract import (
 from sweeps.live_hooks import LiveCallbacks, LiveReporter, installed
 from sweeps.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.redaction import redact, redact_values
-from sweeps.reports import sweep_report_files
+from sweeps.reports import format_leaderboard, sweep_report_files
 from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
-from sweeps.selection import TrialRecord, format_leaderboard, select
+from sweeps.selection import TrialRecord, select
 from sweeps.store import MAX_TAG_CHARS, MlflowStore, TrackingUnavailable
 from sweeps.study import MEMORY, SweepSearch, make_storage
 from sweeps.tracking import MLflowTrackingCallback, flatten, run_link, source_tags
@@ -281,15 +281,32 @@ def _log_selection(
     return board, ranks
 
 
-def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: str) -> None:
+def _rank_summary(ranks: Any) -> str:
+    """One line: the pair of metrics whose trial rankings agree least (the full matrix with --verbose)."""
+    names = list(ranks.columns)
+    pairs = [(ranks.iloc[i, j], names[i], names[j]) for i in range(len(names)) for j in range(i + 1, len(names))]
+    pairs = [p for p in pairs if p[0] == p[0]]  # NaN where a metric is constant over trials
+    if not pairs:
+        return "Rank agreement between metrics: too few trials to rank"
+    rho, a, b = min(pairs)
+    return (
+        f"Rank agreement between metrics (Spearman over trials): lowest {a} vs {b} {rho:+.2f} "
+        "(the metrics can order calibrators differently; --verbose prints the matrix)"
+    )
+
+
+def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: str, verbose: bool = False) -> None:
     level = f"{100 * cfg.selection.confidence:.0f} %"
     print(
         f"\nLeaderboard (validation decides; test for reference; [{level} bootstrap CI]; "
         "tied = not significantly worse than the champion):"
     )
     print(format_leaderboard(board))
-    print("\nRank agreement between metrics over trials (Spearman):")
-    print(ranks.to_string(float_format=lambda v: f"{v:+.2f}"))
+    if verbose:
+        print("\nRank agreement between metrics over trials (Spearman):")
+        print(ranks.to_string(float_format=lambda v: f"{v:+.2f}"))
+    else:
+        print(f"\n{_rank_summary(ranks)}")
     print(f"\nSelection: {why}")
     print(f"Registered: models:/{cfg.tracking.registered_model}@champion (version {version})")
     uri = cfg.tracking.uri or ""
@@ -468,7 +485,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         store.set_tags(parent_id, {NOTE_TAG: _sweep_note(cfg, experiment_id, chosen, why, version)})
         store.terminate(parent_id, "FINISHED")
         t_end = time.perf_counter()
-    _print_summary(board, ranks, why, cfg, version)
+    _print_summary(board, ranks, why, cfg, version, verbose)
     timings = {
         "ray_start_s": t_fit - t_start,
         "trials_s": t_trials - t_fit,
