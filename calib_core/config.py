@@ -15,7 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 # Names come from the registries (calib_core.models, calib_core.data, calib_core.calibrators, plus
-# plugins: calib_core/plugins.py), checked once the rest of a config is valid (RunConfig._registered).
+# plugins): the entry points check them once the schema is valid (calib_core.plugins.build_run_config,
+# SweepConfig._registered), so this schema imports no registry.
 DatasetName = str
 ModelName = str
 Method = Literal["onego", "ce", "posthoc", "label_smoothing", "focal"]
@@ -204,20 +205,6 @@ class RunConfig(_Strict):
         if not re.match(r"\A(auto|cpu|cuda(:\d+)?)\Z", v):
             raise ValueError("must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
         return v
-
-    @model_validator(mode="after")
-    def _registered(self, info: ValidationInfo) -> RunConfig:
-        """Dataset, model and calibrator names against the registries (importing them, so torch). A
-        config embedding this one defers the check to its own (context {"defer_names": True}), which
-        runs only when every other value is valid: a bad value elsewhere fails without torch."""
-        if info.context and info.context.get("defer_names"):
-            return self
-        from calib_core.plugins import run_config_problems
-
-        problems = run_config_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
 
 
 class ConfigError(ValueError):
@@ -445,8 +432,3 @@ def build_model(cls: type[BaseModel], raw: dict[str, Any], context: dict[str, An
         return cls.model_validate(raw, context=context)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
-
-
-def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a RunConfig from YAML plus `--set` overrides."""
-    return build_model(RunConfig, apply_overrides(read_yaml(path), overrides or []))

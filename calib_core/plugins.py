@@ -24,9 +24,10 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from calib_core.config import ConfigError
+from calib_core.config import ConfigError, RunConfig, apply_overrides, build_model, read_yaml
 
 PLUGINS_ENV = "CALIB_PLUGINS"
 KINDS = ("model", "dataset", "calibrator")
@@ -118,3 +119,18 @@ def run_config_problems(run: Any, prefix: str = "") -> list[str]:
     if run.train.calibrator != "none":
         problems.append(name_problem("calibrator", f"{prefix}train.calibrator", run.train.calibrator))
     return [p for p in problems if p]
+
+
+def build_run_config(raw: dict[str, Any]) -> RunConfig:
+    """A RunConfig from a raw dict: the schema, then its dataset, model and calibrator names against the
+    registries (plugins included), every problem in one ConfigError line."""
+    cfg = build_model(RunConfig, raw)
+    problems = run_config_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return cfg
+
+
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a RunConfig from YAML plus `--set` overrides, names checked (build_run_config)."""
+    return build_run_config(apply_overrides(read_yaml(path), overrides or []))

@@ -57,7 +57,8 @@ def _fail(msg: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from calib_core.config import ConfigError, load_run_config
+    from calib_core.config import ConfigError
+    from calib_core.plugins import load_run_config
 
     try:
         cfg = load_run_config(args.config, args.overrides)

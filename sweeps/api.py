@@ -76,7 +76,7 @@ def resolve(
         raw = dict(config)
     else:
         raw = read_yaml(DEFAULT_CONFIG if config is None else config)
-    cfg = build_model(SweepConfig, apply_overrides(raw, list(overrides)), context={"defer_names": True})
+    cfg = build_model(SweepConfig, apply_overrides(raw, list(overrides)))
     return with_defaults(cfg, cluster=cluster, workdir=Path(workdir) if workdir is not None else Path.cwd())
 
 

@@ -339,4 +339,4 @@ def is_local_uri(uri: str) -> bool:
 def load_sweep_config(path: str | Path | None, overrides: list[str] | None = None) -> SweepConfig:
     """Load a SweepConfig from YAML (default: the embedded MNIST-1D demo) plus `--set` overrides."""
     raw = read_yaml(path if path is not None else DEFAULT_CONFIG)
-    return build_model(SweepConfig, apply_overrides(raw, overrides or []), context={"defer_names": True})
+    return build_model(SweepConfig, apply_overrides(raw, overrides or []))

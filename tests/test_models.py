@@ -45,12 +45,13 @@ CASES = [
 
 def test_config_accepts_exactly_the_registered_models():
     """Model names come from the registry (no list in calib_core/config.py to keep in step)."""
-    from calib_core.config import ConfigError, RunConfig, build_model
+    from calib_core.config import ConfigError
+    from calib_core.plugins import build_run_config
 
     for name in list_models():
-        assert build_model(RunConfig, {"model": {"name": name}}).model.name == name
+        assert build_run_config({"model": {"name": name}}).model.name == name
     with pytest.raises(ConfigError, match="model.name: unknown model 'resnet9'; registered: cnn1d, cnn2d"):
-        build_model(RunConfig, {"model": {"name": "resnet9"}})
+        build_run_config({"model": {"name": "resnet9"}})
     assert list_models() == sorted(list_models())
 
 
