@@ -34,9 +34,10 @@ test-containers: setup
 	bash tests/containers/setup_podman.sh
 	$(BIN)/python -m pytest -q -m container $(ARGS)
 
-# Every check runs, and the target fails if any found something.
+# Every check runs (the import contracts between sweeps/' layers too), and the target fails if any found something.
 lint: setup
-	@rc=0; $(BIN)/ruff check . || rc=1; $(BIN)/ruff format --check . || rc=1; $(BIN)/mypy || rc=1; exit $$rc
+	@rc=0; $(BIN)/ruff check . || rc=1; $(BIN)/ruff format --check . || rc=1; $(BIN)/mypy || rc=1; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_import_contracts.py || rc=1; exit $$rc
 
 bench: setup
 	$(BIN)/python benchmarks/bench_metrics.py

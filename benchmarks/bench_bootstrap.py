@@ -5,7 +5,7 @@
     python benchmarks/bench_bootstrap.py --baseline none   # without the earlier implementation
 
 Prints a table and writes benchmarks/results/bench_bootstrap.json: seconds per trial per metric
-group and for all metrics in one call (what sweeps/uncertainty.py makes), medians of the
+group and for all metrics in one call (what sweeps/decide/uncertainty.py makes), medians of the
 repeats, side by side for the compiled kernels, the torch path (CALIB_METRICS_NO_JIT) and the
 compiled path of an earlier commit (``--baseline``, default 33ad87f, the code before the
 prefix-sum/scatter kernels: its ``calib_core/metrics`` is extracted by ``git archive`` into a

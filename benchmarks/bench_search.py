@@ -8,13 +8,13 @@ Phase 1 (cached, resumable, the slow part): a tabulated objective. For each demo
 (sweeps/configs/mnist1d_demo.yaml, digits_demo.yaml) every cell of the grid
 search.calibrators x N log-spaced calibrator lrs spanning search.calibrator_lr low..high (a
 baseline choice such as `none` or `posthoc_temperature` has no lr: one cell) is trained once,
-in this process and without Ray, on the code path of a sweep trial: sweeps.search_space.
+in this process and without Ray, on the code path of a sweep trial: sweeps.integrations.optuna.search_space.
 resolve_run_config turns the sampled params into the RunConfig, calib_core's trainer trains it
-(sweeps.trainable.train_trial does the same inside Ray). Every finished cell's validation and
+(sweeps.integrations.ray.trainable.train_trial does the same inside Ray). Every finished cell's validation and
 test metrics go to benchmarks/results/bench_search_grid.json at once; a re-run skips them.
 
 Phase 2 (seconds, no training): searches replayed against the table. The sampler sees the
-sweep's define-by-run space (sweeps.search_space.SearchSpace: calibrator categorical, lr
+sweep's define-by-run space (sweeps.integrations.optuna.search_space.SearchSpace: calibrator categorical, lr
 log-uniform low..high); each suggested lr is mapped to the nearest grid lr in log space and the
 trial is told that cell's validation metrics (a failed/diverged cell is told FAIL, as the sweep
 does). Compared: TPE as the sweep builds it (Ray Tune's OptunaSearch: TPESampler(seed=...) with
@@ -100,7 +100,7 @@ def _write_json(path: Path, obj: Any) -> None:
 def train_cell(cfg: Any, data: Any, calibrator: str, lr: float | None) -> dict[str, Any]:
     """One grid cell trained like a sweep trial (resolve_run_config -> trainer.fit), on one CPU thread."""
     from calib_core.trainer import make_trainer
-    from sweeps.search_space import resolve_run_config
+    from sweeps.integrations.optuna.search_space import resolve_run_config
 
     params: dict[str, Any] = {"calibrator": calibrator}
     if lr is not None:
@@ -263,7 +263,7 @@ def replay(
 ) -> list[str]:
     """Cells an Optuna sampler visits in `n_trials` ask/tell steps against the table.
 
-    `space` is the sweep's define-by-run space (sweeps.search_space.SearchSpace). `concurrency`
+    `space` is the sweep's define-by-run space (sweeps.integrations.optuna.search_space.SearchSpace). `concurrency`
     c keeps c trials in flight, as the sweep's resources.max_concurrent does: before each ask
     beyond the first c, the oldest running trial is told (trials finish in ask order). A failed
     cell is told FAIL, as the sweep tells a diverged trial.
@@ -362,7 +362,7 @@ def samplers(objective: str) -> dict[str, Callable[[int], Any] | None]:
 def search_space(calibrators: list[str], low: float, high: float) -> Any:
     """The sweep's define-by-run space for these calibrators and lr range."""
     from sweeps.config import LogRange, SearchConfig
-    from sweeps.search_space import SearchSpace
+    from sweeps.integrations.optuna.search_space import SearchSpace
 
     return SearchSpace(SearchConfig(calibrators=calibrators, calibrator_lr=LogRange(low=low, high=high)))
 
@@ -655,7 +655,7 @@ def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dic
         + "; a baseline choice (`none`, `posthoc_*`) has no lr and is one cell. Digits' ASHA scheduler is "
         "not replayed (every cell ran all its epochs). Grid cache: benchmarks/results/bench_search_grid.json.",
         "",
-        "**Replay.** The sampler sees the sweep's define-by-run space (sweeps.search_space.SearchSpace: "
+        "**Replay.** The sampler sees the sweep's define-by-run space (sweeps.integrations.optuna.search_space.SearchSpace: "
         "calibrator categorical, lr continuous log-uniform low..high); each suggested lr is mapped to the "
         "nearest grid lr in log space and the trial is told that cell's validation metrics, with "
         f"{meta['concurrency']} trials in flight as the demos' `resources.max_concurrent` (trials finish "

@@ -6,11 +6,11 @@
 Phase 1 (cached, resumable): for each dataset and seed, a sweep as the service runs it but
 without Ray or MLflow: the demo config of sweeps/configs/ (mnist1d_demo.yaml; digits_demo.yaml
 with the service's default multi-objective search instead of ASHA), Optuna's seeded
-multi-objective TPE over the same search space (sweeps.search_space.SearchSpace), 8 trials,
+multi-objective TPE over the same search space (sweeps.integrations.optuna.search_space.SearchSpace), 8 trials,
 each trained by calib_core's trainer with the sweep's seed. Each trial's validation and test
 predictions are stored under --cache (npz, one file per sweep); a second run reuses them.
 
-Phase 2 (seconds): every rule of sweeps.selection picks a champion from validation data only,
+Phase 2 (seconds): every rule of sweeps.decide.selection picks a champion from validation data only,
 with the service's paired bootstrap; we then look at the champion on *test*:
 mean test ECE and accuracy over sweeps, and how often the champion is a "good pick": within 1 pt
 of the best test accuracy of the sweep and with a test ECE inside the 95 % CI of the best test
@@ -106,7 +106,7 @@ def run_sweep_offline(dataset: str, seed: int, quick: bool, threads: int) -> dic
 
     from calib_core.data import load_dataset
     from calib_core.trainer import make_trainer
-    from sweeps.search_space import SearchSpace, resolve_run_config
+    from sweeps.integrations.optuna.search_space import SearchSpace, resolve_run_config
 
     torch.set_num_threads(threads)
     cfg = _sweep_config(dataset, seed, quick)
@@ -167,9 +167,9 @@ def evaluate_sweep(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
     from calib_core import metrics as calib_metrics
     from calib_core.metrics import compute_all
     from sweeps.config import DEBIASED_METRICS, SelectionConfig
-    from sweeps.search_space import describe_params
-    from sweeps.selection import TrialRecord, select
-    from sweeps.uncertainty import compute_replicates
+    from sweeps.decide.selection import TrialRecord, select
+    from sweeps.decide.uncertainty import compute_replicates
+    from sweeps.integrations.optuna.search_space import describe_params
 
     records, preds = [], {}
     for i, t in enumerate(sweep["trials"]):

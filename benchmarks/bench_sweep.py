@@ -161,13 +161,17 @@ def trial_probe(fn, events):
         _note("trial:entry")
         import torch, calib_core.data, calib_core.trainer  # noqa: F401  what every trial runs first
         _note("trial:running")
-        _note("trial:code:" + _o.path.dirname(_o.path.dirname(sys.modules[fn.__module__].__file__)))
+        _root = sys.modules[fn.__module__].__file__
+        for _ in range(fn.__module__.count(".") + 1):  # up from the module's file to the checkout
+            _root = _o.path.dirname(_root)
+        _note("trial:code:" + _root)
         return fn(*a, **k)
     return probe
 WRAP = {
-    "sweeps.preflight": ["check_config", "preflight"],
+    "sweeps.checks.preflight": ["check_config"],
+    "sweeps.startup": ["preflight"],
     "sweeps.service": ["execute", "_connect_ray", "make_storage", "_build_tuner", "_searcher"],
-    "sweeps.store": [],
+    "sweeps.integrations.mlflow.store": [],
 }
 class Hook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -189,7 +193,7 @@ class Hook(importlib.abc.MetaPathFinder):
             for attr in WRAP[_name]:
                 if hasattr(module, attr):
                     setattr(module, attr, timed(attr, getattr(module, attr)))
-            if _name == "sweeps.store":
+            if _name == "sweeps.integrations.mlflow.store":
                 cls = module.MlflowStore
                 cls.ensure_experiment = timed("ensure_experiment", cls.ensure_experiment)
             if _name == "sweeps.service":

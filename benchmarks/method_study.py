@@ -343,7 +343,7 @@ def _champion(cfg: dict[str, Any]) -> dict[str, Any]:
     import pandas as pd
     from mlflow import MlflowClient
 
-    from sweeps.tracking import TAG_ROLE, TAG_SWEEP, find_run
+    from sweeps.integrations.mlflow.tracking import TAG_ROLE, TAG_SWEEP, find_run
 
     client = MlflowClient(cfg["tracking"]["uri"])
     exp = client.get_experiment_by_name(cfg["tracking"]["experiment"])
@@ -387,7 +387,7 @@ def tune_one(spec: dict, regime: str, method: str, cache: Path) -> dict[str, Any
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
     (cache / "service").mkdir(parents=True, exist_ok=True)
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    from sweeps import launch
+    from sweeps import cli as launch
 
     print(f"[tune] {regime} / {method}: python sweeps/launch.py --config {cfg_path} --resume", flush=True)
     t0 = time.perf_counter()

@@ -11,7 +11,7 @@
 
 `examples/python_api.py` runs a 2-trial sweep this way. The checks, defaults and outputs are the
 CLI's: the config is validated (ConfigError, one line naming the field), the environment checked
-before anything is written (sweeps/preflight.py), the MLflow store, the Optuna study and Ray
+before anything is written (sweeps/checks/preflight.py), the MLflow store, the Optuna study and Ray
 Tune's results default to `workdir` (the current directory), and the sweep prints the same
 report (`verbose=True`: Ray Tune's full output). Exceptions where the CLI has exit codes:
 ConfigError (2), SweepError (1), SweepIncomplete (130: trials left unfinished, `resume=True`
@@ -50,7 +50,7 @@ def run_sweep(
     overrides: `--set` style "dotted.key=value" strings; cluster / resume / verbose: as the CLI's flags;
     workdir: where the local defaults go (mlflow.db, optuna.db, mlartifacts, ray_results).
     """
-    from sweeps.preflight import check_config, preflight
+    from sweeps.checks.preflight import check_config, preflight
     from sweeps.service import execute
 
     cfg = resolve(config, overrides, cluster=cluster, workdir=workdir)
@@ -88,10 +88,10 @@ def load_result(cfg: SweepConfig) -> Any:
     import pandas as pd
 
     from sweeps.contract import TAG_CHAMPION_RUN, TAG_TRIAL
+    from sweeps.integrations.mlflow.store import MlflowStore
+    from sweeps.integrations.optuna.study import MEMORY
     from sweeps.redaction import redact
     from sweeps.service import SweepError, SweepResult
-    from sweeps.store import MlflowStore
-    from sweeps.study import MEMORY
 
     assert cfg.tracking.uri
     store = MlflowStore(cfg.tracking.uri)

@@ -1,6 +1,6 @@
 """The sweep's contract: what a trial leaves in its checkpoints, the metric keys it reports, the MLflow tags.
 
-One place for the names the trials (sweeps/trainable.py), the driver (service, tracking, selection,
+One place for the names the trials (sweeps/integrations/ray/trainable.py), the driver (service, tracking, selection,
 model_export) and the config checks (sweeps/config.py) must agree on. It imports neither torch,
 Ray nor MLflow: validating a config must stay fast (tests/test_cli_malformed.py).
 """
@@ -17,7 +17,7 @@ from typing import Any, TypeGuard
 STATE_FILE = "state.pt"  # the trainer's resumable state
 MODEL_FILE = "model.pt"  # the calibrated module's state_dict (completed trials only)
 MODEL_SPEC_FILE = "model_spec.json"  # what rebuilds that module (calib_core.export.model_spec)
-PREDICTIONS_FILE = "predictions.npz"  # val/test probabilities and labels (sweeps.uncertainty.load_predictions)
+PREDICTIONS_FILE = "predictions.npz"  # val/test probabilities and labels (sweeps.decide.uncertainty.load_predictions)
 SUMMARY_FILE = "summary.json"  # run config, input shape, tasks, calibrator info, status
 FINAL_FILE = "final.json"  # the final report itself: a restarted finished trial reports it again
 SHIFT_FILE = "shift.json"  # accuracy and ECE per corruption and severity (evaluation.shift)
@@ -99,3 +99,7 @@ GIT_COMMIT_TAG = "mlflow.source.git.commit"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 CLASSIC_ML = "custom_model_development"
 CHAMPION_ALIAS = "champion"
+
+
+class ResourcesUnavailable(RuntimeError):
+    """Trials waited longer than resources.pending_timeout_s for resources (sweeps.integrations.ray.resource_wait)."""

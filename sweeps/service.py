@@ -42,17 +42,17 @@ from sweeps.contract import (
     is_finite_number,
     is_number,
 )
-from sweeps.live_hooks import LiveCallbacks, LiveReporter, installed
-from sweeps.progress import ProgressCallback, StatusReporter, quiet_output
+from sweeps.decide.selection import TrialRecord, select
+from sweeps.decide.uncertainty import Replicates, compute_replicates, interval_metrics, load_predictions
+from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, TrackingUnavailable
+from sweeps.integrations.mlflow.tracking import MLflowTrackingCallback, flatten, run_link, source_tags
+from sweeps.integrations.optuna.search_space import SearchSpace, describe_params, resolve_run_config
+from sweeps.integrations.optuna.study import MEMORY, SweepSearch, make_storage
+from sweeps.integrations.ray.live_hooks import LiveCallbacks, LiveReporter, installed
+from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, quiet_output
+from sweeps.integrations.ray.trainable import train_trial
 from sweeps.redaction import redact, redact_values
-from sweeps.reports import format_leaderboard, sweep_report_files
-from sweeps.search_space import SearchSpace, describe_params, resolve_run_config
-from sweeps.selection import TrialRecord, select
-from sweeps.store import MAX_TAG_CHARS, MlflowStore, TrackingUnavailable
-from sweeps.study import MEMORY, SweepSearch, make_storage
-from sweeps.tracking import MLflowTrackingCallback, flatten, run_link, source_tags
-from sweeps.trainable import train_trial
-from sweeps.uncertainty import Replicates, compute_replicates, interval_metrics, load_predictions
+from sweeps.report.files import format_leaderboard, sweep_report_files
 
 
 class SweepError(RuntimeError):
@@ -116,7 +116,7 @@ class TrialParams:
         return params, tags, resolved
 
 
-def _connect_ray(cluster: bool) -> str | None:
+def _connect_ray(cluster: bool, plugins: list[str]) -> str | None:
     """Connect to the cluster, or start a local one; the local cluster's session folder (None otherwise)."""
     # Keeping 2 checkpoints per trial forces frequent experiment snapshots; they are cheap here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -125,8 +125,10 @@ def _connect_ray(cluster: bool) -> str | None:
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
     if ray.is_initialized():
         return None
-    if cluster:
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"))
+    if cluster:  # the service owns the connection: plugins shipped to every node even without preflight
+        from sweeps.integrations.ray.cluster import connect_cluster, plugin_runtime_env
+
+        connect_cluster(plugin_runtime_env(plugins))
         return None
     # Ray annotates logging_level as int; it takes a level name too
     ctx = ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")  # type: ignore[arg-type]
@@ -134,7 +136,7 @@ def _connect_ray(cluster: bool) -> str | None:
 
 
 def _searcher(cfg: SweepConfig) -> SweepSearch:
-    """Optuna's TPE through Ray Tune, the study named after the sweep in `search.storage` (sweeps/study.py)."""
+    """Optuna's TPE through Ray Tune, the study named after the sweep in `search.storage` (optuna/study.py)."""
     s = cfg.search
     metric: str | list[str]
     mode: str | list[str]
@@ -172,7 +174,7 @@ def _scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
 
 
 def _build_tuner(cfg: SweepConfig, trainable: Any) -> tune.Tuner:
-    """A new Tuner; its callbacks and reporter are stand-ins for the installed ones (sweeps/live_hooks.py)."""
+    """A new Tuner; its callbacks and reporter are stand-ins for the installed ones (integrations/ray/live_hooks.py)."""
     s, r = cfg.search, cfg.resources
     scheduler = _scheduler(cfg)
     metric = mode = None
@@ -382,10 +384,10 @@ def _intro(cfg: SweepConfig, exp_path: str, parent_id: str, resumed: bool) -> st
 
 
 def execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = False) -> SweepResult:
-    """Run (or resume) a checked sweep (sweeps.preflight ran); the champion is selected and registered.
+    """Run (or resume) a checked sweep (sweeps.checks.preflight ran); the champion is selected and registered.
 
     Raises SweepIncomplete when trials were left unfinished, SweepError when the sweep failed.
-    Output is made for people (sweeps/progress.py) unless `verbose`, which keeps Ray Tune's default
+    Output is made for people (sweeps/integrations/ray/progress.py) unless `verbose`, which keeps Ray Tune's default
     output and every library's log lines.
 
     The sweep name's lock (sweeps/sweep_lock.py) is taken before anything is written and held to
@@ -431,9 +433,9 @@ def _route_sigterm() -> None:
 
 
 def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) -> SweepResult:
-    from sweeps.ray_session import reap_stale
-    from sweeps.ray_session import track as track_session
-    from sweeps.resource_wait import PendingTimeout
+    from sweeps.integrations.ray.resource_wait import PendingTimeout
+    from sweeps.integrations.ray.session import reap_stale
+    from sweeps.integrations.ray.session import track as track_session
 
     assert cfg.tracking.uri and cfg.storage_path
     exp_path = f"{cfg.storage_path.rstrip('/')}/{cfg.name}"
@@ -456,7 +458,7 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
     if not cluster:  # a SIGKILLed driver's local Ray processes: stopped before this one starts its own
         reap_stale(cfg.storage_path)
     with _runs_closed_on_failure(store, experiment_id, parent_id, cfg.name), installed(cfg.name, callbacks, reporter):
-        session_dir = _connect_ray(cluster)
+        session_dir = _connect_ray(cluster, cfg.plugins)
         _route_sigterm()
         if session_dir:  # stopped at exit; recorded for the next sweep if this driver is killed
             track_session(cfg.storage_path, session_dir)
@@ -682,7 +684,7 @@ def _close_trials(
 
 def _register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord) -> str:
     """The champion's portable model logged on its run and registered with alias `champion`; the version."""
-    from sweeps.model_export import log_and_register
+    from sweeps.integrations.mlflow.model_export import log_and_register
 
     assert cfg.tracking.uri and chosen.run_id is not None  # the champion's trial logged an MLflow run
     with chosen.checkpoint.as_directory() as d:

@@ -1,7 +1,7 @@
 """Shared test harness: crash a training run after an epoch, then resume it from the saved state.
 
 The state goes through `torch.save` and `torch.load(weights_only=True)`, as a sweep's trial
-checkpoint does (sweeps/trainable.py): it must hold only tensors and plain data."""
+checkpoint does (sweeps/integrations/ray/trainable.py): it must hold only tensors and plain data."""
 
 from __future__ import annotations
 

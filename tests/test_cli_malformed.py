@@ -564,16 +564,17 @@ def test_at_least_forty_cases():
 
 
 def test_parent_run_tags_agree_with_tracking():
-    from sweeps import preflight, tracking
+    from sweeps import contract
+    from sweeps.integrations.mlflow import tracking
 
-    assert (preflight.TAG_SWEEP, preflight.TAG_ROLE) == (tracking.TAG_SWEEP, tracking.TAG_ROLE)
+    assert (contract.TAG_SWEEP, contract.TAG_ROLE) == (tracking.TAG_SWEEP, tracking.TAG_ROLE)
 
 
 def test_failing_fast_imports_neither_ray_nor_mlflow_nor_torch(tmp_path):
     """A bad value fails before the heavy imports (that is what makes it fast)."""
     code = (
         f"import sys; sys.argv = ['launch.py', '--num-samples', '0']; sys.path.insert(0, {str(ROOT)!r})\n"
-        "from sweeps.launch import main\n"
+        "from sweeps.cli import main\n"
         "rc = main()\n"
         "heavy = [m for m in ('ray', 'mlflow', 'torch', 'optuna') if m in sys.modules]\n"
         "print(rc, heavy)\n"

@@ -377,8 +377,8 @@ def test_mlflow_allowed_hosts_match_the_namespace_and_ingress(overlay):
 
 
 def test_entrypoint_is_a_valid_launch_invocation_dry_run(monkeypatch):
-    """Parse every RayJob entrypoint and run `sweeps.launch.main(args + ['--dry-run'])`."""
-    from sweeps import launch
+    """Parse every RayJob entrypoint and run `sweeps.cli.main(args + ['--dry-run'])`."""
+    from sweeps import cli as launch
 
     monkeypatch.chdir(REPO)
     ran = 0

@@ -1,8 +1,8 @@
-"""The champion as a portable MLflow model (sweeps.model_export, calib_core.export).
+"""The champion as a portable MLflow model (sweeps.integrations.mlflow.model_export, calib_core.export).
 
 A tiny model is trained for one epoch with calib_core's trainer (no Ray) and written as the
 trial's final checkpoint (model.pt: a state_dict, model_spec.json, summary.json, final.json, as
-sweeps.trainable does), then logged and registered into a temporary SQLite store. The checks:
+sweeps.integrations.ray.trainable does), then logged and registered into a temporary SQLite store. The checks:
 the spec + state_dict rebuild every kind of trained module exactly; a checkpoint or model file
 holding a pickled object (a malicious `__reduce__`, an old whole pickled module) is refused
 with a clear error and nothing in it runs; the logged model holds no pickle, ships
@@ -66,8 +66,8 @@ def _train(overrides: dict) -> tuple[RunConfig, object, object]:
 
 
 def write_checkpoint(ckpt: Path, cfg: RunConfig, data, result) -> None:
-    """The files sweeps.trainable._report_final writes that the export reads."""
-    from sweeps.trainable import FINAL_FILE, SUMMARY_FILE, save_model
+    """The files sweeps.integrations.ray.trainable._report_final writes that the export reads."""
+    from sweeps.integrations.ray.trainable import FINAL_FILE, SUMMARY_FILE, save_model
 
     ckpt.mkdir(parents=True, exist_ok=True)
     save_model(ckpt, result.model, cfg.model_dump(mode="json"), tuple(data.input_shape))
@@ -103,7 +103,7 @@ def store(tmp_path_factory):
     """A tiny trained model registered as MODEL@champion in a fresh SQLite store."""
     from mlflow import MlflowClient
 
-    from sweeps.model_export import log_and_register
+    from sweeps.integrations.mlflow.model_export import log_and_register
 
     d = tmp_path_factory.mktemp("export")
     cfg, data, result = _train(TINY)
@@ -214,7 +214,7 @@ def _plant(path: Path, marker: Path) -> None:
 def test_planted_pickles_are_refused_and_never_run(tmp_path):
     from calib_core.export import UnsafeFileError
     from sweeps.contract import MODEL_FILE, STATE_FILE
-    from sweeps.model_export import CalibratedClassifierModel, _load_trained
+    from sweeps.integrations.mlflow.model_export import CalibratedClassifierModel, _load_trained
 
     cfg, data, result = _train(TINY)
     marker = tmp_path / "PWNED"
@@ -239,7 +239,7 @@ def test_planted_pickles_are_refused_and_never_run(tmp_path):
     with pytest.raises(UnsafeFileError, match="refusing to load"):
         CalibratedClassifierModel().load_context(SimpleNamespace(artifacts={"model": str(ckpt / MODEL_FILE)}))
 
-    # the trainer's resume state (what sweeps.trainable.train_trial reads on a retry)
+    # the trainer's resume state (what sweeps.integrations.ray.trainable.train_trial reads on a retry)
     from calib_core.export import load_tensors
 
     _plant(ckpt / STATE_FILE, marker)
@@ -254,7 +254,7 @@ def test_a_trial_refuses_a_planted_resume_state(tmp_path, monkeypatch):
     """train_trial itself, resuming from a Tune checkpoint whose state.pt was replaced."""
     from ray import tune
 
-    import sweeps.trainable as trainable
+    import sweeps.integrations.ray.trainable as trainable
     from calib_core.export import UnsafeFileError
     from sweeps.contract import STATE_FILE
 
@@ -308,7 +308,7 @@ def test_logged_model_is_portable_and_described(store):
     import mlflow
     import yaml
 
-    from sweeps.model_export import pip_requirements
+    from sweeps.integrations.mlflow.model_export import pip_requirements
 
     print(f"log_and_register took {store.seconds:.1f}s")
     mv = store.client.get_model_version(MODEL, store.version)
@@ -488,8 +488,8 @@ def test_loads_and_predicts_in_a_fresh_process_without_the_repository(store, tmp
 
 # ---------------------------------------------------------------------------- idempotence
 def test_registration_is_idempotent_and_survives_a_death_before_registering(store):
-    from sweeps.model_export import _load_trained, _log_portable_model, log_and_register
-    from sweeps.store import MlflowStore
+    from sweeps.integrations.mlflow.model_export import _load_trained, _log_portable_model, log_and_register
+    from sweeps.integrations.mlflow.store import MlflowStore
 
     client, name = store.client, MODEL + "-idempotence"
     with contextlib.chdir(store.dir):

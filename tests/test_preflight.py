@@ -1,4 +1,4 @@
-"""sweeps.preflight in process: the cluster checks against a stubbed Ray, the pending-resources
+"""sweeps.checks.preflight in process: the cluster checks against a stubbed Ray, the pending-resources
 timeout, the store checks (--resume of a finished sweep changes nothing) and the helpers."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ from types import SimpleNamespace
 import pytest
 
 from calib_core.config import ConfigError
-from sweeps import preflight
+from sweeps import contract
+from sweeps.checks import preflight
 from sweeps.config import load_sweep_config
+from sweeps.integrations.mlflow import existing
+from sweeps.integrations.ray import cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ROOT / "sweeps" / "launch.py"
@@ -60,7 +63,7 @@ def test_local_cpus_within_the_machine():
 
 
 def test_dry_run_checks_values_but_not_the_environment(capsys):
-    from sweeps.launch import main
+    from sweeps.cli import main
 
     # a GPU request on a machine without one is a plan, not an error, in --dry-run
     assert main(["--dry-run", "--gpus-per-trial", "8", "--storage-path", "/proc/sys/x"]) == 0
@@ -69,7 +72,7 @@ def test_dry_run_checks_values_but_not_the_environment(capsys):
 
 
 def test_string_flags_are_taken_verbatim(tmp_path, monkeypatch, capsys):
-    from sweeps.launch import main
+    from sweeps.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["--dry-run", "--name", "2024"]) == 0  # YAML would read an int
@@ -97,13 +100,13 @@ def fake_ray(monkeypatch):
 
     monkeypatch.setattr(ray, "nodes", nodes)
     monkeypatch.setattr(ray, "cluster_resources", cluster_resources)
-    monkeypatch.setattr(preflight, "_autoscaler", lambda cpus, gpus: state.autoscaler)
+    monkeypatch.setattr(cluster, "_autoscaler", lambda cpus, gpus: state.autoscaler)
     return state
 
 
 def test_cluster_trial_fits_on_a_node(fake_ray, capsys):
     fake_ray.nodes = [("10.0.0.1", {"CPU": 8.0, "GPU": 1.0}), ("10.0.0.2", {"CPU": 4.0})]
-    preflight.check_cluster(_cfg("resources.cpus_per_trial=4", "resources.gpus_per_trial=0.5"), False)
+    cluster.check_cluster(_cfg("resources.cpus_per_trial=4", "resources.gpus_per_trial=0.5"), False)
     assert "2 node(s), 12 CPU, 1 GPU" in capsys.readouterr().out
 
 
@@ -111,7 +114,7 @@ def test_cluster_too_small_without_autoscaler_fails_fast(fake_ray):
     # 12 CPUs in all, but a trial needs 6 on one node
     fake_ray.nodes = [("10.0.0.1", {"CPU": 4.0}), ("10.0.0.2", {"CPU": 8.0 - 4.0}), ("10.0.0.3", {"CPU": 4.0})]
     with pytest.raises(ConfigError) as exc:
-        preflight.check_cluster(_cfg("resources.cpus_per_trial=6"), False)
+        cluster.check_cluster(_cfg("resources.cpus_per_trial=6"), False)
     msg = str(exc.value)
     assert msg.startswith("resources.cpus_per_trial: a trial asks for 6 CPU and 0 GPU on one node")
     assert "the largest node has 4 CPU" in msg and "12 CPU" in msg and "no autoscaler" in msg
@@ -121,13 +124,13 @@ def test_cluster_too_small_without_autoscaler_fails_fast(fake_ray):
 def test_cluster_without_gpus_names_the_gpu_field(fake_ray):
     fake_ray.nodes = [("10.0.0.1", {"CPU": 16.0})]
     with pytest.raises(ConfigError, match=r"^resources.gpus_per_trial: a trial asks for 1 CPU and 1 GPU"):
-        preflight.check_cluster(_cfg("resources.gpus_per_trial=1"), False)
+        cluster.check_cluster(_cfg("resources.gpus_per_trial=1"), False)
 
 
 def test_cluster_that_autoscales_waits_with_the_timeout(fake_ray, capsys):
     fake_ray.nodes = [("10.0.0.1", {"CPU": 2.0})]
     fake_ray.autoscaler = (True, "the autoscaler can add node type 'gpu-worker'")
-    preflight.check_cluster(_cfg("resources.gpus_per_trial=1", "resources.pending_timeout_s=120"), False)
+    cluster.check_cluster(_cfg("resources.gpus_per_trial=1", "resources.pending_timeout_s=120"), False)
     out = capsys.readouterr().out
     assert "node type 'gpu-worker'" in out and "waiting at most 120 s for it (resources.pending_timeout_s)" in out
 
@@ -135,17 +138,17 @@ def test_cluster_that_autoscales_waits_with_the_timeout(fake_ray, capsys):
 def test_loopback_tracking_needs_every_node_on_this_machine(fake_ray, monkeypatch):
     cfg = _cfg("tracking.uri=http://127.0.0.1:5000")
     fake_ray.nodes = [("127.0.0.1", {"CPU": 2.0}), ("127.0.0.1", {"CPU": 2.0})]
-    preflight.check_cluster(cfg, True)
-    monkeypatch.setattr(preflight, "_this_machine", lambda: {"192.0.2.9"})
+    cluster.check_cluster(cfg, True)
+    monkeypatch.setattr(cluster, "_this_machine", lambda: {"192.0.2.9"})
     fake_ray.nodes.append(("192.0.2.9", {"CPU": 2.0}))  # a node started here, with this machine's address
-    preflight.check_cluster(cfg, True)
+    cluster.check_cluster(cfg, True)
     fake_ray.nodes.append(("10.0.0.7", {"CPU": 2.0}))
     with pytest.raises(
         ConfigError,
         match=r"tracking.uri: 'http://127.0.0.1:5000' is a loopback address but the "
         r"cluster has nodes on other machines \(10.0.0.7\)",
     ):
-        preflight.check_cluster(cfg, True)
+        cluster.check_cluster(cfg, True)
 
 
 def test_autoscaler_node_types(monkeypatch):
@@ -157,10 +160,10 @@ def test_autoscaler_node_types(monkeypatch):
     config = SimpleNamespace(node_group_configs=[group("cpu", 10, CPU=8), group("gpu", 0, CPU=8, GPU=4)])
     monkeypatch.setattr(ray._private.state.state, "get_cluster_config", lambda: config)
     monkeypatch.delenv("CALIB_ASSUME_AUTOSCALING", raising=False)
-    assert preflight._autoscaler(4, 0) == (True, "the autoscaler can add node type 'cpu'")
-    assert preflight._autoscaler(4, 1)[0] is False  # the GPU group may not grow (max_count 0)
+    assert cluster._autoscaler(4, 0) == (True, "the autoscaler can add node type 'cpu'")
+    assert cluster._autoscaler(4, 1)[0] is False  # the GPU group may not grow (max_count 0)
     monkeypatch.setenv("CALIB_ASSUME_AUTOSCALING", "1")
-    assert preflight._autoscaler(4, 1)[0] is True
+    assert cluster._autoscaler(4, 1)[0] is True
 
 
 @pytest.mark.parametrize(
@@ -181,7 +184,7 @@ def test_autoscaler_v1_status(monkeypatch, mapping, scales):
     monkeypatch.setattr(ray._private.state.state, "get_cluster_config", lambda: None)
     status = json.dumps({"autoscaler_report": {"node_type_mapping": mapping, "legacy": True}}).encode()
     monkeypatch.setattr(kv, "_internal_kv_get", lambda key: status if key == "__autoscaling_status" else None)
-    assert preflight._autoscaler(2, 0)[0] is scales
+    assert cluster._autoscaler(2, 0)[0] is scales
 
 
 # --------------------------------------------------------------------------- the pending-resources timeout
@@ -200,7 +203,7 @@ def _trials(*statuses: str) -> list:
 
 
 def test_pending_timeout_ends_a_hopeless_wait():
-    from sweeps.resource_wait import PendingTimeout
+    from sweeps.integrations.ray.resource_wait import PendingTimeout
 
     clock = _Clock()
     cb = PendingTimeout(60, 64, 0, clock=clock)
@@ -209,7 +212,7 @@ def test_pending_timeout_ends_a_hopeless_wait():
     cb.on_step_begin(1, _trials("PENDING", "PENDING"))
     clock.t = 61
     with pytest.raises(
-        preflight.ResourcesUnavailable,
+        contract.ResourcesUnavailable,
         match=r"^resources.pending_timeout_s: no trial could start "
         r"within 60 s \(each asks for 64 CPU and 0 GPU",
     ):
@@ -217,7 +220,7 @@ def test_pending_timeout_ends_a_hopeless_wait():
 
 
 def test_pending_timeout_resets_while_a_trial_runs_and_can_be_off():
-    from sweeps.resource_wait import PendingTimeout
+    from sweeps.integrations.ray.resource_wait import PendingTimeout
 
     clock = _Clock()
     cb = PendingTimeout(60, 1, 0, clock=clock)
@@ -233,7 +236,7 @@ def test_pending_timeout_resets_while_a_trial_runs_and_can_be_off():
 def test_pending_timeout_pickles_without_its_wait():
     import pickle
 
-    from sweeps.resource_wait import PendingTimeout
+    from sweeps.integrations.ray.resource_wait import PendingTimeout
 
     cb = PendingTimeout(5, 1, 0)
     cb.on_step_begin(0, _trials("PENDING"))
@@ -316,7 +319,7 @@ def test_resume_of_a_finished_sweep_changes_nothing(tmp_path):
 def test_unfinished_or_unregistered_sweeps_are_resumed(tmp_path):
     _fabricate_sweep(tmp_path, "cut", "KILLED", register=True)
     assert (
-        preflight.check_store(
+        existing.check_store(
             _cfg(f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "name=cut", f"storage_path={tmp_path}/ray_results"),
             resume=True,
         )
@@ -326,7 +329,7 @@ def test_unfinished_or_unregistered_sweeps_are_resumed(tmp_path):
     other.mkdir()
     _fabricate_sweep(other, "sel", "FINISHED", register=False)
     assert (
-        preflight.check_store(
+        existing.check_store(
             _cfg(f"tracking.uri=sqlite:///{other}/mlflow.db", "name=sel", f"storage_path={other}/ray_results"),
             resume=True,
         )
@@ -336,7 +339,7 @@ def test_unfinished_or_unregistered_sweeps_are_resumed(tmp_path):
 
 def test_store_that_does_not_exist_is_not_created(tmp_path):
     cfg = _cfg(f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"storage_path={tmp_path}/ray_results")
-    assert preflight.check_store(cfg, resume=True) is None
+    assert existing.check_store(cfg, resume=True) is None
     assert list(tmp_path.iterdir()) == []
 
 
@@ -345,8 +348,8 @@ def test_taken_name_in_the_tune_storage_is_refused(tmp_path):
     (tmp_path / "ray_results" / "old" / "tuner.pkl").write_bytes(b"")
     cfg = _cfg(f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"storage_path={tmp_path}/ray_results", "name=old")
     with pytest.raises(ConfigError, match="^name: sweep 'old' already exists"):
-        preflight.check_store(cfg, resume=False)
-    assert preflight.check_store(cfg, resume=True) is None
+        existing.check_store(cfg, resume=False)
+    assert existing.check_store(cfg, resume=True) is None
 
 
 def test_study_exists_on_a_database_server_without_optuna_tables(tmp_path):
@@ -358,7 +361,7 @@ def test_study_exists_on_a_database_server_without_optuna_tables(tmp_path):
     db = tmp_path / "server.db"
     db.touch()
     url = f"sqlite+pysqlite:///{db}"
-    assert preflight._study_exists(url, "sweep") is False
+    assert existing._study_exists(url, "sweep") is False
     optuna.create_study(study_name="sweep", storage=url)
-    assert preflight._study_exists(url, "sweep") is True
-    assert preflight._study_exists(url, "other") is False
+    assert existing._study_exists(url, "sweep") is True
+    assert existing._study_exists(url, "other") is False

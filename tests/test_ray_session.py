@@ -1,4 +1,5 @@
-"""sweeps/ray_session.py with stand-in processes (fast): only a dead driver's recorded session is stopped."""
+"""sweeps/integrations/ray/session.py with stand-in processes (fast): only a dead driver's recorded session
+is stopped."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from sweeps.ray_session import SESSIONS_DIR, _start_time, reap_stale, session_processes
+from sweeps.integrations.ray.session import SESSIONS_DIR, _start_time, reap_stale, session_processes
 
 SLEEP = "import time, sys; time.sleep(120)"
 

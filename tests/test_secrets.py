@@ -108,11 +108,11 @@ def test_redact_values_walks_a_config():
 
 def test_one_redaction_rule():
     """The old helpers are gone: preflight and the store use sweeps.redaction's."""
-    import sweeps.preflight
-    import sweeps.store
+    import sweeps.checks.preflight
+    import sweeps.integrations.mlflow.store
 
-    assert sweeps.preflight.redact is redact
-    assert not hasattr(sweeps.store, "_redact")
+    assert sweeps.checks.preflight.redact is redact
+    assert not hasattr(sweeps.integrations.mlflow.store, "_redact")
 
 
 # --------------------------------------------------------------------------- the CLI's error paths
@@ -202,7 +202,7 @@ def test_mlflow_run_links_are_silenced(monkeypatch):
     the store turns that off through MLflow's own switch, and forces it off when the URI has a password."""
     from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
 
-    from sweeps.store import QUIET_RUN_LINKS_ENV, quiet_run_links
+    from sweeps.integrations.mlflow.store import QUIET_RUN_LINKS_ENV, quiet_run_links
 
     assert QUIET_RUN_LINKS_ENV == MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name
     monkeypatch.setenv(QUIET_RUN_LINKS_ENV, "false")
@@ -217,7 +217,7 @@ def test_mlflow_run_links_are_silenced(monkeypatch):
 
 def test_store_masks_params_tags_and_descriptions():
     """Every param, tag, note and model-version description the service writes goes through the store."""
-    from sweeps.store import MlflowStore
+    from sweeps.integrations.mlflow.store import MlflowStore
 
     calls: list[tuple] = []
 

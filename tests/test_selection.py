@@ -8,8 +8,8 @@ import pytest
 from scipy.stats import spearmanr
 
 from sweeps.config import SelectionConfig
-from sweeps.reports import leaderboard, pareto_plot, rank_agreement
-from sweeps.selection import TrialRecord, pareto_front, select
+from sweeps.decide.selection import TrialRecord, pareto_front, select
+from sweeps.report.files import leaderboard, pareto_plot, rank_agreement
 
 PARETO = "pareto_min_ece_near_best_accuracy"
 

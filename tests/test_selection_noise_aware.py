@@ -11,10 +11,10 @@ import torch
 
 from calib_core.metrics import compute_all
 from sweeps.config import SelectionConfig
-from sweeps.reports import format_leaderboard, leaderboard, pareto_plot
-from sweeps.selection import TrialRecord, select
-from sweeps.trainable import _prediction_arrays
-from sweeps.uncertainty import compute_replicates, load_predictions
+from sweeps.decide.selection import TrialRecord, select
+from sweeps.decide.uncertainty import compute_replicates, load_predictions
+from sweeps.integrations.ray.trainable import _prediction_arrays
+from sweeps.report.files import format_leaderboard, leaderboard, pareto_plot
 
 K = 10
 NAMES = ("accuracy", "ece", "nll")  # the rule's inputs; every metric's replicates are tested elsewhere

@@ -7,7 +7,7 @@ import pickle
 import pytest
 from mlflow.exceptions import MlflowException
 
-from sweeps.store import OUTAGE_MAX_WAIT_S, MlflowStore, OutageRetry, TrackingUnavailable, is_outage
+from sweeps.integrations.mlflow.store import OUTAGE_MAX_WAIT_S, MlflowStore, OutageRetry, TrackingUnavailable, is_outage
 
 REFUSED = MlflowException(
     "API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed with exception "

@@ -12,7 +12,6 @@ import pytest
 from ray.tune.schedulers import TrialScheduler
 
 from calib_core.config import RunConfig
-from sweeps import trainable
 from sweeps.config import SearchConfig, SelectionConfig, load_sweep_config
 from sweeps.contract import (
     FINAL_FILE,
@@ -26,10 +25,11 @@ from sweeps.contract import (
     TAG_STATUS,
     TAG_STOP_REASON,
 )
-from sweeps.progress import ProgressCallback
-from sweeps.selection import TrialRecord, select
-from sweeps.store import MlflowStore
-from sweeps.tracking import MLflowTrackingCallback
+from sweeps.decide.selection import TrialRecord, select
+from sweeps.integrations.mlflow.store import MlflowStore
+from sweeps.integrations.mlflow.tracking import MLflowTrackingCallback
+from sweeps.integrations.ray import trainable
+from sweeps.integrations.ray.progress import ProgressCallback
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "sweeps" / "configs" / "digits_demo.yaml"
@@ -237,7 +237,7 @@ def test_scheduler_stop_is_recorded_as_stopped_early_not_as_failure(capsys):
 
 def test_every_shipped_config_dry_runs(tmp_path, monkeypatch, capsys):
     """The CIFAR configs need their data (and GPUs): they are checked with --dry-run only."""
-    from sweeps.launch import main
+    from sweeps.cli import main
 
     monkeypatch.chdir(tmp_path)
     for path in sorted((ROOT / "sweeps" / "configs").glob("*.yaml")):

@@ -96,7 +96,7 @@ def test_killed_driver_then_resume_completes_without_duplicates(tmp_path):
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
         driver.wait()
     assert finished_before, "no trial finished in time"
-    # the SIGKILLed driver's own Ray processes are stopped by the resumed run (sweeps/ray_session.py: the session
+    # the SIGKILLed driver's own Ray processes are stopped by the resumed run (integrations/ray/session.py: the session
     # it recorded under the storage path); `ray stop --force` would kill every Ray cluster on the machine
 
     proc = launch(tmp_path, *args, "--resume")

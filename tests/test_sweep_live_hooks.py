@@ -1,4 +1,4 @@
-"""The stand-ins Tune pickles with an experiment act for the invocation running it (sweeps/live_hooks.py):
+"""The stand-ins Tune pickles with an experiment act for the invocation running it (integrations/ray/live_hooks.py):
 a restored experiment uses this invocation's callbacks and reporter, not the pickled ones."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from ray import tune
 from ray.tune import ProgressReporter
 
-from sweeps.live_hooks import LiveCallbacks, LiveReporter, installed
+from sweeps.integrations.ray.live_hooks import LiveCallbacks, LiveReporter, installed
 
 
 class Recorder(tune.Callback):

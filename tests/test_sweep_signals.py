@@ -1,7 +1,7 @@
 """No orphans: SIGTERM behaves as Ctrl+C, and a SIGKILLed driver's Ray processes are stopped by the next run.
 
 Each test starts its driver in a new session (process group) and stops only that group and the
-processes of the Ray session the driver recorded (sweeps/ray_session.py), never other Ray clusters.
+processes of the Ray session the driver recorded (sweeps/integrations/ray/session.py), never other Ray clusters.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.ray_session import SESSIONS_DIR, session_processes, stop_processes
+from sweeps.integrations.ray.session import SESSIONS_DIR, session_processes, stop_processes
 from tests.sweep_helpers import LAUNCH, launch, store, sweep_runs
 
 pytestmark = pytest.mark.slow

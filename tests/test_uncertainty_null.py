@@ -1,4 +1,4 @@
-"""The sweep's intervals of top-label calibration errors (sweeps.uncertainty): a trial whose predictions are
+"""The sweep's intervals of top-label calibration errors (sweeps.decide.uncertainty): a trial whose predictions are
 calibrated by construction gets a val ECE interval that reaches 0, a clearly miscalibrated one
 does not, per task for multi-task trials and for the mean over tasks; other metrics keep the
 bootstrap interval."""
@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from calib_core.metrics import centered_interval
-from sweeps.uncertainty import compute_replicates
+from sweeps.decide.uncertainty import compute_replicates
 
 
 def _split(rng: np.random.Generator, n: int, gap: float, k: int = 4) -> tuple[np.ndarray, np.ndarray]:

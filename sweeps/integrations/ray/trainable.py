@@ -35,7 +35,7 @@ from sweeps.contract import (
     is_number,
     metric_key,
 )
-from sweeps.search_space import resolve_run_config
+from sweeps.integrations.optuna.search_space import resolve_run_config
 
 # torch and calib_core's data and trainer are imported where used: the sweep's driver imports this
 # module for `train_trial` and never trains; a trial process imports them when it starts.
@@ -111,7 +111,7 @@ def train_trial(
 
     `evaluation`: what is measured after training (a dict is validated into an EvaluationConfig).
     `plugins`: modules that register models, datasets or calibrators (imported here too: a trial
-    runs in its own process). `quiet`: Ray Train's per-checkpoint INFO line off (sweeps.progress).
+    runs in its own process). `quiet`: Ray Train's per-checkpoint INFO line off (sweeps.integrations.ray.progress).
     """
     import torch
 
@@ -121,7 +121,7 @@ def train_trial(
 
     evaluation = EvaluationConfig.model_validate(evaluation or {})
     if quiet:
-        from sweeps.progress import QUIET_WORKER_LOGGERS
+        from sweeps.integrations.ray.progress import QUIET_WORKER_LOGGERS
 
         for name in QUIET_WORKER_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -214,7 +214,7 @@ def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: Evalua
 
 
 def _prediction_arrays(result: Any, data: Any) -> dict[str, np.ndarray]:
-    """Validation and test predictions (sweeps.uncertainty.load_predictions reads them); for
+    """Validation and test predictions (sweeps.decide.uncertainty.load_predictions reads them); for
     multi-task runs every task's probabilities over all rows and the (N, T) labels, -1 = missing."""
     arrays = {
         f"{split}_{what}": getattr(result, f"{split}_{what}").numpy()
@@ -252,7 +252,7 @@ def _debiased_metrics(arrays: dict[str, np.ndarray]) -> dict[str, float]:
 def save_model(directory: str | Path, module: Any, run_config: dict[str, Any], input_shape: tuple[int, ...]) -> None:
     """The trained calibrated module as MODEL_FILE (its state_dict, tensors only) plus
     MODEL_SPEC_FILE (calib_core.export.model_spec: what rebuilds it from calib_core's registries);
-    sweeps.model_export reads them back with calib_core.export.load_calibrated_model."""
+    sweeps.integrations.mlflow.model_export reads them back with calib_core.export.load_calibrated_model."""
     import torch
 
     from calib_core.export import model_spec, state_dict_for_export

@@ -2,7 +2,7 @@
 
 The driver is the only writer. Runs are found by tags before any is created, so trial
 retries and `--resume` reattach to the same runs; metrics carry step=epoch and a step that
-was already logged is never logged again. Every MLflow call goes through sweeps/store.py.
+was already logged is never logged again. Every MLflow call goes through sweeps/integrations/mlflow/store.py.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY
     is_finite_number,
     is_number,
 )
-from sweeps.search_space import describe_params
-from sweeps.store import MAX_TAG_CHARS, MlflowStore, find_run  # noqa: F401  (find_run: benchmarks/method_study.py)
+from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, find_run  # noqa: F401  (find_run: benchmarks/method_study.py)
+from sweeps.integrations.optuna.search_space import describe_params
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +231,8 @@ class MLflowTrackingCallback(tune.Callback):
         self.store.terminate(run_id, status)
 
     def _log_trial_artifacts(self, run_id: str, trial: Any) -> None:
-        """The predictions, then the trial's report files (sweeps.reports.trial_report_files)."""
-        from sweeps.reports import trial_report_files
+        """The predictions, then the trial's report files (sweeps.report.files.trial_report_files)."""
+        from sweeps.report.files import trial_report_files
 
         ckpt = trial.checkpoint
         if ckpt is None:

@@ -47,7 +47,8 @@ def _hooks(sweep: str) -> _Hooks:
         return _INSTALLED[sweep]
     except KeyError:
         raise RuntimeError(
-            f"sweep {sweep!r} runs without its callbacks: call Tuner.fit inside sweeps.live_hooks.installed(...)"
+            f"sweep {sweep!r} runs without its callbacks: call Tuner.fit inside "
+            "sweeps.integrations.ray.live_hooks.installed(...)"
         ) from None
 
 

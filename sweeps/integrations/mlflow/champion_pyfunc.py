@@ -1,6 +1,6 @@
 """MLflow models-from-code definition of the champion: calibrated class probabilities.
 
-`sweeps.model_export.log_and_register` logs this file as the model's code
+`sweeps.integrations.mlflow.model_export.log_and_register` logs this file as the model's code
 (`mlflow.pyfunc.log_model(python_model=<this file>, ...)`); MLflow runs it when the model is
 loaded, under a module name of its own. It therefore imports only mlflow, numpy, torch and
 `calib_core`, which is shipped inside the model (`code_paths`), never `sweeps`.

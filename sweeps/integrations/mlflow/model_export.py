@@ -2,7 +2,7 @@
 
 What gets logged (a models-from-code pyfunc; no pickled Python object anywhere):
 
-- `champion_pyfunc.py` (this package's `sweeps/champion_pyfunc.py`), the model's code, which
+- `champion_pyfunc.py` (this package's `sweeps/integrations/mlflow/champion_pyfunc.py`), the model's code, which
   `mlflow.pyfunc.load_model` runs; it imports mlflow, torch and calib_core only;
 - artifacts `spec` (JSON, `calib_core.export.model_spec`: backbone name and kwargs,
   calibrator kind, classes or tasks, input shape) and `weights` (the calibrated module's
@@ -51,7 +51,7 @@ from sweeps.contract import (
     TAG_SOURCE_RUN,
     is_finite_number,
 )
-from sweeps.store import MlflowStore
+from sweeps.integrations.mlflow.store import MlflowStore
 
 LOGGED_MODEL_NAME = "model"
 MODEL_CODE = Path(__file__).with_name("champion_pyfunc.py")
@@ -182,7 +182,7 @@ def _read_metrics(store: MlflowStore, run_id: str, ckpt: Path) -> dict[str, Any]
 
 def _load_trained(ckpt: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
     """The trial's calibrated module, summary and model spec from its final checkpoint
-    (sweeps.contract's layout, written by sweeps.trainable.save_model): the module is rebuilt
+    (sweeps.contract's layout, written by sweeps.integrations.ray.trainable.save_model): the module is rebuilt
     from the spec with calib_core's registries and its state_dict loaded with
     `torch.load(weights_only=True)`; a file holding any other pickled object raises
     calib_core.export.UnsafeFileError and is never unpickled."""

@@ -2,8 +2,9 @@
 
 Runs are found by tags before any is created (`find_run`), so trial retries and `--resume` reattach
 to the same runs; what a run means (which tags, which notes) is decided by the callers
-(sweeps/service.py, sweeps/tracking.py, sweeps/model_export.py), which draw nothing here either:
-reports are files written elsewhere (sweeps/reports.py) and logged through `log_artifacts`.
+(sweeps/service.py, integrations/mlflow/tracking.py, integrations/mlflow/model_export.py), which draw
+nothing here either:
+reports are files written elsewhere (sweeps/report/files.py) and logged through `log_artifacts`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Model selection on validation metrics: the Pareto front and the champion rules (presentation: sweeps/reports.py)."""
+"""Model selection on validation metrics: the Pareto front and the champion rules.
+
+Presentation (leaderboard, Pareto plot, rank agreement) is in sweeps/report/files.py."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from sweeps.config import SelectionConfig
 # pandas, scipy and matplotlib are imported where used: the sweep's driver imports this module
 # before its trials start and needs them only for selection and its reports.
 if TYPE_CHECKING:
-    from sweeps.uncertainty import Replicates
+    from sweeps.decide.uncertainty import Replicates
 
 
 @dataclass

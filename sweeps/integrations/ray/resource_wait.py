@@ -1,6 +1,6 @@
 """End a sweep whose trials wait too long for resources (resources.pending_timeout_s).
 
-On a cluster that can add nodes (an autoscaler), `sweeps.preflight` lets a sweep start although
+On a cluster that can add nodes (an autoscaler), `sweeps.checks.preflight` lets a sweep start although
 no node fits a trial yet; if no node comes, Ray would keep the trials PENDING for ever. This
 Tune callback raises `ResourcesUnavailable` once trials have been pending, with none of the
 sweep's trials running, for longer than the timeout; `run_sweep` then marks the parent run
@@ -14,7 +14,7 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.preflight import ResourcesUnavailable
+from sweeps.contract import ResourcesUnavailable
 
 
 class PendingTimeout(tune.Callback):

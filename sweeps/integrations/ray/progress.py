@@ -25,8 +25,8 @@ from ray.tune import CLIReporter
 
 from sweeps.config import SelectionConfig
 from sweeps.contract import STOPPED_EARLY, is_number
-from sweeps.search_space import describe_params
-from sweeps.selection import TrialRecord, select
+from sweeps.decide.selection import TrialRecord, select
+from sweeps.integrations.optuna.search_space import describe_params
 
 
 def _clock(seconds: float) -> str:
@@ -173,7 +173,7 @@ class StatusReporter(CLIReporter):
 # champion's input example; Ray announcing that the local cluster it starts uses token
 # authentication (its default since 2.52; setting RAY_AUTH_MODE=token instead would silence it too,
 # but Ray reads that variable when it is imported); Ray Train's "Checkpoint successfully created"
-# (once per epoch per trial, in the trial processes: sweeps.trainable applies QUIET_WORKER_LOGGERS).
+# (once per epoch per trial, in the trial processes: sweeps.integrations.ray.trainable applies QUIET_WORKER_LOGGERS).
 QUIET_DRIVER_LOGGERS = {
     "mlflow.store.db.utils": logging.WARNING,
     "mlflow.pyfunc": logging.WARNING,

@@ -1,4 +1,4 @@
-"""Report files, written here and logged by the caller through sweeps/store.py: per trial the reliability
+"""Report files, written here and logged by the caller through integrations/mlflow/store.py: per trial the reliability
 diagrams, shift tables, ECE-vs-severity plots and per-task tables; per sweep the leaderboard, rank
 agreement, Pareto plot and selection.json."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeps.contract import PREDICTIONS_FILE, SHIFT_FILE, SPLITS, SUMMARY_FILE, is_number
-from sweeps.selection import TrialRecord, not_worse_than, pareto_front
+from sweeps.decide.selection import TrialRecord, not_worse_than, pareto_front
 
 # pandas and matplotlib are imported where used (pyplot()): the sweep's driver imports this module
 # before its trials start.
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from sweeps.config import SelectionConfig, SweepConfig
-    from sweeps.uncertainty import Replicates
+    from sweeps.decide.uncertainty import Replicates
 
 
 def pyplot() -> Any:
@@ -30,7 +30,7 @@ def pyplot() -> Any:
     return plt
 
 
-# (file, artifact folder) pairs, what sweeps.store.MlflowStore.log_artifacts takes
+# (file, artifact folder) pairs, what sweeps.integrations.mlflow.store.MlflowStore.log_artifacts takes
 ReportFiles = list[tuple[Path, str | None]]
 SWEEP_FOLDER = "sweep"  # the parent run's artifact folder
 

@@ -1,0 +1,196 @@
+"""Launch a calibration sweep: `python sweeps/launch.py [--cluster] [--config FILE] [--set k=v ...]`.
+
+Locally with no flags it sweeps the embedded MNIST-1D demo on this machine's CPUs and records
+everything in ./mlflow.db; with --cluster it joins the running Ray cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from calib_core.config import ConfigError
+from sweeps.redaction import redact, redact_text, redact_values
+
+if TYPE_CHECKING:
+    from sweeps.config import SweepConfig
+
+EXIT_OK, EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 1, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (`error: ...`), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {redact_text(' '.join(message.split()))} (see --help)", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface (every flag explained in --help)."""
+    p = _Parser(
+        prog="python sweeps/launch.py",
+        description="Sweep calibrators and calibrator learning rates with Ray Tune + Optuna; "
+        "track in MLflow; select and register the best model (validation metrics only).",
+    )
+    p.add_argument("--config", metavar="FILE", help="sweep YAML (default: sweeps/configs/mnist1d_demo.yaml)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value by dotted key, e.g. --set run.train.epochs=2 (repeatable)",
+    )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="connect to an existing Ray cluster (RAY_ADDRESS or 'auto'); storage and "
+        "tracking must then be reachable from every node",
+    )
+    p.add_argument("--num-samples", type=int, metavar="N", help="number of trials (search.num_samples)")
+    p.add_argument("--max-concurrent", type=int, metavar="N", help="trials running at once (resources.max_concurrent)")
+    p.add_argument("--gpus-per-trial", type=float, metavar="F", help="GPUs per trial, fractions allowed, e.g. 0.25")
+    p.add_argument("--cpus-per-trial", type=float, metavar="F", help="CPUs per trial (also sets torch threads)")
+    p.add_argument(
+        "--tracking-uri",
+        metavar="URI",
+        help="MLflow tracking URI (default: sqlite:///<cwd>/mlflow.db; a server URL with --cluster)",
+    )
+    p.add_argument(
+        "--storage-path",
+        metavar="PATH",
+        help="where Ray Tune keeps results and checkpoints (default: <cwd>/ray_results; "
+        "s3://... or a shared mount with --cluster)",
+    )
+    p.add_argument("--name", help="sweep name: Ray experiment name, MLflow parent run and Optuna study name")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the sweep NAME where it stopped (starts it if there is nothing to resume; "
+        "says so and changes nothing if it already finished)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config and resource plan, then exit without running anything "
+        "(checks values only: not paths, servers or resources)",
+    )
+    p.add_argument("--seed", type=int, help="seed for data splits, training and the Optuna sampler")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Ray Tune's full output (every trial's config and result tables) and every library's "
+        "log lines, instead of the status table and one progress line per trial",
+    )
+    return p
+
+
+def resolve_config(args: argparse.Namespace) -> SweepConfig:
+    """Config file + --set overrides + CLI flags, validated; defaults made absolute."""
+    from sweeps.config import load_sweep_config, with_defaults
+
+    overrides = list(args.overrides)
+    flag_map = {
+        "num_samples": "search.num_samples",
+        "max_concurrent": "resources.max_concurrent",
+        "gpus_per_trial": "resources.gpus_per_trial",
+        "cpus_per_trial": "resources.cpus_per_trial",
+        "tracking_uri": "tracking.uri",
+        "storage_path": "storage_path",
+        "name": "name",
+    }
+    for attr, key in flag_map.items():
+        value = getattr(args, attr)
+        if value is not None:
+            # strings exactly as given (a JSON string is YAML): --name 2024 stays a name, not a number
+            overrides.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
+    if args.seed is not None:
+        overrides += [f"run.seed={args.seed}", f"search.seed={args.seed}"]
+    cfg = load_sweep_config(args.config, overrides)
+    return with_defaults(cfg, cluster=args.cluster, workdir=Path.cwd())
+
+
+def resource_plan(cfg: SweepConfig) -> str:
+    """A short human summary of what the sweep will ask Ray for."""
+    r, s = cfg.resources, cfg.search
+    conc = min(r.max_concurrent, s.num_samples)
+    metric = s.metric if s.objective == "single" else "val_accuracy max + val_ece min"
+    return (
+        f"trials: {s.num_samples} ({s.objective}-objective, metric {metric}, "
+        f"scheduler {s.scheduler})\n"
+        f"per trial: {r.cpus_per_trial:g} CPU, {r.gpus_per_trial:g} GPU; at most {conc} at once "
+        f"-> peak {conc * r.cpus_per_trial:g} CPU, {conc * r.gpus_per_trial:g} GPU\n"
+        f"retries per trial: {r.max_failures}; epochs per trial: {cfg.run.train.epochs}\n"
+        f"storage: {redact(cfg.storage_path or '')}\ntracking: {redact(cfg.tracking.uri or '')}\n"
+        f"optuna study: {cfg.name} in {redact(cfg.search.storage or 'memory')}"
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error as one line, every URI in it without its secrets (sweeps/redaction.py)."""
+    return redact_text(" ".join(str(exc).split())) or type(exc).__name__
+
+
+def _redacting_excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """An unexpected error's traceback, as Python prints it but with no URI's password in it."""
+    import traceback
+
+    sys.stderr.write(redact_text("".join(traceback.format_exception(kind, exc, tb))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code.
+
+    Every check that can run before anything is written does (sweeps/checks/preflight.py): a bad
+    value, path, server or resource request is one `error:` line on stderr, exit 2, and
+    nothing is created (no mlflow.db, mlartifacts, ray_results, or run in an existing store).
+    """
+    sys.excepthook = _redacting_excepthook
+    args = build_parser().parse_args(argv)
+    try:
+        from sweeps.checks.preflight import check_config
+
+        cfg = resolve_config(args)
+        check_config(cfg, cluster=args.cluster)
+    except ConfigError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.dry_run:
+        import yaml
+
+        print(yaml.safe_dump(redact_values(cfg.model_dump(mode="json")), sort_keys=False).rstrip())
+        print("---")
+        print(resource_plan(cfg))
+        return EXIT_OK
+    from sweeps.contract import ResourcesUnavailable
+    from sweeps.startup import preflight
+
+    try:
+        nothing_to_do = preflight(cfg, cluster=args.cluster, resume=args.resume)
+    except ConfigError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        print("interrupted before the sweep started; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if nothing_to_do:
+        print(nothing_to_do)
+        return EXIT_OK
+    from sweeps.service import SweepError, SweepIncomplete, execute
+
+    try:
+        execute(cfg, cluster=args.cluster, resume=args.resume, verbose=args.verbose)
+    except SweepIncomplete as exc:
+        print(redact_text(str(exc)), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ConfigError, SweepError, ResourcesUnavailable) as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
+    except KeyboardInterrupt:
+        print("interrupted: runs marked KILLED; continue with --resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK

@@ -1,0 +1,1 @@
+"""Adapters to the third-party services, one subpackage each: ray/, mlflow/, optuna/."""

@@ -1,0 +1,1 @@
+"""MLflow: the store (every MLflow call), the tracking callback, model export and the pyfunc champion."""

@@ -1,0 +1,1 @@
+"""Optuna: the study and the search space."""

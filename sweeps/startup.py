@@ -1,0 +1,81 @@
+"""Everything before a sweep's first write, in order (cheap checks first): the pure checks of sweeps/checks/,
+then for `--cluster` the connection to the cluster and its resources (integrations/ray/cluster.py), the stores
+(integrations/mlflow/existing.py: name taken, nothing to resume) and the model/data and size checks.
+
+Raises ConfigError (one line) on the first problem; writes nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from sweeps.checks.preflight import (
+    _fs_errors,
+    _host,
+    _is_loopback,
+    check_disk_fits,
+    check_local_data,
+    check_local_resources,
+    check_model_fits_data,
+    check_storage,
+    check_study_storage,
+    check_tracking,
+    check_uri_syntax,
+    probe_remote_storage,
+)
+
+if TYPE_CHECKING:
+    from sweeps.config import SweepConfig
+
+
+def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False) -> str | None:
+    """Check the environment before anything is written (raises ConfigError, one line).
+
+    Returns a one-line message when there is nothing to do (`--resume` of a sweep that already
+    finished and registered its champion), else None.
+    """
+    for field, uri in (
+        ("tracking.uri", cfg.tracking.uri),
+        ("search.storage", cfg.search.storage),
+        ("storage_path", cfg.storage_path),
+    ):
+        check_uri_syntax(field, uri or "")
+    loopback_tracking = bool(cfg.tracking.uri) and _is_loopback(_host(cfg.tracking.uri or ""))
+    with _fs_errors("storage_path"):
+        check_storage(cfg.storage_path or "", cluster)
+    if cluster:
+        from sweeps.integrations.ray.cluster import check_cluster, connect_cluster, plugin_runtime_env
+
+        connect_cluster(plugin_runtime_env(cfg.plugins))
+        with _fs_errors("tracking.uri"):
+            check_tracking(cfg.tracking.uri or "", cluster)
+        check_cluster(cfg, loopback_tracking)
+    else:
+        with _fs_errors("tracking.uri"):
+            check_tracking(cfg.tracking.uri or "", cluster)
+        with _fs_errors("run.data.root"):
+            check_local_data(cfg)
+        check_local_resources(cfg)
+    with _fs_errors("search.storage"):
+        check_study_storage(cfg.search.storage or "memory")
+    if cfg.storage_path and "://" in cfg.storage_path and not cfg.storage_path.startswith("file://"):
+        probe_remote_storage(cfg.storage_path)
+    from sweeps.integrations.mlflow.existing import check_store
+    from sweeps.sweep_lock import refused_while_running
+
+    # a launch of this name that is running now is named (reads its lock file only)
+    with _fs_errors("tracking.uri"), refused_while_running(cfg.storage_path, cfg.name):
+        nothing_to_do = check_store(cfg, resume)
+    if nothing_to_do:
+        return nothing_to_do
+    params = check_model_fits_data(cfg)
+    if not cluster and params is not None and cfg.storage_path and "://" not in cfg.storage_path:
+        check_disk_fits(cfg, params)
+    if cfg.search.num_samples > cfg.resources.warn_trials:
+        print(
+            f"warning: {cfg.search.num_samples} trials (more than resources.warn_trials = "
+            f"{cfg.resources.warn_trials}): the stores, the report and selection grow with the trial count",
+            file=sys.stderr,
+        )
+    return None
