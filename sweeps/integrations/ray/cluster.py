@@ -90,10 +90,33 @@ def connect_cluster(runtime_env: dict[str, Any] | None = None) -> None:
         with _stderr_captured() as logged:
             ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
     except Exception as exc:  # ConnectionError, authentication, version mismatch...
-        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise ConfigError(f"--cluster: could not join the Ray cluster at {address}: {detail}") from None
+        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(
+            f"--cluster: could not join the Ray cluster at {address}: {detail}{_auth_hint(detail)}"
+        ) from None
     if logged and logged[0].strip():
         sys.stderr.write(logged[0])
+
+
+AUTH_WORDS = ("unauthenticated", "authentication", "auth token", "permission denied", "invalid token")
+
+
+def _auth_hint(detail: str) -> str:
+    """What to check when the head answered on its port but refused the driver: Ray's token authentication
+    (on by default for `ray start --head` clusters in Ray 2.60) says only 'Failed to connect' for a wrong token."""
+    token_mode = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    has_token = bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(os.path.expanduser("~/.ray/auth_token"))
+    if any(w in detail.lower() for w in AUTH_WORDS):
+        return " (the cluster refused this driver's auth token: check RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+    if token_mode or has_token:
+        return (
+            " (the head answers on its port but did not let this driver join: most likely a wrong auth token; "
+            "RAY_AUTH_TOKEN or ~/.ray/auth_token must be the cluster's)"
+        )
+    return (
+        " (the head answers on its port but did not let this driver join: if the cluster uses token "
+        "authentication, set RAY_AUTH_MODE=token and its RAY_AUTH_TOKEN)"
+    )
 
 
 def _alive_nodes() -> list[dict[str, Any]]:
@@ -206,5 +229,3 @@ def check_cluster(cfg: SweepConfig, loopback_tracking: bool) -> None:
         f"{field}: {ask} but {have}, and {why}; lower the request or add a node "
         "(CALIB_ASSUME_AUTOSCALING=1 waits resources.pending_timeout_s for one)"
     )
-
-
