@@ -216,8 +216,11 @@ MAX_PROBLEMS = 5  # problems listed in one error line; the rest are counted
 
 
 def clip(text: str, limit: int = MAX_ECHO) -> str:
-    """`text` cut to `limit` characters, saying how long it was (error lines echo user input)."""
-    return text if len(text) <= limit else f"{text[: limit - 1]}…({len(text)} characters)"
+    """`text` cut to at most `limit` characters, saying how long it was (error lines echo user input)."""
+    if len(text) <= limit:
+        return text
+    suffix = f"…({len(text)} characters)"
+    return text[: max(0, limit - len(suffix))] + suffix
 
 
 def format_validation_error(err: ValidationError) -> str:

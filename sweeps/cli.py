@@ -12,20 +12,22 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from calib_core.config import ConfigError
+from calib_core.config import ConfigError, clip
 from sweeps.redaction import redact, redact_text, redact_values
 
 if TYPE_CHECKING:
     from sweeps.config import SweepConfig
 
 EXIT_OK, EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 1, 130
+ERROR_LINE_CHARS = 300  # an error line is read by a person: longer ones are cut, saying so
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (`error: ...`), exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"error: {redact_text(' '.join(message.split()))} (see --help)", file=sys.stderr)
+        text = clip(redact_text(" ".join(message.split())), ERROR_LINE_CHARS - len("error:  (see --help)"))
+        print(f"error: {text} (see --help)", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
 
 
@@ -132,7 +134,7 @@ def resource_plan(cfg: SweepConfig) -> str:
 
 def _one_line(exc: BaseException) -> str:
     """The error as one line, every URI in it without its secrets (sweeps/redaction.py)."""
-    return redact_text(" ".join(str(exc).split())) or type(exc).__name__
+    return clip(redact_text(" ".join(str(exc).split())) or type(exc).__name__, ERROR_LINE_CHARS - len("error: "))
 
 
 def _redacting_excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
