@@ -180,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted before the sweep started; nothing was written", file=sys.stderr)
         return EXIT_INTERRUPTED
     if nothing_to_do:
+        if not args.cluster and cfg.storage_path and "://" not in cfg.storage_path:
+            from sweeps.integrations.ray.session import reap_stale
+
+            reap_stale(cfg.storage_path)  # a killed driver's leftovers go on this path too
         print(nothing_to_do)
         return EXIT_OK
     from sweeps.service import SweepError, SweepIncomplete, execute

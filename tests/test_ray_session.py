@@ -61,3 +61,26 @@ def test_reap_stops_only_the_dead_drivers_session(tmp_path):
 
 def test_remote_storage_is_left_alone(tmp_path):
     assert reap_stale("s3://bucket/ray_results") == []
+
+
+def test_a_process_logging_into_the_session_folder_belongs_to_it(tmp_path):
+    """An agent whose command line and environment carry no marker (a SIGKILLed driver's leftovers seen 3
+    times in 6) is still found: Ray points its stdout/stderr into <session>/logs."""
+    ours = tmp_path / "ray" / "session_2026-01-01_00-00-00_000000_3"
+    (ours / "logs").mkdir(parents=True)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_RAYLET_PID"}
+    with open(ours / "logs" / "agent.out", "wb") as out, open(other / "x.out", "wb") as elsewhere:
+        agent = subprocess.Popen([sys.executable, "-c", SLEEP], stdout=out, stderr=out, env=env, start_new_session=True)
+        bystander = subprocess.Popen(
+            [sys.executable, "-c", SLEEP], stdout=elsewhere, stderr=elsewhere, env=env, start_new_session=True
+        )
+    try:
+        time.sleep(0.3)
+        found = session_processes(str(ours))
+        assert agent.pid in found and bystander.pid not in found
+    finally:
+        for p in (agent, bystander):
+            p.kill()
+            p.wait()

@@ -8,8 +8,9 @@ path (`reap_stale`) stops the processes of a recorded session whose driver is go
 
 A process belongs to a session when its command line names the session folder
 (/tmp/ray/session_*: gcs_server, raylet, monitors) or, for workers and agents (whose command line
-Ray rewrites to `ray::...`), its environment carries the session raylet's pid (RAY_RAYLET_PID),
-or its parent is one of these. Nothing else is touched: not another sweep's cluster, not a
+Ray rewrites to `ray::...`), its environment carries the session raylet's pid (RAY_RAYLET_PID) or
+its stdout/stderr is a log file in the session folder, or its parent is one of these.
+Nothing else is touched: not another sweep's cluster, not a
 cluster started with `ray start`.
 """
 
@@ -51,6 +52,20 @@ def _ppid(pid: int) -> int:
         return 0
 
 
+def _writes_into(pid: int, session_dir: str) -> bool:
+    """Whether the process's stdout or stderr is a file under the session folder: Ray redirects every worker's
+    and agent's output to <session>/logs, which marks them even when their environment carries no
+    RAY_RAYLET_PID (seen for agents of a SIGKILLed driver)."""
+    prefix = session_dir.rstrip("/") + "/"
+    for fd in (1, 2):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
@@ -77,6 +92,8 @@ def session_processes(session_dir: str, raylet_pids: list[int] | None = None) ->
                 raylets.add(f"RAY_RAYLET_PID={pid}".encode())
     for pid in pids:
         if pid != me and pid not in found and raylets and set(_read(f"/proc/{pid}/environ").split(b"\0")) & raylets:
+            found.add(pid)
+        elif pid != me and pid not in found and _writes_into(pid, session_dir):
             found.add(pid)
     grew = True
     while grew:  # children of session processes (agents, workers) belong to it too
