@@ -48,6 +48,20 @@ def main() -> int:
         low, high = result.intervals[result.champion_trial_id]["val_ece"]
         print(f"champion val ECE {100 * low:.1f} .. {100 * high:.1f} % ({100 * result.confidence:.0f} % interval)")
         print(f"selection: {result.selection}")
+        print(f"repr: {result!r}")
+        print(f"best config: {result.best_config}")
+        print(f"trials that did not complete: {result.errors}")
+        study = result.study  # the Optuna study (optuna.load_study on the sweep's storage)
+        print(f"study: {study.study_name} with {len(study.trials)} trials")
+
+        # Later, in another process: the same result read back from MLflow by name (no progress bars).
+        from sweeps import load_result
+
+        again = load_result("api-example", workdir)
+        assert again.champion_run_id == result.champion_run_id and again.best_config == {
+            k: str(v) for k, v in result.best_config.items()
+        }
+        print(f"load_result: {again!r}")
 
         # The registered champion predicts calibrated probabilities in any process that can reach the store.
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no download bars

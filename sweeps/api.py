@@ -23,13 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from calib_core.config import ConfigError, apply_overrides, build_model, read_yaml
 from sweeps.config import DEFAULT_CONFIG, SweepConfig, with_defaults
-
-if TYPE_CHECKING:  # at run time the module's __getattr__ imports them (with Ray and MLflow) on first use
-    from sweeps.service import SweepError, SweepIncomplete, SweepResult
+from sweeps.contract import SweepError, SweepIncomplete, SweepResult
 
 __all__ = ["ConfigError", "SweepError", "SweepIncomplete", "SweepResult", "load_result", "run_sweep"]
 
@@ -42,7 +40,7 @@ def run_sweep(
     resume: bool = False,
     verbose: bool = False,
     workdir: str | Path | None = None,
-) -> Any:
+) -> SweepResult:
     """Run (or resume) a sweep and return its `SweepResult` (champion, model URI, leaderboard, selection,
     intervals and replicates).
 
@@ -50,8 +48,9 @@ def run_sweep(
     overrides: `--set` style "dotted.key=value" strings; cluster / resume / verbose: as the CLI's flags;
     workdir: where the local defaults go (mlflow.db, optuna.db, mlartifacts, ray_results).
     """
-    from sweeps.checks.preflight import check_config, preflight
+    from sweeps.checks.preflight import check_config
     from sweeps.service import execute
+    from sweeps.startup import preflight
 
     cfg = resolve(config, overrides, cluster=cluster, workdir=workdir)
     check_config(cfg, cluster=cluster)
@@ -80,9 +79,22 @@ def resolve(
     return with_defaults(cfg, cluster=cluster, workdir=Path(workdir) if workdir is not None else Path.cwd())
 
 
-def load_result(cfg: SweepConfig) -> Any:
-    """The SweepResult of a finished sweep, read back from MLflow (its parent run, artifacts and child runs)."""
+def load_result(
+    sweep: str | SweepConfig,
+    workdir: str | Path | None = None,
+    *,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    registered_model: str | None = None,
+) -> SweepResult:
+    """The SweepResult of a finished sweep, read back from MLflow (its parent run, artifacts and child runs).
+
+    sweep: the sweep's name (its stores found as the CLI finds them from `workdir`, the current directory
+    by default, unless `tracking_uri` / `experiment` / `registered_model` say otherwise), or its SweepConfig.
+    No download progress bars are shown.
+    """
     import json
+    import os
     import tempfile
 
     import pandas as pd
@@ -91,8 +103,16 @@ def load_result(cfg: SweepConfig) -> Any:
     from sweeps.integrations.mlflow.store import MlflowStore
     from sweeps.integrations.optuna.study import MEMORY
     from sweeps.redaction import redact
-    from sweeps.service import SweepError, SweepResult
 
+    if isinstance(sweep, SweepConfig):
+        cfg = sweep
+    else:
+        sets = [f"name={sweep}"]
+        sets += [f"tracking.uri={tracking_uri}"] if tracking_uri else []
+        sets += [f"tracking.experiment={experiment}"] if experiment else []
+        sets += [f"tracking.registered_model={registered_model}"] if registered_model else []
+        cfg = resolve(None, sets, workdir=workdir)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     assert cfg.tracking.uri
     store = MlflowStore(cfg.tracking.uri)
     experiment_id = store.experiment_id(cfg.tracking.experiment)
@@ -106,6 +126,7 @@ def load_result(cfg: SweepConfig) -> Any:
     if not versions:
         raise SweepError(f"sweep {cfg.name!r}: its champion run {champion_run} is not registered as {model}")
     version = str(max(int(v.version) for v in versions))
+    champion_params = store.get_run(champion_run).data.params
     with tempfile.TemporaryDirectory() as d:
         board = pd.read_csv(store.download_artifact(parent.info.run_id, "sweep/leaderboard.csv", d))
         sel = json.loads(Path(store.download_artifact(parent.info.run_id, "sweep/selection.json", d)).read_text())
@@ -135,13 +156,10 @@ def load_result(cfg: SweepConfig) -> Any:
         tracking_uri=cfg.tracking.uri,
         study_storage=cfg.search.storage or MEMORY,
         replicates=None,
+        best_config={k.removeprefix("search."): v for k, v in champion_params.items() if k.startswith("search.")},
+        errors=[
+            {"trial_id": str(r["trial_id"]), "label": str(r["label"]), "status": str(r["status"]), "reason": ""}
+            for r in board.to_dict("records")
+            if r.get("status") not in ("completed", "stopped_early")
+        ],
     )
-
-
-def __getattr__(name: str) -> Any:
-    # the service's classes, without importing Ray and MLflow when this module is imported
-    if name in ("SweepError", "SweepIncomplete", "SweepResult"):
-        from sweeps import service
-
-        return getattr(service, name)
-    raise AttributeError(name)

@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             reap_stale(cfg.storage_path)  # a killed driver's leftovers go on this path too
         print(nothing_to_do)
         return EXIT_OK
-    from sweeps.service import SweepError, SweepIncomplete, execute
+    from sweeps.contract import SweepError, SweepIncomplete
+    from sweeps.service import execute
 
     try:
         execute(cfg, cluster=args.cluster, resume=args.resume, verbose=args.verbose)

@@ -8,6 +8,7 @@ Ray nor MLflow: validating a config must stay fast (tests/test_cli_malformed.py)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 # ---------------------------------------------------------------------------- checkpoint layout
@@ -103,3 +104,60 @@ CHAMPION_ALIAS = "champion"
 
 class ResourcesUnavailable(RuntimeError):
     """Trials waited longer than resources.pending_timeout_s for resources (sweeps.integrations.ray.resource_wait)."""
+
+
+class SweepError(RuntimeError):
+    """The sweep could not run or produced nothing to select."""
+
+
+class SweepIncomplete(SweepError):
+    """The sweep stopped with trials unfinished (interrupted trials, a driver stop): `--resume` continues it."""
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"sweep stopped with {done}/{total} trials done; continue with --resume")
+        self.done, self.total = done, total
+
+
+@dataclass
+class SweepResult:
+    """What a finished sweep produced (`sweeps.run_sweep` / `sweeps.load_result`; docs in sweeps/api.py)."""
+
+    name: str
+    champion_run_id: str
+    champion_trial_id: str
+    champion_label: str
+    model_uri: str  # models:/<registered model>/<version>: this sweep's champion, for good
+    model_version: str
+    leaderboard: Any = field(repr=False)  # pandas.DataFrame, as sweep/leaderboard.csv on the parent run
+    selection: str = field(repr=False)  # the selection sentence (three lines)
+    intervals: dict[str, dict[str, tuple[float, float]]] = field(repr=False)  # trial -> metric -> (low, high)
+    confidence: float
+    parent_run_id: str
+    experiment_id: str
+    tracking_uri: str = field(repr=False)
+    study_storage: str = field(repr=False)
+    replicates: Any = field(default=None, repr=False)  # paired bootstrap replicates (None when loaded from MLflow)
+    timings: dict[str, float] = field(default_factory=dict, repr=False)
+    best_config: dict[str, Any] = field(default_factory=dict, repr=False)  # the champion's searched values
+    errors: list[dict[str, str]] = field(default_factory=list, repr=False)  # trials that did not complete
+
+    @property
+    def champion_uri(self) -> str:
+        """models:/<registered model>@champion (moves to the champion of the latest sweep)."""
+        return self.model_uri.rsplit("/", 1)[0] + "@champion"
+
+    @property
+    def study(self) -> Any:
+        """The sweep's Optuna study (loaded from `study_storage`), or None for an in-memory study."""
+        if self.study_storage == "memory":
+            return None
+        import optuna
+
+        return optuna.load_study(study_name=self.name, storage=self.study_storage)
+
+    def __repr__(self) -> str:
+        trials = len(self.leaderboard) if self.leaderboard is not None else 0
+        return (
+            f"SweepResult(name={self.name!r}, champion={self.champion_label!r} (trial {self.champion_trial_id}), "
+            f"model_uri={self.model_uri!r}, trials={trials}, errors={len(self.errors)})"
+        )

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -39,10 +38,13 @@ from sweeps.contract import (
     TAG_REASON,
     TAG_SELECTION_RULE,
     TAG_TRIAL,
+    SweepError,
+    SweepIncomplete,
+    SweepResult,
     is_finite_number,
     is_number,
 )
-from sweeps.decide.selection import TrialRecord, select
+from sweeps.decide.selection import TrialRecord, select, trial_errors
 from sweeps.decide.uncertainty import Replicates, compute_replicates, interval_metrics, load_predictions
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, TrackingUnavailable
 from sweeps.integrations.mlflow.tracking import MLflowTrackingCallback, flatten, run_link, source_tags
@@ -53,45 +55,6 @@ from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, q
 from sweeps.integrations.ray.trainable import train_trial
 from sweeps.redaction import redact, redact_values
 from sweeps.report.files import format_leaderboard, sweep_report_files
-
-
-class SweepError(RuntimeError):
-    """The sweep could not run or produced nothing to select."""
-
-
-class SweepIncomplete(SweepError):
-    """The sweep stopped with trials unfinished (interrupted trials, a driver stop): `--resume` continues it."""
-
-    def __init__(self, done: int, total: int) -> None:
-        super().__init__(f"sweep stopped with {done}/{total} trials done; continue with --resume")
-        self.done, self.total = done, total
-
-
-@dataclass
-class SweepResult:
-    """What a finished sweep produced (`sweeps.run_sweep`; docs in sweeps/api.py)."""
-
-    name: str
-    champion_run_id: str
-    champion_trial_id: str
-    champion_label: str
-    model_uri: str  # models:/<registered model>/<version>: this sweep's champion, for good
-    model_version: str
-    leaderboard: Any  # pandas.DataFrame, as sweep/leaderboard.csv on the parent run
-    selection: str  # the selection sentence
-    intervals: dict[str, dict[str, tuple[float, float]]]  # trial id -> metric -> (low, high) bootstrap CI
-    confidence: float
-    parent_run_id: str
-    experiment_id: str
-    tracking_uri: str
-    study_storage: str
-    replicates: Replicates | None = None  # the paired bootstrap replicates (None when loaded from MLflow)
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def champion_uri(self) -> str:
-        """models:/<registered model>@champion (moves to the champion of the latest sweep)."""
-        return self.model_uri.rsplit("/", 1)[0] + "@champion"
 
 
 class TrialParams:
@@ -223,6 +186,8 @@ def _records(results: Any, store: MlflowStore, experiment_id: str, sweep: str) -
                 params=dict(res.config or {}),
                 run_id=run.info.run_id if run else None,
                 checkpoint=res.checkpoint,
+                reason=str(m.get("reason") or (run.data.tags.get(TAG_REASON) if run else None) or res.error or "")
+                or None,
             )
         )
     return records
@@ -515,6 +480,8 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         study_storage=cfg.search.storage or MEMORY,
         replicates=reps,
         timings=timings,
+        best_config=dict(chosen.params),
+        errors=trial_errors(records),
     )
 
 

@@ -30,6 +30,13 @@ def test_example_runs_a_sweep_and_uses_its_result(tmp_path):
     assert re.search(r"model: models:/calibrated-classifier/\d+ \(also models:/calibrated-classifier@champion\)", out)
     assert "val_ece_ci_low" in out and "selection: " in out
     assert "calibrated probabilities of 5 test inputs: shape (5, 10), rows sum to 1" in out
+    # the result's short repr, best config, errors, study; load_result by name, without progress bars
+    rep = re.search(r"^repr: (SweepResult\(.*\))$", out, re.M)
+    assert rep and len(rep.group(1)) < 300 and "trials=2, errors=0" in rep.group(1), out
+    assert re.search(r"^best config: \{'calibrator': '\w+'", out, re.M), out
+    assert "trials that did not complete: []" in out and re.search(r"^study: api-example with 2 trials$", out, re.M)
+    assert re.search(r"^load_result: SweepResult\(name='api-example'", out, re.M), out
+    assert "Downloading artifacts" not in proc.stdout + proc.stderr
     assert not list(tmp_path.glob("mlflow.db")), "the example writes into its own temporary folder only"
 
 

@@ -88,3 +88,47 @@ def test_leaderboard_and_plot(tmp_path):
     assert dict(zip(board["trial_id"], board["pareto"])) == {"a": True, "b": True, "c": False}
     png = pareto_plot(rs, rs[0], tmp_path / "p.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_trial_errors_lists_the_trials_that_did_not_complete_with_their_reason():
+    from sweeps.decide.selection import trial_errors
+
+    rs = [
+        TrialRecord("a", "temperature lr=1e-2", "completed", {"val_accuracy": 0.9, "val_ece": 0.02}),
+        TrialRecord("b", "matrix lr=3e-1", "diverged", {}, reason="loss nan at epoch 2\n(calibrator)"),
+        TrialRecord("c", "vector lr=1e-3", "stopped_early", {}, reason="stopped early by ASHA at epoch 3"),
+    ]
+    assert trial_errors(rs) == [
+        {"trial_id": "b", "label": "matrix lr=3e-1", "status": "diverged", "reason": "loss nan at epoch 2 (calibrator)"}
+    ]
+
+
+def test_sweep_result_repr_is_short():
+    import pandas as pd
+
+    from sweeps.contract import SweepResult
+
+    board = pd.DataFrame({"label": ["x"] * 500, "val_ece": [0.1] * 500})
+    r = SweepResult(
+        name="s",
+        champion_run_id="0" * 32,
+        champion_trial_id="7",
+        champion_label="temperature lr=1.0e-02",
+        model_uri="models:/m/3",
+        model_version="3",
+        leaderboard=board,
+        selection="x" * 5000,
+        intervals={str(i): {"val_ece": (0.0, 1.0)} for i in range(500)},
+        confidence=0.95,
+        parent_run_id="1" * 32,
+        experiment_id="1",
+        tracking_uri="sqlite:////tmp/x.db",
+        study_storage="memory",
+        errors=[{"trial_id": "1", "label": "l", "status": "errored", "reason": "r"}],
+    )
+    text = repr(r)
+    assert text == (
+        "SweepResult(name='s', champion='temperature lr=1.0e-02' (trial 7), model_uri='models:/m/3', "
+        "trials=500, errors=1)"
+    )
+    assert r.study is None and r.champion_uri == "models:/m@champion"

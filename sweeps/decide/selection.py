@@ -27,6 +27,7 @@ class TrialRecord:
     params: dict[str, Any] = field(default_factory=dict)
     run_id: str | None = None
     checkpoint: Any = None
+    reason: str | None = None  # why a trial did not complete (error, divergence, early stop)
 
     @property
     def ok(self) -> bool:
@@ -201,3 +202,12 @@ def not_worse_than(reps: Replicates, champion: TrialRecord, r: TrialRecord, metr
     else:
         worse, _ = reps.significantly_greater(champion.trial_id, r.trial_id, metric)
     return not less_accurate and not worse
+
+
+def trial_errors(records: list[TrialRecord]) -> list[dict[str, str]]:
+    """The trials that did not complete (errored, diverged, stopped): id, label, status and reason, for people."""
+    return [
+        {"trial_id": r.trial_id, "label": r.label, "status": r.status, "reason": " ".join((r.reason or "").split())}
+        for r in records
+        if r.status not in ("completed", "stopped_early")
+    ]
