@@ -536,23 +536,18 @@ def _post(url: str, payload: dict, timeout: float = 30) -> tuple[int, str]:
 def test_mlflow_models_serve_answers_on_loopback(store, tmp_path):
     port = _free_port()
     log = open(tmp_path / "serve.log", "w")
-    cmd = [
-        str(VENV_PY.parent / "mlflow"),
-        "models",
-        "serve",
-        "-m",
-        f"models:/{MODEL}@champion",
-        "--env-manager",
-        "local",
-        "-p",
-        str(port),
-        "-h",
-        "127.0.0.1",
-    ]
+    # the README's command, as written, with this test's port and store
+    line = next(
+        ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("PATH=") and "models serve" in ln
+    )
+    (tmp_path / ".venv").symlink_to(VENV_PY.parent.parent)  # run from a folder with the venv, as a clone is
+    cmd = line.replace('"sqlite:///$PWD/mlflow.db"', store.uri).replace("-p 5001", f"-p {port}")
+    assert cmd != line and f"-p {port}" in cmd
     t0 = time.perf_counter()
-    # as in an activated venv: the server execs `uvicorn` from PATH
-    env = _clean_env(MLFLOW_TRACKING_URI=store.uri, PATH=f"{VENV_PY.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = _clean_env()
+    proc = subprocess.Popen(
+        ["bash", "-c", cmd], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 180
