@@ -92,6 +92,30 @@ def selection_heldout(results: Path = RESULTS_DIR) -> str:
             f"({verdict}); regret {100 * g[0]:.2f} pt [{100 * g[1]:.2f}, {100 * g[2]:.2f}]; accuracy "
             f"{100 * a[0]:.2f} pt below the sweep's best [{100 * a[1]:.2f}, {100 * a[2]:.2f}]"
         )
+    from benchmarks.bench_selection import heldout_criteria
+
+    crit = heldout_criteria(rec["summary"])
+    d = crit[default]
+    passing = [n for n, c in crit.items() if c["meets"]]
+    if d["meets"]:
+        L += [
+            "",
+            "By the protocol's rule the default stays: it helps in at least one regime, hurts in none and "
+            "costs under 1 pt of accuracy everywhere.",
+        ]
+    else:
+        gaps = ", ".join(f"{r} {100 * g:.2f} pt" for r, g in d["gaps"].items() if g >= 0.01)
+        L += [
+            "",
+            f"By the protocol's rule the default **fails**: it helps in {len(d['helps'])} regime(s) and hurts in "
+            f"{len(d['hurts'])}, but costs more than 1 pt of accuracy on average in {gaps or 'none'}. "
+            + (
+                f"Rules that meet the criteria: {', '.join(passing)} (to be judged on new seeds before any change)."
+                if passing
+                else "No rule compared meets the criteria either, so these data support no replacement; the default "
+                "is kept for now, with this cost stated."
+            ),
+        ]
     return "\n".join(L)
 
 
