@@ -80,7 +80,9 @@ def selection_heldout(results: Path = RESULTS_DIR) -> str:
     default = next(k for k in next(iter(rec["summary"].values()))["rules"] if k.startswith("noise_aware (default"))
     L = [
         f"Held out (`benchmarks/results/selection_heldout.md`; rule frozen before the runs; seeds "
-        f"{rec['meta']['first_seed']}-{rec['meta']['first_seed'] + rec['meta']['seeds'] - 1}, new to the rule):",
+        f"{rec['meta']['first_seed']}-{rec['meta']['first_seed'] + rec['meta']['seeds'] - 1}, new to the rule). "
+        "Regret is the champion's test ECE minus the best among the trials within 1 pt of the sweep's best test "
+        "accuracy; it is negative when the champion sits outside that set, trading accuracy for calibration:",
         "",
     ]
     for regime, reg in rec["summary"].items():
