@@ -26,10 +26,10 @@ verdict rules of the protocol (`benchmarks/method_study.py`: `matches_verdict`, 
 from __future__ import annotations
 
 import argparse
-import os
 import json
 import math
 import multiprocessing as mp
+import os
 import re
 import statistics
 import time
@@ -414,7 +414,7 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
         for m, meth in spec["methods"].items():
             ev = {s: x for s, x in load_evals(spec, r, m, raw).items() if x["status"] == "completed"}
             out["methods"][f"{r}/{m}"] = {s: x["test"] for s, x in ev.items()}
-            col = lambda k: [x["test"].get(k) for x in ev.values()]  # noqa: E731
+            col = lambda k, ev=ev: [x["test"].get(k) for x in ev.values()]  # noqa: E731
             L.append(
                 f"| {meth['label']} | {meth['backbone_data']} | {meth['calibrator_data']} | {len(ev)}/{n_eval} | "
                 f"{_ms(col('accuracy'))} | {_ms(col('ece'))} | {_ms(col('smooth_ece'))} | {_ms(col('debiased_l2_ce'))} |"
@@ -498,6 +498,16 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
         counts = ", ".join(f"{v} in {done.count(v)} of {len(per)}" for v in dict.fromkeys(done))
         out["verdicts"][name] = {"overall": overall, "per_regime": list(zip(regs, per))}
         L += ["", f"**Overall ({claim['text']}): {overall}**" + (f" ({counts})." if counts else "."), ""]
+    widths = [row["bootstrap_half_width"] for rows in out["claims"].values() for row in rows]
+    widths = [w for w in widths if math.isfinite(w)]
+    if widths:
+        where = "above" if min(widths) > margin else ("below" if max(widths) < margin else "on both sides of")
+        L += [
+            "**Per-seed precision.** The median per-seed bootstrap half-width of an ECE difference ranges "
+            f"{100 * min(widths):.2f}-{100 * max(widths):.2f} pt, {where} the {100 * margin:g} pt margin: a single seed's "
+            "test split cannot settle a claim; the verdicts rest on the paired t interval across seeds.",
+            "",
+        ]
     L += ["## 5. Deviations from the protocol", "", _deviations(), ""]
     return "\n".join(L) + "\n", out
 
