@@ -508,8 +508,46 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
             "test split cannot settle a claim; the verdicts rest on the paired t interval across seeds.",
             "",
         ]
-    L += ["## 5. Deviations from the protocol", "", _deviations(), ""]
+    L += _power_section(spec, out["claims"])
+    L += ["## 6. Deviations from the protocol", "", _deviations(), ""]
     return "\n".join(L) + "\n", out
+
+
+def bound_power(sd: float, n: int, margin: float, alpha: float, draws: int = 20_000, seed: int = 0) -> float:
+    """Simulated chance that a one-sided (1 - alpha) bound of a paired mean clears +-margin when the truth is 0."""
+    from scipy import stats
+
+    if not (math.isfinite(sd) and sd > 0 and n > 1):
+        return math.nan
+    d = np.random.default_rng(seed).normal(0.0, sd, size=(draws, n))
+    upper = d.mean(axis=1) + stats.t.ppf(1.0 - alpha, n - 1) * d.std(axis=1, ddof=1) / math.sqrt(n)
+    return float(np.mean(upper < margin))
+
+
+def _power_section(spec: dict, claims: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The measured spread of the paired differences and the power it implies (the protocol's power table, after)."""
+    margin, margin_acc, alpha = spec["margin_ece"], spec["margin_acc"], spec["alpha"]
+    L = [
+        "## 5. Measured spread and the power it implies",
+        "",
+        "The protocol sized n = 24 from v1's spread (ECE sd 0.13-1.09 pt, accuracy 0.84-3.37 pt). Here the measured "
+        "sd of the paired differences, and the simulated chance (true difference 0, 20,000 draws) that the one-sided "
+        f"95 % bound clears the margin ({100 * margin:g} pt ECE, {100 * margin_acc:g} pt accuracy) at that sd and n.",
+        "",
+        "| claim | regime | seeds | sd d ECE, pt | power ECE | sd d acc, pt | power acc |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in claims.items():
+        if spec["claims"][name]["kind"] != "matches":
+            continue
+        for row in rows:
+            n = len(row["seeds"])
+            se, sa = row["sd_ece"] or math.nan, row["sd_acc"] or math.nan
+            pe, pa = bound_power(se, n, margin, alpha), bound_power(sa, n, margin_acc, alpha)
+            L.append(
+                f"| {name} | {row['regime']} | {n} | {100 * se:.2f} | {pe:.2f} | {100 * sa:.2f} | {pa:.2f} |"
+            )
+    return L + [""]
 
 
 # ------------------------------------------------------------------------------------------
