@@ -544,9 +544,7 @@ def _power_section(spec: dict, claims: dict[str, list[dict[str, Any]]]) -> list[
             n = len(row["seeds"])
             se, sa = row["sd_ece"] or math.nan, row["sd_acc"] or math.nan
             pe, pa = bound_power(se, n, margin, alpha), bound_power(sa, n, margin_acc, alpha)
-            L.append(
-                f"| {name} | {row['regime']} | {n} | {100 * se:.2f} | {pe:.2f} | {100 * sa:.2f} | {pa:.2f} |"
-            )
+            L.append(f"| {name} | {row['regime']} | {n} | {100 * se:.2f} | {pe:.2f} | {100 * sa:.2f} | {pa:.2f} |")
     return L + [""]
 
 
