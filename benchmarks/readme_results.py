@@ -118,6 +118,26 @@ def selection_heldout(results: Path = RESULTS_DIR) -> str:
                 "is kept for now, with this cost stated."
             ),
         ]
+    confirm = results / "selection_confirm.json"
+    if passing and confirm.is_file():
+        crec = json.loads(confirm.read_text())
+        ccrit = heldout_criteria(crec["summary"])
+        seeds = f"{crec['meta']['first_seed']}-{crec['meta']['first_seed'] + crec['meta']['seeds'] - 1}"
+        for name in passing:
+            c = ccrit[name]
+            worst = max(c["gaps"].items(), key=lambda kv: kv[1])
+            L += [
+                "",
+                f"Confirmation, pre-registered before it ran (`benchmarks/results/selection_confirm.md`, seeds {seeds}): "
+                f"{name} helps in {len(c['helps'])} regime(s), hurts in {len(c['hurts'])}, largest mean accuracy gap "
+                f"{100 * worst[1]:.2f} pt ({worst[0]}): "
+                + (
+                    "it meets the criteria again."
+                    if c["meets"]
+                    else "it misses the accuracy criterion this time, so the default stays; the default's own gaps "
+                    "there: " + ", ".join(f"{r} {100 * g:.2f} pt" for r, g in ccrit[default]["gaps"].items()) + "."
+                ),
+            ]
     return "\n".join(L)
 
 
