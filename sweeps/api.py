@@ -40,13 +40,16 @@ def run_sweep(
     resume: bool = False,
     verbose: bool = False,
     workdir: str | Path | None = None,
+    promote: bool = False,
 ) -> SweepResult:
     """Run (or resume) a sweep and return its `SweepResult` (champion, model URI, leaderboard, selection,
     intervals and replicates).
 
     config: a SweepConfig, a dict of the YAML's shape, a YAML file, or None for the MNIST-1D demo;
     overrides: `--set` style "dotted.key=value" strings; cluster / resume / verbose: as the CLI's flags;
-    workdir: where the local defaults go (mlflow.db, optuna.db, mlartifacts, ray_results).
+    workdir: where the local defaults go (mlflow.db, optuna.db, mlartifacts, ray_results);
+    promote: move `@champion` to this sweep's pick even if the champion gate would keep the current one.
+    With resume=True, an override of search.num_samples above the finished count grows the sweep.
     """
     from sweeps.checks.preflight import check_config
     from sweeps.service import execute
@@ -54,11 +57,13 @@ def run_sweep(
 
     cfg = resolve(config, overrides, cluster=cluster, workdir=workdir)
     check_config(cfg, cluster=cluster)
-    nothing_to_do = preflight(cfg, cluster=cluster, resume=resume)
+    # a trial count given with resume=True may grow a finished sweep, as `--resume --num-samples N` does
+    grow = resume and any(o.split("=", 1)[0].strip() == "search.num_samples" for o in overrides)
+    nothing_to_do = preflight(cfg, cluster=cluster, resume=resume, grow=grow)
     if nothing_to_do:
         print(nothing_to_do)
         return load_result(cfg)
-    return execute(cfg, cluster=cluster, resume=resume, verbose=verbose)
+    return execute(cfg, cluster=cluster, resume=resume, verbose=verbose, grow=grow, promote=promote)
 
 
 def resolve(

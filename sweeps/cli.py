@@ -73,7 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue the sweep NAME where it stopped (starts it if there is nothing to resume; "
-        "says so and changes nothing if it already finished)",
+        "says so and changes nothing if it already finished; with --num-samples N above its trial "
+        "count, grows it by the difference and selects again)",
+    )
+    p.add_argument(
+        "--promote",
+        action="store_true",
+        help="move @champion to this sweep's pick even if the champion gate would keep the current one",
     )
     p.add_argument(
         "--dry-run",
@@ -89,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         "log lines, instead of the status table and one progress line per trial",
     )
     return p
+
+
+def _grows(args: argparse.Namespace) -> bool:
+    """`--resume` with a trial count given (--num-samples or --set search.num_samples=N) may grow a finished sweep."""
+    return bool(args.resume) and (
+        args.num_samples is not None or any(o.split("=", 1)[0].strip() == "search.num_samples" for o in args.overrides)
+    )
 
 
 def resolve_config(args: argparse.Namespace) -> SweepConfig:
@@ -172,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     from sweeps.startup import preflight
 
     try:
-        nothing_to_do = preflight(cfg, cluster=args.cluster, resume=args.resume)
+        nothing_to_do = preflight(cfg, cluster=args.cluster, resume=args.resume, grow=_grows(args))
     except ConfigError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
@@ -190,7 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     from sweeps.service import execute
 
     try:
-        execute(cfg, cluster=args.cluster, resume=args.resume, verbose=args.verbose)
+        execute(
+            cfg,
+            cluster=args.cluster,
+            resume=args.resume,
+            verbose=args.verbose,
+            grow=_grows(args),
+            promote=args.promote,
+        )
     except SweepIncomplete as exc:
         print(redact_text(str(exc)), file=sys.stderr)
         return EXIT_INTERRUPTED

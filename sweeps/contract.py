@@ -42,6 +42,11 @@ METRIC_NAMES = PER_EPOCH_METRICS + FINAL_ONLY_METRICS
 MULTI_OBJECTIVE = (("val_accuracy", "max"), ("val_ece", "min"))
 
 
+def grow_experiment(sweep: str, target: int) -> str:
+    """The Ray Tune experiment (folder) name of the trials that grew `sweep` to `target` trials."""
+    return f"{sweep}.grow{target}"
+
+
 def metric_key(split: str, name: str) -> str:
     """The reported key of metric `name` on `split` ('val' or 'test'), e.g. val_ece."""
     if split not in SPLITS:
@@ -84,6 +89,7 @@ TAG_REASON = "calib.failure_reason"  # on a failed trial's run and on a failed s
 STOPPED_EARLY = "stopped_early"
 TAG_LOST_FROM_TUNE = "calib.lost_from_tune"  # a finished run of a trial Tune forgot (selection ignores it)
 TAG_LOST_TRIALS = "calib.lost_trials"  # on the parent: trial ids whose runs were dropped on resume
+TAG_GROWN_TO = "calib.grown_to"  # on the parent: the trial counts it was grown to (--resume --num-samples), "16,24"
 TAG_CHAMPION_TRIAL = "calib.champion_trial"
 TAG_CHAMPION_RUN = "calib.champion_run"
 TAG_SELECTION_RULE = "calib.selection_rule"  # the selection sentence
@@ -100,6 +106,12 @@ GIT_COMMIT_TAG = "mlflow.source.git.commit"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 CLASSIC_ML = "custom_model_development"
 CHAMPION_ALIAS = "champion"
+CHALLENGER_ALIAS = "challenger"  # a new sweep's pick that the champion gate did not let through
+# The champion gate's record on each registered champion's run (sweeps/integrations/mlflow/champion_gate.py).
+GATE_DIR = "gate"
+GATE_ROWS_FILE = "rows.npz"  # hashes of the raw rows of the training and validation splits
+GATE_DATA_FILE = "data.json"  # dataset, input shape, class count, standardisation
+TAG_GATE = "calib.gate"  # on a model version: the gate's one-line decision
 
 
 class ResourcesUnavailable(RuntimeError):
@@ -140,6 +152,8 @@ class SweepResult:
     timings: dict[str, float] = field(default_factory=dict, repr=False)
     best_config: dict[str, Any] = field(default_factory=dict, repr=False)  # the champion's searched values
     errors: list[dict[str, str]] = field(default_factory=list, repr=False)  # trials that did not complete
+    alias: str = "champion"  # the alias this sweep's version got: "champion", or "challenger" (the champion gate)
+    gate: str = field(default="", repr=False)  # the champion gate's line ("" when there was nothing to compare)
 
     @property
     def champion_uri(self) -> str:

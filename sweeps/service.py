@@ -23,6 +23,7 @@ from calib_core.config import RunConfig
 from calib_core.plugins import plugin_modules
 from sweeps.config import SweepConfig
 from sweeps.contract import (
+    CHAMPION_ALIAS,
     MULTI_OBJECTIVE,
     NOTE_TAG,
     PREDICTIONS_FILE,
@@ -32,6 +33,7 @@ from sweeps.contract import (
     TAG_CHAMPION_RUN,
     TAG_CHAMPION_TRIAL,
     TAG_DATASET,
+    TAG_GROWN_TO,
     TAG_LABEL,
     TAG_LOST_TRIALS,
     TAG_METHOD,
@@ -41,6 +43,7 @@ from sweeps.contract import (
     SweepError,
     SweepIncomplete,
     SweepResult,
+    grow_experiment,
     is_finite_number,
     is_number,
 )
@@ -98,8 +101,11 @@ def _connect_ray(cluster: bool, plugins: list[str]) -> str | None:
     return str(ctx.address_info["session_dir"])  # type: ignore[attr-defined]  # a RayContext
 
 
-def _searcher(cfg: SweepConfig) -> SweepSearch:
-    """Optuna's TPE through Ray Tune, the study named after the sweep in `search.storage` (optuna/study.py)."""
+def _searcher(cfg: SweepConfig, seed_offset: int = 0) -> SweepSearch:
+    """Optuna's TPE through Ray Tune, the study named after the sweep in `search.storage` (optuna/study.py).
+
+    A sweep grown past `seed_offset` trials seeds its new sampler with `search.seed + seed_offset`: the same
+    seed would draw the start-up trials' parameters again."""
     s = cfg.search
     metric: str | list[str]
     mode: str | list[str]
@@ -111,7 +117,7 @@ def _searcher(cfg: SweepConfig) -> SweepSearch:
         space=SearchSpace(s),
         metric=metric,
         mode=mode,
-        seed=s.seed,
+        seed=s.seed + seed_offset,
         study_name=cfg.name,
         storage=make_storage(s.storage or MEMORY),
         sweep=cfg.name,
@@ -136,8 +142,11 @@ def _scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
     )
 
 
-def _build_tuner(cfg: SweepConfig, trainable: Any) -> tune.Tuner:
-    """A new Tuner; its callbacks and reporter are stand-ins for the installed ones (integrations/ray/live_hooks.py)."""
+def _build_tuner(cfg: SweepConfig, trainable: Any, grow_from: int = 0) -> tune.Tuner:
+    """A new Tuner; its callbacks and reporter are stand-ins for the installed ones (integrations/ray/live_hooks.py).
+
+    `grow_from` > 0: the Tuner of the trials that grow a finished sweep of that many trials to
+    `search.num_samples`, an experiment of its own (`contract.grow_experiment`) in the same Optuna study."""
     s, r = cfg.search, cfg.resources
     scheduler = _scheduler(cfg)
     metric = mode = None
@@ -146,17 +155,17 @@ def _build_tuner(cfg: SweepConfig, trainable: Any) -> tune.Tuner:
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=_searcher(cfg),
+            search_alg=_searcher(cfg, seed_offset=grow_from),
             scheduler=scheduler,
             metric=metric,
             mode=mode,
-            num_samples=s.num_samples,
+            num_samples=s.num_samples - grow_from,
             max_concurrent_trials=r.max_concurrent,
             # a trial process keeps torch, the code and cached data loaded
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
-            name=cfg.name,
+            name=grow_experiment(cfg.name, s.num_samples) if grow_from else cfg.name,
             storage_path=cfg.storage_path,
             callbacks=[LiveCallbacks(cfg.name)],
             failure_config=tune.FailureConfig(max_failures=r.max_failures),
@@ -262,7 +271,9 @@ def _rank_summary(ranks: Any) -> str:
     )
 
 
-def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: str, verbose: bool = False) -> None:
+def _print_summary(
+    board: Any, ranks: Any, why: str, cfg: SweepConfig, version: str, alias: str, verbose: bool = False
+) -> None:
     level = f"{100 * cfg.selection.confidence:.0f} %"
     print(
         f"\nLeaderboard (validation decides; test for reference; [{level} bootstrap CI]; "
@@ -275,7 +286,7 @@ def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: 
     else:
         print(f"\n{_rank_summary(ranks)}")
     print(f"\nSelection: {why}")
-    print(f"Registered: models:/{cfg.tracking.registered_model}@champion (version {version})")
+    print(f"Registered: models:/{cfg.tracking.registered_model}@{alias} (version {version})")
     uri = cfg.tracking.uri or ""
     if uri.startswith("sqlite:"):
         ui = f"{_tool('mlflow')} ui --backend-store-uri {redact(uri)}"
@@ -288,7 +299,13 @@ def _print_summary(board: Any, ranks: Any, why: str, cfg: SweepConfig, version: 
 
 
 def _sweep_note(
-    cfg: SweepConfig, experiment_id: str = "", chosen: TrialRecord | None = None, why: str = "", version: str = ""
+    cfg: SweepConfig,
+    experiment_id: str = "",
+    chosen: TrialRecord | None = None,
+    why: str = "",
+    version: str = "",
+    alias: str = CHAMPION_ALIAS,
+    gate: str = "",
 ) -> str:
     """The parent run's description (Markdown): what the sweep is; once selected, the champion and why."""
     s, run = cfg.search, cfg.run
@@ -306,9 +323,11 @@ def _sweep_note(
         link = run_link(experiment_id, chosen.run_id, chosen.label) if chosen.run_id else chosen.label
         lines.append(
             f"**Champion:** {link} (run `{chosen.run_id}`, trial `{chosen.trial_id}`), registered as "
-            f"`models:/{cfg.tracking.registered_model}@champion` (version {version})."
+            f"`models:/{cfg.tracking.registered_model}@{alias}` (version {version})."
         )
         lines.append(f"**Selection:** {why}")
+        if gate:
+            lines.append(f"**{gate.split(':', 1)[0]}:**{gate.split(':', 1)[1]}")
     return "\n\n".join(lines)
 
 
@@ -348,7 +367,9 @@ def _intro(cfg: SweepConfig, exp_path: str, parent_id: str, resumed: bool) -> st
     )
 
 
-def execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = False) -> SweepResult:
+def execute(
+    cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = False, grow: bool = False, promote: bool = False
+) -> SweepResult:
     """Run (or resume) a checked sweep (sweeps.checks.preflight ran); the champion is selected and registered.
 
     Raises SweepIncomplete when trials were left unfinished, SweepError when the sweep failed.
@@ -361,7 +382,7 @@ def execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = Fa
 
     with quiet_output(not verbose), _sigterm_as_sigint(), sweep_lock.hold(cfg.storage_path, cfg.name):
         try:
-            return _execute(cfg, cluster=cluster, resume=resume, verbose=verbose)
+            return _execute(cfg, cluster=cluster, resume=resume, verbose=verbose, grow=grow, promote=promote)
         except TrackingUnavailable as exc:
             raise SweepError(str(exc)) from None
 
@@ -397,7 +418,9 @@ def _route_sigterm() -> None:
     signal.signal(signal.SIGTERM, on_term)
 
 
-def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) -> SweepResult:
+def _execute(
+    cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool, grow: bool = False, promote: bool = False
+) -> SweepResult:
     from sweeps.integrations.ray.resource_wait import PendingTimeout
     from sweeps.integrations.ray.session import reap_stale
     from sweeps.integrations.ray.session import track as track_session
@@ -408,12 +431,14 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
     experiment_id = store.ensure_experiment(cfg.tracking.experiment)
     existing = store.parent_run(experiment_id, cfg.name)
     restoring = _restoring(cfg, exp_path, resume, exists=existing is not None)
+    grown = _grown_to(existing)
     sources = source_tags()
     parent_id = _open_parent(cfg, store, experiment_id, sources, new=existing is None)
     r = cfg.resources
+    progress = ProgressCallback(max([cfg.search.num_samples, *grown]), cfg.selection)
     callbacks = [
         _tracking_callback(cfg, store, experiment_id, parent_id, sources),
-        ProgressCallback(cfg.search.num_samples, cfg.selection),
+        progress,
         PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial),
     ]  # end a hopeless wait
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
@@ -434,11 +459,13 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
             else _build_tuner(cfg, trainable)
         )
         t_fit = time.perf_counter()
-        results = _fit_resuming_lost_workers(tuner, exp_path, trainable, cfg.resources.max_failures)
-        _deliver_missed_completions(results, store, experiment_id, cfg.name, callbacks[0])
+        grids = [_fit_resuming_lost_workers(tuner, exp_path, trainable, cfg.resources.max_failures)]
+        grids += _grow(cfg, store, parent_id, grids[0], grown, trainable, progress, grow)
+        for results in grids:
+            _deliver_missed_completions(results, store, experiment_id, cfg.name, callbacks[0])
         t_trials = time.perf_counter()
-        records = _records(results, store, experiment_id, cfg.name)
-        incomplete = _close_trials(cfg, store, experiment_id, parent_id, results, records)
+        records = [rec for results in grids for rec in _records(results, store, experiment_id, cfg.name)]
+        incomplete = _close_trials(cfg, store, experiment_id, parent_id, grids, records)
     if incomplete:
         raise SweepIncomplete(sum(rec.status == "completed" for rec in records), cfg.search.num_samples)
     with _runs_closed_on_failure(store, experiment_id, parent_id, cfg.name):
@@ -448,11 +475,13 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         except ValueError as exc:
             raise SweepError(str(exc)) from None
         board, ranks = _log_selection(store, parent_id, records, chosen, why, reps, cfg)
-        version = _register_champion(cfg, store, chosen)
-        store.set_tags(parent_id, {NOTE_TAG: _sweep_note(cfg, experiment_id, chosen, why, version)})
+        version, alias, gate_line = _register_champion(cfg, store, chosen, promote)
+        store.set_tags(parent_id, {NOTE_TAG: _sweep_note(cfg, experiment_id, chosen, why, version, alias, gate_line)})
         store.terminate(parent_id, "FINISHED")
         t_end = time.perf_counter()
-    _print_summary(board, ranks, why, cfg, version, verbose)
+    _print_summary(board, ranks, why, cfg, version, alias, verbose)
+    if gate_line:
+        print(gate_line)
     timings = {
         "ray_start_s": t_fit - t_start,
         "trials_s": t_trials - t_fit,
@@ -482,6 +511,8 @@ def _execute(cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool) ->
         timings=timings,
         best_config=dict(chosen.params),
         errors=trial_errors(records),
+        alias=alias,
+        gate=gate_line,
     )
 
 
@@ -510,6 +541,57 @@ def _fit_resuming_lost_workers(tuner: Any, exp_path: str, trainable: Any, max_fa
         )
         results = tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True).fit()
     return results
+
+
+def _grown_to(parent: Any | None) -> list[int]:
+    """The trial counts an existing sweep was grown to (its parent run's tag), in order."""
+    text = parent.data.tags.get(TAG_GROWN_TO, "") if parent is not None else ""
+    return [int(x) for x in text.split(",") if x.strip().isdigit()]
+
+
+def _grow(
+    cfg: SweepConfig,
+    store: MlflowStore,
+    parent_id: str,
+    base: Any,
+    grown: list[int],
+    trainable: Any,
+    progress: ProgressCallback,
+    grow: bool,
+) -> list[Any]:
+    """The result grids of the experiments that grew the sweep past its first Tune experiment (`base`).
+
+    Earlier growths are restored (an interrupted one resumes); when `grow` (a trial count given with
+    --resume) asks for more trials than all of them hold, one more experiment runs the difference in the
+    same Optuna study and MLflow parent run. Nothing grows while an earlier experiment has unfinished trials."""
+    grids: list[Any] = []
+    done = len(base)
+    unfinished = len(base) - base.num_terminated - base.num_errors
+    for target in grown:
+        if unfinished:
+            break
+        path = f"{cfg.storage_path.rstrip('/')}/{grow_experiment(cfg.name, target)}"  # type: ignore[union-attr]
+        if not tune.Tuner.can_restore(path):
+            break  # recorded on the parent, but its driver died before Tune wrote anything: started again below
+        progress.continue_from(done)
+        g = tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True).fit()
+        grids.append(g)
+        done += len(g)
+        unfinished += len(g) - g.num_terminated - g.num_errors
+    if not grow or unfinished or cfg.search.num_samples <= done:
+        return grids
+    target = cfg.search.num_samples
+    if target not in grown:
+        store.set_tags(parent_id, {TAG_GROWN_TO: ",".join(str(n) for n in [*grown, target])})
+    print(f"Growing {cfg.name!r} from {done} to {target} trials (same Optuna study and MLflow parent run)", flush=True)
+    progress.continue_from(done)
+    tuner = _build_tuner(cfg, trainable, grow_from=done)
+    grids.append(
+        _fit_resuming_lost_workers(
+            tuner, f"{cfg.storage_path}/{grow_experiment(cfg.name, target)}", trainable, cfg.resources.max_failures
+        )
+    )
+    return grids
 
 
 def _restoring(cfg: SweepConfig, exp_path: str, resume: bool, exists: bool) -> bool:
@@ -633,7 +715,12 @@ def _trainable(cfg: SweepConfig, verbose: bool) -> Any:
 
 
 def _close_trials(
-    cfg: SweepConfig, store: MlflowStore, experiment_id: str, parent_id: str, results: Any, records: list[TrialRecord]
+    cfg: SweepConfig,
+    store: MlflowStore,
+    experiment_id: str,
+    parent_id: str,
+    grids: list[Any],
+    records: list[TrialRecord],
 ) -> bool:
     """After Tune returns: runs of trials Tune forgot dropped, open runs KILLED; True when trials are left
     unfinished (the parent then ends KILLED, resumable)."""
@@ -642,31 +729,44 @@ def _close_trials(
         store.set_tags(parent_id, {TAG_LOST_TRIALS: ",".join(lost)})
     store.close_open_runs(experiment_id, cfg.name, "KILLED")
     # ASHA-stopped trials are TERMINATED too; interrupted ones are neither terminated nor errored.
-    unfinished = len(results) - results.num_terminated - results.num_errors
+    unfinished = sum(len(g) - g.num_terminated - g.num_errors for g in grids)
     incomplete = bool(unfinished or len(records) < cfg.search.num_samples)
     if incomplete:
         store.terminate(parent_id, "KILLED")
     return incomplete
 
 
-def _register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord) -> str:
-    """The champion's portable model logged on its run and registered with alias `champion`; the version."""
+def _register_champion(
+    cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord, promote: bool
+) -> tuple[str, str, str]:
+    """The champion's portable model logged on its run and registered, then `@champion` moved through the
+    champion gate (or `@challenger` set); (version, its alias, the gate's line or "")."""
+    from sweeps.integrations.mlflow.champion_gate import move_alias
     from sweeps.integrations.mlflow.model_export import log_and_register
 
     assert cfg.tracking.uri and chosen.run_id is not None  # the champion's trial logged an MLflow run
+    model = cfg.tracking.registered_model
     with chosen.checkpoint.as_directory() as d:
         summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
         # idempotent (a version registered from the run is reused), so retried through an outage
-        return str(
+        version = str(
             store.call(
-                log_and_register,
-                chosen.run_id,
-                d,
-                tuple(summary["input_shape"]),
-                cfg.tracking.registered_model,
-                cfg.tracking.uri,
+                log_and_register, chosen.run_id, d, tuple(summary["input_shape"]), model, cfg.tracking.uri, alias=None
             )
         )
+        alias, line = store.call(
+            move_alias,
+            store,
+            model,
+            version,
+            chosen.run_id,
+            summary["run_config"],
+            Path(d) / PREDICTIONS_FILE,
+            level=cfg.selection.confidence,
+            num_bins=cfg.run.train.num_bins,
+            promote=promote,
+        )
+    return version, alias, line
 
 
 def _float_pair(interval: tuple[float, float]) -> tuple[float, float]:

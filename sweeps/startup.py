@@ -29,11 +29,11 @@ if TYPE_CHECKING:
     from sweeps.config import SweepConfig
 
 
-def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False) -> str | None:
+def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False, grow: bool = False) -> str | None:
     """Check the environment before anything is written (raises ConfigError, one line).
 
     Returns a one-line message when there is nothing to do (`--resume` of a sweep that already
-    finished and registered its champion), else None.
+    finished and registered its champion, and `grow` does not ask for more trials than it has), else None.
     """
     for field, uri in (
         ("tracking.uri", cfg.tracking.uri),
@@ -66,7 +66,7 @@ def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False) -> str | No
 
     # a launch of this name that is running now is named (reads its lock file only)
     with _fs_errors("tracking.uri"), refused_while_running(cfg.storage_path, cfg.name):
-        nothing_to_do = check_store(cfg, resume)
+        nothing_to_do = check_store(cfg, resume, grow)
     if nothing_to_do:
         return nothing_to_do
     params = check_model_fits_data(cfg)

@@ -304,10 +304,20 @@ def test_resume_of_a_finished_sweep_changes_nothing(tmp_path):
     proc = _launch(tmp_path, "--resume", "--name", "done")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sweep 'done' already finished: champion trial t1"), proc.stdout
+    assert len(lines) == 1 and lines[0].startswith("sweep 'done' already finished with 1 trial: champion trial t1"), (
+        proc.stdout
+    )
     assert "calibrated-classifier version 1 (alias champion)" in lines[0] and "nothing changed" in lines[0]
     assert _snapshot(tmp_path) == before
     assert not (tmp_path / "ray_results").exists()
+
+    # a count at or below the trials it has adds nothing; growing an in-memory study is refused, naming the field
+    same = _launch(tmp_path, "--resume", "--name", "done", "--num-samples", "1")
+    assert same.returncode == 0 and "nothing changed (--num-samples above 1 grows it)" in same.stdout, same.stdout
+    memory = _launch(tmp_path, "--resume", "--name", "done", "--num-samples", "3", "--set", "search.storage=memory")
+    assert memory.returncode == 2, memory.stdout + memory.stderr
+    assert memory.stderr.startswith("error: search.num_samples: growing sweep 'done' from 1 to 3 trials needs")
+    assert _snapshot(tmp_path) == before
 
     again = _launch(tmp_path, "--name", "done")  # without --resume: the name is taken
     assert again.returncode == 2

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from calib_core.config import ConfigError
-from sweeps.contract import CHAMPION_ALIAS, TAG_CHAMPION_RUN, TAG_CHAMPION_TRIAL
+from sweeps.contract import CHAMPION_ALIAS, TAG_CHAMPION_RUN, TAG_CHAMPION_TRIAL, TAG_LOST_FROM_TUNE
 from sweeps.redaction import redact
 
 if TYPE_CHECKING:
@@ -58,9 +58,10 @@ def _study_exists(url: str, name: str) -> bool:
     return row is not None
 
 
-def check_store(cfg: SweepConfig, resume: bool) -> str | None:
+def check_store(cfg: SweepConfig, resume: bool, grow: bool = False) -> str | None:
     """Refuse to start a sweep whose name is taken (unless --resume); on --resume of a sweep that
-    finished and registered its champion, return the line saying there is nothing to do.
+    finished and registered its champion, return the line saying there is nothing to do, unless
+    `grow` (a trial count was given) asks for more trials than it has.
     Reads only: a SQLite store that does not exist yet is not opened (that would create it)."""
     storage = cfg.storage_path or ""
     if not resume and storage and "://" not in storage:
@@ -114,9 +115,19 @@ def check_store(cfg: SweepConfig, resume: bool) -> str | None:
         return None
     if not versions:
         return None  # selection ran but registration did not: resume registers the champion
+    trials = sum(1 for r in store.trial_runs(experiment_id, cfg.name) if TAG_LOST_FROM_TUNE not in r.data.tags)
+    if grow and cfg.search.num_samples > trials:  # grow it: the extra trials join the same study and parent run
+        if (cfg.search.storage or "memory") == "memory":
+            raise ConfigError(
+                f"search.num_samples: growing sweep {cfg.name!r} from {trials} to {cfg.search.num_samples} trials "
+                "needs its Optuna study in a database (search.storage); this one was kept in memory"
+            )
+        return None
     version = versions[-1]
     alias = " (alias champion)" if store.alias_version(model, CHAMPION_ALIAS) == str(version.version) else ""
     return (
-        f"sweep {cfg.name!r} already finished: champion trial {tags[TAG_CHAMPION_TRIAL]} is registered "
-        f"as {model} version {version.version}{alias}; nothing to resume, nothing changed"
+        f"sweep {cfg.name!r} already finished with {trials} trial{'s' if trials != 1 else ''}: "
+        f"champion trial {tags[TAG_CHAMPION_TRIAL]} is "
+        f"registered as {model} version {version.version}{alias}; nothing to resume, nothing changed "
+        f"(--num-samples above {trials} grows it)"
     )

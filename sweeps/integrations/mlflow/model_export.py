@@ -262,12 +262,13 @@ def log_and_register(
     tracking_uri: str,
     *,
     description: str | None = None,
-    alias: str = CHAMPION_ALIAS,
+    alias: str | None = CHAMPION_ALIAS,
 ) -> str:
     """Log the champion's portable model on its run, register it, point `alias` at it; return
     the version. Idempotent: a version already registered from `run_id` is reused (only the
     alias, tags and, when given, the description are set), so a resumed sweep never adds a
-    second one. `description` replaces the default one built from the run's summary."""
+    second one. `description` replaces the default one built from the run's summary. `alias=None`: no alias
+    is set (the champion gate, sweeps/integrations/mlflow/champion_gate.py, decides which one)."""
     mlflow.set_tracking_uri(tracking_uri)  # mlflow.pyfunc.log_model logs through the fluent API
     store = MlflowStore(tracking_uri)
     ckpt = Path(checkpoint_dir)
@@ -289,5 +290,6 @@ def log_and_register(
         version = store.register(
             model_name, model_id, run_id, description, tags={TAG_SOURCE_RUN: run_id, TAG_EXPORT_FORMAT: EXPORT_FORMAT}
         )
-    store.point_alias(model_name, alias, version, tags={TAG_SOURCE_RUN: run_id})
+    if alias is not None:
+        store.point_alias(model_name, alias, version, tags={TAG_SOURCE_RUN: run_id})
     return version

@@ -38,8 +38,9 @@ def _clock(seconds: float) -> str:
 class ProgressCallback(tune.Callback):
     """Prints '[done/total trials, elapsed, about T left] ... best so far: ...' (the sweep's own rule)."""
 
-    def __init__(self, total: int, selection: SelectionConfig) -> None:
+    def __init__(self, total: int, selection: SelectionConfig, offset: int = 0) -> None:
         self.total = total
+        self.offset = offset  # trials finished in earlier Tune experiments of the sweep (a grown sweep)
         self.selection = selection
         self._t0: float | None = None
         self._done_at_start: int | None = None
@@ -53,6 +54,10 @@ class ProgressCallback(tune.Callback):
     ) -> None:
         """The clock starts with the experiment (a resumed sweep's earlier trials do not count for the rate)."""
         self._t0 = time.monotonic()
+
+    def continue_from(self, offset: int) -> None:
+        """A further Tune experiment of the same sweep (a growth) starts with `offset` trials already finished."""
+        self.offset, self._done_at_start = offset, None
 
     def timing(self, finished: int) -> str:
         """'elapsed, about T left' from the rate of the trials finished in this session."""
@@ -81,7 +86,7 @@ class ProgressCallback(tune.Callback):
                         metrics={k: float(v) for k, v in r.items() if k.startswith("val_") and is_number(v)},
                     )
                 )
-        finished = min(sum(t.status in ("TERMINATED", "ERROR") for t in trials) + 1, self.total)
+        finished = min(self.offset + sum(t.status in ("TERMINATED", "ERROR") for t in trials) + 1, self.total)
         best_txt = self._best_text(records)
         print(
             f"[{finished}/{self.total} trials done, {self.timing(finished)}] {describe_params(trial.config)}: "

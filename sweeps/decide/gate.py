@@ -1,0 +1,135 @@
+"""The champion gate: does a new sweep's pick replace the registered champion? (pure: numpy and torch only)
+
+Both models are scored on the same rows that neither trained on nor was selected on: the new sweep's
+test rows minus every row of the current champion's training and validation splits (rows are compared
+by a hash of their raw values, before each model's own standardisation, so sweeps with other seeds or
+split fractions are comparable). A paired bootstrap over those rows then asks two one-sided questions at
+the sweep's confidence level: is the new model less accurate, is it worse calibrated (ECE)? The alias
+moves only if neither is significant. Too few shared rows, another input shape or class count, or a
+preprocessing that cannot be mapped between the two models: the alias stays and the reason says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MIN_ROWS = 100  # fewer held-out rows than this decide nothing
+ROUND_DECIMALS = 4  # raw values are rounded before hashing: inverting a standardisation is not bit-exact
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """The gate's answer: promote or not, in one line, with the figures behind it."""
+
+    promote: bool
+    reason: str
+    rows: int = 0
+    new: dict[str, float] | None = None  # accuracy, ece on the gate rows
+    old: dict[str, float] | None = None
+
+
+def raw_inputs(x: np.ndarray, stats: dict[str, Any]) -> np.ndarray | None:
+    """Undo a split's standardisation (`DataSplits.stats`): mean/std per channel or one scale; None if unknown."""
+    x = np.asarray(x, dtype=np.float64)
+    if not stats:
+        return x
+    if set(stats) == {"scale"}:
+        return x / float(stats["scale"])
+    if {"mean", "std"} <= set(stats):
+        mean, std = np.asarray(stats["mean"], dtype=np.float64), np.asarray(stats["std"], dtype=np.float64)
+        shape = (1, -1) + (1,) * (x.ndim - 2) if x.ndim > 2 else (1, -1)
+        if x.ndim == 2 and mean.size == 1:
+            shape = (1, 1)
+        return x * std.reshape(shape) + mean.reshape(shape)
+    return None
+
+
+def model_inputs(raw: np.ndarray, stats: dict[str, Any]) -> np.ndarray | None:
+    """Apply a model's standardisation to raw rows (the inverse of `raw_inputs`); None if unknown."""
+    raw = np.asarray(raw, dtype=np.float64)
+    if not stats:
+        return raw.astype(np.float32)
+    if set(stats) == {"scale"}:
+        return (raw * float(stats["scale"])).astype(np.float32)
+    if {"mean", "std"} <= set(stats):
+        mean, std = np.asarray(stats["mean"], dtype=np.float64), np.asarray(stats["std"], dtype=np.float64)
+        shape = (1, -1) + (1,) * (raw.ndim - 2) if raw.ndim > 2 else (1, -1)
+        if raw.ndim == 2 and mean.size == 1:
+            shape = (1, 1)
+        return ((raw - mean.reshape(shape)) / std.reshape(shape)).astype(np.float32)
+    return None
+
+
+def row_hashes(raw: np.ndarray) -> np.ndarray:
+    """One 64-bit hash per row of raw values (rounded to ROUND_DECIMALS), for set membership across sweeps."""
+    rows = np.round(np.asarray(raw, dtype=np.float64).reshape(len(raw), -1), ROUND_DECIMALS) + 0.0  # no -0.0
+    out = np.empty(len(rows), dtype=np.uint64)
+    for i, r in enumerate(rows):
+        out[i] = int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=8).digest(), "little")
+    return out
+
+
+def held_out_mask(new_test_hashes: np.ndarray, old_seen_hashes: np.ndarray) -> np.ndarray:
+    """True for the new test rows the current champion neither trained nor was selected on."""
+    return ~np.isin(new_test_hashes, old_seen_hashes)
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f} %"
+
+
+def compare(
+    new_probs: np.ndarray,
+    old_probs: np.ndarray,
+    labels: np.ndarray,
+    *,
+    level: float = 0.95,
+    num_resamples: int = 1000,
+    num_bins: int = 15,
+    seed: int = 0,
+    min_rows: int = MIN_ROWS,
+) -> GateDecision:
+    """Paired bootstrap of the new and the current champion on the same rows: promote unless the new one is
+    significantly less accurate or significantly worse calibrated (one-sided, at `level`)."""
+    from sweeps.decide.uncertainty import compute_replicates
+
+    labels = np.asarray(labels, dtype=np.int64)
+    n = len(labels)
+    if new_probs.shape != old_probs.shape or new_probs.shape[0] != n:
+        raise ValueError(f"gate: probabilities {new_probs.shape} and {old_probs.shape} for {n} labels")
+    if n < min_rows:
+        return GateDecision(
+            False, f"only {n} rows are held out from both models (at least {min_rows} needed): nothing to compare", n
+        )
+    reps = compute_replicates(
+        {"new": {"test": [(None, new_probs, labels)]}, "old": {"test": [(None, old_probs, labels)]}},
+        num_bins=num_bins,
+        num_resamples=num_resamples,
+        level=level,
+        seed=seed,
+        names=("accuracy", "ece"),
+        null_draws=0,
+    )
+    new = {m: reps.points["new"][f"test_{m}"] for m in ("accuracy", "ece")}
+    old = {m: reps.points["old"][f"test_{m}"] for m in ("accuracy", "ece")}
+    less_accurate, p_acc = reps.significantly_greater("old", "new", "test_accuracy")
+    worse_calibrated, p_ece = reps.significantly_greater("new", "old", "test_ece")
+    lo_a, hi_a = reps.difference_interval("new", "old", "test_accuracy")
+    lo_e, hi_e = reps.difference_interval("new", "old", "test_ece")
+    figures = (
+        f"on {n} rows held out from both: acc {_pct(new['accuracy'])} vs {_pct(old['accuracy'])} "
+        f"(difference {100 * (new['accuracy'] - old['accuracy']):+.1f} pt [{100 * lo_a:+.1f}, {100 * hi_a:+.1f}], "
+        f"p = {p_acc:.3f}), ECE {_pct(new['ece'])} vs {_pct(old['ece'])} "
+        f"(difference {100 * (new['ece'] - old['ece']):+.1f} pt [{100 * lo_e:+.1f}, {100 * hi_e:+.1f}], "
+        f"p = {p_ece:.3f})"
+    )
+    if less_accurate or worse_calibrated:
+        what = " and ".join(
+            w for w, bad in (("less accurate", less_accurate), ("worse calibrated", worse_calibrated)) if bad
+        )
+        return GateDecision(False, f"significantly {what} than the current champion {figures}", n, new, old)
+    return GateDecision(True, f"not significantly less accurate nor worse calibrated {figures}", n, new, old)

@@ -1,0 +1,159 @@
+"""The champion gate in the registry (issue #24 item 2): record what a registered champion saw, and move
+`@champion` to a new version only if it holds up against the current one (the decision: sweeps/decide/gate.py).
+
+At registration every version's run gets two small artifacts under `gate/`: `rows.npz` (hashes of the raw rows
+of its training and validation splits: what it trained and was selected on) and `data.json` (dataset, input
+shape, class count, standardisation). The gate reads them for the current champion; the new sweep's test rows
+are regenerated in the driver from the champion trial's run config (the trial's own split, checked against its
+stored labels). Outcomes, one line each: the alias moves; or the new version gets `@challenger` and the
+champion stays (significantly worse, or nothing comparable, with the reason); `promote=True` moves it anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sweeps.contract import (
+    CHALLENGER_ALIAS,
+    CHAMPION_ALIAS,
+    GATE_DATA_FILE,
+    GATE_DIR,
+    GATE_ROWS_FILE,
+    TAG_GATE,
+    TAG_SOURCE_RUN,
+)
+from sweeps.decide.gate import GateDecision, compare, held_out_mask, model_inputs, raw_inputs, row_hashes
+from sweeps.integrations.mlflow.store import MlflowStore
+
+
+def _splits(run_config: dict[str, Any]) -> Any:
+    """The trial's data splits, regenerated as the trial made them (calib_core.data.load_dataset)."""
+    from calib_core.config import RunConfig
+    from calib_core.data import load_dataset
+
+    cfg = RunConfig.model_validate(run_config)
+    return load_dataset(cfg.data, cfg.seed)
+
+
+def record_rows(store: MlflowStore, run_id: str, run_config: dict[str, Any]) -> dict[str, Any] | None:
+    """Log `gate/rows.npz` and `gate/data.json` on a champion's run (once); its data description, None if unknown."""
+    data = _splits(run_config)
+    if data.tasks is not None:
+        return None  # multi-task models are not gated (yet)
+    seen = []
+    for split in (data.train, data.val):
+        raw = raw_inputs(split.x.numpy(), data.stats)
+        if raw is None:
+            return None
+        seen.append(row_hashes(raw))
+    desc = {
+        "dataset": data.name,
+        "input_shape": list(data.input_shape),
+        "num_classes": int(data.num_classes),
+        "stats": data.stats,
+    }
+    have = {a.path for a in store.client.list_artifacts(run_id, GATE_DIR)}
+    if f"{GATE_DIR}/{GATE_ROWS_FILE}" not in have:
+        with tempfile.TemporaryDirectory(prefix="calib-gate-") as tmp:
+            np.savez_compressed(Path(tmp) / GATE_ROWS_FILE, seen=np.concatenate(seen))
+            (Path(tmp) / GATE_DATA_FILE).write_text(json.dumps(desc))
+            store.log_artifacts(
+                run_id, [(Path(tmp) / GATE_ROWS_FILE, GATE_DIR), (Path(tmp) / GATE_DATA_FILE, GATE_DIR)]
+            )
+    return desc
+
+
+def _champion_record(store: MlflowStore, run_id: str) -> tuple[np.ndarray, dict[str, Any]] | None:
+    """The current champion's seen-row hashes and data description, or None when it has none."""
+    with tempfile.TemporaryDirectory(prefix="calib-gate-") as tmp:
+        try:
+            rows = store.download_artifact(run_id, f"{GATE_DIR}/{GATE_ROWS_FILE}", tmp)
+            desc = store.download_artifact(run_id, f"{GATE_DIR}/{GATE_DATA_FILE}", tmp)
+        except Exception:  # MlflowException or OSError: the artifact is not there
+            return None
+        with np.load(rows, allow_pickle=False) as z:
+            seen = z["seen"].copy()
+        return seen, json.loads(Path(desc).read_text())
+
+
+def decide(
+    store: MlflowStore,
+    model_name: str,
+    current_version: str,
+    new_run_config: dict[str, Any],
+    new_predictions: str | Path,
+    *,
+    level: float,
+    num_bins: int,
+) -> GateDecision:
+    """Compare the new champion (its trial's stored test predictions) with the current one (loaded from the
+    registry) on the new test rows the current one never saw."""
+    current = store.client.get_model_version(model_name, current_version)
+    record = _champion_record(store, current.run_id) if current.run_id else None
+    if record is None:
+        return GateDecision(False, f"version {current_version} has no record of its training rows ({GATE_DIR}/)")
+    seen, old_desc = record
+    data = _splits(new_run_config)
+    if data.tasks is not None:
+        return GateDecision(False, "multi-task models are not compared by the gate")
+    if list(data.input_shape) != list(old_desc["input_shape"]) or int(data.num_classes) != int(old_desc["num_classes"]):
+        return GateDecision(
+            False,
+            f"the models differ in input shape or classes ({tuple(data.input_shape)}, {data.num_classes} classes vs "
+            f"{tuple(old_desc['input_shape'])}, {old_desc['num_classes']} classes)",
+        )
+    raw = raw_inputs(data.test.x.numpy(), data.stats)
+    old_x = model_inputs(raw, old_desc["stats"]) if raw is not None else None
+    if raw is None or old_x is None:
+        return GateDecision(False, "the two models' input standardisations cannot be mapped onto each other")
+    with np.load(new_predictions, allow_pickle=False) as z:
+        new_probs, stored_labels = z["test_probs"].astype(np.float64), z["test_labels"]
+    labels = data.test.y.numpy()
+    if len(stored_labels) != len(labels) or not np.array_equal(stored_labels, labels):
+        return GateDecision(False, "the new champion's test split could not be regenerated in the driver")
+    keep = held_out_mask(row_hashes(raw), seen)
+    import mlflow.pyfunc
+
+    old_model = mlflow.pyfunc.load_model(f"models:/{model_name}/{current_version}")
+    old_probs = np.asarray(old_model.predict(old_x[keep]), dtype=np.float64)
+    return compare(new_probs[keep], old_probs, labels[keep], level=level, num_bins=num_bins)
+
+
+def move_alias(
+    store: MlflowStore,
+    model_name: str,
+    version: str,
+    run_id: str,
+    run_config: dict[str, Any],
+    predictions: str | Path,
+    *,
+    level: float,
+    num_bins: int,
+    promote: bool = False,
+) -> tuple[str, str]:
+    """Point `@champion` (or `@challenger`) at the new version through the gate; (alias, one line saying why)."""
+    record_rows(store, run_id, run_config)
+    current = store.alias_version(model_name, CHAMPION_ALIAS)
+    if current is None or current == version:
+        alias, line = CHAMPION_ALIAS, ""
+    elif promote:
+        alias, line = CHAMPION_ALIAS, f"Champion gate: --promote: version {version} replaces version {current}"
+    else:
+        d = decide(store, model_name, current, run_config, predictions, level=level, num_bins=num_bins)
+        if d.promote:
+            alias, line = CHAMPION_ALIAS, f"Champion gate: version {version} replaces version {current}: {d.reason}"
+        else:
+            alias = CHALLENGER_ALIAS
+            line = (
+                f"Champion gate: version {current} stays @champion, version {version} is @challenger: {d.reason} "
+                "(--promote moves it)"
+            )
+    store.point_alias(model_name, alias, version, tags={TAG_SOURCE_RUN: run_id})
+    if line:
+        store.client.set_model_version_tag(model_name, version, TAG_GATE, line[:5000])
+    return alias, line
