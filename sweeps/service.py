@@ -50,9 +50,15 @@ from sweeps.contract import (
 from sweeps.decide.selection import TrialRecord, select, trial_errors
 from sweeps.decide.uncertainty import Replicates, compute_replicates, interval_metrics, load_predictions
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, TrackingUnavailable
-from sweeps.integrations.mlflow.tracking import MLflowTrackingCallback, flatten, run_link, source_tags
+from sweeps.integrations.mlflow.tracking import (
+    MLflowTrackingCallback,
+    experiment_page,
+    flatten,
+    run_link,
+    source_tags,
+)
 from sweeps.integrations.optuna.search_space import SearchSpace, describe_params, resolve_run_config
-from sweeps.integrations.optuna.study import MEMORY, SweepSearch, make_storage
+from sweeps.integrations.optuna.study import MEMORY, SweepSearch, link_study, make_storage
 from sweeps.integrations.ray.live_hooks import LiveCallbacks, LiveReporter, installed
 from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.integrations.ray.trainable import train_trial
@@ -272,7 +278,14 @@ def _rank_summary(ranks: Any) -> str:
 
 
 def _print_summary(
-    board: Any, ranks: Any, why: str, cfg: SweepConfig, version: str, alias: str, verbose: bool = False
+    board: Any,
+    ranks: Any,
+    why: str,
+    cfg: SweepConfig,
+    version: str,
+    alias: str,
+    experiment_id: str,
+    verbose: bool = False,
 ) -> None:
     level = f"{100 * cfg.selection.confidence:.0f} %"
     print(
@@ -288,11 +301,12 @@ def _print_summary(
     print(f"\nSelection: {why}")
     print(f"Registered: models:/{cfg.tracking.registered_model}@{alias} (version {version})")
     uri = cfg.tracking.uri or ""
+    page = experiment_page(experiment_id)
     if uri.startswith("sqlite:"):
         ui = f"{_tool('mlflow')} ui --backend-store-uri {redact(uri)}"
-        print(f"Compare runs: {ui}   (then open http://127.0.0.1:5000)")
+        print(f"Compare runs: {ui}   (then open http://127.0.0.1:5000/{page})")
     else:
-        print(f"Compare runs: open the MLflow UI at {redact(uri)}")
+        print(f"Compare runs: {redact(uri).rstrip('/')}/{page}")
     study = cfg.search.storage or MEMORY
     if study != MEMORY:
         print(f"Optuna study: {_tool('optuna-dashboard')} {redact(study)}   (then open http://127.0.0.1:8080)")
@@ -326,6 +340,13 @@ def _sweep_note(
             f"`models:/{cfg.tracking.registered_model}@{alias}` (version {version})."
         )
         lines.append(f"**Selection:** {why}")
+        study = cfg.search.storage or MEMORY
+        if study != MEMORY:
+            lines.append(
+                f"**Optuna study** `{cfg.name}`: `optuna-dashboard {redact(study)}` (each study trial carries its "
+                "MLflow run id, `mlflow_run_id`; the champion's trial is marked `champion`). All runs of this "
+                f"experiment, classic view: [{experiment_page(experiment_id)}]({experiment_page(experiment_id)})."
+            )
         if gate:
             lines.append(f"**{gate.split(':', 1)[0]}:**{gate.split(':', 1)[1]}")
     return "\n\n".join(lines)
@@ -471,25 +492,40 @@ def _execute(
     with _runs_closed_on_failure(store, experiment_id, parent_id, cfg.name):
         try:
             reps = _replicates(records, cfg)
+            t_reps = time.perf_counter()
             chosen, why = select(records, cfg.selection, reps)
         except ValueError as exc:
             raise SweepError(str(exc)) from None
+        t_select = time.perf_counter()
         board, ranks = _log_selection(store, parent_id, records, chosen, why, reps, cfg)
+        t_report = time.perf_counter()
         version, alias, gate_line = _register_champion(cfg, store, chosen, promote)
+        link_study(
+            cfg.search.storage or MEMORY,
+            cfg.name,
+            {rec.trial_id: rec.run_id for rec in records if rec.run_id},
+            chosen.trial_id,
+        )
         store.set_tags(parent_id, {NOTE_TAG: _sweep_note(cfg, experiment_id, chosen, why, version, alias, gate_line)})
         store.terminate(parent_id, "FINISHED")
         t_end = time.perf_counter()
-    _print_summary(board, ranks, why, cfg, version, alias, verbose)
+    _print_summary(board, ranks, why, cfg, version, alias, experiment_id, verbose)
     if gate_line:
         print(gate_line)
     timings = {
         "ray_start_s": t_fit - t_start,
         "trials_s": t_trials - t_fit,
         "selection_registration_s": t_end - t_trials,
+        "bootstrap_s": t_reps - t_trials,
+        "select_s": t_select - t_reps,
+        "report_s": t_report - t_select,
+        "registration_s": t_end - t_report,
     }
     print(
         f"Timing: Ray start {t_fit - t_start:.1f}s, trials {t_trials - t_fit:.1f}s, "
-        f"selection and registration {t_end - t_trials:.1f}s"
+        f"selection and registration {t_end - t_trials:.1f}s (bootstrap {t_reps - t_trials:.1f}s, "
+        f"rule {t_select - t_reps:.1f}s, report files {t_report - t_select:.1f}s, "
+        f"registration {t_end - t_report:.1f}s)"
     )
     intervals = {tid: {k: _float_pair(reps.interval(tid, k)) for k in reps.values[tid]} for tid in reps.values}
     return SweepResult(

@@ -243,6 +243,11 @@ def test_optuna_study_in_sqlite_beside_mlflow_store(sweep_dir):
         run = by_trial[t.user_attrs["tune_trial_id"]]
         assert t.values[0] == pytest.approx(run.data.metrics["val_accuracy"], abs=1e-9)
         assert t.params["calibrator"] == run.data.tags["calib.calibrator"]
+        assert t.user_attrs["mlflow_run_id"] == run.info.run_id  # the tools are linked both ways
+    (parent,), _ = sweep_runs(store(sweep_dir), "e2e")
+    champion = parent.data.tags["calib.champion_trial"]
+    assert [t.user_attrs["tune_trial_id"] for t in trials if t.user_attrs.get("champion")] == [champion]
+    assert study.user_attrs["champion_tune_trial_id"] == champion
 
 
 def test_optuna_dashboard_shows_trials_and_pareto_front(sweep_dir):
@@ -366,3 +371,34 @@ def _scroll_metrics_grid(driver, wanted: tuple[str, ...]) -> set[str]:
         if found == set(wanted) or done:
             break
     return found
+
+
+def test_printed_mlflow_link_opens_the_classic_runs_view(sweep_dir):
+    """The 'Compare runs' line's page (MLflow 3.17 opens experiments in its GenAI view unless the URL asks for
+    the classic one) shows the runs table with the sweep's runs in headless Chromium; the parent's description
+    carries the same page and the dashboard command."""
+    paths = _chromium()
+    out = (sweep_dir / "stdout.txt").read_text()
+    m = re.search(r"then open http://127\.0\.0\.1:5000/(#/experiments/\d+\?workflowType=machine_learning)\)", out)
+    assert m, out[-2000:]
+    page = m.group(1)
+    client = store(sweep_dir)
+    (parent,), children = sweep_runs(client, "e2e")
+    note = parent.data.tags["mlflow.note.content"]
+    assert page in note and "optuna-dashboard sqlite:///" in note
+    with mlflow_server(f"sqlite:///{sweep_dir}/mlflow.db", sweep_dir / "mlartifacts") as url:
+        with headless_chromium(paths, "1600,1200") as driver:
+            driver.get(f"{url}/{page}")
+            deadline, text = time.time() + 60, ""
+            while time.time() < deadline:
+                text = driver.find_element("tag name", "body").text
+                if "Run Name" in text and parent.info.run_name in text:
+                    break
+                time.sleep(0.5)
+            shot = sweep_dir / "mlflow_runs_view.png"
+            driver.save_screenshot(str(shot))
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / shot.name).write_bytes(shot.read_bytes())
+            assert "/runs" in driver.current_url and "workflowType=machine_learning" in driver.current_url
+    assert "Run Name" in text and parent.info.run_name in text, text[:2000]
+    assert "No data available for the selected time range" not in text  # the GenAI overview's empty charts

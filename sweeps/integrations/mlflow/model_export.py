@@ -10,7 +10,7 @@ What gets logged (a models-from-code pyfunc; no pickled Python object anywhere):
 - `code/calib_core/`, the calib_core package (`code_paths`), so the model loads where
   neither this repository nor `sweeps` is importable;
 - exact pip requirements (torch, numpy, pydantic, pyyaml, mlflow pinned to the versions
-  installed here), a tensor signature (input float32 (-1, *input_shape); output float64
+  installed here), a tensor signature (input float32 (-1, ...) with the data's dimensions; output float64
   (-1, K) probabilities, or one (-1, K_t) output per task) and an input example.
 
 Before logging, the module rebuilt from the spec and the weights is checked against the
@@ -110,10 +110,12 @@ def pip_requirements() -> list[str]:
 
 
 def model_signature(spec: dict[str, Any]) -> ModelSignature:
-    """Input float32 (-1, *input_shape); output float64 (-1, K), or one named (-1, K_t) per task."""
+    """Input float32 with the data's number of dimensions, each -1 (the model checks the sizes itself: MLflow's
+    own shape check answers with the whole input array in its message); output float64 (-1, K), or one named
+    (-1, K_t) per task. The exact input shape is the model's metadata (`calib_core_spec.input_shape`)."""
     from calib_core.export import output_classes
 
-    inputs = Schema([TensorSpec(np.dtype(np.float32), (-1, *spec["input_shape"]))])
+    inputs = Schema([TensorSpec(np.dtype(np.float32), (-1, *(-1 for _ in spec["input_shape"])))])
     outs = output_classes(spec)
     if outs[0][0] is None:
         outputs = Schema([TensorSpec(np.dtype(np.float64), (-1, outs[0][1]))])

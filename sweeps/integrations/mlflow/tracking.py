@@ -64,6 +64,12 @@ def source_tags() -> dict[str, str]:
     return tags
 
 
+def experiment_page(experiment_id: str) -> str:
+    """The experiment's page in the MLflow UI, relative to its root, in the classic ML view: MLflow 3.17 opens
+    experiments in its GenAI view unless the URL asks (`workflowType`; the experiment tag alone is not read)."""
+    return f"#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
 def run_link(experiment_id: str, run_id: str, text: str) -> str:
     """A Markdown link to a run, relative to the MLflow UI that shows it (run notes are Markdown)."""
     return f"[{text}](#/experiments/{experiment_id}/runs/{run_id})"

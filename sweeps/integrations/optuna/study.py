@@ -111,3 +111,22 @@ class SweepSearch(OptunaSearch):
 
 def _is_nan(v: Any) -> bool:
     return isinstance(v, float) and math.isnan(v)
+
+
+def link_study(url: str, study_name: str, run_ids: dict[str, str], champion_trial: str) -> None:
+    """Mark the study from MLflow's side: each trial gets `mlflow_run_id` (by its Tune trial id), the champion's
+    trial `champion: True` (any earlier champion's flag is cleared) and the study `champion_tune_trial_id`."""
+    if url == MEMORY:
+        return
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=make_storage(url))
+    storage = study._storage
+    for frozen in study.get_trials(deepcopy=False):
+        tid = frozen.user_attrs.get("tune_trial_id")
+        if tid in run_ids and frozen.user_attrs.get("mlflow_run_id") != run_ids[tid]:
+            storage.set_trial_user_attr(frozen._trial_id, "mlflow_run_id", run_ids[tid])
+        is_champion = tid == champion_trial
+        if frozen.user_attrs.get("champion", False) != is_champion and (is_champion or "champion" in frozen.user_attrs):
+            storage.set_trial_user_attr(frozen._trial_id, "champion", is_champion)
+    study.set_user_attr("champion_tune_trial_id", champion_trial)
