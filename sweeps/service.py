@@ -58,7 +58,7 @@ from sweeps.integrations.mlflow.tracking import (
     source_tags,
 )
 from sweeps.integrations.optuna.search_space import SearchSpace, describe_params, resolve_run_config
-from sweeps.integrations.optuna.study import MEMORY, SweepSearch, link_study, make_storage
+from sweeps.integrations.optuna.study import MEMORY, SweepSearch, make_storage, mark_champion
 from sweeps.integrations.ray.live_hooks import LiveCallbacks, LiveReporter, installed
 from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.integrations.ray.trainable import train_trial
@@ -340,12 +340,12 @@ def _sweep_note(
             f"`models:/{cfg.tracking.registered_model}@{alias}` (version {version})."
         )
         lines.append(f"**Selection:** {why}")
-        study = cfg.search.storage or MEMORY
+        study, page = cfg.search.storage or MEMORY, experiment_page(experiment_id)
         if study != MEMORY:
             lines.append(
                 f"**Optuna study** `{cfg.name}`: `optuna-dashboard {redact(study)}` (each study trial carries its "
-                "MLflow run id, `mlflow_run_id`; the champion's trial is marked `champion`). All runs of this "
-                f"experiment, classic view: [{experiment_page(experiment_id)}]({experiment_page(experiment_id)})."
+                "MLflow run id, `mlflow_run_id`; the study names the champion, `champion_trial_number`). "
+                f"All runs of this experiment, classic view: [{page}]({page})."
             )
         if gate:
             lines.append(f"**{gate.split(':', 1)[0]}:**{gate.split(':', 1)[1]}")
@@ -500,12 +500,7 @@ def _execute(
         board, ranks = _log_selection(store, parent_id, records, chosen, why, reps, cfg)
         t_report = time.perf_counter()
         version, alias, gate_line = _register_champion(cfg, store, chosen, promote)
-        link_study(
-            cfg.search.storage or MEMORY,
-            cfg.name,
-            {rec.trial_id: rec.run_id for rec in records if rec.run_id},
-            chosen.trial_id,
-        )
+        mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial_id)
         store.set_tags(parent_id, {NOTE_TAG: _sweep_note(cfg, experiment_id, chosen, why, version, alias, gate_line)})
         store.terminate(parent_id, "FINISHED")
         t_end = time.perf_counter()

@@ -246,8 +246,9 @@ def test_optuna_study_in_sqlite_beside_mlflow_store(sweep_dir):
         assert t.user_attrs["mlflow_run_id"] == run.info.run_id  # the tools are linked both ways
     (parent,), _ = sweep_runs(store(sweep_dir), "e2e")
     champion = parent.data.tags["calib.champion_trial"]
-    assert [t.user_attrs["tune_trial_id"] for t in trials if t.user_attrs.get("champion")] == [champion]
     assert study.user_attrs["champion_tune_trial_id"] == champion
+    number = study.user_attrs["champion_trial_number"]
+    assert [t.user_attrs["tune_trial_id"] for t in trials if t.number == number] == [champion]
 
 
 def test_optuna_dashboard_shows_trials_and_pareto_front(sweep_dir):

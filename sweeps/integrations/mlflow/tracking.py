@@ -36,6 +36,7 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY
 )
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, find_run  # noqa: F401  (find_run: benchmarks/method_study.py)
 from sweeps.integrations.optuna.search_space import describe_params
+from sweeps.integrations.ray.live_hooks import note_run
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ class MLflowTrackingCallback(tune.Callback):
                 # An errored trial resumed: its old ending no longer applies.
                 self.store.delete_tags(rid, [TAG_STATUS, TAG_REASON])
         self._runs[tid] = rid
+        note_run(self.sweep, tid, rid)  # the Optuna trial records it (integrations/optuna/study.py)
         return rid
 
     def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int) -> None:

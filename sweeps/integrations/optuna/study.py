@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ray.tune.search.optuna import OptunaSearch
 
+from sweeps.integrations.ray.live_hooks import noted_run
+
 if TYPE_CHECKING:
     import optuna
 
@@ -86,6 +88,10 @@ class SweepSearch(OptunaSearch):
             if frozen.state.is_finished():  # recorded before the driver went down
                 self._completed_trials.add(trial_id)
                 return
+        if ot_trial is not None and self._storage is not None and trial_id not in self._completed_trials:
+            run_id = noted_run(self._sweep, trial_id)
+            if run_id:  # the last moment the study trial is open: it records its MLflow run
+                ot_trial.set_user_attr("mlflow_run_id", run_id)
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]
         if result and any(_is_nan(result.get(m)) for m in metrics):
             result, error = None, True
@@ -113,20 +119,16 @@ def _is_nan(v: Any) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
-def link_study(url: str, study_name: str, run_ids: dict[str, str], champion_trial: str) -> None:
-    """Mark the study from MLflow's side: each trial gets `mlflow_run_id` (by its Tune trial id), the champion's
-    trial `champion: True` (any earlier champion's flag is cleared) and the study `champion_tune_trial_id`."""
+def mark_champion(url: str, study_name: str, champion_trial: str) -> None:
+    """Name the champion in the study (`champion_tune_trial_id`, `champion_trial_number`; a finished trial's own
+    attributes cannot change, so the study carries it)."""
     if url == MEMORY:
         return
     import optuna
 
     study = optuna.load_study(study_name=study_name, storage=make_storage(url))
-    storage = study._storage
-    for frozen in study.get_trials(deepcopy=False):
-        tid = frozen.user_attrs.get("tune_trial_id")
-        if tid in run_ids and frozen.user_attrs.get("mlflow_run_id") != run_ids[tid]:
-            storage.set_trial_user_attr(frozen._trial_id, "mlflow_run_id", run_ids[tid])
-        is_champion = tid == champion_trial
-        if frozen.user_attrs.get("champion", False) != is_champion and (is_champion or "champion" in frozen.user_attrs):
-            storage.set_trial_user_attr(frozen._trial_id, "champion", is_champion)
     study.set_user_attr("champion_tune_trial_id", champion_trial)
+    for frozen in study.get_trials(deepcopy=False):
+        if frozen.user_attrs.get("tune_trial_id") == champion_trial:
+            study.set_user_attr("champion_trial_number", frozen.number)
+            break

@@ -30,6 +30,19 @@ class _Hooks:
 
 
 _INSTALLED: dict[str, _Hooks] = {}
+# (sweep, Tune trial id) -> MLflow run id, noted by the tracking callback when a trial's run opens, read by the
+# Optuna searcher while the study trial is still open (Optuna refuses attributes on a finished trial).
+_RUN_IDS: dict[tuple[str, str], str] = {}
+
+
+def note_run(sweep: str, trial_id: str, run_id: str) -> None:
+    """Record the MLflow run of a trial of `sweep` (in this driver process)."""
+    _RUN_IDS[(sweep, trial_id)] = run_id
+
+
+def noted_run(sweep: str, trial_id: str) -> str | None:
+    """The MLflow run id noted for this trial, or None."""
+    return _RUN_IDS.get((sweep, trial_id))
 
 
 @contextmanager
