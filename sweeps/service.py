@@ -63,7 +63,7 @@ from sweeps.integrations.ray.live_hooks import LiveCallbacks, LiveReporter, inst
 from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.integrations.ray.trainable import train_trial
 from sweeps.redaction import redact, redact_values
-from sweeps.report.files import format_leaderboard, sweep_report_files
+from sweeps.report.files import SWEEP_FOLDER, format_leaderboard, sweep_report_files
 
 
 class TrialParams:
@@ -501,12 +501,17 @@ def _execute(
         t_report = time.perf_counter()
         version, alias, gate_line = _register_champion(cfg, store, chosen, promote)
         mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial_id)
+        report_path = _write_report(
+            cfg, store, parent_id, experiment_id, exp_path, records, chosen, why, gate_line, reps
+        )
         store.set_tags(parent_id, {NOTE_TAG: _sweep_note(cfg, experiment_id, chosen, why, version, alias, gate_line)})
         store.terminate(parent_id, "FINISHED")
         t_end = time.perf_counter()
     _print_summary(board, ranks, why, cfg, version, alias, experiment_id, verbose)
     if gate_line:
         print(gate_line)
+    if report_path:
+        print(f"Report: {report_path}")
     timings = {
         "ray_start_s": t_fit - t_start,
         "trials_s": t_trials - t_fit,
@@ -765,6 +770,98 @@ def _close_trials(
     if incomplete:
         store.terminate(parent_id, "KILLED")
     return incomplete
+
+
+def _write_report(
+    cfg: SweepConfig,
+    store: MlflowStore,
+    parent_id: str,
+    experiment_id: str,
+    exp_path: str,
+    records: list[TrialRecord],
+    chosen: TrialRecord,
+    why: str,
+    gate: str,
+    reps: Replicates,
+) -> str | None:
+    """The sweep's HTML report (sweeps/report/html.py), logged on the parent run as sweep/report.html and written
+    into Ray Tune's experiment folder when that is local; the local path or None."""
+    import numpy as np
+
+    from calib_core.metrics import reliability_diagram
+    from sweeps.integrations.optuna.study import param_importances
+    from sweeps.report.files import leaderboard, pareto_plot, pyplot
+    from sweeps.report.html import REPORT_FILE, ReportLinks, render_report
+
+    ok = [r for r in records if r.ok]
+    most_accurate = max(ok, key=lambda r: (r.metrics["val_accuracy"], -r.metrics["val_ece"]))
+    study = cfg.search.storage or MEMORY
+    objectives = [m for m, _ in MULTI_OBJECTIVE] if cfg.search.objective == "multi" else [cfg.search.metric]
+    importances, note = param_importances(study, cfg.name, objectives)
+    uri = cfg.tracking.uri or ""
+    if uri.startswith("sqlite:"):
+        root, hint = "http://127.0.0.1:5000/", f"MLflow UI: {_tool('mlflow')} ui --backend-store-uri {redact(uri)}"
+    elif uri.startswith(("http://", "https://")):
+        root, hint = redact(uri).rstrip("/") + "/", ""
+    else:
+        root, hint = "", f"MLflow store: {redact(uri)}"
+    links = ReportLinks(
+        mlflow_root=root,
+        experiment_id=experiment_id,
+        dashboard=f"{_tool('optuna-dashboard')} {redact(study)}" if study != MEMORY else "",
+        mlflow_hint=hint,
+        tune_folder=exp_path,
+    )
+    s, run = cfg.search, cfg.run
+    summary = (
+        f"{len(records)} trials ({len(ok)} completed) of {run.model.name} on {run.data.name}, {run.train.epochs} "
+        f"epochs each; Optuna TPE (seed {s.seed}) over calibrator and calibrator lr; rule {cfg.selection.rule}."
+    )
+    pyplot()
+    with tempfile.TemporaryDirectory(prefix="calib-report-") as tmp:
+        d = Path(tmp)
+        pareto_plot(records, chosen, d / "pareto.png", reps)
+        diagrams: dict[str, str | Path | None] = {}
+        for role, rec in (("champion", chosen), ("most accurate trial", most_accurate)):
+            if role != "champion" and rec.trial_id == chosen.trial_id:
+                continue
+            if rec.checkpoint is None:
+                continue
+            with rec.checkpoint.as_directory() as ck:
+                z = np.load(Path(ck) / PREDICTIONS_FILE)
+                if "test_probs" not in z.files:
+                    continue
+                path = d / f"reliability_{len(diagrams)}.png"
+                reliability_diagram(
+                    z["test_probs"], z["test_labels"], path, num_bins=run.train.num_bins, title=f"{role}: {rec.label}"
+                )
+                diagrams[f"{role}: {rec.label}"] = path
+        text = render_report(
+            title=f"Sweep {cfg.name}",
+            summary=summary,
+            records=records,
+            champion=chosen,
+            most_accurate=most_accurate,
+            why=why,
+            gate=gate,
+            level=reps.level,
+            board=leaderboard(records, chosen, reps, cfg.selection),
+            pareto_png=d / "pareto.png",
+            diagrams=diagrams,
+            importances=importances,
+            importance_note=note,
+            params=list(s.params),
+            links=links,
+        )
+        out = d / REPORT_FILE
+        out.write_text(text, encoding="utf-8")
+        store.log_artifacts(parent_id, [(out, SWEEP_FOLDER)])
+        if "://" not in exp_path or exp_path.startswith("file://"):
+            local = Path(exp_path.removeprefix("file://")) / REPORT_FILE
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(text, encoding="utf-8")
+            return str(local)
+    return None
 
 
 def _register_champion(

@@ -403,3 +403,52 @@ def test_printed_mlflow_link_opens_the_classic_runs_view(sweep_dir):
             assert "/runs" in driver.current_url and "workflowType=machine_learning" in driver.current_url
     assert "Run Name" in text and parent.info.run_name in text, text[:2000]
     assert "No data available for the selected time range" not in text  # the GenAI overview's empty charts
+
+
+def test_sweep_report_is_one_offline_page_with_everything_drawn(sweep_dir):
+    """The HTML report (printed path, and sweep/report.html on the parent run) opened from disk in headless Chromium:
+    no script and no remote resource; the leaderboard row per trial, parallel coordinates with a line per
+    completed trial (champion in red) and a log-lr axis, importances, the Pareto plot and reliability diagrams
+    drawn; the selection sentences and the MLflow link in the classic view. Saves a screenshot."""
+    paths = _chromium()
+    out = (sweep_dir / "stdout.txt").read_text()
+    m = re.search(r"^Report: (\S+report\.html)$", out, flags=re.M)
+    assert m, out[-2000:]
+    report = Path(m.group(1))
+    assert report.is_file() and report.parent == sweep_dir / "ray_results" / "e2e"
+    text = report.read_text()
+    assert "<script" not in text.lower()
+    assert not re.search(r"""(src|href)=["'](https?:)?//(?!127\.0\.0\.1)""", text)  # nothing fetched from elsewhere
+    client = store(sweep_dir)
+    (parent,), children = sweep_runs(client, "e2e")
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")}
+    assert "sweep/report.html" in logged
+    completed = [c for c in children if c.data.tags.get("calib.status") == "completed"]
+    champion_label = next(
+        c.data.tags["calib.label"]
+        for c in children
+        if c.data.tags["calib.trial_id"] == parent.data.tags["calib.champion_trial"]
+    )
+    with headless_chromium(paths, "1400,3200") as driver:
+        driver.get(report.as_uri())
+        time.sleep(1)
+        body = driver.find_element("tag name", "body").text
+        rows = driver.find_elements("css selector", "table.leaderboard tr")
+        lines = driver.find_elements("css selector", "svg.parcoords polyline.trial")
+        champ = driver.find_elements("css selector", "svg.parcoords polyline.champion")
+        titles = [e.text for e in driver.find_elements("css selector", "svg.parcoords text.axis-title")]
+        widths = driver.execute_script("return Array.from(document.images).map(i => [i.className, i.naturalWidth])")
+        importance = driver.find_elements("css selector", "tr.importance")
+        links = [a.get_attribute("href") for a in driver.find_elements("css selector", "a.mlflow, a.run")]
+        shot = sweep_dir / "sweep_report.png"
+        driver.save_screenshot(str(shot))
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / shot.name).write_bytes(shot.read_bytes())
+    assert len(rows) == 1 + len(children)
+    assert len(lines) == len(completed) and len(champ) == 1 and champ[0].get_attribute("stroke") == "#d62728"
+    assert titles == ["calibrator", "log10 calibrator_lr", "val accuracy", "val ECE"], titles
+    assert all(w > 100 for _, w in widths) and {c for c, _ in widths} >= {"pareto", "reliability"}, widths
+    assert len(importance) >= 2 * 2  # calibrator and calibrator_lr, for each objective
+    assert champion_label in body and "Rule:" in body and "95 % paired bootstrap intervals" in body
+    assert any(h and h.endswith("?workflowType=machine_learning") for h in links), links
+    assert sum(1 for h in links if h and "/runs/" in h) == len(children)

@@ -132,3 +132,34 @@ def mark_champion(url: str, study_name: str, champion_trial: str) -> None:
         if frozen.user_attrs.get("tune_trial_id") == champion_trial:
             study.set_user_attr("champion_trial_number", frozen.number)
             break
+
+
+def param_importances(
+    url: str, study_name: str, objectives: list[str]
+) -> tuple[dict[str, dict[str, float]] | None, str]:
+    """Optuna's fANOVA importance of each searched value for each objective (named), and a note; None when the
+    study is not in a database or has too few completed trials to say anything."""
+    if url == MEMORY:
+        return None, "The study was kept in memory (search.storage: memory): no importances."
+    import optuna
+    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
+
+    study = optuna.load_study(study_name=study_name, storage=make_storage(url))
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(done) < 4:
+        return None, f"Only {len(done)} completed trials: too few for parameter importances."
+    out: dict[str, dict[str, float]] = {}
+
+    def objective(i: int) -> Any:
+        return None if len(study.directions) == 1 else (lambda t: t.values[i])
+
+    for i, name in enumerate(objectives):
+        try:
+            imp = get_param_importances(study, target=objective(i), evaluator=FanovaImportanceEvaluator(seed=0))
+        except (RuntimeError, ValueError) as exc:  # e.g. every completed trial has the same parameters
+            return None, f"No parameter importances: {exc}"
+        out[name] = {k: float(v) for k, v in imp.items()}
+    return out, (
+        f"fANOVA importance (Optuna, seed 0) over the {len(done)} completed trials: the share of each objective's "
+        "variance over the search space explained by each searched value; with few trials it is a rough guide."
+    )
