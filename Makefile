@@ -44,7 +44,7 @@ bench: setup
 
 # Everything the demo and the tests write here (stores, artifacts, Ray results, caches); `distclean` also the venv.
 clean:
-	rm -rf .pytest_cache .ruff_cache .mypy_cache mlruns mlflow.db optuna.db mlartifacts ray_results test-artifacts
+	rm -rf .pytest_cache .ruff_cache .mypy_cache .hypothesis mlruns mlflow.db optuna.db mlartifacts ray_results test-artifacts
 
 distclean: clean
 	rm -rf $(VENV)
