@@ -170,9 +170,12 @@ def trial_probe(fn, events):
 WRAP = {
     "sweeps.checks.preflight": ["check_config"],
     "sweeps.startup": ["preflight"],
-    "sweeps.service": ["execute", "_connect_ray", "make_storage", "_build_tuner", "_searcher"],
+    # before the split of service.py (an older checkout with --before) these lived in sweeps.service
+    "sweeps.service": ["execute", "_connect_ray", "make_storage", "_build_tuner", "_searcher", "connect_ray", "build_tuner"],
+    "sweeps.integrations.ray.tuner": ["make_storage", "make_searcher"],
     "sweeps.integrations.mlflow.store": [],
 }
+CANONICAL = {"_connect_ray": "connect_ray", "_build_tuner": "build_tuner", "_searcher": "make_searcher"}
 class Hook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name not in WRAP:
@@ -192,13 +195,14 @@ class Hook(importlib.abc.MetaPathFinder):
             note("import:" + _name + ":end")
             for attr in WRAP[_name]:
                 if hasattr(module, attr):
-                    setattr(module, attr, timed(attr, getattr(module, attr)))
+                    setattr(module, attr, timed(CANONICAL.get(attr, attr), getattr(module, attr)))
             if _name == "sweeps.integrations.mlflow.store":
                 cls = module.MlflowStore
                 cls.ensure_experiment = timed("ensure_experiment", cls.ensure_experiment)
             if _name == "sweeps.service":
                 from ray import tune
                 tune.Tuner.fit = timed("Tuner.fit", tune.Tuner.fit)
+            if hasattr(module, "train_trial") and _name in ("sweeps.service", "sweeps.integrations.ray.tuner"):
                 module.train_trial = trial_probe(module.train_trial, EVENTS)
         spec.loader.exec_module = wrapped_exec
         return spec
@@ -222,10 +226,10 @@ STARTUP_PHASES = [
         "import:sweeps.service:end",
     ),
     ("MLflow store creation/migration + experiment", "ensure_experiment:start", "ensure_experiment:end"),
-    ("execute() up to ray.init (parent run, callbacks)", "execute:start", "_connect_ray:start"),
-    ("ray.init", "_connect_ray:start", "_connect_ray:end"),
+    ("execute() up to ray.init (parent run, callbacks)", "execute:start", "connect_ray:start"),
+    ("ray.init", "connect_ray:start", "connect_ray:end"),
     ("Optuna study storage (RDBStorage)", "make_storage:start", "make_storage:end"),
-    ("Tune setup (Tuner, searcher)", "_build_tuner:start", "_build_tuner:end"),
+    ("Tune setup (Tuner, searcher)", "build_tuner:start", "build_tuner:end"),
     ("Tuner.fit -> first trial's process started", "Tuner.fit:start", "trial:process"),
     ("Tuner.fit -> first trial's function entered", "Tuner.fit:start", "trial:entry"),
     ("first trial's imports (torch, calib_core)", "trial:entry", "trial:running"),

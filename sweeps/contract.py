@@ -106,6 +106,7 @@ GIT_COMMIT_TAG = "mlflow.source.git.commit"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 CLASSIC_ML = "custom_model_development"
 CHAMPION_ALIAS = "champion"
+MEMORY = "memory"  # search.storage: keep the Optuna study only in Ray Tune's experiment state
 CHALLENGER_ALIAS = "challenger"  # a new sweep's pick that the champion gate did not let through
 # The champion gate's record on each registered champion's run (sweeps/integrations/mlflow/champion_gate.py).
 GATE_DIR = "gate"

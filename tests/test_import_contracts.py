@@ -20,7 +20,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (2, ("sweeps.checks", "sweeps.decide")),
     (3, ("sweeps.report",)),
     (4, ("sweeps.integrations",)),
-    (5, ("sweeps.service",)),
+    (5, ("sweeps.service", "sweeps.finish")),
     (6, ("sweeps.cli", "sweeps.api", "sweeps.launch", "sweeps")),
 ]
 

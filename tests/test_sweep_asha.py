@@ -93,7 +93,7 @@ def test_every_reported_validation_metric_is_a_valid_search_metric(reports):
 def test_asha_never_stops_the_trial_before_its_final_report(reports):
     """Tune asks the scheduler about every result that is not done; ASHA (as the service builds
     it) must let a trial that is not below a rung cutoff reach its final report."""
-    from sweeps.service import _scheduler
+    from sweeps.integrations.ray.tuner import make_scheduler as _scheduler
 
     cfg = load_sweep_config(DIGITS, [f"run.train.epochs={EPOCHS}", "search.grace_period=1"])
     sched = _scheduler(cfg)

@@ -1,4 +1,4 @@
-"""Trials that ended in a worker death are resumed in-process (sweeps.service), at most
+"""Trials that ended in a worker death are resumed in-process (sweeps.integrations.ray.tuner), at most
 LOST_WORKER_ROUNDS times; trials whose own code raised are not."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import ray.exceptions
 
-from sweeps import service
+from sweeps.integrations.ray import tuner as service
 
 
 class FakeTuner:
@@ -35,7 +35,7 @@ def test_a_lost_worker_is_resumed_until_it_completes(monkeypatch, capsys):
     died = ray.exceptions.ActorDiedError()
     tuner = FakeTuner([[None, died], [None, None]])
     calls = _patch_restore(monkeypatch, tuner)
-    results = service._fit_resuming_lost_workers(tuner, "/exp", object(), 2)
+    results = service.fit_resuming_lost_workers(tuner, "/exp", object(), 2)
     assert [r.error for r in results] == [None, None]
     assert calls == [("/exp", {"resume_unfinished": True, "resume_errored": True})]
     assert "1 trial(s) ended when their worker died" in capsys.readouterr().out
@@ -45,17 +45,17 @@ def test_rounds_are_bounded_and_code_errors_are_not_resumed(monkeypatch):
     died = ray.exceptions.ActorDiedError()
     tuner = FakeTuner([[died]])
     calls = _patch_restore(monkeypatch, tuner)
-    results = service._fit_resuming_lost_workers(tuner, "/exp", object(), 2)
+    results = service.fit_resuming_lost_workers(tuner, "/exp", object(), 2)
     assert len(calls) == service.LOST_WORKER_ROUNDS and isinstance(results[0].error, ray.exceptions.RayActorError)
 
     tuner = FakeTuner([[ValueError("the trainable raised")]])
     calls = _patch_restore(monkeypatch, tuner)
-    service._fit_resuming_lost_workers(tuner, "/exp", object(), 2)
+    service.fit_resuming_lost_workers(tuner, "/exp", object(), 2)
     assert calls == [] and tuner.fits == 1
 
 
 def test_no_rounds_when_retries_are_off(monkeypatch):
     tuner = FakeTuner([[ray.exceptions.ActorDiedError()]])
     calls = _patch_restore(monkeypatch, tuner)
-    results = service._fit_resuming_lost_workers(tuner, "/exp", object(), 0)
+    results = service.fit_resuming_lost_workers(tuner, "/exp", object(), 0)
     assert calls == [] and isinstance(results[0].error, ray.exceptions.RayActorError)

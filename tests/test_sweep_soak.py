@@ -115,7 +115,7 @@ def test_soak_random_worker_kills_exactly_once(tmp_path):
     champion = client.get_model_version_by_alias("calibrated-classifier", "champion")
     assert champion.run_id in {r.info.run_id for r in children}
     # Ray Tune can error a trial killed while it restores (one death counted twice); the service
-    # resumes such trials in-process (sweeps.service._fit_resuming_lost_workers): how often here.
+    # resumes such trials in-process (sweeps.integrations.ray.tuner.fit_resuming_lost_workers): how often here.
     resumed = proc.stdout.count("ended when their worker died")
     figures = {
         "trials": TRIALS,

@@ -37,6 +37,7 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, find_run  # noqa: F401  (find_run: benchmarks/method_study.py)
 from sweeps.integrations.optuna.search_space import describe_params
 from sweeps.integrations.ray.live_hooks import note_run
+from sweeps.report.summary import run_link
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +64,6 @@ def source_tags() -> dict[str, str]:
     if commit != "unknown":
         tags[GIT_COMMIT_TAG] = commit
     return tags
-
-
-def experiment_page(experiment_id: str) -> str:
-    """The experiment's page in the MLflow UI, relative to its root, in the classic ML view: MLflow 3.17 opens
-    experiments in its GenAI view unless the URL asks (`workflowType`; the experiment tag alone is not read)."""
-    return f"#/experiments/{experiment_id}?workflowType=machine_learning"
-
-
-def run_link(experiment_id: str, run_id: str, text: str) -> str:
-    """A Markdown link to a run, relative to the MLflow UI that shows it (run notes are Markdown)."""
-    return f"[{text}](#/experiments/{experiment_id}/runs/{run_id})"
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MEMORY = "memory"  # search.storage: keep the study only in Ray Tune's experiment state
+from sweeps.contract import MEMORY  # noqa: E402  (search.storage: the study only in Ray Tune's state)
 
 
 def make_storage(url: str) -> Any:

@@ -1,0 +1,186 @@
+"""After the trials: the trials as selection sees them, their paired bootstrap replicates, the report files
+and the HTML report on the parent run."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sweeps.config import SweepConfig
+from sweeps.contract import (
+    MULTI_OBJECTIVE,
+    PREDICTIONS_FILE,
+    SPLITS,
+    TAG_CHAMPION_RUN,
+    TAG_CHAMPION_TRIAL,
+    TAG_REASON,
+    TAG_SELECTION_RULE,
+    is_number,
+)
+from sweeps.decide.selection import TrialRecord
+from sweeps.decide.uncertainty import Replicates, compute_replicates, load_predictions
+from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore
+from sweeps.integrations.mlflow.sweep_runs import log_intervals
+from sweeps.integrations.optuna.search_space import describe_params
+from sweeps.integrations.optuna.study import MEMORY
+from sweeps.redaction import redact
+from sweeps.report.files import SWEEP_FOLDER, sweep_report_files
+from sweeps.report.summary import tool
+
+
+def trial_records(results: Any, store: MlflowStore, experiment_id: str, sweep: str) -> list[TrialRecord]:
+    """Every trial Tune knows, as selection sees it, with its MLflow run."""
+    records = []
+    for res in results:
+        m = dict(res.metrics or {})
+        tid = m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1])
+        run = store.trial_run(experiment_id, sweep, str(tid)) if tid else None
+        status = m.get("status") or ("errored" if res.error else "stopped")
+        # NaN stays: selection and the leaderboard see a diverged trial's metric as NaN
+        metrics = {k: float(v) for k, v in m.items() if is_number(v) and k.startswith(tuple(f"{s}_" for s in SPLITS))}
+        records.append(
+            TrialRecord(
+                trial_id=str(tid),
+                label=describe_params(res.config or {}),
+                status=status,
+                metrics=metrics,
+                params=dict(res.config or {}),
+                run_id=run.info.run_id if run else None,
+                checkpoint=res.checkpoint,
+                reason=str(m.get("reason") or (run.data.tags.get(TAG_REASON) if run else None) or res.error or "")
+                or None,
+            )
+        )
+    return records
+
+
+def sweep_replicates(records: list[TrialRecord], cfg: SweepConfig) -> Replicates:
+    """Paired bootstrap replicates of every completed trial, from the predictions in its final checkpoint."""
+    predictions = {}
+    for rec in records:
+        if rec.ok and rec.checkpoint is not None:
+            with rec.checkpoint.as_directory() as d:
+                predictions[rec.trial_id] = load_predictions(Path(d) / PREDICTIONS_FILE)
+    return compute_replicates(
+        predictions,
+        num_bins=cfg.run.train.num_bins,
+        num_resamples=cfg.selection.num_resamples,
+        level=cfg.selection.confidence,
+        seed=cfg.search.seed,
+    )
+
+
+def log_selection(
+    store: MlflowStore,
+    parent_id: str,
+    records: list[TrialRecord],
+    chosen: TrialRecord,
+    why: str,
+    reps: Replicates,
+    cfg: SweepConfig,
+) -> Any:
+    """The sweep's report files, the trials' intervals and the champion's tags and metrics on the parent run."""
+    with tempfile.TemporaryDirectory() as d:
+        board, ranks, files = sweep_report_files(Path(d), records, chosen, why, reps, cfg)
+        store.log_artifacts(parent_id, files)
+    log_intervals(store, records, reps)
+    tags = {TAG_CHAMPION_TRIAL: chosen.trial_id}
+    if chosen.run_id:
+        tags[TAG_CHAMPION_RUN] = chosen.run_id
+    tags[TAG_SELECTION_RULE] = why[:MAX_TAG_CHARS]
+    store.set_tags(parent_id, tags)
+    store.log_metrics(parent_id, {f"champion_{k}": v for k, v in chosen.metrics.items()})
+    return board, ranks
+
+
+def write_report(
+    cfg: SweepConfig,
+    store: MlflowStore,
+    parent_id: str,
+    experiment_id: str,
+    exp_path: str,
+    records: list[TrialRecord],
+    chosen: TrialRecord,
+    why: str,
+    gate: str,
+    reps: Replicates,
+) -> str | None:
+    """The sweep's HTML report (sweeps/report/html.py), logged on the parent run as sweep/report.html and written
+    into Ray Tune's experiment folder when that is local; the local path or None."""
+    import numpy as np
+
+    from calib_core.metrics import reliability_diagram
+    from sweeps.integrations.optuna.study import param_importances
+    from sweeps.report.files import leaderboard, pareto_plot, pyplot
+    from sweeps.report.html import REPORT_FILE, ReportLinks, render_report
+
+    ok = [r for r in records if r.ok]
+    most_accurate = max(ok, key=lambda r: (r.metrics["val_accuracy"], -r.metrics["val_ece"]))
+    study = cfg.search.storage or MEMORY
+    objectives = [m for m, _ in MULTI_OBJECTIVE] if cfg.search.objective == "multi" else [cfg.search.metric]
+    importances, note = param_importances(study, cfg.name, objectives)
+    uri = cfg.tracking.uri or ""
+    if uri.startswith("sqlite:"):
+        root, hint = "http://127.0.0.1:5000/", f"MLflow UI: {tool('mlflow')} ui --backend-store-uri {redact(uri)}"
+    elif uri.startswith(("http://", "https://")):
+        root, hint = redact(uri).rstrip("/") + "/", ""
+    else:
+        root, hint = "", f"MLflow store: {redact(uri)}"
+    links = ReportLinks(
+        mlflow_root=root,
+        experiment_id=experiment_id,
+        dashboard=f"{tool('optuna-dashboard')} {redact(study)}" if study != MEMORY else "",
+        mlflow_hint=hint,
+        tune_folder=exp_path,
+    )
+    s, run = cfg.search, cfg.run
+    summary = (
+        f"{len(records)} trials ({len(ok)} completed) of {run.model.name} on {run.data.name}, {run.train.epochs} "
+        f"epochs each; Optuna TPE (seed {s.seed}) over calibrator and calibrator lr; rule {cfg.selection.rule}."
+    )
+    pyplot()
+    with tempfile.TemporaryDirectory(prefix="calib-report-") as tmp:
+        d = Path(tmp)
+        pareto_plot(records, chosen, d / "pareto.png", reps)
+        diagrams: dict[str, str | Path | None] = {}
+        for role, rec in (("champion", chosen), ("most accurate trial", most_accurate)):
+            if role != "champion" and rec.trial_id == chosen.trial_id:
+                continue
+            if rec.checkpoint is None:
+                continue
+            with rec.checkpoint.as_directory() as ck:
+                z = np.load(Path(ck) / PREDICTIONS_FILE)
+                if "test_probs" not in z.files:
+                    continue
+                path = d / f"reliability_{len(diagrams)}.png"
+                reliability_diagram(
+                    z["test_probs"], z["test_labels"], path, num_bins=run.train.num_bins, title=f"{role}: {rec.label}"
+                )
+                diagrams[f"{role}: {rec.label}"] = path
+        text = render_report(
+            title=f"Sweep {cfg.name}",
+            summary=summary,
+            records=records,
+            champion=chosen,
+            most_accurate=most_accurate,
+            why=why,
+            gate=gate,
+            level=reps.level,
+            board=leaderboard(records, chosen, reps, cfg.selection),
+            pareto_png=d / "pareto.png",
+            diagrams=diagrams,
+            importances=importances,
+            importance_note=note,
+            params=list(s.params),
+            links=links,
+        )
+        out = d / REPORT_FILE
+        out.write_text(text, encoding="utf-8")
+        store.log_artifacts(parent_id, [(out, SWEEP_FOLDER)])
+        if "://" not in exp_path or exp_path.startswith("file://"):
+            local = Path(exp_path.removeprefix("file://")) / REPORT_FILE
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(text, encoding="utf-8")
+            return str(local)
+    return None

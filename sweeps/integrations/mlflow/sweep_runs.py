@@ -1,0 +1,260 @@
+"""The sweep's runs in MLflow: the parent run, the tracking callback that mirrors each trial into its child run
+(stopping the sweep on a long outage), closing runs when trials end or fail, the intervals on the runs, and the
+champion's registration through the gate."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ray import tune
+
+from calib_core.config import RunConfig
+from sweeps.config import SweepConfig
+from sweeps.contract import (
+    NOTE_TAG,
+    PREDICTIONS_FILE,
+    SUMMARY_FILE,
+    TAG_CALIBRATOR,
+    TAG_DATASET,
+    TAG_LABEL,
+    TAG_LOST_TRIALS,
+    TAG_METHOD,
+    TAG_REASON,
+    TAG_TRIAL,
+    is_finite_number,
+)
+from sweeps.decide.selection import TrialRecord
+from sweeps.decide.uncertainty import Replicates, interval_metrics
+from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, TrackingUnavailable
+from sweeps.integrations.mlflow.tracking import (
+    MLflowTrackingCallback,
+    flatten,
+)
+from sweeps.integrations.optuna.search_space import describe_params, resolve_run_config
+from sweeps.redaction import redact_values
+from sweeps.report.summary import sweep_note
+
+
+class TrialParams:
+    """Maps a trial config to its MLflow params, tags and run config; picklable for Tune's callback state."""
+
+    def __init__(self, base: dict[str, Any], dataset: str) -> None:
+        self.base = base
+        self.dataset = dataset
+
+    def __call__(self, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+        """Resolve the full run config of a trial: (flat params, tags, the run config as a dict)."""
+        run_cfg = resolve_run_config(RunConfig.model_validate(self.base), config)
+        resolved = run_cfg.model_dump(mode="json")
+        params = flatten(resolved)
+        params.update({f"search.{k}": v for k, v in config.items()})
+        tags = {
+            TAG_DATASET: self.dataset,
+            TAG_CALIBRATOR: str(config.get("calibrator", "")),
+            TAG_METHOD: run_cfg.train.method,
+            TAG_LABEL: describe_params(config),
+        }
+        return params, tags, resolved
+
+
+def open_parent(cfg: SweepConfig, store: MlflowStore, experiment_id: str, sources: dict[str, str], new: bool) -> str:
+    """The sweep's parent run: created (`new`) with the sweep config as params, else reopened (--resume)."""
+    parent_id = store.find_or_create_parent(
+        experiment_id, cfg.name, {**sources, TAG_DATASET: cfg.run.data.name, NOTE_TAG: sweep_note(cfg)}
+    )
+    if new:
+        # no password of the MLflow store or the Optuna database in a param (tracking.uri, search.storage)
+        flat = flatten(redact_values(cfg.model_dump(mode="json")))
+        store.log_params(parent_id, flat)
+    return parent_id
+
+
+def tracking_callback(
+    cfg: SweepConfig, store: MlflowStore, experiment_id: str, parent_id: str, sources: dict[str, str]
+) -> tune.Callback:
+    """The callback that mirrors every trial into its MLflow child run."""
+    return UntilTrackingStops(
+        MLflowTrackingCallback(
+            store,
+            experiment_id,
+            parent_id,
+            cfg.name,
+            base_tags=sources,
+            trial_params=TrialParams(cfg.run.model_dump(mode="json"), cfg.run.data.name),
+            num_bins=cfg.run.train.num_bins,
+            scheduler="ASHA" if cfg.search.scheduler == "asha" else "the scheduler",
+        ),
+        store,
+    )
+
+
+class UntilTrackingStops(tune.Callback):
+    """The tracking callback, stopping the sweep when the tracking server has been unreachable past the limit.
+
+    Ray Tune logs (and survives) an error in a trial's completion hook, and its clean-up stops every
+    trial through the same hooks; so the first TrackingUnavailable is kept, the hooks go quiet, and it
+    is raised from the next step's hook, which ends `tuner.fit()`. A completion missed this way is
+    delivered after the resumed sweep's trials (`deliver_missed_completions`)."""
+
+    def __init__(self, inner: MLflowTrackingCallback, store: MlflowStore) -> None:
+        self.inner, self.store = inner, store
+        self.outage: TrackingUnavailable | None = None
+
+    def _run(self, hook: str, **info: Any) -> None:
+        if self.outage is not None:
+            return
+        try:
+            getattr(self.inner, hook)(**info)
+        except TrackingUnavailable as exc:
+            self.outage = exc
+
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if self.outage is not None:
+            raise self.outage
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self.on_step_begin(iteration=iteration, trials=trials, **info)
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._run("on_trial_start", iteration=iteration, trials=trials, trial=trial, **info)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        self._run("on_trial_result", iteration=iteration, trials=trials, trial=trial, result=result, **info)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._run("on_trial_complete", iteration=iteration, trials=trials, trial=trial, **info)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._run("on_trial_error", iteration=iteration, trials=trials, trial=trial, **info)
+
+
+def deliver_missed_completions(
+    results: Any, store: MlflowStore, experiment_id: str, sweep: str, tracking: tune.Callback
+) -> None:
+    """Trials that made their final report while their completion could not reach MLflow (an outage past the
+    limit) are TERMINATED for Tune, which never calls their hook again: their still-open runs get it now,
+    from Tune's results (idempotent: steps already logged are skipped, the note is appended once)."""
+    if not isinstance(tracking, UntilTrackingStops):
+        return
+    open_runs = {
+        r.data.tags.get(TAG_TRIAL, ""): r for r in store.trial_runs(experiment_id, sweep) if r.info.status == "RUNNING"
+    }
+    if not open_runs:
+        return
+    for res in results:
+        m = dict(res.metrics or {})
+        tid = str(m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1]) or "")
+        if tid in open_runs and m.get("status") and not res.error:
+            trial = SimpleNamespace(
+                trial_id=tid, last_result=m, checkpoint=res.checkpoint, config=dict(res.config or {}), error_file=None
+            )
+            tracking.inner.on_trial_complete(iteration=0, trials=[], trial=trial)
+
+
+def close_trials(
+    cfg: SweepConfig,
+    store: MlflowStore,
+    experiment_id: str,
+    parent_id: str,
+    grids: list[Any],
+    records: list[TrialRecord],
+) -> bool:
+    """After Tune returns: runs of trials Tune forgot dropped, open runs KILLED; True when trials are left
+    unfinished (the parent then ends KILLED, resumable)."""
+    lost = store.drop_orphan_runs(experiment_id, cfg.name, {rec.trial_id for rec in records})
+    if lost:
+        store.set_tags(parent_id, {TAG_LOST_TRIALS: ",".join(lost)})
+    store.close_open_runs(experiment_id, cfg.name, "KILLED")
+    # ASHA-stopped trials are TERMINATED too; interrupted ones are neither terminated nor errored.
+    unfinished = sum(len(g) - g.num_terminated - g.num_errors for g in grids)
+    incomplete = bool(unfinished or len(records) < cfg.search.num_samples)
+    if incomplete:
+        store.terminate(parent_id, "KILLED")
+    return incomplete
+
+
+@contextmanager
+def runs_closed_on_failure(store: MlflowStore, experiment_id: str, parent_id: str, sweep: str) -> Iterator[None]:
+    """On Ctrl+C the sweep's open runs and its parent end KILLED (resumable); on any other error FAILED."""
+    try:
+        yield
+    except BaseException as exc:
+        outage = outage_behind(exc)
+        if outage is not None:
+            # the server is unreachable: nothing can be marked now; --resume reattaches the open runs
+            raise outage from None
+        if isinstance(exc, KeyboardInterrupt):
+            store.close_open_runs(experiment_id, sweep, "KILLED")
+            store.terminate(parent_id, "KILLED")
+        else:
+            fail_sweep(store, experiment_id, parent_id, sweep, exc)
+        raise
+
+
+def outage_behind(exc: BaseException | None) -> TrackingUnavailable | None:
+    """The TrackingUnavailable behind `exc` (Ray Tune may wrap what a callback raised), or None."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, TrackingUnavailable):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def fail_sweep(store: MlflowStore, experiment_id: str, parent_id: str, sweep: str, exc: BaseException) -> None:
+    """Nothing stays RUNNING: open trial runs are KILLED, the sweep FAILED with its reason."""
+    store.close_open_runs(experiment_id, sweep, "KILLED")
+    store.set_tags(parent_id, {TAG_REASON: f"{type(exc).__name__}: {exc}"[:MAX_TAG_CHARS]})
+    store.terminate(parent_id, "FAILED")
+
+
+def log_intervals(store: MlflowStore, records: list[TrialRecord], reps: Replicates) -> None:
+    """`<metric>_ci_low/high` on each trial's run (once: a resumed sweep finds them there)."""
+    for rec in records:
+        if rec.run_id is None or rec.trial_id not in reps.values:
+            continue
+        have = store.get_run(rec.run_id).data.metrics
+        store.log_metrics(
+            rec.run_id,
+            {
+                k: float(v)
+                for k, v in interval_metrics(reps, rec.trial_id).items()
+                if k not in have and is_finite_number(v)
+            },
+        )
+
+
+def register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord, promote: bool) -> tuple[str, str, str]:
+    """The champion's portable model logged on its run and registered, then `@champion` moved through the
+    champion gate (or `@challenger` set); (version, its alias, the gate's line or "")."""
+    from sweeps.integrations.mlflow.champion_gate import move_alias
+    from sweeps.integrations.mlflow.model_export import log_and_register
+
+    assert cfg.tracking.uri and chosen.run_id is not None  # the champion's trial logged an MLflow run
+    model = cfg.tracking.registered_model
+    with chosen.checkpoint.as_directory() as d:
+        summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
+        # idempotent (a version registered from the run is reused), so retried through an outage
+        version = str(
+            store.call(
+                log_and_register, chosen.run_id, d, tuple(summary["input_shape"]), model, cfg.tracking.uri, alias=None
+            )
+        )
+        alias, line = store.call(
+            move_alias,
+            store,
+            model,
+            version,
+            chosen.run_id,
+            summary["run_config"],
+            Path(d) / PREDICTIONS_FILE,
+            level=cfg.selection.confidence,
+            num_bins=cfg.run.train.num_bins,
+            promote=promote,
+        )
+    return version, alias, line

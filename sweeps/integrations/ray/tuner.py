@@ -1,0 +1,224 @@
+"""The sweep's Ray Tune side: the Ray connection, the Optuna searcher and ASHA scheduler, the Tuner (new,
+restored, or grown), the trainable with its resources, and the in-process resume of trials lost with a worker."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+
+from calib_core.plugins import plugin_modules
+from sweeps.config import SweepConfig
+from sweeps.contract import (
+    MULTI_OBJECTIVE,
+    TAG_GROWN_TO,
+    SweepError,
+    grow_experiment,
+)
+from sweeps.integrations.mlflow.store import MlflowStore
+from sweeps.integrations.optuna.search_space import SearchSpace
+from sweeps.integrations.optuna.study import MEMORY, SweepSearch, make_storage
+from sweeps.integrations.ray.live_hooks import LiveCallbacks, LiveReporter
+from sweeps.integrations.ray.progress import ProgressCallback
+from sweeps.integrations.ray.trainable import train_trial
+
+
+def connect_ray(cluster: bool, plugins: list[str]) -> str | None:
+    """Connect to the cluster, or start a local one; the local cluster's session folder (None otherwise)."""
+    # Keeping 2 checkpoints per trial forces frequent experiment snapshots; they are cheap here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Snapshot the experiment often: a trial started after the last snapshot is lost if the
+    # driver dies (resume then replaces it). Snapshots of sweeps this size cost milliseconds.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
+    if ray.is_initialized():
+        return None
+    if cluster:  # the service owns the connection: plugins shipped to every node even without preflight
+        from sweeps.integrations.ray.cluster import connect_cluster, plugin_runtime_env
+
+        connect_cluster(plugin_runtime_env(plugins))
+        return None
+    # Ray annotates logging_level as int; it takes a level name too
+    ctx = ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")  # type: ignore[arg-type]
+    return str(ctx.address_info["session_dir"])  # type: ignore[attr-defined]  # a RayContext
+
+
+def make_searcher(cfg: SweepConfig, seed_offset: int = 0) -> SweepSearch:
+    """Optuna's TPE through Ray Tune, the study named after the sweep in `search.storage` (optuna/study.py).
+
+    A sweep grown past `seed_offset` trials seeds its new sampler with `search.seed + seed_offset`: the same
+    seed would draw the start-up trials' parameters again."""
+    s = cfg.search
+    metric: str | list[str]
+    mode: str | list[str]
+    if s.objective == "multi":
+        metric, mode = [m for m, _ in MULTI_OBJECTIVE], [d for _, d in MULTI_OBJECTIVE]
+    else:
+        metric, mode = s.metric, s.mode
+    return SweepSearch(
+        space=SearchSpace(s),
+        metric=metric,
+        mode=mode,
+        seed=s.seed + seed_offset,
+        study_name=cfg.name,
+        storage=make_storage(s.storage or MEMORY),
+        sweep=cfg.name,
+    )
+
+
+def make_scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
+    """ASHA over epochs for a single objective with `search.scheduler: asha`, else None.
+
+    A trial ends itself after its last epoch, whose report is its final report (done=True, with
+    test metrics and the model), and Tune ends a trial on a done report without asking the
+    scheduler; so ASHA only stops trials at its rungs before their last epoch, and
+    `stop_last_trials=False` keeps it from stopping a trial for reaching max_t (which would
+    come before the final report, e.g. if train.epochs is searched past the base value).
+    """
+    s = cfg.search
+    if s.objective != "single" or s.scheduler != "asha":
+        return None
+    epochs = cfg.run.train.epochs
+    return ASHAScheduler(
+        time_attr="epoch", max_t=epochs, grace_period=min(s.grace_period, epochs), stop_last_trials=False
+    )
+
+
+def build_tuner(cfg: SweepConfig, trainable: Any, grow_from: int = 0) -> tune.Tuner:
+    """A new Tuner; its callbacks and reporter are stand-ins for the installed ones (integrations/ray/live_hooks.py).
+
+    `grow_from` > 0: the Tuner of the trials that grow a finished sweep of that many trials to
+    `search.num_samples`, an experiment of its own (`contract.grow_experiment`) in the same Optuna study."""
+    s, r = cfg.search, cfg.resources
+    scheduler = make_scheduler(cfg)
+    metric = mode = None
+    if s.objective == "single":
+        metric, mode = s.metric, s.mode
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=make_searcher(cfg, seed_offset=grow_from),
+            scheduler=scheduler,
+            metric=metric,
+            mode=mode,
+            num_samples=s.num_samples - grow_from,
+            max_concurrent_trials=r.max_concurrent,
+            # a trial process keeps torch, the code and cached data loaded
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=grow_experiment(cfg.name, s.num_samples) if grow_from else cfg.name,
+            storage_path=cfg.storage_path,
+            callbacks=[LiveCallbacks(cfg.name)],
+            failure_config=tune.FailureConfig(max_failures=r.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=r.checkpoints_to_keep),
+            progress_reporter=LiveReporter(cfg.name),  # none installed: Tune's default output (--verbose)
+            verbose=1,
+        ),
+    )
+
+
+def make_trainable(cfg: SweepConfig, verbose: bool) -> Any:
+    """The trial function with its fixed arguments and per-trial resources."""
+    r = cfg.resources
+    return tune.with_resources(
+        tune.with_parameters(
+            train_trial,
+            base=cfg.run.model_dump(mode="json"),
+            evaluation=cfg.evaluation,
+            plugins=plugin_modules(cfg.plugins),
+            quiet=not verbose,
+        ),
+        {"cpu": r.cpus_per_trial, "gpu": r.gpus_per_trial},
+    )
+
+
+# Extra in-process resume rounds for trials that died with their worker although retries were left.
+LOST_WORKER_ROUNDS = 2
+
+
+def fit_resuming_lost_workers(tuner: Any, exp_path: str, trainable: Any, max_failures: int) -> Any:
+    """`tuner.fit()`, then resume (from their checkpoints) trials that ended in a worker death.
+
+    Ray Tune 2.60 can count one worker death twice: a trial killed while restoring from its
+    checkpoint fails both in-flight calls, the first failure re-queues the trial and the second
+    finds it PENDING and errors it for good, retries left or not (seen in tests/test_sweep_soak.py).
+    Such trials are resumed the way `--resume` would, at most LOST_WORKER_ROUNDS times, when
+    retries are allowed at all (`resources.max_failures` > 0); trials whose own code raised are not.
+    """
+    import ray.exceptions
+
+    results = tuner.fit()
+    for _ in range(LOST_WORKER_ROUNDS if max_failures > 0 else 0):
+        lost = [r for r in results if isinstance(r.error, ray.exceptions.RayActorError)]
+        if not lost:
+            break
+        print(
+            f"{len(lost)} trial(s) ended when their worker died; resuming them from their last checkpoint", flush=True
+        )
+        results = tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True).fit()
+    return results
+
+
+def should_restore(cfg: SweepConfig, exp_path: str, resume: bool, exists: bool) -> bool:
+    """Whether Tune's experiment is restored; a sweep that `exists` in MLflow or Tune is refused without --resume."""
+    can_restore = tune.Tuner.can_restore(exp_path)
+    if not resume and (exists or can_restore):
+        raise SweepError(
+            f"sweep {cfg.name!r} already exists ({exp_path} or MLflow experiment "
+            f"{cfg.tracking.experiment!r}); pass --resume to continue it or --name for a new one"
+        )
+    return resume and can_restore
+
+
+def grown_to(parent: Any | None) -> list[int]:
+    """The trial counts an existing sweep was grown to (its parent run's tag), in order."""
+    text = parent.data.tags.get(TAG_GROWN_TO, "") if parent is not None else ""
+    return [int(x) for x in text.split(",") if x.strip().isdigit()]
+
+
+def grow_sweep(
+    cfg: SweepConfig,
+    store: MlflowStore,
+    parent_id: str,
+    base: Any,
+    grown: list[int],
+    trainable: Any,
+    progress: ProgressCallback,
+    grow: bool,
+) -> list[Any]:
+    """The result grids of the experiments that grew the sweep past its first Tune experiment (`base`).
+
+    Earlier growths are restored (an interrupted one resumes); when `grow` (a trial count given with
+    --resume) asks for more trials than all of them hold, one more experiment runs the difference in the
+    same Optuna study and MLflow parent run. Nothing grows while an earlier experiment has unfinished trials."""
+    grids: list[Any] = []
+    done = len(base)
+    unfinished = len(base) - base.num_terminated - base.num_errors
+    for target in grown:
+        if unfinished:
+            break
+        path = f"{cfg.storage_path.rstrip('/')}/{grow_experiment(cfg.name, target)}"  # type: ignore[union-attr]
+        if not tune.Tuner.can_restore(path):
+            break  # recorded on the parent, but its driver died before Tune wrote anything: started again below
+        progress.continue_from(done)
+        g = tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True).fit()
+        grids.append(g)
+        done += len(g)
+        unfinished += len(g) - g.num_terminated - g.num_errors
+    if not grow or unfinished or cfg.search.num_samples <= done:
+        return grids
+    target = cfg.search.num_samples
+    if target not in grown:
+        store.set_tags(parent_id, {TAG_GROWN_TO: ",".join(str(n) for n in [*grown, target])})
+    print(f"Growing {cfg.name!r} from {done} to {target} trials (same Optuna study and MLflow parent run)", flush=True)
+    progress.continue_from(done)
+    tuner = build_tuner(cfg, trainable, grow_from=done)
+    grids.append(
+        fit_resuming_lost_workers(
+            tuner, f"{cfg.storage_path}/{grow_experiment(cfg.name, target)}", trainable, cfg.resources.max_failures
+        )
+    )
+    return grids
