@@ -136,6 +136,7 @@ def run_sweep(m: int, timeout_s: float) -> dict[str, Any]:
         }
         return {
             "m": m,
+            "load_avg_1min_at_end": os.getloadavg()[0],
             "wall_s": wall,
             "phases_s": phases,
             "driver_peak_rss": peak_driver,
@@ -230,6 +231,7 @@ def report(raw: dict[str, Any], command: str) -> str:
         ],
         "Ray results per trial, KB": [r["sizes"]["ray_results"] / r["m"] / 1e3 for r in runs],
         "whole sweep wall, s": [r["wall_s"] for r in runs],
+        "load average (1 min) at the end": [r.get("load_avg_1min_at_end", math.nan) for r in runs],
     }
     L = [
         "# Scale: the service's costs against the number of trials (benchmarks/bench_scale.py)",

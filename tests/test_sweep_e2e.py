@@ -435,7 +435,9 @@ def test_sweep_report_is_one_offline_page_with_everything_drawn(sweep_dir):
         body = driver.find_element("tag name", "body").text
         rows = driver.find_elements("css selector", "table.leaderboard tr")
         lines = driver.find_elements("css selector", "svg.parcoords polyline.trial")
-        champ = driver.find_elements("css selector", "svg.parcoords polyline.champion")
+        champ = [
+            e.get_attribute("stroke") for e in driver.find_elements("css selector", "svg.parcoords polyline.champion")
+        ]
         titles = [e.text for e in driver.find_elements("css selector", "svg.parcoords text.axis-title")]
         widths = driver.execute_script("return Array.from(document.images).map(i => [i.className, i.naturalWidth])")
         importance = driver.find_elements("css selector", "tr.importance")
@@ -445,7 +447,7 @@ def test_sweep_report_is_one_offline_page_with_everything_drawn(sweep_dir):
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / shot.name).write_bytes(shot.read_bytes())
     assert len(rows) == 1 + len(children)
-    assert len(lines) == len(completed) and len(champ) == 1 and champ[0].get_attribute("stroke") == "#d62728"
+    assert len(lines) == len(completed) and champ == ["#d62728"]
     assert titles == ["calibrator", "log10 calibrator_lr", "val accuracy", "val ECE"], titles
     assert all(w > 100 for _, w in widths) and {c for c, _ in widths} >= {"pareto", "reliability"}, widths
     assert len(importance) >= 2 * 2  # calibrator and calibrator_lr, for each objective
