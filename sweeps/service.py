@@ -116,8 +116,9 @@ def _execute(
     parent_id = open_parent(cfg, store, experiment_id, sources, new=existing is None)
     r = cfg.resources
     progress = ProgressCallback(max([cfg.search.num_samples, *grown]), cfg.selection)
+    tracking = tracking_callback(cfg, store, experiment_id, parent_id, sources)
     callbacks = [
-        tracking_callback(cfg, store, experiment_id, parent_id, sources),
+        tracking,
         progress,
         PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial),
     ]  # end a hopeless wait
@@ -127,7 +128,10 @@ def _execute(
     t_start = time.perf_counter()
     if not cluster:  # a SIGKILLed driver's local Ray processes: stopped before this one starts its own
         reap_stale(cfg.storage_path)
-    with runs_closed_on_failure(store, experiment_id, parent_id, cfg.name), installed(cfg.name, callbacks, reporter):
+    with (
+        runs_closed_on_failure(store, experiment_id, parent_id, cfg.name, tracking),
+        installed(cfg.name, callbacks, reporter),
+    ):
         session_dir = connect_ray(cluster, cfg.plugins)
         _route_sigterm()
         if session_dir:  # stopped at exit; recorded for the next sweep if this driver is killed
@@ -141,8 +145,10 @@ def _execute(
         t_fit = time.perf_counter()
         grids = [fit_resuming_lost_workers(tuner, exp_path, trainable, cfg.resources.max_failures)]
         grids += grow_sweep(cfg, store, parent_id, grids[0], grown, trainable, progress, grow)
+        tracking.flush()  # what the trials reported reaches MLflow (raises the outage that stopped it)
+        tracking.close()
         for results in grids:
-            deliver_missed_completions(results, store, experiment_id, cfg.name, callbacks[0])
+            deliver_missed_completions(results, store, experiment_id, cfg.name, tracking)
         t_trials = time.perf_counter()
         records = [rec for results in grids for rec in trial_records(results, store, experiment_id, cfg.name)]
         incomplete = close_trials(cfg, store, experiment_id, parent_id, grids, records)

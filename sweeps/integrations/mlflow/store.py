@@ -366,9 +366,12 @@ class MlflowStore:
         if text not in note:
             self.set_tags(run_id, {NOTE_TAG: f"{note}\n\n{text}".strip()})
 
-    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-        """Log every metric as given (callers choose which are worth logging) at `step`, in batches."""
-        ts = int(time.time() * 1000)
+    def log_metrics(
+        self, run_id: str, metrics: dict[str, float], step: int = 0, timestamp_ms: int | None = None
+    ) -> None:
+        """Log every metric as given (callers choose which are worth logging) at `step`, in batches, stamped
+        `timestamp_ms` (when it was measured, if known) or now."""
+        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
         batch = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
         for i in range(0, len(batch), MAX_METRICS):
             self.client.log_batch(run_id, metrics=batch[i : i + MAX_METRICS])

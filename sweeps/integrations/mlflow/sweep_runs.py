@@ -4,7 +4,12 @@ champion's registration through the gate."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import queue
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +43,9 @@ from sweeps.integrations.mlflow.tracking import (
 from sweeps.integrations.optuna.search_space import describe_params, resolve_run_config
 from sweeps.redaction import redact_values
 from sweeps.report.summary import sweep_note
+
+log = logging.getLogger(__name__)
+FLUSH_ON_FAILURE_S = 30.0  # how long a stopping sweep waits for the trials' queued MLflow writes
 
 
 class TrialParams:
@@ -76,8 +84,8 @@ def open_parent(cfg: SweepConfig, store: MlflowStore, experiment_id: str, source
 
 def tracking_callback(
     cfg: SweepConfig, store: MlflowStore, experiment_id: str, parent_id: str, sources: dict[str, str]
-) -> tune.Callback:
-    """The callback that mirrors every trial into its MLflow child run."""
+) -> UntilTrackingStops:
+    """The callback that mirrors every trial into its MLflow child run (off Tune's event loop)."""
     return UntilTrackingStops(
         MLflowTrackingCallback(
             store,
@@ -94,24 +102,65 @@ def tracking_callback(
 
 
 class UntilTrackingStops(tune.Callback):
-    """The tracking callback, stopping the sweep when the tracking server has been unreachable past the limit.
+    """The tracking callback, run off Ray Tune's event loop, stopping the sweep when the tracking server has been
+    unreachable past the limit.
 
-    Ray Tune logs (and survives) an error in a trial's completion hook, and its clean-up stops every
-    trial through the same hooks; so the first TrackingUnavailable is kept, the hooks go quiet, and it
-    is raised from the next step's hook, which ends `tuner.fit()`. A completion missed this way is
-    delivered after the resumed sweep's trials (`deliver_missed_completions`)."""
+    Every hook is queued (bounded: a full queue makes Tune wait) and one writer thread replays them in order
+    on the MLflow callback, so a slow or unreachable server never stalls Tune's loop: trials keep training
+    and reporting through an outage, and their epochs reach the store, stamped when they were measured, once
+    it is back. Only the in-place annotation of a scheduler-stopped result is done at once (other callbacks
+    read it). The first TrackingUnavailable (an outage past `tracking.outage_timeout_s`) is kept, the queue
+    goes quiet, and it is raised from the next step's hook, which ends `tuner.fit()`; `flush` raises it too.
+    A completion missed this way is delivered after the resumed sweep's trials (`deliver_missed_completions`).
+    """
 
-    def __init__(self, inner: MLflowTrackingCallback, store: MlflowStore) -> None:
+    def __init__(self, inner: MLflowTrackingCallback, store: MlflowStore, max_queue: int = 2000) -> None:
         self.inner, self.store = inner, store
         self.outage: TrackingUnavailable | None = None
+        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(maxsize=max_queue)
+        self._writer: threading.Thread | None = None
 
     def _run(self, hook: str, **info: Any) -> None:
         if self.outage is not None:
             return
-        try:
-            getattr(self.inner, hook)(**info)
-        except TrackingUnavailable as exc:
-            self.outage = exc
+        if self._writer is None or not self._writer.is_alive():
+            self._writer = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
+            self._writer.start()
+        self._queue.put((hook, info))
+
+    def _drain(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                hook, info = item
+                if self.outage is None:
+                    try:
+                        getattr(self.inner, hook)(**info)
+                    except TrackingUnavailable as exc:
+                        self.outage = exc
+                    except Exception:  # as Tune does for a callback's error: logged, the sweep goes on
+                        log.exception("the MLflow callback failed in %s", hook)
+            finally:
+                self._queue.task_done()
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every queued hook ran (at most `timeout_s`); raise the outage that stopped them, if any."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and self._writer is not None and self._writer.is_alive():
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if self.outage is not None:
+            raise self.outage
+
+    def close(self) -> None:
+        """Stop the writer once the queue is drained (or at once after an outage)."""
+        if self._writer is not None and self._writer.is_alive():
+            self._queue.put(None)
+            self._writer.join(timeout=None if self.outage is None else 5)
+        self._writer = None
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
         if self.outage is not None:
@@ -121,16 +170,17 @@ class UntilTrackingStops(tune.Callback):
         self.on_step_begin(iteration=iteration, trials=trials, **info)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._run("on_trial_start", iteration=iteration, trials=trials, trial=trial, **info)
+        self._run("on_trial_start", iteration=iteration, trials=[], trial=trial)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        self._run("on_trial_result", iteration=iteration, trials=trials, trial=trial, result=result, **info)
+        self.inner.annotate_result(result)
+        self._run("on_trial_result", iteration=iteration, trials=[], trial=trial, result=dict(result))
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._run("on_trial_complete", iteration=iteration, trials=trials, trial=trial, **info)
+        self._run("on_trial_complete", iteration=iteration, trials=[], trial=trial)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._run("on_trial_error", iteration=iteration, trials=trials, trial=trial, **info)
+        self._run("on_trial_error", iteration=iteration, trials=[], trial=trial)
 
 
 def deliver_missed_completions(
@@ -179,12 +229,20 @@ def close_trials(
 
 
 @contextmanager
-def runs_closed_on_failure(store: MlflowStore, experiment_id: str, parent_id: str, sweep: str) -> Iterator[None]:
-    """On Ctrl+C the sweep's open runs and its parent end KILLED (resumable); on any other error FAILED."""
+def runs_closed_on_failure(
+    store: MlflowStore, experiment_id: str, parent_id: str, sweep: str, writer: UntilTrackingStops | None = None
+) -> Iterator[None]:
+    """On Ctrl+C the sweep's open runs and its parent end KILLED (resumable); on any other error FAILED. The
+    tracking `writer`'s queued hooks are given up to FLUSH_ON_FAILURE_S to land first, then it stops."""
     try:
         yield
     except BaseException as exc:
         outage = outage_behind(exc)
+        if writer is not None:
+            if outage is None:
+                with contextlib.suppress(Exception):
+                    writer.flush(FLUSH_ON_FAILURE_S)
+            writer.close()
         if outage is not None:
             # the server is unreachable: nothing can be marked now; --resume reattaches the open runs
             raise outage from None

@@ -153,12 +153,20 @@ class MLflowTrackingCallback(tune.Callback):
         note_run(self.sweep, tid, rid)  # the Optuna trial records it (integrations/optuna/study.py)
         return rid
 
-    def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int) -> None:
+    def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int, timestamp_ms: int | None = None) -> None:
         """Log finite numeric metrics at `step`, skipping (key, step) pairs already logged."""
         seen = self._logged.setdefault(run_id, set())
         new = {k: float(v) for k, v in metrics.items() if is_finite_number(v) and (k, step) not in seen}
         seen.update((k, step) for k in new)
-        self.store.log_metrics(run_id, new, step=step)
+        self.store.log_metrics(run_id, new, step=step, timestamp_ms=timestamp_ms)
+
+    def annotate_result(self, result: dict) -> None:
+        """A per-epoch result Tune marked done was stopped by the scheduler: it gets status `stopped_early` and a
+        reason, in place (before any other callback reads it: the progress line, the leaderboard)."""
+        if result.get("done") and "status" not in result:
+            epoch = int(result.get("epoch", result.get("training_iteration", 0)))
+            result["status"] = STOPPED_EARLY
+            result["reason"] = f"stopped early by {self.scheduler} at epoch {epoch}"
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """Create or reopen the trial's run as soon as it starts."""
@@ -170,11 +178,12 @@ class MLflowTrackingCallback(tune.Callback):
         by the scheduler: it gets status `stopped_early` and a reason, in place, so the trial's
         last result (leaderboard, progress line, this run's tags) says why it ended."""
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
-        if result.get("done") and "status" not in result:
-            result["status"] = STOPPED_EARLY
-            result["reason"] = f"stopped early by {self.scheduler} at epoch {epoch}"
+        self.annotate_result(result)
         keep = {k: v for k, v in result.items() if k.startswith(("val_", "train_")) or k == "epoch_time"}
-        self.log_metrics(self.run_id_for(trial), keep, step=epoch)
+        # stamped when the trial reported it (Tune's `timestamp`, seconds), not when it reached the store
+        when = result.get("timestamp")
+        stamp = int(when * 1000) if is_finite_number(when) else None
+        self.log_metrics(self.run_id_for(trial), keep, step=epoch, timestamp_ms=stamp)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """Final metrics, reliability diagrams, and the terminal status: completed -> FINISHED,
