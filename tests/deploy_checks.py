@@ -476,7 +476,15 @@ def check_token_auth(resources: list[dict]) -> list[str]:
         cluster = dr.ray_cluster_spec(r)
         if cluster.get("authOptions") != {"mode": "token", "secretName": "ray-auth-token"}:
             problems.append(f"{_where(r)}: authOptions must use the ray-auth-token Secret")
-        containers = [(_where(r, "autoscaler"), cluster.get("autoscalerOptions", {}))]
+        # KubeRay (pod.go, v1.7) sets both on the autoscaler it builds, then appends autoscalerOptions.env:
+        # naming them there too would give the container each variable twice.
+        dup = {e["name"] for e in cluster.get("autoscalerOptions", {}).get("env", [])} & {
+            "RAY_AUTH_MODE",
+            "RAY_AUTH_TOKEN",
+        }
+        if dup:
+            problems.append(f"{_where(r, 'autoscaler')}: {sorted(dup)} duplicate what KubeRay injects")
+        containers = []
         for where, _, spec in pod_templates([r]):
             containers += [(where, c) for c in spec["containers"]]
         for where, c in containers:

@@ -44,6 +44,7 @@ def test_persistent_part_holds_namespace_and_dataset_cache(overlay):
         assert max_workers == 1 or "ReadWriteMany" in modes
     ns_obj = next(r for r in persistent if r["kind"] == "Namespace")
     assert ns_obj["metadata"]["labels"]["pod-security.kubernetes.io/warn"] == "restricted"
+    assert ns_obj["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_statefulset_volumes_are_retained():

@@ -512,8 +512,10 @@ def scan_text(text: str, is_template: bool) -> list[str]:
                 elif not SAFE_VALUE.match(value) and value not in YAML_NON_LITERALS:
                     findings.append(f"{no}: literal value for {key!r}")
         for m in LONG_RANDOM.finditer(line):
-            # Image digests and absolute paths (JSON pointers) are not secrets.
-            if not line[: m.start()].endswith("sha256:") and not m.group(0).startswith("/"):
+            # Image digests, absolute paths (JSON pointers) and mapping keys (requiredDuringScheduling...) are not
+            # secrets.
+            key = line[m.end() :].startswith(":")
+            if not line[: m.start()].endswith("sha256:") and not m.group(0).startswith("/") and not key:
                 findings.append(f"{no}: long random-looking string")
     return findings
 

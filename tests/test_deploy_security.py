@@ -9,13 +9,15 @@ import copy
 import pytest
 
 from tests import deploy_render as dr
+from tests.containers import kuberay as kr
 
 OVERLAYS = dr.overlay_dirs()
 OVERLAY_IDS = [p.name for p in OVERLAYS]
 RAY_TOKEN_SECRET = ("ray-auth-token", "auth_token")
-# Only the Ray head mounts a service-account token: the in-tree autoscaler sidecar patches the
-# RayCluster through the Kubernetes API with it.
-TOKEN_MOUNT_ALLOWED = {"head"}
+# No pod mounts its service-account token; the head's autoscaler sidecar alone gets a projected one
+# (test_only_the_autoscaler_holds_kubernetes_credentials).
+TOKEN_MOUNT_ALLOWED: set[str] = set()
+SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def _sc_value(container_sc: dict, pod_sc: dict, key: str):
@@ -169,10 +171,45 @@ def test_ray_token_reaches_every_ray_process_from_the_secret(resources):
     for r in ray_objects:
         cluster = dr.ray_cluster_spec(r)
         assert cluster["authOptions"] == {"mode": "token", "secretName": RAY_TOKEN_SECRET[0]}
-        assert _has_token(_env(cluster["autoscalerOptions"])), f"{r['kind']} autoscaler"
+        # the autoscaler's comes from KubeRay (pod.go v1.7, ported in tests/containers/kuberay.py), once
+        head = kr.build_pod(r, "head", kr.cluster_name(r))
+        autoscaler = next(c for c in head["spec"]["containers"] if c["name"] == "autoscaler")
+        names = [e["name"] for e in autoscaler["env"]]
+        assert names.count("RAY_AUTH_MODE") == 1 and names.count("RAY_AUTH_TOKEN") == 1, names
+        assert _has_token(_env(autoscaler)), f"{r['kind']} autoscaler"
         for where, spec in dr.pod_specs(r):
             for c in spec["containers"]:
                 assert _has_token(_env(c)), f"{where}/{c['name']} lacks RAY_AUTH_MODE/RAY_AUTH_TOKEN"
+
+
+@pytest.mark.parametrize("resources", _resources())
+def test_only_the_autoscaler_holds_kubernetes_credentials(resources):
+    """The driver and every trial's code run in the head's Ray container: no service-account token there (nor in
+    any other pod); the autoscaler sidecar, which patches the RayCluster, mounts a projected, expiring token
+    of the head's service account with the cluster CA and namespace, where Kubernetes clients look."""
+    for r in (r for r in resources if r["kind"] in ("RayJob", "RayCluster")):
+        cluster = dr.ray_cluster_spec(r)
+        head = kr.build_pod(r, "head", kr.cluster_name(r))["spec"]
+        assert head["automountServiceAccountToken"] is False
+        volumes = {v["name"]: v for v in head["volumes"]}
+        holders = {}
+        for c in head["containers"] + head.get("initContainers", []):
+            for m in c.get("volumeMounts", []):
+                sources = volumes[m["name"]].get("projected", {}).get("sources", [])
+                if m["mountPath"] == SA_TOKEN_PATH or any("serviceAccountToken" in s for s in sources):
+                    holders[c["name"]] = (m, sources)
+        assert set(holders) == {"autoscaler"}, set(holders)
+        mount, sources = holders["autoscaler"]
+        assert mount["mountPath"] == SA_TOKEN_PATH and mount["readOnly"] is True
+        token = next(s["serviceAccountToken"] for s in sources if "serviceAccountToken" in s)
+        assert token["path"] == "token" and token["expirationSeconds"] <= 3607
+        assert any(s.get("configMap", {}).get("name") == "kube-root-ca.crt" for s in sources)
+        assert any(i["path"] == "namespace" for s in sources for i in s.get("downwardAPI", {}).get("items", []))
+        ray_env = {e["name"] for e in head["containers"][0].get("env", [])}
+        assert not ray_env & {"KUBECONFIG"}, ray_env
+        assert "env" not in cluster["autoscalerOptions"] or not {
+            e["name"] for e in cluster["autoscalerOptions"]["env"]
+        } & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}
 
 
 @pytest.mark.parametrize("resources", _resources())
@@ -421,3 +458,166 @@ def test_network_policies_admit_every_recorded_ray_port(resources):
     head = _template_labels(resources, "RayJob", "calib-sweep", "head")
     dashboard = next(int(p) for p, what in record["head"]["fixed"].items() if what == "dashboard")
     assert ok((ns, submitter), head, dashboard), "the submitter cannot reach the job API"
+
+
+# ------------------------------------------------------------------------ egress
+
+
+def egress_allowed(
+    policies: list[dict], namespace: str, src_labels: dict, dst: tuple, port: int, protocol: str = "TCP"
+) -> bool:
+    """Kubernetes NetworkPolicy egress semantics for a pod of `namespace` with `src_labels`: dst is
+    ("pod", namespace, labels) or ("ip", address); a pod is matched by selectors only (its address is not
+    modelled), an address by ipBlock (cidr minus except)."""
+    import ipaddress
+
+    applying = [
+        p
+        for p in policies
+        if "Egress" in p["spec"].get("policyTypes", []) and _selects(p["spec"]["podSelector"], src_labels)
+    ]
+    if not applying:
+        return True
+    for p in applying:
+        for rule in p["spec"].get("egress", []):
+            ports = rule.get("ports")
+            if ports and not any(
+                pp.get("port") in (port, None) and pp.get("protocol", "TCP") == protocol for pp in ports
+            ):
+                continue
+            peers = rule.get("to")
+            if peers is None:
+                return True
+            for peer in peers:
+                if dst[0] == "ip":
+                    block = peer.get("ipBlock")
+                    if block is None:
+                        continue
+                    addr = ipaddress.ip_address(dst[1])
+                    if addr in ipaddress.ip_network(block["cidr"]) and not any(
+                        addr in ipaddress.ip_network(e) for e in block.get("except", [])
+                    ):
+                        return True
+                    continue
+                if "ipBlock" in peer:
+                    continue
+                _, dst_ns, dst_labels = dst
+                ns_sel, pod_sel = peer.get("namespaceSelector"), peer.get("podSelector")
+                ns_ok = (
+                    _selects(ns_sel, {"kubernetes.io/metadata.name": dst_ns})
+                    if ns_sel is not None
+                    else dst_ns == namespace
+                )
+                pod_ok = _selects(pod_sel, dst_labels) if pod_sel is not None else True
+                if ns_ok and pod_ok:
+                    return True
+    return False
+
+
+@pytest.mark.parametrize("resources", _resources())
+def test_egress_is_closed_but_for_what_each_pod_needs(resources):
+    """A connectivity matrix over the rendered policies: DNS for all; Ray pods to each other; MLflow clients to
+    MLflow; the submitter to the job API only; the head to the Kubernetes API; S3 clients to HTTPS outside the
+    private ranges; the overlay's stores to those that use them; nothing else (no SSH out, no other port, no
+    PostgreSQL for the trials, nothing for the stores themselves)."""
+    ns = dr.namespace_of(resources)
+    policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
+    assert any(
+        p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Egress"] and not p["spec"].get("egress")
+        for p in policies
+    ), "no default-deny egress policy"
+    head = _template_labels(resources, "RayJob", "calib-sweep", "head")
+    worker = _template_labels(resources, "RayJob", "calib-sweep", "worker")
+    ihead = _template_labels(resources, "RayCluster", "calib-interactive", "head")
+    mlflow = _template_labels(resources, "Deployment", "mlflow")
+    rayjob = next(r for r in resources if r["kind"] == "RayJob")
+    submitter = rayjob["spec"]["submitterPodTemplate"]["metadata"]["labels"]
+    dns = ("pod", "kube-system", {"k8s-app": "kube-dns"})
+
+    def ok(src, dst, port, protocol="TCP"):
+        return egress_allowed(policies, ns, src, dst, port, protocol)
+
+    def pod(labels):
+        return ("pod", ns, labels)
+
+    everyone = [head, worker, ihead, mlflow, submitter]
+    everyone += [r["spec"]["template"]["metadata"]["labels"] for r in resources if r["kind"] in ("StatefulSet", "Job")]
+    for src in everyone:
+        assert ok(src, dns, 53, "UDP") and ok(src, dns, 53, "TCP"), src
+        assert not ok(src, ("ip", "203.0.113.7"), 22), f"{src}: SSH out"
+        assert not ok(src, ("ip", "203.0.113.7"), 80), f"{src}: plain HTTP out"
+        assert not ok(src, ("pod", "other-team", {"app": "x"}), 8080), f"{src}: another namespace"
+    for a in (head, worker):
+        for b in (head, worker):
+            for port in (6379, 8265, 10001, 20000, 45000):
+                assert ok(a, pod(b), port)
+    for src in (head, worker, ihead):
+        assert ok(src, pod(mlflow), 5000)
+        assert ok(src, ("ip", "52.216.1.1"), 443)  # cloud object storage / dataset downloads
+    assert ok(head, ("ip", "10.96.0.1"), 443) and ok(ihead, ("ip", "10.96.0.1"), 443)  # the API (autoscaler)
+    assert not ok(worker, ("ip", "10.96.0.1"), 443)  # trials never reach the Kubernetes API
+    assert ok(submitter, pod(head), 8265)
+    operator = {"app.kubernetes.io/name": "kuberay-operator"}
+    assert ok(operator, pod(head), 8265) and ok(operator, ("ip", "10.96.0.1"), 443)
+    assert not ok(operator, pod(worker), 8265) and not ok(operator, ("ip", "203.0.113.7"), 22)
+    assert not ok(submitter, pod(head), 6379) and not ok(submitter, pod(mlflow), 5000)
+    assert not ok(submitter, ("ip", "52.216.1.1"), 443) and not ok(submitter, pod(worker), 8265)
+    assert not ok(mlflow, pod(head), 6379) and not ok(mlflow, pod(worker), 10001)
+    names = {r["metadata"]["name"] for r in resources if r["kind"] == "StatefulSet"}
+    if "postgres" in names:
+        pg = pod(_template_labels(resources, "StatefulSet", "postgres"))
+        minio = pod(_template_labels(resources, "StatefulSet", "minio"))
+        job = _template_labels(resources, "Job", "optuna-db")
+        buckets = _template_labels(resources, "Job", "minio-buckets")
+        assert ok(mlflow, pg, 5432) and ok(head, pg, 5432) and ok(ihead, pg, 5432) and ok(job, pg, 5432)
+        assert not ok(worker, pg, 5432) and not ok(submitter, pg, 5432)
+        assert (
+            ok(mlflow, minio, 9000) and ok(worker, minio, 9000) and ok(head, minio, 9000) and ok(buckets, minio, 9000)
+        )
+        assert not ok(submitter, minio, 9000)
+        for store in ("postgres", "minio"):
+            labels = _template_labels(resources, "StatefulSet", store)
+            assert not ok(labels, ("ip", "52.216.1.1"), 443) and not ok(labels, pod(mlflow), 5000), store
+    else:  # a managed PostgreSQL outside the cluster
+        assert ok(mlflow, ("ip", "10.20.0.5"), 5432) and ok(head, ("ip", "10.20.0.5"), 5432)
+        assert not ok(worker, ("ip", "10.20.0.5"), 5432) and not ok(submitter, ("ip", "10.20.0.5"), 5432)
+
+
+def _admits(affinity: dict, node_labels: dict) -> bool:
+    """requiredDuringScheduling node affinity: any term whose expressions all hold (Gt/Lt on integers)."""
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    for term in terms:
+        good = True
+        for e in term["matchExpressions"]:
+            v = node_labels.get(e["key"])
+            op = e["operator"]
+            if op == "In":
+                good &= v in e["values"]
+            elif op == "Gt":
+                good &= v is not None and int(v) > int(e["values"][0])
+            elif op == "Lt":
+                good &= v is not None and int(v) < int(e["values"][0])
+            elif op == "Exists":
+                good &= v is not None
+            else:
+                raise AssertionError(op)
+        if good:
+            return True
+    return False
+
+
+def test_gpu_workers_land_only_on_gpus_the_cuda_build_supports():
+    """gpu-cluster: the worker group's affinity admits compute capability 7.5 and newer (CUDA 13's floor) and
+    refuses older GPUs, by the GPU Feature Discovery labels."""
+    overlay = next(o for o in OVERLAYS if o.name == "gpu-cluster")
+    rayjob = next(r for r in dr.render(overlay) if r["kind"] == "RayJob")
+    aff = dr.ray_cluster_spec(rayjob)["workerGroupSpecs"][0]["template"]["spec"]["affinity"]
+
+    def node(major: int, minor: int) -> dict:
+        return {"nvidia.com/gpu.compute.major": str(major), "nvidia.com/gpu.compute.minor": str(minor)}
+
+    for cc in ((7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)):  # T4, A100, A10, L4, H100, B200, ...
+        assert _admits(aff, node(*cc)), cc
+    for cc in ((5, 2), (6, 0), (6, 1), (7, 0), (7, 2)):  # Maxwell, P100, P4/P40, V100, Xavier
+        assert not _admits(aff, node(*cc)), cc
+    assert not _admits(aff, {})  # a node without the labels: the README says to drop the affinity there
