@@ -135,7 +135,7 @@ def _execute(
         session_dir = connect_ray(cluster, cfg.plugins)
         _route_sigterm()
         if session_dir:  # stopped at exit; recorded for the next sweep if this driver is killed
-            track_session(cfg.storage_path, session_dir)
+            track_session(cfg.storage_path, session_dir, quiet=not verbose)
         print(intro(cfg, exp_path, parent_id, resumed=restoring), flush=True)
         tuner = (
             tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)

@@ -17,7 +17,6 @@ from sweeps.checks.preflight import (
     check_disk_fits,
     check_local_data,
     check_local_resources,
-    check_model_fits_data,
     check_storage,
     check_study_storage,
     check_tracking,
@@ -26,6 +25,7 @@ from sweeps.checks.preflight import (
 )
 
 if TYPE_CHECKING:
+    from sweeps.checks import model_fit
     from sweeps.config import SweepConfig
 
 
@@ -41,6 +41,16 @@ def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False, grow: bool 
         ("storage_path", cfg.storage_path),
     ):
         check_uri_syntax(field, uri or "")
+    from sweeps.checks import model_fit
+
+    fit = model_fit.start(cfg)  # torch loads in a child process while the other checks run
+    try:
+        return _checks(cfg, cluster, resume, grow, fit)
+    finally:
+        fit.cancel()
+
+
+def _checks(cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, fit: model_fit.ModelFitCheck) -> str | None:
     loopback_tracking = bool(cfg.tracking.uri) and _is_loopback(_host(cfg.tracking.uri or ""))
     with _fs_errors("storage_path"):
         check_storage(cfg.storage_path or "", cluster)
@@ -69,7 +79,7 @@ def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False, grow: bool 
         nothing_to_do = check_store(cfg, resume, grow)
     if nothing_to_do:
         return nothing_to_do
-    params = check_model_fits_data(cfg)
+    params = fit.result()
     if not cluster and params is not None and cfg.storage_path and "://" not in cfg.storage_path:
         check_disk_fits(cfg, params)
     if cfg.search.num_samples > cfg.resources.warn_trials:

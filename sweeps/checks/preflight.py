@@ -557,35 +557,11 @@ def check_disk_fits(cfg: SweepConfig, params: int) -> None:
 
 
 def check_model_fits_data(cfg: SweepConfig) -> int | None:
-    """Build the backbone for the dataset's input shape and run one dummy batch of two rows on the CPU,
-    so that a model/data mismatch (resnet18 on 1-D signals) is one line here, not an error in every trial.
-    Returns the backbone's parameter count (None where the shape is not known before loading)."""
-    from calib_core.data.registry import dataset_shape
+    """Build the backbone for the dataset's input shape and run one dummy batch (sweeps/checks/model_fit.py, in a
+    child process); the parameter count, or None where the shape is not known before loading."""
+    from sweeps.checks.model_fit import start
 
-    shape = dataset_shape(cfg.run.data.name)
-    if shape is None:  # plugins and config-dependent shapes: the trials find out
-        return None
-    import torch
-
-    from calib_core.models import create_model
-
-    input_shape, num_classes = shape
-    m = cfg.run.model
-    try:
-        model = create_model(m.name, num_classes, input_shape, **m.kwargs).eval()
-        with torch.no_grad():
-            out = model(torch.zeros(2, *input_shape))
-    except Exception as exc:  # noqa: BLE001 - any failure is the mismatch to report
-        raise ConfigError(
-            f"run.model.name: {m.name!r} cannot take {cfg.run.data.name}'s inputs of shape {input_shape}: "
-            f"{clip(_first_line(exc), 160)}"
-        ) from None
-    if tuple(out.shape) != (2, num_classes):
-        raise ConfigError(
-            f"run.model.name: {m.name!r} gives outputs of shape {tuple(out.shape)[1:]} for {cfg.run.data.name}, "
-            f"which has {num_classes} classes"
-        )
-    return sum(p.numel() for p in model.parameters())
+    return start(cfg).result()
 
 
 def _first_line(exc: BaseException) -> str:

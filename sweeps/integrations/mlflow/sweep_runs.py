@@ -32,6 +32,7 @@ from sweeps.contract import (
     TAG_REASON,
     TAG_TRIAL,
     is_finite_number,
+    is_number,
 )
 from sweeps.decide.selection import TrialRecord
 from sweeps.decide.uncertainty import Replicates, interval_metrics
@@ -186,24 +187,40 @@ class UntilTrackingStops(tune.Callback):
 def deliver_missed_completions(
     results: Any, store: MlflowStore, experiment_id: str, sweep: str, tracking: tune.Callback
 ) -> None:
-    """Trials that made their final report while their completion could not reach MLflow (an outage past the
-    limit) are TERMINATED for Tune, which never calls their hook again: their still-open runs get it now,
-    from Tune's results (idempotent: steps already logged are skipped, the note is appended once)."""
+    """Trials that ended while their hooks could not reach MLflow (an outage past the limit, whose queued hooks
+    were dropped) are finished for Tune, which never calls their hooks again: their runs are created or
+    reattached now and replayed from Tune's own record of every result the trial reported (its progress file),
+    then completed (idempotent: a (metric, step) already logged is skipped, the note is appended once)."""
     if not isinstance(tracking, UntilTrackingStops):
         return
-    open_runs = {
-        r.data.tags.get(TAG_TRIAL, ""): r for r in store.trial_runs(experiment_id, sweep) if r.info.status == "RUNNING"
-    }
-    if not open_runs:
-        return
+    runs = {r.data.tags.get(TAG_TRIAL, ""): r for r in store.trial_runs(experiment_id, sweep)}
     for res in results:
         m = dict(res.metrics or {})
         tid = str(m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1]) or "")
-        if tid in open_runs and m.get("status") and not res.error:
-            trial = SimpleNamespace(
-                trial_id=tid, last_result=m, checkpoint=res.checkpoint, config=dict(res.config or {}), error_file=None
-            )
-            tracking.inner.on_trial_complete(iteration=0, trials=[], trial=trial)
+        run = runs.get(tid)
+        if not tid or (run is not None and run.info.status != "RUNNING"):
+            continue  # its run ended as it should
+        if not res.error and not m.get("status"):
+            continue  # neither finished nor failed: an unfinished trial (resumed later)
+        trial = SimpleNamespace(
+            trial_id=tid, last_result=m, checkpoint=res.checkpoint, config=dict(res.config or {}), error_file=None
+        )
+        inner = tracking.inner
+        inner.run_id_for(trial)
+        history = getattr(res, "metrics_dataframe", None)
+        rows = history.to_dict("records") if history is not None else []
+        for row in rows:  # every reported result, the final one too (its last epoch's curves)
+            if is_finite_number(row.get("epoch")):
+                inner.on_trial_result(
+                    iteration=0,
+                    trials=[],
+                    trial=trial,
+                    result={k: v for k, v in row.items() if is_number(v) or k == "status" and isinstance(v, str)},
+                )
+        if res.error:
+            inner.on_trial_error(iteration=0, trials=[], trial=trial)
+        else:
+            inner.on_trial_complete(iteration=0, trials=[], trial=trial)
 
 
 def close_trials(

@@ -17,6 +17,7 @@ cluster started with `ray start`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -165,8 +166,9 @@ def reap_stale(storage_path: str, say: Callable[[str], None] = print) -> list[in
     return stopped
 
 
-def track(storage_path: str, session_dir: str) -> Path | None:
-    """Record this driver's local Ray session; at exit shut Ray down, stop what it left and drop the record."""
+def track(storage_path: str, session_dir: str, quiet: bool = False) -> Path | None:
+    """Record this driver's local Ray session; at exit shut Ray down, stop what it left and drop the record
+    (`quiet`: what the workers print while they are torn down is not forwarded)."""
     if not _is_local(storage_path):
         return None
     folder = _folder(storage_path)
@@ -182,14 +184,19 @@ def track(storage_path: str, session_dir: str) -> Path | None:
     tmp = record.with_suffix(".tmp")
     tmp.write_text(json.dumps(info))
     tmp.replace(record)
-    atexit.register(_at_exit, record, session_dir, raylets)
+    atexit.register(_at_exit, record, session_dir, raylets, quiet)
     return record
 
 
-def _at_exit(record: Path, session_dir: str, raylets: list[int]) -> None:
+def _at_exit(record: Path, session_dir: str, raylets: list[int], quiet: bool = False) -> None:
     try:
         import ray
 
+        if quiet:  # the workers' teardown (SIGTERM tracebacks of idle trial actors) is not for people
+            with contextlib.suppress(Exception):
+                from ray._private.worker import global_worker_stdstream_dispatcher
+
+                global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
         ray.shutdown()
     except Exception:  # noqa: BLE001 - still stop what is left
         pass
