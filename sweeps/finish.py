@@ -19,7 +19,14 @@ from sweeps.contract import (
     is_number,
 )
 from sweeps.decide.selection import TrialRecord
-from sweeps.decide.uncertainty import Replicates, compute_replicates, load_predictions
+from sweeps.decide.uncertainty import (
+    FULL_DETAIL_TRIALS,
+    Replicates,
+    compute_replicates,
+    core_metrics,
+    detail_ids,
+    load_predictions,
+)
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore
 from sweeps.integrations.mlflow.sweep_runs import log_intervals
 from sweeps.integrations.optuna.search_space import describe_params
@@ -55,20 +62,38 @@ def trial_records(results: Any, store: MlflowStore, experiment_id: str, sweep: s
     return records
 
 
-def sweep_replicates(records: list[TrialRecord], cfg: SweepConfig) -> Replicates:
-    """Paired bootstrap replicates of every completed trial, from the predictions in its final checkpoint."""
+def sweep_replicates(records: list[TrialRecord], cfg: SweepConfig, extra: frozenset[str] = frozenset()) -> Replicates:
+    """Paired bootstrap replicates of every completed trial, from the predictions in its final checkpoint: the
+    metrics selection reads for all of them, every metric for the trials worth a closer look (all of them in a
+    sweep of up to FULL_DETAIL_TRIALS; beyond, detail_ids and `extra`). The same resamples either way, so
+    selection's answer does not depend on the split."""
     predictions = {}
     for rec in records:
         if rec.ok and rec.checkpoint is not None:
             with rec.checkpoint.as_directory() as d:
                 predictions[rec.trial_id] = load_predictions(Path(d) / PREDICTIONS_FILE)
-    return compute_replicates(
-        predictions,
-        num_bins=cfg.run.train.num_bins,
-        num_resamples=cfg.selection.num_resamples,
-        level=cfg.selection.confidence,
-        seed=cfg.search.seed,
-    )
+    settings: dict[str, Any] = {
+        "num_bins": cfg.run.train.num_bins,
+        "num_resamples": cfg.selection.num_resamples,
+        "level": cfg.selection.confidence,
+        "seed": cfg.search.seed,
+    }
+    if len(predictions) <= FULL_DETAIL_TRIALS:
+        return compute_replicates(predictions, **settings)
+    reps = compute_replicates(predictions, names=core_metrics(cfg.selection.metric), **settings)
+    detail = (detail_ids(reps.points) | set(extra)) & set(predictions)
+    reps.merge(compute_replicates({t: predictions[t] for t in sorted(detail)}, **settings))
+    return reps
+
+
+def add_detail(reps: Replicates, records: list[TrialRecord], cfg: SweepConfig, trial_id: str) -> None:
+    """Every metric's replicates for one more trial (the champion, when detail_ids left it out)."""
+    from calib_core.metrics import METRIC_NAMES
+
+    if all(reps.has(trial_id, f"val_{m}") for m in METRIC_NAMES):
+        return
+    rec = next(r for r in records if r.trial_id == trial_id)
+    reps.merge(sweep_replicates([rec], cfg))
 
 
 def log_selection(

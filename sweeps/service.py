@@ -19,7 +19,7 @@ from sweeps.contract import (
     SweepResult,
 )
 from sweeps.decide.selection import select, trial_errors
-from sweeps.finish import log_selection, sweep_replicates, trial_records, write_report
+from sweeps.finish import add_detail, log_selection, sweep_replicates, trial_records, write_report
 from sweeps.integrations.mlflow.store import MlflowStore, TrackingUnavailable
 from sweeps.integrations.mlflow.sweep_runs import (
     close_trials,
@@ -159,6 +159,7 @@ def _execute(
             reps = sweep_replicates(records, cfg)
             t_reps = time.perf_counter()
             chosen, why = select(records, cfg.selection, reps)
+            add_detail(reps, records, cfg, chosen.trial_id)
         except ValueError as exc:
             raise SweepError(str(exc)) from None
         t_select = time.perf_counter()

@@ -53,7 +53,7 @@ MAX_ARG_BYTES = 100_000  # one argv string (Linux refuses one above 128 KiB)
 LONG = 100_000  # the longest generated string, in characters
 
 # examples per test: (default run, slow run)
-EXAMPLES = {"valid": (20, 100), "hostile": (25, 300), "no_dry_run": (10, 60)}
+EXAMPLES = {"valid": (20, 60), "hostile": (25, 150), "no_dry_run": (10, 30)}
 
 CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer")
 BASELINES = ("none", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")

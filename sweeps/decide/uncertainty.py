@@ -91,6 +91,13 @@ class Replicates:
 
         return percentile_interval(_tensor(self.difference(a, b, key)), self.level if level is None else level)
 
+    def merge(self, other: Replicates) -> None:
+        """Add `other`'s keys to the trials (the same resamples: computed with the same seed and level)."""
+        for attr in ("values", "points", "nulls", "groups"):
+            mine, theirs = getattr(self, attr), getattr(other, attr)
+            for tid, d in theirs.items():
+                mine.setdefault(tid, {}).update(d)
+
     def significantly_greater(self, a: str, b: str, key: str) -> tuple[bool, float]:
         """One-sided test of metric(a) > metric(b) at the configured level: (significant, p-value),
         p = the share of (centred) replicates in which the difference is <= 0."""
@@ -185,3 +192,35 @@ def interval_metrics(reps: Replicates, trial_id: str) -> dict[str, float]:
         lo, hi = reps.interval(trial_id, key)
         out[f"{key}_ci_low"], out[f"{key}_ci_high"] = lo, hi
     return out
+
+
+# Every metric's replicates cost ~70x accuracy and ECE alone; past this many trials only the ones worth a
+# closer look get all of them (detail_ids), the rest the metrics selection reads.
+FULL_DETAIL_TRIALS = 32
+
+
+def core_metrics(selection_metric: str) -> tuple[str, ...]:
+    """The metrics the selection rule needs replicates of: accuracy, ECE and the rule's metric."""
+    from calib_core.metrics import METRIC_NAMES
+
+    name = selection_metric.removeprefix("val_")
+    return tuple(dict.fromkeys(("accuracy", "ece", *((name,) if name in METRIC_NAMES else ()))))
+
+
+def detail_ids(points: dict[str, dict[str, float]], k: int = FULL_DETAIL_TRIALS) -> set[str]:
+    """The trials worth every metric's interval: the k lowest val ECE, the k most accurate and the Pareto front
+    of (val accuracy, val ECE), from their point estimates."""
+    ids = [t for t, p in points.items() if "val_accuracy" in p and "val_ece" in p]
+    by_ece = sorted(ids, key=lambda t: (points[t]["val_ece"], t))[:k]
+    by_acc = sorted(ids, key=lambda t: (-points[t]["val_accuracy"], t))[:k]
+    front = {
+        t
+        for t in ids
+        if not any(
+            points[o]["val_accuracy"] >= points[t]["val_accuracy"]
+            and points[o]["val_ece"] <= points[t]["val_ece"]
+            and (points[o]["val_accuracy"], points[o]["val_ece"]) != (points[t]["val_accuracy"], points[t]["val_ece"])
+            for o in ids
+        )
+    }
+    return set(by_ece) | set(by_acc) | front
