@@ -24,8 +24,9 @@ sweep: setup
 test: setup
 	$(BIN)/python -m pytest -q $(ARGS)
 
+# Whole sweeps, two test files at a time (each file's fixtures stay in one worker).
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow $(ARGS)
+	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile $(ARGS)
 
 # The images built and run with podman (installed and configured by tests/containers/setup_podman.sh,
 # which needs root): stand-in bases, docker/ unchanged, the MLflow stack and a Ray cluster from the
