@@ -260,7 +260,80 @@ def report(raw: dict[str, Any], command: str) -> str:
     ]
     _plot(ms, rows, samp)
     L += ["![cost curves](scale.png)", ""]
+    L += _findings(runs, rows, samp, compute, raw)
     return "\n".join(L) + "\n"
+
+
+def _findings(
+    runs: list[dict], rows: dict[str, list[float]], samp: dict[int, float], compute: float, raw: dict
+) -> list[str]:
+    """The aims of issue #26 against the largest sweep measured, and the projection to 10^4 trials."""
+    big = runs[-1]
+    m = big["m"]
+    i = len(runs) - 1
+    rss = rows["driver peak RSS, MB"][i]
+    boot = big["phases_s"]["bootstrap"] + big["phases_s"]["rule"]
+    over = rows["service overhead per trial, s"][i]
+    ks = sorted(samp)
+    k_hi = ks[-1]
+    # the sampler's cost per ask grows with the study; extrapolated along the last measured segment
+    g = math.log(samp[ks[-1]] / samp[ks[-2]]) / math.log(ks[-1] / ks[-2]) if len(ks) > 1 else 1.0
+    ask_1e4 = samp[k_hi] * (10_000 / k_hi) ** g
+    sampler_total_1e4 = sum(samp[k_hi] * (n / k_hi) ** g for n in range(1, 10_001, 10)) * 10
+    rows_per_trial = rows["MLflow rows per trial"][i]
+    store_kb = rows["store size per trial, KB (mlflow.db + artifacts)"][i]
+    ray_kb = rows["Ray results per trial, KB"][i]
+    mark = lambda ok: "met" if ok else "**not met**"  # noqa: E731
+    L = [
+        f"## The aims at M = {m} (this measurement)",
+        "",
+        "| aim | measured | |",
+        "|---|---|---|",
+        f"| driver RSS <= 1.5 GB | {rss / 1e3:.2f} GB | {mark(rss <= 1500)} |",
+        f"| selection + bootstrap <= 30 s | {boot:.1f} s | {mark(boot <= 30)} |",
+        f"| service overhead per trial <= 1 s | {over:.2f} s | {mark(over <= 1.0)} |",
+        f"| no per-trial cost rising with M | MLflow rows per trial {rows['MLflow rows per trial'][0]:.0f} -> "
+        f"{rows_per_trial:.0f}, store {store_kb:.0f} KB and Ray results {ray_kb:.0f} KB per trial, overhead "
+        f"{rows['service overhead per trial, s'][0]:.2f} -> {over:.2f} s | met (except the sampler, below) |",
+        "",
+        "## Projection: 10^4 trials on 100 GPU workers (from the per-trial costs above)",
+        "",
+        f"- Stores: MLflow ~{rows_per_trial * 1e4 / 1e6:.1f} M rows (metrics, params, tags) and "
+        f"~{store_kb * 1e4 / 1e6:.1f} GB with artifacts; Ray Tune's folder ~{ray_kb * 1e4 / 1e6:.1f} GB "
+        "(checkpoints with predictions). A PostgreSQL-backed MLflow server takes this; SQLite would not be the "
+        "choice at this size.",
+        f"- Optuna's sampler: {samp[k_hi] * 1e3:.0f} ms per ask with {k_hi} trials in the study, growing as "
+        f"n^{g:.2f} between the last two sizes: ~{ask_1e4:.1f} s per ask at 10^4, ~{sampler_total_1e4 / 3600:.1f} h "
+        "of driver CPU over the whole sweep, serial in the driver. It keeps up while trials arrive slower than "
+        f"one per {ask_1e4:.1f} s: 100 GPU workers with trials of a few minutes ask for one every few seconds, so "
+        f"it is not the bottleneck there, but it is for trials shorter than ~{100 * ask_1e4:.0f} s; then use "
+        "several studies or a cheaper sampler past a few thousand trials (TPE's `n_ei_candidates`, random or QMC "
+        "after a budget).",
+        "- The first bottleneck for short trials is the driver's own per-trial work (Tune's bookkeeping, the "
+        "experiment snapshot every second, the tracking writer's MLflow calls and reliability diagrams): "
+        f"{over:.2f} s of wall per trial here with 2 trials at a time on 2 shared cores; its CPU share per trial "
+        "was not measured apart (next measurement), so how many workers one driver feeds is not known yet.",
+        f"- Driver memory: {rss / 1e3:.2f} GB at {m} trials; Tune keeps every trial's last result and the "
+        "selection holds its bootstrap replicates, so it grows with M: give the head's driver 8-16 GiB at 10^4 "
+        "(the rayjob head has 16 GiB).",
+        f"- Ray GCS + raylet: {rows['Ray GCS + raylet peak RSS, MB'][i]:.0f} MB at {m} trials, nearly flat.",
+        "",
+        "## What changed after this measurement (not yet measured at M = 1000)",
+        "",
+        "M = 10 and 100 ran the service as of commits 250a5cb-daa5bcb (2026-12-01; MLflow writes on Tune's event "
+        "loop) on a machine shared with other test runs (load average ~10); M = 1000 ran 1433ebf (MLflow writes on "
+        "a writer thread off Tune's loop), quieter towards its end. Two changes aimed at the misses landed after "
+        "it: (1) the bootstrap computes every metric only for the trials worth a closer look (the 32 lowest val "
+        "ECE, the 32 most accurate, the Pareto front, the champion) and accuracy, ECE and the rule's metric for "
+        "all, with identical resamples (tests/test_replicates_detail.py); on fabricated 180-row splits, under "
+        "load, that is 5 ms per trial for accuracy and ECE against 359 ms for every metric (without the "
+        "calibrated null; 41 against 545 ms with it), so the bootstrap at M = 1000 should fall well under the "
+        "30 s aim; (2) the model/data check runs in a child process, so the driver holds no torch (~670 MB "
+        "resident) until selection. `python benchmarks/bench_scale.py --trials 10,100,1000 --redo` measures "
+        "them.",
+        "",
+    ]
+    return L
 
 
 def _plot(ms: list[int], rows: dict[str, list[float]], samp: dict[int, float]) -> None:
