@@ -519,6 +519,28 @@ def test_registration_is_idempotent_and_survives_a_death_before_registering(stor
     assert [m.model_id for m in on_b] == [logged]  # registered, not logged a second time
 
 
+def test_a_half_written_logged_model_does_not_stay_pending(store):
+    """A driver killed while logging the champion leaves a PENDING logged model; the next registration from that
+    run (a resumed sweep) finalizes it FAILED and logs a complete one."""
+    from sweeps.integrations.mlflow.model_export import log_and_register
+
+    client, name = store.client, MODEL + "-pending"
+    with contextlib.chdir(store.dir):
+        run_c = _finished_run(client, store.experiment_id)
+        half = client.create_logged_model(store.experiment_id, name="model", source_run_id=run_c)
+        assert str(getattr(half.status, "value", half.status)) == "PENDING"
+        version = log_and_register(run_c, store.ckpt, (40,), name, store.uri)
+    models = {
+        m.model_id: str(getattr(m.status, "value", m.status))
+        for m in client.search_logged_models(
+            experiment_ids=[store.experiment_id], filter_string=f"source_run_id = '{run_c}'"
+        )
+    }
+    assert models[half.model_id] == "FAILED"
+    registered = client.get_model_version(name, version).source.removeprefix("models:/")
+    assert registered != half.model_id and models[registered] == "READY"
+
+
 # ---------------------------------------------------------------------------- serving
 def _free_port() -> int:
     import socket

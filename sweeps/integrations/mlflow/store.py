@@ -399,7 +399,9 @@ class MlflowStore:
 
     # ------------------------------------------------------------------------ models and the registry
     def completed_export(self, run_id: str, export_format: str) -> str | None:
-        """Id of a logged model in `export_format` an earlier call completed on `run_id`, if any."""
+        """Id of a logged model in `export_format` an earlier call completed on `run_id`, if any. A model an
+        earlier call left half-written (still PENDING: the driver died while logging it) is finalized FAILED
+        here, so that no logged model of the run stays PENDING for ever."""
         experiment_id = self.get_run(run_id).info.experiment_id
         models = self.client.search_logged_models(
             experiment_ids=[experiment_id], filter_string=f"source_run_id = '{run_id}'"
@@ -409,6 +411,9 @@ class MlflowStore:
             for m in models
             if m.tags.get(TAG_EXPORT_COMPLETE) == "true" and m.tags.get(TAG_EXPORT_FORMAT) == export_format
         ]
+        for m in models:
+            if m.tags.get(TAG_EXPORT_COMPLETE) != "true" and str(getattr(m.status, "value", m.status)) == "PENDING":
+                self.client.finalize_logged_model(m.model_id, "FAILED")
         return max(done, key=lambda m: m.creation_timestamp).model_id if done else None
 
     def mark_export_complete(self, model_id: str) -> None:
