@@ -99,14 +99,42 @@ def test_sigterm_stops_like_ctrl_c_and_leaves_nothing_running(tmp_path):
         assert children and all(r.info.status in ("KILLED", "FINISHED") for r in children)
         assert _left(record, 10) == []
         assert not (tmp_path / "ray_results" / SESSIONS_DIR / f"{record['driver_pid']}.json").exists()
+        # --resume finishes the sweep, and every completed trial's run has its reliability diagrams, the
+        # trials that finished while the driver was stopping included
+        proc = launch(tmp_path, *ARGS, "--name", "term", "--resume", timeout=900)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        client = store(tmp_path)
+        parents, children = sweep_runs(client, "term")
+        assert parents[0].info.status == "FINISHED"
+        completed = [r for r in children if r.data.tags.get("calib.status") == "completed"]
+        assert completed
+        for run in completed:
+            names = {a.path for a in client.list_artifacts(run.info.run_id, "diagrams")}
+            assert {"diagrams/reliability_val.png", "diagrams/reliability_test.png"} <= names, (run.info.run_id, names)
     finally:
         _cleanup(driver, record)
 
 
-def test_sigkilled_driver_leftovers_are_stopped_by_the_next_run(tmp_path):
+def _wait_for_a_finished_trial(tmp_path: Path, name: str, driver: subprocess.Popen) -> None:
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        time.sleep(0.5)
+        assert driver.poll() is None, driver.stdout.read()[-3000:] if driver.stdout else ""
+        try:
+            if any(r.info.status == "FINISHED" for r in sweep_runs(store(tmp_path), name)[1]):
+                return
+        except Exception:
+            continue
+    raise AssertionError("no trial finished in time")
+
+
+@pytest.mark.parametrize("when", ["a trial started", "a trial finished"])
+def test_sigkilled_driver_leftovers_are_stopped_by_the_next_run(tmp_path, when):
     driver, record = _start(tmp_path, "killed"), None
     try:
         record = _wait_for_trial(tmp_path, "killed", driver)
+        if when == "a trial finished":
+            _wait_for_a_finished_trial(tmp_path, "killed", driver)
         os.kill(driver.pid, signal.SIGKILL)  # the driver only, not its children: it cannot clean up
         driver.wait(timeout=30)
         time.sleep(1)
