@@ -111,7 +111,7 @@ def _wait_for_epochs(client: MlflowClient, name: str, driver: subprocess.Popen, 
         assert driver.poll() is None, driver.stdout.read()[-3000:] if driver.stdout else ""
         try:
             children = sweep_runs(client, name)[1]
-            if any(len(client.get_metric_history(c.info.run_id, "epoch_time")) >= steps for c in children):
+            if children and any(len(client.get_metric_history(c.info.run_id, "epoch_time")) >= steps for c in children):
                 return
         except Exception:
             continue
@@ -143,11 +143,12 @@ def _kill(driver: subprocess.Popen) -> None:
 def test_outage_is_announced_once_and_waited_out(tmp_path):
     server = Server(tmp_path / "server")
     server.start()
-    # about a second per epoch here, so that most of the 15 epochs fall inside the 30 s outage
+    # about a second per epoch here, so that most of the 15 epochs fall inside the 30 s outage, which starts
+    # as soon as the first trial's run exists
     driver = _driver(tmp_path, server.url, "outage", "--set", "run.data.num_samples=16000")
     try:
         client = MlflowClient(server.url)
-        _wait_for_epochs(client, "outage", driver)
+        _wait_for_epochs(client, "outage", driver, steps=0)
         server.stop()
         t_down = time.time()
         time.sleep(30)

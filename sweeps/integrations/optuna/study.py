@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import TYPE_CHECKING, Any, cast
 
 from ray.tune.search.optuna import OptunaSearch
 
-from sweeps.integrations.ray.live_hooks import noted_run
+from sweeps.contract import MEMORY  # search.storage: the study only in Ray Tune's state
+from sweeps.integrations.ray.live_hooks import listen_for_runs, noted_run
 
 if TYPE_CHECKING:
     import optuna
 
 log = logging.getLogger(__name__)
-
-from sweeps.contract import MEMORY  # noqa: E402  (search.storage: the study only in Ray Tune's state)
 
 
 def make_storage(url: str) -> Any:
@@ -57,6 +57,16 @@ class SweepSearch(OptunaSearch):
         self._sweep = sweep
         super().__init__(*args, **kwargs)
 
+    def _record_run(self, trial_id: str, run_id: str) -> None:
+        """The study trial records its MLflow run as soon as the run exists (the tracking writer's thread)."""
+        ot_trial = self._ot_trials.get(trial_id)
+        if ot_trial is None or self._storage is None:
+            return
+        try:
+            ot_trial.set_user_attr("mlflow_run_id", run_id)
+        except Exception:  # noqa: BLE001 - already finished (the writer lagged): on_trial_complete tried first
+            log.debug("study trial of %s finished before its MLflow run was noted", trial_id)
+
     def _setup_study(self, mode: Any) -> None:
         super()._setup_study(mode)
         if self._storage is not None and isinstance(self._metric, list):
@@ -70,6 +80,8 @@ class SweepSearch(OptunaSearch):
 
     def suggest(self, trial_id: str) -> dict | None:
         """Sample a configuration; the study trial records the Tune trial id (shown in the dashboard)."""
+        if self._sweep:  # (again after a restore: the listener is this process's, not pickled)
+            listen_for_runs(self._sweep, self._record_run)
         params = super().suggest(trial_id)
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is not None and self._storage is not None:
@@ -90,6 +102,11 @@ class SweepSearch(OptunaSearch):
                 return
         if ot_trial is not None and self._storage is not None and trial_id not in self._completed_trials:
             run_id = noted_run(self._sweep, trial_id)
+            for _ in range(10):  # the tracking writer may be a moment behind: wait for it, briefly
+                if run_id:
+                    break
+                time.sleep(0.05)
+                run_id = noted_run(self._sweep, trial_id)
             if run_id:  # the last moment the study trial is open: it records its MLflow run
                 ot_trial.set_user_attr("mlflow_run_id", run_id)
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]

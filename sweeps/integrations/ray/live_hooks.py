@@ -35,9 +35,20 @@ _INSTALLED: dict[str, _Hooks] = {}
 _RUN_IDS: dict[tuple[str, str], str] = {}
 
 
+_RUN_LISTENERS: dict[str, Any] = {}
+
+
 def note_run(sweep: str, trial_id: str, run_id: str) -> None:
-    """Record the MLflow run of a trial of `sweep` (in this driver process)."""
+    """Record the MLflow run of a trial of `sweep` (in this driver process) and tell the sweep's listener."""
     _RUN_IDS[(sweep, trial_id)] = run_id
+    listener = _RUN_LISTENERS.get(sweep)
+    if listener is not None:
+        listener(trial_id, run_id)
+
+
+def listen_for_runs(sweep: str, listener: Any) -> None:
+    """Call `listener(trial_id, run_id)` whenever a run of `sweep` is noted (the Optuna searcher's)."""
+    _RUN_LISTENERS[sweep] = listener
 
 
 def noted_run(sweep: str, trial_id: str) -> str | None:
