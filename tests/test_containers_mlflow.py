@@ -141,8 +141,8 @@ def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):
     secrets = json.loads(json.dumps(stack.secrets))
     secrets["mlflow-db"]["backend-store-uri"] = old_dsn
     secrets["mlflow-db"]["auth-database-uri"] = old_dsn
-    cluster = Cluster(stack.resources, secrets, stack.cluster.workdir / "old")
-    cluster.network = stack.cluster.network  # same namespace: reach postgres and minio
+    # same namespace: the stack's network (postgres and minio), not one of its own
+    cluster = Cluster(stack.resources, secrets, stack.cluster.workdir / "old", network=stack.cluster.network)
     try:
         port = free_port()
         name, container = start_mlflow(cluster, stack.resources, "mlflow-old", port, service=False)

@@ -18,7 +18,7 @@ import yaml
 
 from tests import deploy_render as dr
 from tests.containers import images
-from tests.containers.harness import Cluster, find_template
+from tests.containers.harness import Cluster, find_template, leftover_networks
 
 ARTIFACTS = dr.REPO_ROOT / "test-artifacts" / "containers"
 # pytest keeps one instance of a session fixture per place it is found, and the test modules import
@@ -166,3 +166,6 @@ def stack(built_images, tmp_path_factory):
             (logs / f"{n.rsplit('-', 1)[0]}.log").write_text(cluster.logs(n))
         (logs / "init-containers.json").write_text(json.dumps(cluster.init_logs, indent=1))
         cluster.close()
+        # every test's Cluster is closed by now: no podman network may be left behind (issue #25 item 8)
+        left = leftover_networks()
+        assert not left, f"podman networks left behind: {left}"

@@ -59,20 +59,34 @@ def expand(text: str, env: dict[str, str]) -> str:
     )
 
 
+NETWORK_PREFIX = "calib-test-"
+
+
+def leftover_networks() -> list[str]:
+    """Podman networks a Cluster of these tests created and did not remove."""
+    out = podman("network", "ls", "--format", "{{.Name}}", check=False).stdout.split()
+    return [n for n in out if n.startswith(NETWORK_PREFIX)]
+
+
 class Cluster:
     """A podman network standing in for one namespace, with its Secrets and ConfigMaps."""
 
-    def __init__(self, resources: list[dict], secrets: dict[str, dict[str, str]], workdir: Path):
+    def __init__(
+        self, resources: list[dict], secrets: dict[str, dict[str, str]], workdir: Path, network: str | None = None
+    ):
         self.resources = resources
         self.namespace = dr.namespace_of(resources)
         self.secrets = secrets
         self.config_maps = {r["metadata"]["name"]: r.get("data", {}) for r in resources if r["kind"] == "ConfigMap"}
         self.workdir = workdir
         self.id = uuid.uuid4().hex[:8]
-        self.network = f"calib-test-{self.id}"
+        # `network`: join another Cluster's (same namespace); only a network created here is removed by close()
+        self.own_network = network is None
+        self.network = network or f"{NETWORK_PREFIX}{self.id}"
         self.containers: list[str] = []
         self.init_logs: dict[str, str] = {}
-        podman("network", "create", self.network)
+        if self.own_network:
+            podman("network", "create", self.network)
 
     # ------------------------------------------------------------------------------ pieces
     def service_aliases(self, labels: dict, ports: list[dict]) -> list[str]:
@@ -258,7 +272,8 @@ class Cluster:
     def close(self) -> None:
         for name in list(self.containers):
             self.stop(name)
-        podman("network", "rm", "-f", self.network, check=False)
+        if self.own_network:
+            podman("network", "rm", "-f", self.network, check=False)
         shutil.rmtree(self.workdir / "env", ignore_errors=True)
 
 
