@@ -318,20 +318,26 @@ def _findings(
         "(the rayjob head has 16 GiB).",
         f"- Ray GCS + raylet: {rows['Ray GCS + raylet peak RSS, MB'][i]:.0f} MB at {m} trials, nearly flat.",
         "",
-        "## What changed after this measurement (not yet measured at M = 1000)",
-        "",
-        "M = 10 and 100 ran the service as of commits 250a5cb-daa5bcb (2026-12-01; MLflow writes on Tune's event "
-        "loop) on a machine shared with other test runs (load average ~10); M = 1000 ran 1433ebf (MLflow writes on "
-        "a writer thread off Tune's loop), quieter towards its end. Two changes aimed at the misses landed after "
-        "it: (1) the bootstrap computes every metric only for the trials worth a closer look (the 32 lowest val "
-        "ECE, the 32 most accurate, the Pareto front, the champion) and accuracy, ECE and the rule's metric for "
-        "all, with identical resamples (tests/test_replicates_detail.py); on fabricated 180-row splits, under "
-        "load, that is 5 ms per trial for accuracy and ECE against 359 ms for every metric (without the "
-        "calibrated null; 41 against 545 ms with it), so the bootstrap at M = 1000 should fall well under the "
-        "30 s aim; (2) the model/data check runs in a child process, so the driver holds no torch (~670 MB "
-        "resident) until selection. `python benchmarks/bench_scale.py --trials 10,100,1000 --redo` measures "
-        "them.",
-        "",
+        *(
+            ["## Conditions", "", raw["conditions"], ""]
+            if raw.get("conditions")
+            else [
+                "## What changed after this measurement (not yet measured at M = 1000)",
+                "",
+                "M = 10 and 100 ran the service as of commits 250a5cb-daa5bcb (2026-12-01; MLflow writes on Tune's event "
+                "loop) on a machine shared with other test runs (load average ~10); M = 1000 ran 1433ebf (MLflow writes on "
+                "a writer thread off Tune's loop), quieter towards its end. Two changes aimed at the misses landed after "
+                "it: (1) the bootstrap computes every metric only for the trials worth a closer look (the 32 lowest val "
+                "ECE, the 32 most accurate, the Pareto front, the champion) and accuracy, ECE and the rule's metric for "
+                "all, with identical resamples (tests/test_replicates_detail.py); on fabricated 180-row splits, under "
+                "load, that is 5 ms per trial for accuracy and ECE against 359 ms for every metric (without the "
+                "calibrated null; 41 against 545 ms with it), so the bootstrap at M = 1000 should fall well under the "
+                "30 s aim; (2) the model/data check runs in a child process, so the driver holds no torch (~670 MB "
+                "resident) until selection. `python benchmarks/bench_scale.py --trials 10,100,1000 --redo` measures "
+                "them.",
+                "",
+            ]
+        ),
     ]
     return L
 
@@ -376,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sampler-sizes", default="10,100,1000,5000")
     p.add_argument("--timeout-s", type=float, default=3 * 3600)
     p.add_argument("--report-only", action="store_true")
-    p.add_argument("--redo", action="store_true", help="measure the sizes again even if the raw file has them")
+    p.add_argument("--redo", action="store_true", help="measure everything again even if the raw file has it")
+    p.add_argument("--redo-sweeps", action="store_true", help="measure the sweeps again, keep the sampler's")
     args = p.parse_args(argv)
     raw = read_json(RAW) if RAW.is_file() else {"sweeps": {}}
     if not args.report_only:
@@ -386,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             raw["sampler_s_per_ask"] = sampler_cost([int(x) for x in args.sampler_sizes.split(",")])
             write_json(RAW, raw)
         for m in (int(x) for x in args.trials.split(",")):
-            if str(m) in raw["sweeps"] and not args.redo:
+            if str(m) in raw["sweeps"] and not (args.redo or args.redo_sweeps):
                 continue
             print(f"[scale] M = {m} ...", flush=True)
             raw["sweeps"][str(m)] = run_sweep(m, args.timeout_s)
