@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -135,18 +136,25 @@ def test_interrupted_sweep_leaves_no_run_running(tmp_path):
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    deadline = time.time() + 300
+    # the driver's output is read as it comes (a full pipe would stall it on a loaded machine)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(driver.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 600
     started = False
     while time.time() < deadline and not started:
         time.sleep(1)
+        assert driver.poll() is None, "".join(lines)[-3000:]
         if (tmp_path / "mlflow.db").exists():
             try:
                 started = bool(sweep_runs(store(tmp_path), "interrupt")[1])
             except Exception:
                 continue
-    assert started, "no trial started in time"
+    assert started, "no trial started in time:\n" + "".join(lines)[-3000:]
     driver.send_signal(signal.SIGINT)  # what Ctrl+C sends
-    out, _ = driver.communicate(timeout=300)
+    driver.wait(timeout=300)
+    reader.join(timeout=30)
+    out = "".join(lines)
     assert driver.returncode != 0, out[-2000:]
     parents, children = sweep_runs(store(tmp_path), "interrupt")
     assert parents[0].info.status == "KILLED"
