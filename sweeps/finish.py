@@ -130,6 +130,7 @@ def write_report(
     why: str,
     gate: str,
     reps: Replicates,
+    board: Any,
 ) -> str | None:
     """The sweep's HTML report (sweeps/report/html.py), logged on the parent run as sweep/report.html and written
     into Ray Tune's experiment folder when that is local; the local path or None."""
@@ -137,7 +138,7 @@ def write_report(
 
     from calib_core.metrics import reliability_diagram
     from sweeps.integrations.optuna.study import param_importances
-    from sweeps.report.files import leaderboard, pareto_plot, pyplot
+    from sweeps.report.files import pareto_plot, pyplot
     from sweeps.report.html import REPORT_FILE, ReportLinks, render_report
 
     ok = [r for r in records if r.ok]
@@ -192,7 +193,7 @@ def write_report(
             why=why,
             gate=gate,
             level=reps.level,
-            board=leaderboard(records, chosen, reps, cfg.selection),
+            board=board,
             pareto_png=d / "pareto.png",
             diagrams=diagrams,
             importances=importances,

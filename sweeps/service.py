@@ -168,7 +168,7 @@ def _execute(
         version, alias, gate_line = register_champion(cfg, store, chosen, promote)
         mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial_id)
         report_path = write_report(
-            cfg, store, parent_id, experiment_id, exp_path, records, chosen, why, gate_line, reps
+            cfg, store, parent_id, experiment_id, exp_path, records, chosen, why, gate_line, reps, board
         )
         store.set_tags(parent_id, {NOTE_TAG: sweep_note(cfg, experiment_id, chosen, why, version, alias, gate_line)})
         store.terminate(parent_id, "FINISHED")

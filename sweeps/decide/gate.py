@@ -32,36 +32,32 @@ class GateDecision:
     old: dict[str, float] | None = None
 
 
+def _affine(stats: dict[str, Any], ndim: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, shift) with model input = raw * scale + shift, broadcastable over (N, ...) of `ndim` dimensions, for a
+    split's standardisation (`DataSplits.stats`: none, one scale, or mean/std per channel); None if unknown."""
+    if not stats:
+        return np.ones(1), np.zeros(1)
+    if set(stats) == {"scale"}:
+        return np.full(1, float(stats["scale"])), np.zeros(1)
+    if {"mean", "std"} <= set(stats):
+        mean, std = np.asarray(stats["mean"], dtype=np.float64), np.asarray(stats["std"], dtype=np.float64)
+        shape = (1, -1) + (1,) * (ndim - 2) if mean.size > 1 else (1,) * max(ndim, 1)
+        return (1.0 / std).reshape(shape), (-mean / std).reshape(shape)
+    return None
+
+
 def raw_inputs(x: np.ndarray, stats: dict[str, Any]) -> np.ndarray | None:
     """Undo a split's standardisation (`DataSplits.stats`): mean/std per channel or one scale; None if unknown."""
     x = np.asarray(x, dtype=np.float64)
-    if not stats:
-        return x
-    if set(stats) == {"scale"}:
-        return x / float(stats["scale"])
-    if {"mean", "std"} <= set(stats):
-        mean, std = np.asarray(stats["mean"], dtype=np.float64), np.asarray(stats["std"], dtype=np.float64)
-        shape = (1, -1) + (1,) * (x.ndim - 2) if x.ndim > 2 else (1, -1)
-        if x.ndim == 2 and mean.size == 1:
-            shape = (1, 1)
-        return x * std.reshape(shape) + mean.reshape(shape)
-    return None
+    ab = _affine(stats, x.ndim)
+    return None if ab is None else (x - ab[1]) / ab[0]
 
 
 def model_inputs(raw: np.ndarray, stats: dict[str, Any]) -> np.ndarray | None:
     """Apply a model's standardisation to raw rows (the inverse of `raw_inputs`); None if unknown."""
     raw = np.asarray(raw, dtype=np.float64)
-    if not stats:
-        return raw.astype(np.float32)
-    if set(stats) == {"scale"}:
-        return (raw * float(stats["scale"])).astype(np.float32)
-    if {"mean", "std"} <= set(stats):
-        mean, std = np.asarray(stats["mean"], dtype=np.float64), np.asarray(stats["std"], dtype=np.float64)
-        shape = (1, -1) + (1,) * (raw.ndim - 2) if raw.ndim > 2 else (1, -1)
-        if raw.ndim == 2 and mean.size == 1:
-            shape = (1, 1)
-        return ((raw - mean.reshape(shape)) / std.reshape(shape)).astype(np.float32)
-    return None
+    ab = _affine(stats, raw.ndim)
+    return None if ab is None else (raw * ab[0] + ab[1]).astype(np.float32)
 
 
 def row_hashes(raw: np.ndarray) -> np.ndarray:

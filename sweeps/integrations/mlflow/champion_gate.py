@@ -40,9 +40,10 @@ def _splits(run_config: dict[str, Any]) -> Any:
     return load_dataset(cfg.data, cfg.seed)
 
 
-def record_rows(store: MlflowStore, run_id: str, run_config: dict[str, Any]) -> dict[str, Any] | None:
-    """Log `gate/rows.npz` and `gate/data.json` on a champion's run (once); its data description, None if unknown."""
-    data = _splits(run_config)
+def record_rows(store: MlflowStore, run_id: str, run_config: dict[str, Any], data: Any = None) -> dict[str, Any] | None:
+    """Log `gate/rows.npz` and `gate/data.json` on a champion's run (once); its data description, None if unknown.
+    `data`: the run's splits when the caller has them already."""
+    data = _splits(run_config) if data is None else data
     if data.tasks is not None:
         return None  # multi-task models are not gated (yet)
     seen = []
@@ -90,15 +91,16 @@ def decide(
     *,
     level: float,
     num_bins: int,
+    data: Any = None,
 ) -> GateDecision:
     """Compare the new champion (its trial's stored test predictions) with the current one (loaded from the
-    registry) on the new test rows the current one never saw."""
+    registry) on the new test rows the current one never saw (`data`: the new run's splits, if loaded)."""
     current = store.client.get_model_version(model_name, current_version)
     record = _champion_record(store, current.run_id) if current.run_id else None
     if record is None:
         return GateDecision(False, f"version {current_version} has no record of its training rows ({GATE_DIR}/)")
     seen, old_desc = record
-    data = _splits(new_run_config)
+    data = _splits(new_run_config) if data is None else data
     if data.tasks is not None:
         return GateDecision(False, "multi-task models are not compared by the gate")
     if list(data.input_shape) != list(old_desc["input_shape"]) or int(data.num_classes) != int(old_desc["num_classes"]):
@@ -137,14 +139,15 @@ def move_alias(
     promote: bool = False,
 ) -> tuple[str, str]:
     """Point `@champion` (or `@challenger`) at the new version through the gate; (alias, one line saying why)."""
-    record_rows(store, run_id, run_config)
+    data = _splits(run_config)  # once: recorded for this version, and the gate's rows
+    record_rows(store, run_id, run_config, data)
     current = store.alias_version(model_name, CHAMPION_ALIAS)
     if current is None or current == version:
         alias, line = CHAMPION_ALIAS, ""
     elif promote:
         alias, line = CHAMPION_ALIAS, f"Champion gate: --promote: version {version} replaces version {current}"
     else:
-        d = decide(store, model_name, current, run_config, predictions, level=level, num_bins=num_bins)
+        d = decide(store, model_name, current, run_config, predictions, level=level, num_bins=num_bins, data=data)
         if d.promote:
             alias, line = CHAMPION_ALIAS, f"Champion gate: version {version} replaces version {current}: {d.reason}"
         else:
