@@ -148,7 +148,7 @@ def _execute(
         tracking.flush()  # what the trials reported reaches MLflow (raises the outage that stopped it)
         tracking.close()
         for results in grids:
-            deliver_missed_completions(results, store, experiment_id, cfg.name, tracking)
+            deliver_missed_completions(results, store, experiment_id, cfg.name, tracking, resumed=restoring)
         t_trials = time.perf_counter()
         records = [rec for results in grids for rec in trial_records(results, store, experiment_id, cfg.name)]
         incomplete = close_trials(cfg, store, experiment_id, parent_id, grids, records)

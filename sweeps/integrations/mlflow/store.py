@@ -376,6 +376,10 @@ class MlflowStore:
         for i in range(0, len(batch), MAX_METRICS):
             self.client.log_batch(run_id, metrics=batch[i : i + MAX_METRICS])
 
+    def metric_steps(self, run_id: str, key: str) -> set[int]:
+        """The steps at which the run logged `key`."""
+        return {m.step for m in self.client.get_metric_history(run_id, key)}
+
     def logged_steps(self, run: Any) -> set[tuple[str, int]]:
         """Every (metric, step) pair the run already has (a reattached trial never logs a step twice)."""
         rid = run.info.run_id

@@ -184,39 +184,70 @@ class UntilTrackingStops(tune.Callback):
         self._run("on_trial_error", iteration=iteration, trials=[], trial=trial)
 
 
+def _trial_id(res: Any) -> str:
+    """The Tune trial id of a result (from its metrics, else its folder name)."""
+    m = dict(res.metrics or {})
+    return str(m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1]) or "")
+
+
+def _epoch_rows(res: Any) -> list[dict[str, Any]]:
+    """Every result the trial reported (Tune's progress file: the runs before a restart too), numbers only."""
+    history = getattr(res, "metrics_dataframe", None)
+    rows = history.to_dict("records") if history is not None else []
+    return [
+        {k: v for k, v in row.items() if is_number(v) or k == "status" and isinstance(v, str)}
+        for row in rows
+        if is_finite_number(row.get("epoch"))
+    ]
+
+
+def _replay(inner: MLflowTrackingCallback, trial: Any, rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        inner.on_trial_result(iteration=0, trials=[], trial=trial, result=row)
+
+
 def deliver_missed_completions(
-    results: Any, store: MlflowStore, experiment_id: str, sweep: str, tracking: tune.Callback
+    results: Any, store: MlflowStore, experiment_id: str, sweep: str, tracking: tune.Callback, resumed: bool = False
 ) -> None:
-    """Trials that ended while their hooks could not reach MLflow (an outage past the limit, whose queued hooks
-    were dropped) are finished for Tune, which never calls their hooks again: their runs are created or
-    reattached now and replayed from Tune's own record of every result the trial reported (its progress file),
-    then completed (idempotent: a (metric, step) already logged is skipped, the note is appended once)."""
+    """Make the runs whole from Tune's own record of every result each trial reported (its progress file),
+    idempotently (a (metric, step) already logged is skipped, the note is appended once):
+
+    - trials that ended while their hooks could not reach MLflow (an outage past the limit, whose queued hooks
+      were dropped) are finished for Tune, which never calls their hooks again: their runs are created or
+      reattached now, replayed and completed;
+    - in a resumed sweep, epochs whose queued writes died with a killed driver (the writer runs behind Tune,
+      so Tune may have recorded a result, and restores the trial after it, that never reached MLflow) are
+      logged now; only runs missing an epoch are read in full.
+    """
     if not isinstance(tracking, UntilTrackingStops):
         return
+    inner = tracking.inner
     runs = {r.data.tags.get(TAG_TRIAL, ""): r for r in store.trial_runs(experiment_id, sweep)}
     for res in results:
         m = dict(res.metrics or {})
-        tid = str(m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1]) or "")
+        tid = _trial_id(res)
         run = runs.get(tid)
-        if not tid or (run is not None and run.info.status != "RUNNING"):
-            continue  # its run ended as it should
+        if not tid:
+            continue
+
+        def as_trial() -> SimpleNamespace:
+            return SimpleNamespace(
+                trial_id=tid, last_result=m, checkpoint=res.checkpoint, config=dict(res.config or {}), error_file=None
+            )
+
+        if run is not None and run.info.status != "RUNNING":  # its run ended as it should
+            if resumed:
+                rows = _epoch_rows(res)
+                logged = store.metric_steps(run.info.run_id, "epoch_time")
+                missing = [row for row in rows if "epoch_time" in row and int(row["epoch"]) not in logged]
+                if missing:
+                    _replay(inner, as_trial(), missing)
+            continue
         if not res.error and not m.get("status"):
             continue  # neither finished nor failed: an unfinished trial (resumed later)
-        trial = SimpleNamespace(
-            trial_id=tid, last_result=m, checkpoint=res.checkpoint, config=dict(res.config or {}), error_file=None
-        )
-        inner = tracking.inner
+        trial = as_trial()
         inner.run_id_for(trial)
-        history = getattr(res, "metrics_dataframe", None)
-        rows = history.to_dict("records") if history is not None else []
-        for row in rows:  # every reported result, the final one too (its last epoch's curves)
-            if is_finite_number(row.get("epoch")):
-                inner.on_trial_result(
-                    iteration=0,
-                    trials=[],
-                    trial=trial,
-                    result={k: v for k, v in row.items() if is_number(v) or k == "status" and isinstance(v, str)},
-                )
+        _replay(inner, trial, _epoch_rows(res))  # every reported result, the final one too (its last curves)
         if res.error:
             inner.on_trial_error(iteration=0, trials=[], trial=trial)
         else:
