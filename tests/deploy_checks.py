@@ -357,26 +357,34 @@ def check_tracking_uri(resources: list[dict]) -> list[str]:
 
 
 def check_mlflow_migrates_before_start(resources: list[dict]) -> list[str]:
-    """The MLflow pod waits for its database and runs `mlflow db upgrade` before the server."""
+    """The MLflow pod waits for its database, plans, backs up and runs `mlflow db upgrade`, in that order,
+    before the server; the MLflow steps run the server's image (same MLflow version)."""
     dep = next((r for r in resources if r["kind"] == "Deployment" and r["metadata"]["name"] == "mlflow"), None)
     if dep is None:
         return ["no MLflow Deployment"]
     spec = dep["spec"]["template"]["spec"]
     inits = spec.get("initContainers", [])
     commands = [" ".join(c.get("command", []) + c.get("args", [])) for c in inits]
-    problems = []
-    wait = next((i for i, c in enumerate(commands) if re.search(r"mlflow-db-upgrade wait|pg_isready", c)), None)
-    upgrade = next(
-        (i for i, c in enumerate(commands) if re.search(r"mlflow-db-upgrade upgrade|mlflow db upgrade", c)), None
-    )
-    if wait is None:
-        problems.append("mlflow: no init container waits for the database")
-    if upgrade is None:
-        problems.append("mlflow: no init container runs the schema migration (mlflow db upgrade)")
-    if wait is not None and upgrade is not None and wait > upgrade:
-        problems.append("mlflow: the migration runs before the database is ready")
+    steps = {
+        "waits for the database": r"mlflow-db-upgrade wait|pg_isready",
+        "plans the migration": r"mlflow-db-upgrade plan",
+        "backs the database up (pg_dump)": r"pg_dump",
+        "runs the schema migration (mlflow db upgrade)": r"mlflow-db-upgrade upgrade|mlflow db upgrade",
+    }
+    problems, order = [], []
+    for what, pattern in steps.items():
+        at = next((i for i, c in enumerate(commands) if re.search(pattern, c)), None)
+        if at is None:
+            problems.append(f"mlflow: no init container {what}")
+        else:
+            order.append((what, at))
+    for (first, i), (then, j) in zip(order, order[1:]):
+        if i > j:
+            problems.append(f"mlflow: the init container that {then} runs before the one that {first}")
     main_image = spec["containers"][0]["image"]
-    for c in inits:
+    for c, cmd in zip(inits, commands):
+        if "pg_dump" in cmd:
+            continue  # PostgreSQL's image: its pg_dump
         if c["image"] != main_image:
             problems.append(f"mlflow: init container {c['name']} must run the server's image (same MLflow version)")
         env = {e["name"] for e in c.get("env", [])}
@@ -446,6 +454,8 @@ def check_telemetry_off(resources: list[dict]) -> list[str]:
         if not (where.startswith(RAY_KINDS) and "submitter" not in where or where == "Deployment/mlflow"):
             continue
         for c in spec["containers"] + spec.get("initContainers", []):
+            if "postgres" in c["image"]:  # the backup step's pg_dump: no MLflow in it
+                continue
             env = container_env(resources, c)
             for k, v in TELEMETRY_OFF.items():
                 if (env.get(k) or "").lower() != v:

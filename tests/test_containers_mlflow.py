@@ -5,7 +5,8 @@ from its pod template by tests/containers/harness.py. Checked: basic auth (401 w
 credentials), a sweep from outside (this virtualenv, through published ports as `kubectl
 port-forward` would) logging with the tracking credentials to a registered champion, its Optuna
 study in the stack's PostgreSQL, its artifacts in the S3 bucket, and a database created by an older MLflow
-release brought up to date by the migration init container (and refused without it)."""
+release backed up, migrated by the init containers before any server starts (a control without the
+migration step stays at the old revision), restored from its backup into a fresh PostgreSQL and served."""
 
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests import deploy_render as dr
 from tests.containers import images
 from tests.containers.fixtures import built_images, free_port, stack, start_mlflow  # noqa: F401
 from tests.containers.fixtures import http as _http
-from tests.containers.harness import Cluster, podman
+from tests.containers.harness import Cluster, find_template, podman
 
 pytestmark = pytest.mark.container
 PREVIOUS_MLFLOW = "3.1.0"
@@ -29,6 +32,9 @@ PREVIOUS_MLFLOW = "3.1.0"
 
 def test_migration_and_db_check_ran_before_the_server(stack):
     assert "database is ready" in stack.cluster.init_logs["mlflow-0/wait-for-db"]
+    # a new database: nothing to back up
+    assert "no migration, no backup needed" in stack.cluster.init_logs["mlflow-0/db-plan"]
+    assert "no schema change pending: no backup" in stack.cluster.init_logs["mlflow-0/db-backup"]
     assert "schemas are current" in stack.cluster.init_logs["mlflow-0/db-upgrade"]
     status, _ = _http(f"{stack.url}/health")
     assert status == 200
@@ -118,44 +124,122 @@ def test_sweep_from_outside_logs_to_the_stack_and_artifacts_land_in_s3(stack, tm
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"], study.trials
 
 
-def test_an_older_mlflow_database_is_migrated_by_the_init_container(stack):
-    """A database created by MLflow 3.1.0 (with SQLAlchemy 2.0 and psycopg2, what it ran with; an
-    experiment in it) is migrated by the db-upgrade init container, and the server comes up with
-    the data. (Without the init container MLflow 3.17's server migrates such a database itself at
-    the first request, from each of its --workers processes at once: the init container makes it
-    one migration, before any server process.)"""
+def _sql(container: str, db: str, query: str) -> str:
+    """One value from psql inside the PostgreSQL container (its local socket)."""
+    return podman("exec", container, "psql", "-U", "mlflow", "-d", db, "-tAc", query).stdout.strip()
+
+
+def _mlflow_pod_with(stack, db: str, root: Path) -> tuple[Cluster, dict, list[dict]]:
+    """A Cluster on the stack's network whose Secret mlflow-db points at database `db`, and the MLflow pod."""
+    password = stack.secrets["postgres-credentials"]["password"]
+    secrets = json.loads(json.dumps(stack.secrets))
+    secrets["mlflow-db"]["backend-store-uri"] = f"postgresql://mlflow:{password}@postgres:5432/{db}"
+    secrets["mlflow-db"]["auth-database-uri"] = secrets["mlflow-db"]["backend-store-uri"]
+    # same namespace: the stack's network (postgres and minio), not one of its own
+    cluster = Cluster(stack.resources, secrets, root, network=stack.cluster.network)
+    dep = find_template(stack.resources, "Deployment", "mlflow")
+    return cluster, dep, dep["spec"]["initContainers"]
+
+
+def test_an_older_database_is_backed_up_migrated_before_any_server_and_restorable(stack):
+    """A database created by MLflow 3.1.0 (with SQLAlchemy 2.0 and psycopg2, what it ran with: an experiment and a
+    run with a metric) goes through the MLflow pod's init containers alone, no server started: the plan finds the
+    pending change, the backup step dumps it to the PVC, the migration brings the schema to this MLflow's head
+    revision. The control, a copy of the same database through the same init containers without `db-upgrade`,
+    stays at the old revision (so the check fails when the migration is missing; without the init containers
+    MLflow 3.17's server would migrate it itself at its first request, from each --workers process and with no
+    backup). The dump restores, with the restore Job of deploy/restore, into a fresh PostgreSQL and reads back
+    at the old revision with its run; the server then serves the migrated database."""
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    head = _get_latest_schema_revision()  # this checkout's MLflow: the image's version (a test checks the pin)
     pg = next(n for n in stack.cluster.containers if n.startswith("postgres-0"))
     podman("exec", pg, "psql", "-U", "mlflow", "-d", "mlflow", "-c", "CREATE DATABASE mlflow_old")
     password = stack.secrets["postgres-credentials"]["password"]
-    old_dsn = f"postgresql://mlflow:{password}@postgres:5432/mlflow_old"
     script = (
         f"pip install -q 'mlflow=={PREVIOUS_MLFLOW}' 'sqlalchemy<2.1' psycopg2-binary && "
-        'python -c "import os, mlflow; '
-        "mlflow.MlflowClient(os.environ['DSN']).create_experiment('made-by-previous-mlflow'); "
-        "print('previous', mlflow.__version__)\""
+        "python -c \"import os, mlflow; c = mlflow.MlflowClient(os.environ['DSN']); "
+        "e = c.create_experiment('made-by-previous-mlflow'); r = c.create_run(e, run_name='old-run'); "
+        "c.log_metric(r.info.run_id, 'val_ece', 0.125); print('previous', mlflow.__version__)\""
     )
     proc = images.run_in_network(
-        stack.cluster.network, images.qualify("python:3.11.13-slim-bookworm"), script, env={"DSN": old_dsn}
+        stack.cluster.network,
+        images.qualify("python:3.11.13-slim-bookworm"),
+        script,
+        env={"DSN": f"postgresql://mlflow:{password}@postgres:5432/mlflow_old"},
     )
-    assert "previous " + PREVIOUS_MLFLOW in proc.stdout, proc.stdout[-4000:]
-    secrets = json.loads(json.dumps(stack.secrets))
-    secrets["mlflow-db"]["backend-store-uri"] = old_dsn
-    secrets["mlflow-db"]["auth-database-uri"] = old_dsn
-    # same namespace: the stack's network (postgres and minio), not one of its own
-    cluster = Cluster(stack.resources, secrets, stack.cluster.workdir / "old", network=stack.cluster.network)
+    assert "previous " + PREVIOUS_MLFLOW in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
+    before = _sql(pg, "mlflow_old", "SELECT version_num FROM alembic_version")
+    assert before and before != head, (before, head)
+    podman("exec", pg, "psql", "-U", "mlflow", "-d", "mlflow", "-c", "CREATE DATABASE mlflow_ctrl TEMPLATE mlflow_old")
+
+    root = stack.cluster.workdir / "old"
+    logs: dict[str, str] = {}
+    restore_cluster = None
     try:
+        # control: the same init containers without the migration step
+        ctrl, dep, inits = _mlflow_pod_with(stack, "mlflow_ctrl", root / "control")
+        dep["spec"]["initContainers"] = [c for c in inits if c["name"] != "db-upgrade"]
+        ctrl.run_pod("mlflow-ctrl", dep, containers=[])
+        logs.update(ctrl.init_logs)
+        assert "migration pending" in ctrl.init_logs["mlflow-ctrl/db-plan"], ctrl.init_logs
+        assert _sql(pg, "mlflow_ctrl", "SELECT version_num FROM alembic_version") == before
+
+        # the init containers as deployed, and no server
+        cluster, dep, inits = _mlflow_pod_with(stack, "mlflow_old", root / "migrated")
+        assert [c["name"] for c in inits] == ["wait-for-db", "db-plan", "db-backup", "db-upgrade"]
+        cluster.run_pod("mlflow-old", dep, containers=[])
+        logs.update(cluster.init_logs)
+        assert f"tracking schema {before} -> {head}" in cluster.init_logs["mlflow-old/db-plan"], cluster.init_logs
+        assert "backup written: /backups/tracking-" in cluster.init_logs["mlflow-old/db-backup"], cluster.init_logs
+        assert "schemas are current" in cluster.init_logs["mlflow-old/db-upgrade"], cluster.init_logs
+        assert _sql(pg, "mlflow_old", "SELECT version_num FROM alembic_version") == head
+        backups = root / "migrated" / "pvc" / "mlflow-db-backups"
+        dumps = sorted(backups.glob("tracking-*.dump"))
+        assert len(dumps) == 1 and dumps[0].stat().st_size > 0, list(backups.iterdir())
+        assert f"{before} -> {head}" in dumps[0].with_name(dumps[0].name + ".txt").read_text()
+        assert not (root / "migrated" / "pods" / "mlflow-old" / "db-plan" / "pg_service.conf").exists()
+
+        # a second start finds nothing to do: no new backup
+        cluster.run_pod("mlflow-old", dep, containers=[])
+        assert "no migration, no backup needed" in cluster.init_logs["mlflow-old/db-plan"]
+        assert "no schema change pending" in cluster.init_logs["mlflow-old/db-backup"]
+        assert len(list(backups.glob("tracking-*.dump"))) == 1
+
+        # restore into a fresh PostgreSQL with the restore Job, as deploy/README.md says
+        restore_cluster, _, _ = _mlflow_pod_with(stack, "mlflow", root / "migrated")
+        tpl = find_template(stack.resources, "StatefulSet", "postgres")
+        tpl["metadata"] = {"labels": {}}  # not the `postgres` Service: a server of its own
+        fresh = restore_cluster.run_pod("postgres-restore", tpl)["postgres"]
+        restore_cluster.wait_ready(fresh, tpl["spec"]["containers"][0], timeout=180)
+        restore_cluster.secrets["mlflow-db"]["backend-store-uri"] = (
+            f"postgresql://mlflow:{password}@{fresh}:5432/mlflow"
+        )
+        job = yaml.safe_load((images.REPO / "deploy" / "restore" / "mlflow-db-restore-job.yaml").read_text())
+        spec = job["spec"]["template"]["spec"]
+        out = restore_cluster.run_container("mlflow-db-restore", spec, spec["containers"][0], labels={}, detach=False)
+        logs["restore"] = out.stdout + out.stderr
+        assert out.returncode == 0 and "restored /backups/tracking-" in out.stdout, logs["restore"]
+        assert _sql(fresh, "mlflow", "SELECT version_num FROM alembic_version") == before
+        assert _sql(fresh, "mlflow", "SELECT name FROM experiments WHERE name = 'made-by-previous-mlflow'")
+        assert _sql(fresh, "mlflow", "SELECT r.name || ':' || m.value FROM runs r JOIN metrics m USING (run_uuid)") == (
+            "old-run:0.125"
+        )
+        again = restore_cluster.run_container("mlflow-db-restore", spec, spec["containers"][0], labels={}, detach=False)
+        assert again.returncode != 0 and "restore into an empty database" in again.stderr, again.stderr
+
+        # the server on the migrated database, its init containers already run
         port = free_port()
-        name, container = start_mlflow(cluster, stack.resources, "mlflow-old", port, service=False)
+        name, container = start_mlflow(cluster, stack.resources, "mlflow-old", port, with_init=False, service=False)
         cluster.wait_ready(name, container, timeout=300)
-        upgrade_log = cluster.init_logs["mlflow-old/db-upgrade"]
-        assert "upgrading the tracking schema" in upgrade_log, upgrade_log[-3000:]
-        assert "schemas are current" in upgrade_log, upgrade_log[-3000:]
         status, body = _http(
             f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=made-by-previous-mlflow",
             stack.auth,
         )
         assert status == 200, body
     finally:
-        (stack.logs / "old-db-init.json").write_text(json.dumps(cluster.init_logs, indent=1))
-        for n in list(cluster.containers):
-            cluster.stop(n)
+        (stack.logs / "old-db-init.json").write_text(json.dumps(logs, indent=1))
+        for c in (locals().get("ctrl"), locals().get("cluster"), restore_cluster):
+            if c is not None:
+                for n in list(c.containers):
+                    c.stop(n)

@@ -18,7 +18,7 @@ def test_check_passes(overlay, check):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=[o.name for o in OVERLAYS])
-def test_persistent_part_holds_namespace_and_dataset_cache(overlay):
+def test_persistent_part_holds_namespace_dataset_cache_and_backups(overlay):
     persistent = dr.render(dr.persistent_dir(overlay))
     kinds = {(r["kind"], r["metadata"]["name"]) for r in persistent}
     resources = dr.render(overlay)
@@ -30,10 +30,12 @@ def test_persistent_part_holds_namespace_and_dataset_cache(overlay):
         for v in spec.get("volumes", [])
         if "persistentVolumeClaim" in v
     }
-    assert claims == {"ray-datasets"}
+    assert claims == {"ray-datasets", "mlflow-db-backups"}
     for claim in claims:
         pvc = next(r for r in persistent if r["kind"] == "PersistentVolumeClaim" and r["metadata"]["name"] == claim)
         assert pvc["metadata"]["namespace"] == ns
+        if claim == "mlflow-db-backups":
+            continue  # one pod (Recreate) writes it
         modes = pvc["spec"]["accessModes"]
         max_workers = max(
             g["maxReplicas"] for r in dc.ray_objects(resources) for g in dr.ray_cluster_spec(r)["workerGroupSpecs"]

@@ -20,9 +20,7 @@ def _setup(tmp_path):
     for step in (1, 3):
         store.log_metrics(rid, {"epoch_time": 0.5, "val_ece": 0.1 * step}, step=step)
     store.terminate(rid, "FINISHED")
-    rows = [
-        {"epoch": e, "epoch_time": 0.5, "val_ece": 0.1 * e, "trial_id": "a0001", "done": e == 3} for e in (1, 2, 3)
-    ]
+    rows = [{"epoch": e, "epoch_time": 0.5, "val_ece": 0.1 * e, "trial_id": "a0001", "done": e == 3} for e in (1, 2, 3)]
     res = SimpleNamespace(
         metrics={"trial_id": "a0001", "status": "completed", "epoch": 3},
         path=str(tmp_path / "trial_a0001"),

@@ -133,8 +133,10 @@ class Cluster:
         args = []
         for m in c.get("volumeMounts", []):
             v = volumes[m["name"]]
-            ro = ",ro" if m.get("readOnly") else ""
-            if "emptyDir" in v and v["emptyDir"].get("medium") == "Memory":
+            ro = ":ro" if m.get("readOnly") else ""
+            # an in-memory emptyDir shared by several containers of the pod (not /dev/shm) is a shared
+            # host folder here: a podman tmpfs volume is a new tmpfs in every container
+            if "emptyDir" in v and v["emptyDir"].get("medium") == "Memory" and m["mountPath"] == "/dev/shm":
                 size = int(dc.quantity(v["emptyDir"].get("sizeLimit", "64Mi")))
                 args += ["--mount", f"type=tmpfs,destination={m['mountPath']},tmpfs-size={size},tmpfs-mode=1777"]
                 continue
