@@ -4,6 +4,7 @@ overlay (Namespace, dataset cache) is what the service refers to."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from tests import deploy_checks as dc
 from tests import deploy_render as dr
@@ -60,3 +61,24 @@ def test_statefulset_volumes_are_retained():
 def test_quantity_parser():
     assert dc.quantity("10Gi") == 10 * 2**30 and dc.quantity("500m") == 0.5 and dc.quantity(3) == 3.0
     assert dc.quantity("2000000000") == 2e9 and dc.quantity("1G") == 1e9
+
+
+def test_restore_job_is_hardened_valid_and_reaches_the_database():
+    """deploy/restore's Job (applied by hand) passes the same hardening and schema checks as the overlays, mounts
+    the backups PVC read-only, and carries the label the overlays' egress policies to PostgreSQL select."""
+    job = yaml.safe_load((dr.DEPLOY / "restore" / "mlflow-db-restore-job.yaml").read_text())
+    assert dc.check_pod_hardening([job]) == []
+    assert dc.check_schemas([job]) == []
+    spec = job["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    claim = next(v for v in spec["volumes"] if "persistentVolumeClaim" in v)
+    assert claim["persistentVolumeClaim"]["claimName"] == "mlflow-db-backups" and mounts[claim["name"]]["readOnly"]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    for overlay in OVERLAYS:
+        selectors = [
+            r["spec"]["podSelector"].get("matchLabels", {})
+            for r in dr.render(overlay)
+            if r["kind"] == "NetworkPolicy"
+            and any(p.get("port") == 5432 for e in r["spec"].get("egress", []) for p in e.get("ports", []))
+        ]
+        assert any(sel and all(labels.get(k) == v for k, v in sel.items()) for sel in selectors), overlay.name
