@@ -551,7 +551,7 @@ def _schema_errors(text: str) -> tuple[str, ...]:
         try:
             kubernetes_validate.validate(r, K8S_LATEST, strict=True)
         except kubernetes_validate.ValidationError as e:
-            return (f"{r['kind']}/{r['metadata']['name']}: {e.message}",)
+            return (f"{r['kind']}/{r['metadata'].get('name') or r['metadata'].get('generateName')}: {e.message}",)
         return ()
     if r["kind"] in RAY_KINDS:
         return tuple(f"{_where(r)}: {e}" for e in kuberay_errors(r))
