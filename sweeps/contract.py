@@ -22,6 +22,9 @@ PREDICTIONS_FILE = "predictions.npz"  # val/test probabilities and labels (sweep
 SUMMARY_FILE = "summary.json"  # run config, input shape, tasks, calibrator info, status
 FINAL_FILE = "final.json"  # the final report itself: a restarted finished trial reports it again
 SHIFT_FILE = "shift.json"  # accuracy and ECE per corruption and severity (evaluation.shift)
+# The trial's report files (reliability diagrams, shift tables, per-task table), drawn by the trial itself
+# (it has torch and the arrays already): REPORT_DIR/<artifact folder>/<file>, logged as they lie.
+REPORT_DIR = "report"
 
 # ---------------------------------------------------------------------------- metric keys
 SPLITS = ("val", "test")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import signal
 import threading
 import time
@@ -42,6 +43,7 @@ from sweeps.integrations.ray.tuner import (
     grow_sweep,
     grown_to,
     make_trainable,
+    result_loggers,
     should_restore,
 )
 from sweeps.report.summary import intro, print_summary, sweep_note
@@ -120,12 +122,14 @@ def _execute(
     callbacks = [
         tracking,
         progress,
-        PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial),
-    ]  # end a hopeless wait
+        PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial),  # ends a hopeless wait
+        *result_loggers(),
+    ]
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
     trainable = make_trainable(cfg, verbose)
 
     t_start = time.perf_counter()
+    rss: dict[str, float] = {}  # the driver's peak RSS so far, MB, at the end of each phase
     if not cluster:  # a SIGKILLed driver's local Ray processes: stopped before this one starts its own
         reap_stale(cfg.storage_path)
     with (
@@ -143,6 +147,7 @@ def _execute(
             else build_tuner(cfg, trainable)
         )
         t_fit = time.perf_counter()
+        rss["fit"] = peak_rss_mb()
         grids = [fit_resuming_lost_workers(tuner, exp_path, trainable, cfg.resources.max_failures)]
         grids += grow_sweep(cfg, store, parent_id, grids[0], grown, trainable, progress, grow)
         tracking.flush()  # what the trials reported reaches MLflow (raises the outage that stopped it)
@@ -150,6 +155,7 @@ def _execute(
         for results in grids:
             deliver_missed_completions(results, store, experiment_id, cfg.name, tracking, resumed=restoring)
         t_trials = time.perf_counter()
+        rss["trials"] = peak_rss_mb()
         records = [rec for results in grids for rec in trial_records(results, store, experiment_id, cfg.name)]
         incomplete = close_trials(cfg, store, experiment_id, parent_id, grids, records)
     if incomplete:
@@ -158,13 +164,16 @@ def _execute(
         try:
             reps = sweep_replicates(records, cfg)
             t_reps = time.perf_counter()
+            rss["reps"] = peak_rss_mb()
             chosen, why = select(records, cfg.selection, reps)
             add_detail(reps, records, cfg, chosen.trial_id)
         except ValueError as exc:
             raise SweepError(str(exc)) from None
         t_select = time.perf_counter()
+        rss["select"] = peak_rss_mb()
         board, ranks = log_selection(store, parent_id, records, chosen, why, reps, cfg)
         t_report = time.perf_counter()
+        rss["report"] = peak_rss_mb()
         version, alias, gate_line = register_champion(cfg, store, chosen, promote)
         mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial_id)
         report_path = write_report(
@@ -173,6 +182,7 @@ def _execute(
         store.set_tags(parent_id, {NOTE_TAG: sweep_note(cfg, experiment_id, chosen, why, version, alias, gate_line)})
         store.terminate(parent_id, "FINISHED")
         t_end = time.perf_counter()
+        rss["end"] = peak_rss_mb()
     print_summary(board, ranks, why, cfg, version, alias, experiment_id, verbose)
     if gate_line:
         print(gate_line)
@@ -186,12 +196,14 @@ def _execute(
         "select_s": t_select - t_reps,
         "report_s": t_report - t_select,
         "registration_s": t_end - t_report,
+        **{f"peak_rss_mb_{phase}": mb for phase, mb in rss.items()},
     }
     print(
         f"Timing: Ray start {t_fit - t_start:.1f}s, trials {t_trials - t_fit:.1f}s, "
         f"selection and registration {t_end - t_trials:.1f}s (bootstrap {t_reps - t_trials:.1f}s, "
         f"rule {t_select - t_reps:.1f}s, report files {t_report - t_select:.1f}s, "
-        f"registration {t_end - t_report:.1f}s)"
+        f"registration {t_end - t_report:.1f}s); driver peak RSS {rss['end'] / 1e3:.2f} GB "
+        f"({rss['trials'] / 1e3:.2f} GB before selection)"
     )
     intervals = {tid: {k: _float_pair(reps.interval(tid, k)) for k in reps.values[tid]} for tid in reps.values}
     return SweepResult(
@@ -216,6 +228,11 @@ def _execute(
         alias=alias,
         gate=gate_line,
     )
+
+
+def peak_rss_mb() -> float:
+    """The driver process's peak resident memory so far, MB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 
 
 def _float_pair(interval: tuple[float, float]) -> tuple[float, float]:

@@ -201,6 +201,17 @@ def _epoch_rows(res: Any) -> list[dict[str, Any]]:
     ]
 
 
+def _as_trial(tid: str, res: Any) -> SimpleNamespace:
+    """What the tracking callback reads of a Tune trial, from its result."""
+    return SimpleNamespace(
+        trial_id=tid,
+        last_result=dict(res.metrics or {}),
+        checkpoint=res.checkpoint,
+        config=dict(res.config or {}),
+        error_file=None,
+    )
+
+
 def _replay(inner: MLflowTrackingCallback, trial: Any, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         inner.on_trial_result(iteration=0, trials=[], trial=trial, result=row)
@@ -230,22 +241,17 @@ def deliver_missed_completions(
         if not tid:
             continue
 
-        def as_trial() -> SimpleNamespace:
-            return SimpleNamespace(
-                trial_id=tid, last_result=m, checkpoint=res.checkpoint, config=dict(res.config or {}), error_file=None
-            )
-
         if run is not None and run.info.status != "RUNNING":  # its run ended as it should
             if resumed:
                 rows = _epoch_rows(res)
                 logged = store.metric_steps(run.info.run_id, "epoch_time")
                 missing = [row for row in rows if "epoch_time" in row and int(row["epoch"]) not in logged]
                 if missing:
-                    _replay(inner, as_trial(), missing)
+                    _replay(inner, _as_trial(tid, res), missing)
             continue
         if not res.error and not m.get("status"):
             continue  # neither finished nor failed: an unfinished trial (resumed later)
-        trial = as_trial()
+        trial = _as_trial(tid, res)
         inner.run_id_for(trial)
         _replay(inner, trial, _epoch_rows(res))  # every reported result, the final one too (its last curves)
         if res.error:

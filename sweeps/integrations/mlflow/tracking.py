@@ -20,6 +20,7 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY
     NOTE_TAG,
     PARENT_TAG,
     PREDICTIONS_FILE,
+    REPORT_DIR,
     ROLE_TRIAL,
     STOPPED_EARLY,
     TAG_GIT_COMMIT,
@@ -238,18 +239,23 @@ class MLflowTrackingCallback(tune.Callback):
         self.store.terminate(run_id, status)
 
     def _log_trial_artifacts(self, run_id: str, trial: Any) -> None:
-        """The predictions, then the trial's report files (sweeps.report.files.trial_report_files)."""
-        from sweeps.report.files import trial_report_files
-
+        """The predictions, then the report files the trial drew (REPORT_DIR: <artifact folder>/<file>); a
+        checkpoint from before trials drew their own (a resumed older sweep) gets them drawn here."""
         ckpt = trial.checkpoint
         if ckpt is None:
             return
         with ckpt.as_directory() as d, tempfile.TemporaryDirectory() as out:
             # kept with the run so paired statistics and any metric can be recomputed later
             self.store.log_artifacts(run_id, [(Path(d) / PREDICTIONS_FILE, "predictions")])
-            files = trial_report_files(
-                Path(d), Path(out), trial.last_result or {}, num_bins=self.num_bins, title=describe_params(trial.config)
-            )
+            drawn = Path(d) / REPORT_DIR
+            if drawn.is_dir():
+                files = [(f, f.parent.relative_to(drawn).as_posix().strip(".") or None) for f in drawn.rglob("*")]
+                files = [(f, folder) for f, folder in sorted(files) if f.is_file()]
+            else:
+                from sweeps.report.files import trial_report_files
+
+                title = describe_params(trial.config)
+                files = trial_report_files(Path(d), Path(out), trial.last_result or {}, self.num_bins, title)
             self.store.log_artifacts(run_id, files)
 
 

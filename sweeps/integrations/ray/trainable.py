@@ -27,6 +27,7 @@ from sweeps.contract import (
     MODEL_SPEC_FILE,
     OOD_SCORES,
     PREDICTIONS_FILE,
+    REPORT_DIR,
     SHIFT_FILE,
     SPLITS,
     STATE_FILE,
@@ -35,7 +36,7 @@ from sweeps.contract import (
     is_number,
     metric_key,
 )
-from sweeps.integrations.optuna.search_space import resolve_run_config
+from sweeps.integrations.optuna.search_space import describe_params, resolve_run_config
 
 # torch and calib_core's data and trainer are imported where used: the sweep's driver imports this
 # module for `train_trial` and never trains; a trial process imports them when it starts.
@@ -172,7 +173,7 @@ def train_trial(
         _maybe_inject_fault(report.epoch)
 
     result = trainer.fit(on_epoch=on_epoch, resume_state=resume_state)
-    _report_final(trainer, result, run_cfg, data, evaluation, last_epoch)
+    _report_final(trainer, result, run_cfg, data, evaluation, last_epoch, title=describe_params(config))
 
 
 def _ood_scores(result: Any, data: Any, run_cfg: RunConfig, kind: str) -> dict[str, float]:
@@ -270,8 +271,10 @@ def _report_final(
     data: Any,
     evaluation: EvaluationConfig,
     last_epoch: dict[str, float] | None = None,
+    title: str = "",
 ) -> None:
-    """Last report: final val/test metrics plus the model and predictions for the driver.
+    """Last report: final val/test metrics plus the model, predictions and report files for the driver
+    (`title`: the trial's label on its diagrams).
 
     It is also the report of the last epoch (`last_epoch`: its train loss, epoch time, lr; the
     validation metrics are the final ones), so a trial that trains all its epochs has exactly
@@ -339,4 +342,18 @@ def _report_final(
         )
         final = _lead_columns(_finite(final))
         (Path(d) / FINAL_FILE).write_text(json.dumps(final))
+        if result.status == "completed":
+            _draw_report(Path(d), final, run_cfg.train.num_bins, title)
         tune.report(final, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def _draw_report(ckpt: Path, final: dict[str, Any], num_bins: int, title: str) -> None:
+    """The trial's report files under ckpt/REPORT_DIR/<artifact folder>/: drawn here, where torch and the
+    predictions already are, so the driver only uploads them (it never imports torch for them)."""
+    from sweeps.report.files import trial_report_files
+
+    with tempfile.TemporaryDirectory() as out:
+        for path, folder in trial_report_files(ckpt, Path(out), final, num_bins=num_bins, title=title):
+            dest = ckpt / REPORT_DIR / (folder or ".") / Path(path).name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            Path(path).replace(dest)

@@ -33,6 +33,9 @@ def connect_ray(cluster: bool, plugins: list[str]) -> str | None:
     # Snapshot the experiment often: a trial started after the last snapshot is lost if the
     # driver dies (resume then replaces it). Snapshots of sweeps this size cost milliseconds.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
+    # Tune's automatic loggers would add TensorBoard's, whose tensorboardX imports torch into the driver
+    # (~600 MB resident from the first trial on); the sweep asks for the two it reads (result_loggers()).
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     if ray.is_initialized():
         return None
     if cluster:  # the service owns the connection: plugins shipped to every node even without preflight
@@ -43,6 +46,14 @@ def connect_ray(cluster: bool, plugins: list[str]) -> str | None:
     # Ray annotates logging_level as int; it takes a level name too
     ctx = ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")  # type: ignore[arg-type]
     return str(ctx.address_info["session_dir"])  # type: ignore[attr-defined]  # a RayContext
+
+
+def result_loggers() -> list[tune.Callback]:
+    """Tune's JSON and CSV result files of each trial: its `metrics_dataframe` (the replay of missed MLflow
+    writes reads it) and what Tune's own analysis tools read; no TensorBoard files."""
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    return [JsonLoggerCallback(), CSVLoggerCallback()]
 
 
 def make_searcher(cfg: SweepConfig, seed_offset: int = 0) -> SweepSearch:
