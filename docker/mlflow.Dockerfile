@@ -17,6 +17,7 @@ LABEL org.opencontainers.image.title="calib-sweeps-mlflow" \
 
 # MLFLOW_DISABLE_TELEMETRY / DO_NOT_TRACK: MLflow 3 sends usage telemetry unless one is set.
 ENV PYTHONUNBUFFERED=1 \
+    GIT_PYTHON_REFRESH=quiet \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     MLFLOW_AUTH_CONFIG_PATH=/tmp/mlflow/basic_auth.ini \
@@ -33,6 +34,7 @@ RUN pip install --no-cache-dir -c /tmp/constraints.txt \
         "boto3==1.44.8" \
         "Flask-WTF==1.3.0" \
  && rm /tmp/constraints.txt \
+ && pip check \
  && MLFLOW_AUTH_CONFIG_PATH="" python -c "import mlflow, mlflow.db, mlflow.server.auth.db.cli as a, psycopg, boto3, flask_wtf, sqlalchemy.dialects.postgresql.psycopg; assert callable(mlflow.db.upgrade.callback) and callable(a.upgrade.callback); print('mlflow', mlflow.__version__)"
 
 COPY --chmod=0755 docker/mlflow-entrypoint.sh /usr/local/bin/mlflow-entrypoint.sh

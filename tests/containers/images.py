@@ -94,7 +94,9 @@ def _pip_mounts(tmp: Path) -> list[str]:
 
 def build(tag: str, dockerfile: Path, context: Path, log, extra_tags=()) -> dict:
     with tempfile.TemporaryDirectory(prefix="calib-build-") as tmp:
-        cmd = ["podman", "build", "--pull=never", "--layers", *_pip_mounts(Path(tmp)), "-f", str(dockerfile), "-t", tag]
+        # --format docker: OCI images have no HEALTHCHECK; `docker build` keeps it, so the test builds do too
+        cmd = ["podman", "build", "--pull=never", "--layers", "--format", "docker", *_pip_mounts(Path(tmp))]
+        cmd += ["-f", str(dockerfile), "-t", tag]
         for t in extra_tags:
             cmd += ["-t", t]
         print(f"$ {' '.join(cmd)} {context}", file=log, flush=True)
