@@ -62,8 +62,9 @@ from benchmarks.common import (
     write_json,
     write_text,
 )
+from calib_core.registry import CALIBRATORS as REGISTERED_CALIBRATORS
 
-CALIBRATORS = ["temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer"]
+CALIBRATORS = REGISTERED_CALIBRATORS.names(builtin=True)
 CAL_DATA = ["holdout:0.1", "lookahead", "same"]
 METRICS = ["accuracy", "ece", "ace", "sce", "nll"]
 BASELINE_GROUPS = ("ce", "posthoc_ts", "label_smoothing", "focal")

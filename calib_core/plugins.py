@@ -15,8 +15,8 @@ by `python -m calib_core.train` and when a champion model is loaded). docs/exten
 through each kind.
 
 `run.data.name`, `run.model.name`, `run.train.calibrator` and the sweep's calibrators are checked
-against the registries once the rest of a config is valid (so that a bad value elsewhere still
-fails without importing torch: this module imports the registries only when asked).
+against the registries (calib_core.registry: built-in names are known there without importing torch)
+once the rest of a config is valid; plugins are imported only for a name the registries lack.
 """
 
 from __future__ import annotations
@@ -28,33 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from calib_core.config import ConfigError, RunConfig, apply_overrides, build_model, read_yaml
+from calib_core.registry import REGISTRIES
 
 PLUGINS_ENV = "CALIB_PLUGINS"
 KINDS = ("model", "dataset", "calibrator")
 _loaded: list[str] = []
-# The built-in names, known without importing torch: a cache, not an allow-list. A name found here
-# is accepted at once (a config of built-ins validates in milliseconds, which keeps the CLI's
-# one-line errors fast); any other name is looked up in the registries themselves, so a model added
-# to the package or by a plugin works without touching this. tests/test_sweep_plugins.py checks
-# that every name here is registered.
-BUILTIN = {
-    "model": frozenset({"mlp", "cnn1d", "cnn2d", "resnet18", "resnet34", "resnet50", "wrn28_10", "vit_small"}),
-    "dataset": frozenset(
-        {
-            "mnist1d",
-            "digits",
-            "cifar10",
-            "cifar100",
-            "svhn",
-            "mnist",
-            "fashionmnist",
-            "digits_mtl",
-            "mnist1d_mtl",
-            "celeba",
-        }
-    ),
-    "calibrator": frozenset({"temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer"}),
-}
 
 
 def plugin_modules(modules: Iterable[str] = ()) -> list[str]:
@@ -84,25 +62,16 @@ def load_plugins(modules: Iterable[str] = ()) -> list[str]:
 
 def registered(kind: str) -> list[str]:
     """The names registered for `kind` ('model', 'dataset' or 'calibrator'), plugins included."""
+    if kind not in REGISTRIES:
+        raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
     load_plugins()
-    if kind == "model":
-        from calib_core.models import list_models
-
-        return list_models()
-    if kind == "dataset":
-        from calib_core.data import list_datasets
-
-        return list_datasets()
-    if kind == "calibrator":
-        from calib_core.calibrators import list_calibrators
-
-        return list_calibrators()
-    raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
+    names = REGISTRIES[kind].names()
+    return names if kind == "calibrator" else sorted(names)  # calibrators in the order a sweep searches them
 
 
 def name_problem(kind: str, field: str, name: str) -> str | None:
     """'field: unknown kind 'name'; registered: ...' when `name` is not registered, else None."""
-    if name in BUILTIN[kind]:
+    if name in REGISTRIES[kind]:  # a built-in, or a plugin already loaded: no import needed
         return None
     names = registered(kind)
     if name in names:

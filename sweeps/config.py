@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from calib_core.config import ConfigError, RunConfig, _Strict, apply_overrides, build_model, read_yaml
+from calib_core.registry import CALIBRATORS
 
 # The metric names live in sweeps.contract (what trials report); re-exported for the benchmarks.
 from sweeps.contract import (  # noqa: F401
@@ -24,7 +25,7 @@ from sweeps.contract import (  # noqa: F401
 # What search.calibrators searches when a config does not say: the built-in one-go calibrators. Any
 # calibrator registered in calib_core.calibrators (plugins included) may be listed; the names are
 # checked against the registry once the rest of the config is valid (SweepConfig._registered).
-DEFAULT_CALIBRATORS = ("temperature", "vector", "matrix", "dirichlet", "mlp", "last_layer")
+DEFAULT_CALIBRATORS = tuple(CALIBRATORS.names(builtin=True))
 # Reference points a sweep may include beside the one-go calibrators (no calibrator lr is searched).
 BASELINE_CHOICES = ("none", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "mnist1d_demo.yaml"

@@ -23,6 +23,7 @@ from calib_core.models import (
     list_models,
     register_model,
 )
+from calib_core.registry import MODELS
 
 N, K = 5, 7  # N != K so a transposed output cannot pass
 
@@ -172,7 +173,6 @@ def test_bad_kwargs(name, shape, kwargs, pattern):
 
 
 def test_register_model_returns_class_and_refuses_duplicates():
-    from calib_core.models import registry
 
     class Tiny(Classifier):
         def __init__(self, num_classes, input_shape):
@@ -191,5 +191,5 @@ def test_register_model_returns_class_and_refuses_duplicates():
         with pytest.raises(TypeError):
             register_model("_not_a_classifier")(nn.Linear)
     finally:
-        registry._REGISTRY.pop("_tiny_test", None)
+        MODELS.remove("_tiny_test")
     assert "_tiny_test" not in list_models()

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 from torch import nn
 
+from calib_core.registry import CALIBRATORS
+
 from .base import Calibrator
 from .dirichlet import DirichletCalibrator
 from .last_layer import LastLayerCalibrator
@@ -19,15 +21,6 @@ from .mlp import MLPCalibrator
 from .posthoc import fit_posthoc
 from .temperature import TemperatureScaling
 from .vector import VectorScaling
-
-CALIBRATORS: dict[str, type[Calibrator]] = {
-    "temperature": TemperatureScaling,
-    "vector": VectorScaling,
-    "matrix": MatrixScaling,
-    "dirichlet": DirichletCalibrator,
-    "mlp": MLPCalibrator,
-    "last_layer": LastLayerCalibrator,
-}
 
 
 def register_calibrator(name: str):
@@ -42,17 +35,14 @@ def register_calibrator(name: str):
             raise TypeError(f"register_calibrator({name!r}) expects a Calibrator subclass, got {cls!r}")
         if name == "none":
             raise ValueError("'none' means no calibrator (plain cross-entropy); pick another name")
-        if name in CALIBRATORS and CALIBRATORS[name] is not cls:
-            raise ValueError(f"calibrator name {name!r} is already registered to {CALIBRATORS[name].__qualname__}")
-        CALIBRATORS[name] = cls
-        return cls
+        return CALIBRATORS.add(name, cls)
 
     return deco
 
 
 def list_calibrators() -> list[str]:
     """Registered calibrator names (built-in ones first)."""
-    return list(CALIBRATORS)
+    return CALIBRATORS.names()
 
 
 def create_calibrator(
@@ -67,7 +57,7 @@ def create_calibrator(
     features); other kwargs go to the calibrator (e.g. Dirichlet's lambda_od, lambda_b)."""
     if name not in CALIBRATORS:
         raise ValueError(f"unknown calibrator {name!r}; allowed: {', '.join(CALIBRATORS)}")
-    cls: Callable[..., Calibrator] = CALIBRATORS[name]  # each calibrator's constructor takes its own kwargs
+    cls: Callable[..., Calibrator] = CALIBRATORS.get(name)  # each calibrator's constructor takes its own kwargs
     try:
         if name == "last_layer":
             return cls(num_classes, head=head, feature_dim=feature_dim, **kwargs)

@@ -157,3 +157,6 @@ def _config_loader(name: str) -> Callable[[DataConfig, int], DataSplits]:
 #: `(cfg: DataConfig, seed) -> DataSplits` loaders in the registry's signature (cfg.name is
 #: not read: DataConfig.name does not list these sets unless the registry is extended).
 MULTITASK_LOADERS: dict[str, Callable[[DataConfig, int], DataSplits]] = {n: _config_loader(n) for n in _BASES}
+# what calib_core.registry declares for these names
+load_digits_mtl = MULTITASK_LOADERS["digits_mtl"]
+load_mnist1d_mtl = MULTITASK_LOADERS["mnist1d_mtl"]

@@ -1,8 +1,9 @@
-"""Model registry in the style of timm's `create_model`.
+"""Model registry in the style of timm's `create_model` (entries in calib_core.registry.MODELS).
 
 `@register_model("name")` records the class itself (not a factory wrapper), so the object
 `create_model("name", ...)` returns is an instance of the registered class and `isinstance`
-works. The family modules register themselves when `calib_core.models` is imported.
+works. Built-in names are declared in calib_core.registry; their family modules register the
+declared classes when imported.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from calib_core.models.classifier import Classifier, check_input_shape, check_num_classes
-
-_REGISTRY: dict[str, type[Classifier]] = {}
+from calib_core.registry import MODELS
 
 C = TypeVar("C", bound=type[Classifier])
 
@@ -24,9 +24,7 @@ def register_model(name: str) -> Callable[[C], C]:
     def deco(cls: C) -> C:
         if not (isinstance(cls, type) and issubclass(cls, Classifier)):
             raise TypeError(f"register_model({name!r}) expects a Classifier subclass, got {cls!r}")
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"model name {name!r} is already registered to {_REGISTRY[name].__qualname__}")
-        _REGISTRY[name] = cls
+        MODELS.add(name, cls)
         cls.model_name = name  # type: ignore[attr-defined]
         return cls
 
@@ -35,15 +33,14 @@ def register_model(name: str) -> Callable[[C], C]:
 
 def list_models() -> list[str]:
     """Registered model names, sorted."""
-    return sorted(_REGISTRY)
+    return sorted(MODELS.names())
 
 
 def get_model_class(name: str) -> type[Classifier]:
     """The class registered under `name` (ValueError listing the allowed names otherwise)."""
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(list_models())}") from None
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(list_models())}")
+    return MODELS.get(name)  # type: ignore[no-any-return]
 
 
 def create_model(name: str, num_classes: int, input_shape: tuple[int, ...] | list[int], **kwargs: Any) -> Classifier:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError, clip
+from calib_core.registry import DATASETS
 from sweeps.redaction import redact
 
 if TYPE_CHECKING:
@@ -32,8 +33,8 @@ if TYPE_CHECKING:
 
 # Seconds to wait for a tracking server, a database or a Ray head to answer.
 TIMEOUT_S = float(os.environ.get("CALIB_PREFLIGHT_TIMEOUT_S", "3"))
-# Datasets read from torchvision's files under run.data.root (calib_core.data).
-ROOT_DATASETS = ("cifar10", "cifar100", "svhn", "mnist", "fashionmnist", "celeba")
+# Datasets read from files under run.data.root (calib_core.registry's metadata).
+ROOT_DATASETS = tuple(DATASETS.names(needs_root=True))
 # File systems that cannot hold a store (kernel interfaces).
 PSEUDO_FS = {
     "proc",
