@@ -44,6 +44,8 @@ TIMING = re.compile(
     r"rule ([\d.]+)s, report files ([\d.]+)s, registration ([\d.]+)s\)"
 )
 PHASES = ("ray_start", "trials", "finish", "bootstrap", "rule", "report", "registration")
+# the driver's own account of its peak RSS (sweeps/service.py), at the end and when the trials were done
+RSS = re.compile(r"driver peak RSS ([\d.]+) GB \(([\d.]+) GB before selection\)")
 CONCURRENT = 2
 
 
@@ -127,6 +129,7 @@ def run_sweep(m: int, timeout_s: float) -> dict[str, Any]:
         if match is None:
             raise SystemExit(f"M = {m}: no timing line in the output")
         phases = dict(zip(PHASES, (float(g) for g in match.groups())))
+        rss = RSS.search(stdout)
         counts = _store_counts(d)
         sizes = {
             "mlflow_db": _size(d / "mlflow.db"),
@@ -140,6 +143,7 @@ def run_sweep(m: int, timeout_s: float) -> dict[str, Any]:
             "wall_s": wall,
             "phases_s": phases,
             "driver_peak_rss": peak_driver,
+            "driver_peak_rss_before_selection": float(rss.group(2)) * 1e9 if rss else None,
             "ray_system_peak_rss": peak_system,
             "store_rows": counts,
             "sizes": sizes,
@@ -215,6 +219,9 @@ def report(raw: dict[str, Any], command: str) -> str:
     compute = raw["trial_compute_s"]
     rows: dict[str, list[float]] = {
         "driver peak RSS, MB": [r["driver_peak_rss"] / 1e6 for r in runs],
+        "driver peak RSS when the trials were done, MB": [
+            (r.get("driver_peak_rss_before_selection") or math.nan) / 1e6 for r in runs
+        ],
         "Ray GCS + raylet peak RSS, MB": [r["ray_system_peak_rss"] / 1e6 for r in runs],
         "Ray start, s": [r["phases_s"]["ray_start"] for r in runs],
         "trial phase wall per trial, s": [r["phases_s"]["trials"] / r["m"] for r in runs],
