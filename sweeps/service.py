@@ -104,6 +104,7 @@ def _execute(
     cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool, grow: bool = False, promote: bool = False
 ) -> SweepResult:
     from sweeps.integrations.ray.resource_wait import PendingTimeout
+    from sweeps.integrations.ray.session import end as end_session
     from sweeps.integrations.ray.session import reap_stale
     from sweeps.integrations.ray.session import track as track_session
 
@@ -136,10 +137,12 @@ def _execute(
         runs_closed_on_failure(store, experiment_id, parent_id, cfg.name, tracking),
         installed(cfg.name, callbacks, reporter),
     ):
+        owned = not ray_connected()  # a Ray the caller started stays up
         session_dir = connect_ray(cluster, cfg.plugins)
         _route_sigterm()
+        session = None
         if session_dir:  # stopped at exit; recorded for the next sweep if this driver is killed
-            track_session(cfg.storage_path, session_dir, quiet=not verbose)
+            session = track_session(cfg.storage_path, session_dir, quiet=not verbose)
         print(intro(cfg, exp_path, parent_id, resumed=restoring), flush=True)
         tuner = (
             tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
@@ -158,6 +161,10 @@ def _execute(
         rss["trials"] = peak_rss_mb()
         records = [rec for results in grids for rec in trial_records(results, store, experiment_id, cfg.name)]
         incomplete = close_trials(cfg, store, experiment_id, parent_id, grids, records)
+        del tuner, grids
+    if owned:  # the trials are over: Ray's processes and Tune's records go before selection needs the memory
+        end_session(session)
+        release_memory()
     if incomplete:
         raise SweepIncomplete(sum(rec.status == "completed" for rec in records), cfg.search.num_samples)
     with runs_closed_on_failure(store, experiment_id, parent_id, cfg.name):
@@ -228,6 +235,26 @@ def _execute(
         alias=alias,
         gate=gate_line,
     )
+
+
+def ray_connected() -> bool:
+    """Whether this process is already connected to Ray (someone else started or joined it)."""
+    import ray
+
+    return bool(ray.is_initialized())
+
+
+def release_memory() -> None:
+    """Collect what was freed and hand the heap's free pages back to the system (glibc), so the next phase's
+    imports and arrays reuse them instead of raising the peak."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def peak_rss_mb() -> float:

@@ -184,8 +184,25 @@ def track(storage_path: str, session_dir: str, quiet: bool = False) -> Path | No
     tmp = record.with_suffix(".tmp")
     tmp.write_text(json.dumps(info))
     tmp.replace(record)
-    atexit.register(_at_exit, record, session_dir, raylets, quiet)
+    _TRACKED[record] = (session_dir, raylets, quiet)
+    atexit.register(end, record)
     return record
+
+
+_TRACKED: dict[Path, tuple[str, list[int], bool]] = {}  # sessions this process started and has not ended
+
+
+def end(record: Path | None) -> None:
+    """Shut Ray down in this driver now: with the `record` of a local session it started (`track`), its processes
+    stop and the record goes; None only drops the driver's connection (a cluster's stays up). Idempotent: the
+    service ends its session when the trials are over and the exit handler then finds nothing to do."""
+    if record is None:
+        import ray
+
+        ray.shutdown()
+        return
+    if record in _TRACKED:
+        _at_exit(record, *_TRACKED.pop(record))
 
 
 def _at_exit(record: Path, session_dir: str, raylets: list[int], quiet: bool = False) -> None:
