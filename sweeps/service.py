@@ -7,7 +7,9 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from ray import tune
@@ -111,12 +113,26 @@ def _execute(
     assert cfg.tracking.uri and cfg.storage_path
     exp_path = f"{cfg.storage_path.rstrip('/')}/{cfg.name}"
     store = MlflowStore(cfg.tracking.uri, outage_timeout_s=cfg.tracking.outage_timeout_s)
-    experiment_id = store.ensure_experiment(cfg.tracking.experiment)
-    existing = store.parent_run(experiment_id, cfg.name)
-    restoring = should_restore(cfg, exp_path, resume, exists=existing is not None)
-    grown = grown_to(existing)
-    sources = source_tags()
-    parent_id = open_parent(cfg, store, experiment_id, sources, new=existing is None)
+    t_start = time.perf_counter()
+    rss: dict[str, float] = {}  # the driver's peak RSS so far, MB, at the end of each phase
+    if not cluster:  # a SIGKILLed driver's local Ray processes: stopped before this one starts its own
+        reap_stale(cfg.storage_path)
+    owned = not ray_connected()  # a Ray the caller started stays up
+    # Ray starts (its processes boot on the other core) while the MLflow store is set up and the parent run opened.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-setup") as pool:
+        opening = pool.submit(_open_tracking, cfg, store, exp_path, resume)
+        try:
+            session_dir = connect_ray(cluster, cfg.plugins)
+            session = None
+            if session_dir:  # stopped at exit; recorded for the next sweep if this driver is killed
+                session = track_session(cfg.storage_path, session_dir, quiet=not verbose)
+        except BaseException:
+            opened = opening.result()  # (its own error, if any, is raised here instead)
+            with runs_closed_on_failure(store, opened.experiment_id, opened.parent_id, cfg.name):
+                raise
+        opened = opening.result()
+    experiment_id, parent_id, restoring, grown = opened.experiment_id, opened.parent_id, opened.restoring, opened.grown
+    sources = opened.sources
     r = cfg.resources
     progress = ProgressCallback(max([cfg.search.num_samples, *grown]), cfg.selection)
     tracking = tracking_callback(cfg, store, experiment_id, parent_id, sources)
@@ -129,20 +145,11 @@ def _execute(
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
     trainable = make_trainable(cfg, verbose)
 
-    t_start = time.perf_counter()
-    rss: dict[str, float] = {}  # the driver's peak RSS so far, MB, at the end of each phase
-    if not cluster:  # a SIGKILLed driver's local Ray processes: stopped before this one starts its own
-        reap_stale(cfg.storage_path)
     with (
         runs_closed_on_failure(store, experiment_id, parent_id, cfg.name, tracking),
         installed(cfg.name, callbacks, reporter),
     ):
-        owned = not ray_connected()  # a Ray the caller started stays up
-        session_dir = connect_ray(cluster, cfg.plugins)
         _route_sigterm()
-        session = None
-        if session_dir:  # stopped at exit; recorded for the next sweep if this driver is killed
-            session = track_session(cfg.storage_path, session_dir, quiet=not verbose)
         print(intro(cfg, exp_path, parent_id, resumed=restoring), flush=True)
         tuner = (
             tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
@@ -235,6 +242,25 @@ def _execute(
         alias=alias,
         gate=gate_line,
     )
+
+
+@dataclass(frozen=True)
+class _Opened:
+    experiment_id: str
+    parent_id: str
+    restoring: bool
+    grown: list[int]
+    sources: dict[str, str]
+
+
+def _open_tracking(cfg: SweepConfig, store: MlflowStore, exp_path: str, resume: bool) -> _Opened:
+    """The experiment (the store created or migrated if new) and the sweep's parent run, opened or reopened."""
+    experiment_id = store.ensure_experiment(cfg.tracking.experiment)
+    existing = store.parent_run(experiment_id, cfg.name)
+    restoring = should_restore(cfg, exp_path, resume, exists=existing is not None)
+    sources = source_tags()
+    parent_id = open_parent(cfg, store, experiment_id, sources, new=existing is None)
+    return _Opened(experiment_id, parent_id, restoring, grown_to(existing), sources)
 
 
 def ray_connected() -> bool:
