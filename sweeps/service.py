@@ -168,7 +168,8 @@ def _execute(
         rss["trials"] = peak_rss_mb()
         records = [rec for results in grids for rec in trial_records(results, store, experiment_id, cfg.name)]
         incomplete = close_trials(cfg, store, experiment_id, parent_id, grids, records)
-        del tuner, grids
+        # nothing of Tune outlives the trial phase (the loggers' per-trial files, the last grid of the loop above)
+        del tuner, grids, results, callbacks, tracking, progress, reporter
     if owned:  # the trials are over: Ray's processes and Tune's records go before selection needs the memory
         end_session(session)
         release_memory()
