@@ -279,6 +279,9 @@ def _findings(
     m = big["m"]
     i = len(runs) - 1
     rss = rows["driver peak RSS, MB"][i]
+    trial_rss = rows["driver peak RSS when the trials were done, MB"]
+    m0 = runs[0]["m"]
+    per_trial_mb = (trial_rss[i] - trial_rss[0]) / (m - m0) if m > m0 else math.nan
     boot = big["phases_s"]["bootstrap"] + big["phases_s"]["rule"]
     over = rows["service overhead per trial, s"][i]
     ks = sorted(samp)
@@ -317,12 +320,16 @@ def _findings(
         "several studies or a cheaper sampler past a few thousand trials (TPE's `n_ei_candidates`, random or QMC "
         "after a budget).",
         "- The first bottleneck for short trials is the driver's own per-trial work (Tune's bookkeeping, the "
-        "experiment snapshot every second, the tracking writer's MLflow calls and reliability diagrams): "
+        "experiment snapshot every second, which serialises every trial's state and so grows with M, and the "
+        "tracking writer's MLflow calls; the reliability diagrams are drawn by the trials): "
         f"{over:.2f} s of wall per trial here with 2 trials at a time on 2 shared cores; its CPU share per trial "
-        "was not measured apart (next measurement), so how many workers one driver feeds is not known yet.",
-        f"- Driver memory: {rss / 1e3:.2f} GB at {m} trials; Tune keeps every trial's last result and the "
-        "selection holds its bootstrap replicates, so it grows with M: give the head's driver 8-16 GiB at 10^4 "
-        "(the rayjob head has 16 GiB).",
+        "was not measured apart, so how many workers one driver feeds is not known yet.",
+        f"- Driver memory: {rss / 1e3:.2f} GB at {m} trials, {trial_rss[i]:.0f} MB of it reached in the trial "
+        "phase, which grows with M: Tune keeps a record of every trial (its per-metric statistics of every "
+        "reported key were the largest item in a tracemalloc trace at M = 200), and ending Ray before selection "
+        "frees it only partly; selection then loads torch (~500 MB) for the bootstrap. At the trial phase's "
+        f"{per_trial_mb:.2f} MB per trial, 10^4 trials need ~{(trial_rss[i] + per_trial_mb * (1e4 - m)) / 1e3:.1f} GB "
+        "before selection: give the head's driver 8-16 GiB (the rayjob head has 16 GiB).",
         f"- Ray GCS + raylet: {rows['Ray GCS + raylet peak RSS, MB'][i]:.0f} MB at {m} trials, nearly flat.",
         "",
         *(

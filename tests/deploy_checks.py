@@ -21,6 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from tests import deploy_render as dr
+from tests.containers import netpol
 
 RAY_KINDS = ("RayJob", "RayCluster")
 RAY_PORTS_FILE = dr.REPO_ROOT / "tests" / "containers" / "ray_ports.json"
@@ -128,64 +129,32 @@ def pod_templates(resources: list[dict]) -> list[tuple[str, dict, dict]]:
     return out
 
 
-def selects(selector: dict, labels: dict) -> bool:
-    for k, v in selector.get("matchLabels", {}).items():
-        if labels.get(k) != v:
-            return False
-    for expr in selector.get("matchExpressions", []):
-        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
-        if (
-            (op == "In" and labels.get(key) not in values)
-            or (op == "NotIn" and labels.get(key) in values)
-            or (op == "Exists" and key not in labels)
-            or (op == "DoesNotExist" and key in labels)
-        ):
-            return False
-    return True
+selects = netpol.selects  # label selectors: the one model of NetworkPolicy semantics is tests/containers/netpol.py
+
+
+def _in_namespace(policies: list[dict], namespace: str) -> list[dict]:
+    """The policies, each in `namespace` unless it names its own."""
+    return [{**p, "metadata": {"namespace": namespace, **p["metadata"]}} for p in policies]
 
 
 def policy_allows(policies: list[dict], namespace: str, src: tuple[str, dict], dst_labels: dict, port: int) -> bool:
-    """Kubernetes NetworkPolicy ingress semantics (pod/namespace selectors, TCP ports and ranges)."""
-    src_ns, src_labels = src
-    applying = [
-        p
-        for p in policies
-        if "Ingress" in p["spec"].get("policyTypes", ["Ingress"]) and selects(p["spec"]["podSelector"], dst_labels)
-    ]
-    if not applying:
-        return True
-    for p in applying:
-        for rule in p["spec"].get("ingress", []):
-            ports = rule.get("ports")
-            if ports and not any(_port_matches(pp, port) for pp in ports):
-                continue
-            peers = rule.get("from")
-            if peers is None:
-                return True
-            for peer in peers:
-                if "ipBlock" in peer:
-                    continue
-                ns_sel, pod_sel = peer.get("namespaceSelector"), peer.get("podSelector")
-                ns_ok = (
-                    selects(ns_sel, {"kubernetes.io/metadata.name": src_ns})
-                    if ns_sel is not None
-                    else src_ns == namespace
-                )
-                pod_ok = selects(pod_sel, src_labels) if pod_sel is not None else True
-                if ns_ok and pod_ok:
-                    return True
-    return False
+    """Kubernetes NetworkPolicy ingress semantics: whether a pod of `namespace` with `dst_labels` admits `src`
+    (its namespace, labels) on TCP `port`."""
+    src_ep = netpol.Endpoint("src", src[0], dict(src[1]))
+    dst_ep = netpol.Endpoint("dst", namespace, dict(dst_labels))
+    return netpol.ingress_allows(_in_namespace(policies, namespace), src_ep, dst_ep, port)
 
 
-def _port_matches(rule_port: dict, port: int) -> bool:
-    if rule_port.get("protocol", "TCP") != "TCP":
-        return False
-    p = rule_port.get("port")
-    if p is None:
-        return True
-    if isinstance(p, str):
-        return False  # named ports: none of our policies use them
-    return p <= port <= rule_port.get("endPort", p)
+def policy_allows_egress(
+    policies: list[dict], namespace: str, src_labels: dict, dst: tuple, port: int, protocol: str = "TCP"
+) -> bool:
+    """Kubernetes NetworkPolicy egress semantics for a pod of `namespace` with `src_labels`: dst is
+    ("pod", namespace, labels) or ("ip", address)."""
+    src_ep = netpol.Endpoint("src", namespace, dict(src_labels))
+    dst_ep = (
+        netpol.Endpoint("dst", None, address=dst[1]) if dst[0] == "ip" else netpol.Endpoint("dst", dst[1], dict(dst[2]))
+    )
+    return netpol.egress_allows(_in_namespace(policies, namespace), src_ep, dst_ep, port, protocol)
 
 
 def recorded_ray_ports() -> list[dict]:

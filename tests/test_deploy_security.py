@@ -8,6 +8,7 @@ import copy
 
 import pytest
 
+from tests import deploy_checks as dc
 from tests import deploy_render as dr
 from tests.containers import kuberay as kr
 
@@ -272,51 +273,7 @@ def test_ray_pods_carry_the_labels_the_network_policies_select(resources):
 # ------------------------------------------------------------------------ NetworkPolicy model
 
 
-def _selects(selector: dict, labels: dict) -> bool:
-    for k, v in selector.get("matchLabels", {}).items():
-        if labels.get(k) != v:
-            return False
-    for expr in selector.get("matchExpressions", []):
-        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and labels.get(key) in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
-
-
-def allowed(policies: list[dict], namespace: str, src: tuple[str, dict], dst_labels: dict, port: int) -> bool:
-    """Kubernetes NetworkPolicy ingress semantics (pod/namespace selectors, TCP ports)."""
-    src_ns, src_labels = src
-    applying = [
-        p
-        for p in policies
-        if "Ingress" in p["spec"].get("policyTypes", ["Ingress"]) and _selects(p["spec"]["podSelector"], dst_labels)
-    ]
-    if not applying:
-        return True
-    for p in applying:
-        for rule in p["spec"].get("ingress", []):
-            ports = rule.get("ports")
-            if ports and not any(pp.get("port") in (port, None) for pp in ports):
-                continue
-            peers = rule.get("from")
-            if peers is None:
-                return True
-            for peer in peers:
-                if "ipBlock" in peer:
-                    continue
-                ns_sel, pod_sel = peer.get("namespaceSelector"), peer.get("podSelector")
-                ns_labels = {"kubernetes.io/metadata.name": src_ns}
-                ns_ok = _selects(ns_sel, ns_labels) if ns_sel is not None else src_ns == namespace
-                pod_ok = _selects(pod_sel, src_labels) if pod_sel is not None else True
-                if ns_ok and pod_ok:
-                    return True
-    return False
+allowed = dc.policy_allows
 
 
 def _template_labels(resources: list[dict], kind: str, name: str, role: str | None = None) -> dict:
@@ -463,55 +420,7 @@ def test_network_policies_admit_every_recorded_ray_port(resources):
 # ------------------------------------------------------------------------ egress
 
 
-def egress_allowed(
-    policies: list[dict], namespace: str, src_labels: dict, dst: tuple, port: int, protocol: str = "TCP"
-) -> bool:
-    """Kubernetes NetworkPolicy egress semantics for a pod of `namespace` with `src_labels`: dst is
-    ("pod", namespace, labels) or ("ip", address); a pod is matched by selectors only (its address is not
-    modelled), an address by ipBlock (cidr minus except)."""
-    import ipaddress
-
-    applying = [
-        p
-        for p in policies
-        if "Egress" in p["spec"].get("policyTypes", []) and _selects(p["spec"]["podSelector"], src_labels)
-    ]
-    if not applying:
-        return True
-    for p in applying:
-        for rule in p["spec"].get("egress", []):
-            ports = rule.get("ports")
-            if ports and not any(
-                pp.get("port") in (port, None) and pp.get("protocol", "TCP") == protocol for pp in ports
-            ):
-                continue
-            peers = rule.get("to")
-            if peers is None:
-                return True
-            for peer in peers:
-                if dst[0] == "ip":
-                    block = peer.get("ipBlock")
-                    if block is None:
-                        continue
-                    addr = ipaddress.ip_address(dst[1])
-                    if addr in ipaddress.ip_network(block["cidr"]) and not any(
-                        addr in ipaddress.ip_network(e) for e in block.get("except", [])
-                    ):
-                        return True
-                    continue
-                if "ipBlock" in peer:
-                    continue
-                _, dst_ns, dst_labels = dst
-                ns_sel, pod_sel = peer.get("namespaceSelector"), peer.get("podSelector")
-                ns_ok = (
-                    _selects(ns_sel, {"kubernetes.io/metadata.name": dst_ns})
-                    if ns_sel is not None
-                    else dst_ns == namespace
-                )
-                pod_ok = _selects(pod_sel, dst_labels) if pod_sel is not None else True
-                if ns_ok and pod_ok:
-                    return True
-    return False
+egress_allowed = dc.policy_allows_egress
 
 
 @pytest.mark.parametrize("resources", _resources())

@@ -71,10 +71,10 @@ def _peer_matches(peer: dict[str, Any], policy_ns: str, ep: Endpoint) -> bool:
     return ns_ok and ("podSelector" not in peer or selects(peer["podSelector"], ep.labels))
 
 
-def _rule_ports(rule: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+def _rule_ports(rule: dict[str, Any], protocol: str = "TCP") -> tuple[tuple[int, int], ...]:
     ranges = []
     for p in rule.get("ports") or []:
-        if p.get("protocol", "TCP") != "TCP":
+        if p.get("protocol", "TCP") != protocol:
             continue
         if "port" not in p:
             return ALL
@@ -90,8 +90,10 @@ def _types(spec: dict[str, Any]) -> list[str]:
     return ["Ingress", *(["Egress"] if "egress" in spec else [])]
 
 
-def _side(policies: list[dict], me: Endpoint, peer: Endpoint, direction: str) -> tuple[tuple[int, int], ...]:
-    """TCP port ranges `me` may use with `peer` in `direction` (Egress: me -> peer; Ingress: peer -> me)."""
+def _side(
+    policies: list[dict], me: Endpoint, peer: Endpoint, direction: str, protocol: str = "TCP"
+) -> tuple[tuple[int, int], ...]:
+    """`protocol` port ranges `me` may use with `peer` in `direction` (Egress: me -> peer; Ingress: peer -> me)."""
     if me.namespace is None:
         return ALL  # outside the cluster: no policy of ours applies
     selecting = [
@@ -109,7 +111,7 @@ def _side(policies: list[dict], me: Endpoint, peer: Endpoint, direction: str) ->
         for rule in p["spec"].get(key, []):
             peers = rule.get(peers_key)
             if not peers or any(_peer_matches(x, me.namespace, peer) for x in peers):
-                ranges.extend(_rule_ports(rule))
+                ranges.extend(_rule_ports(rule, protocol))
     return _merge(ranges)
 
 
@@ -136,6 +138,16 @@ def allowed_ports(policies: list[dict], src: Endpoint, dst: Endpoint) -> tuple[t
 def allows(policies: list[dict], src: Endpoint, dst: Endpoint, port: int) -> bool:
     """Whether `src` may connect to `dst` on TCP `port`."""
     return any(lo <= port <= hi for lo, hi in allowed_ports(policies, src, dst))
+
+
+def egress_allows(policies: list[dict], src: Endpoint, dst: Endpoint, port: int, protocol: str = "TCP") -> bool:
+    """Whether `src`'s egress policies let it reach `dst` on `port` (`dst`'s ingress not considered)."""
+    return any(lo <= port <= hi for lo, hi in _side(policies, src, dst, "Egress", protocol))
+
+
+def ingress_allows(policies: list[dict], src: Endpoint, dst: Endpoint, port: int, protocol: str = "TCP") -> bool:
+    """Whether `dst`'s ingress policies admit `src` on `port` (`src`'s egress not considered)."""
+    return any(lo <= port <= hi for lo, hi in _side(policies, dst, src, "Ingress", protocol))
 
 
 def ruleset(table: str, policies: list[dict], endpoints: list[Endpoint]) -> str:
