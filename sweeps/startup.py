@@ -81,6 +81,7 @@ def _checks(cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, fit: mode
         return nothing_to_do
     # The sweep will run: its driver's modules (Ray Tune, MLflow; ~1.7 s) load while the child still loads torch.
     import sweeps.service  # noqa: F401
+
     params = fit.result()
     if not cluster and params is not None and cfg.storage_path and "://" not in cfg.storage_path:
         check_disk_fits(cfg, params)
