@@ -29,6 +29,26 @@ def launch(cwd: Path, *args: str, env: dict | None = None, timeout: int = 600) -
     )
 
 
+def store_ready(cwd: Path) -> bool:
+    """Whether the driver has finished creating its SQLite store in `cwd` (schema at this MLflow's head), read
+    without MLflow: a client opened on a store still being created runs MLflow's table set-up too, and the two
+    set-ups collide (`table _alembic_tmp_params already exists`)."""
+    import sqlite3
+
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    db = cwd / "mlflow.db"
+    if not db.exists():
+        return False
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+            has_parent = conn.execute("SELECT count(*) FROM runs").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+    return bool(row) and row[0] == _get_latest_schema_revision() and has_parent
+
+
 def store(cwd: Path) -> MlflowClient:
     """A client on the sweep's default SQLite store in `cwd`."""
     return MlflowClient(f"sqlite:///{cwd.resolve()}/mlflow.db")

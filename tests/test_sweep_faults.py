@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.sweep_helpers import LAUNCH, launch, store, sweep_runs
+from tests.sweep_helpers import LAUNCH, launch, store, store_ready, sweep_runs
 
 pytestmark = pytest.mark.slow
 
@@ -77,13 +77,12 @@ def test_killed_driver_then_resume_completes_without_duplicates(tmp_path):
         start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    db = tmp_path / "mlflow.db"
     finished_before: dict[str, int] = {}
     deadline = time.time() + 400
     try:
         while time.time() < deadline:
             time.sleep(2)
-            if db.exists():
+            if store_ready(tmp_path):
                 try:
                     _, children = sweep_runs(store(tmp_path), "resume")
                 except Exception:
@@ -145,7 +144,7 @@ def test_interrupted_sweep_leaves_no_run_running(tmp_path):
     while time.time() < deadline and not started:
         time.sleep(1)
         assert driver.poll() is None, "".join(lines)[-3000:]
-        if (tmp_path / "mlflow.db").exists():
+        if store_ready(tmp_path):
             try:
                 started = bool(sweep_runs(store(tmp_path), "interrupt")[1])
             except Exception:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sweeps.integrations.ray.session import SESSIONS_DIR, session_processes, stop_processes
-from tests.sweep_helpers import LAUNCH, launch, store, sweep_runs
+from tests.sweep_helpers import LAUNCH, launch, store, store_ready, sweep_runs
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def _wait_for_trial(tmp_path: Path, name: str, driver: subprocess.Popen) -> dict
         time.sleep(1)
         assert driver.poll() is None, driver.stdout.read()[-3000:] if driver.stdout else ""
         records = list((tmp_path / "ray_results" / SESSIONS_DIR).glob(f"{driver.pid}.json"))
-        if not records or not (tmp_path / "mlflow.db").exists():
+        if not records or not store_ready(tmp_path):
             continue
         try:
             if sweep_runs(store(tmp_path), name)[1]:
