@@ -37,7 +37,7 @@ import pytest
 
 from tests.containers import kuberay as kr
 from tests.containers.fixtures import artifacts_dir, built_images, http, stack  # noqa: F401
-from tests.containers.harness import podman
+from tests.containers.harness import SA_PATH, podman
 
 pytestmark = pytest.mark.container
 PORTS_JSON = Path(__file__).parent / "containers" / "ray_ports.json"
@@ -215,6 +215,22 @@ def _submit(ray, jobid: str, extra_env=(), detach=False, timeout=600):
         timeout=timeout,
         fields={"metadata.name": pod, "metadata.namespace": ray.ns},
     )
+
+
+def test_no_kubernetes_credentials_reach_the_driver_or_the_trials(ray, tmp_path):
+    """The head (where the driver runs) and the workers (the trials) get no service-account token: the harness
+    mounts one wherever a pod does not opt out (automountServiceAccountToken), as Kubernetes would; a pod
+    template without the opt-out (the control) does get it."""
+    for name in (ray.head, ray.worker):
+        proc = ray.cluster.exec(name, "sh", "-c", f"ls -A {SA_PATH} 2>&1; printenv | grep -ci serviceaccount")
+        assert "No such file" in proc.stdout and proc.stdout.strip().endswith("0"), (name, proc.stdout)
+    control = json.loads(json.dumps(ray.head_pod))
+    control["spec"].pop("automountServiceAccountToken", None)
+    c = control["spec"]["containers"][0]
+    out = ray.cluster.run_container(
+        "sa-control", control["spec"], c, labels={}, detach=False, command=["cat", f"{SA_PATH}/token"], timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.startswith("fake-service-account-token-"), out.stdout + out.stderr
 
 
 def test_nodes_run_the_generated_ray_start_command(ray):

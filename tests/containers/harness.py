@@ -60,6 +60,7 @@ def expand(text: str, env: dict[str, str]) -> str:
 
 
 NETWORK_PREFIX = "calib-test-"
+SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"  # where kubelet mounts a pod's service-account token
 
 
 def leftover_networks() -> list[str]:
@@ -128,9 +129,25 @@ class Cluster:
                 env[e["name"]] = ""
         return env
 
+    def service_account_token(self) -> Path:
+        """A stand-in of the service-account token kubelet mounts by default (token, ca.crt, namespace)."""
+        folder = self.workdir / "serviceaccount"
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            (folder / "token").write_text("fake-service-account-token-" + self.id)
+            (folder / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n")
+            (folder / "namespace").write_text(self.namespace)
+            for f in folder.iterdir():
+                f.chmod(0o644)
+        return folder
+
     def volume_args(self, pod: str, spec: dict, c: dict) -> list[str]:
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         args = []
+        mounted = {m["mountPath"] for m in c.get("volumeMounts", [])}
+        if spec.get("automountServiceAccountToken", True) is not False and SA_PATH not in mounted:
+            # as Kubernetes does unless the pod opts out: the test then sees what a pod's processes would
+            args += ["-v", f"{self.service_account_token()}:{SA_PATH}:ro"]
         for m in c.get("volumeMounts", []):
             v = volumes[m["name"]]
             ro = ":ro" if m.get("readOnly") else ""
