@@ -240,7 +240,6 @@ def deliver_missed_completions(
         run = runs.get(tid)
         if not tid:
             continue
-
         if run is not None and run.info.status != "RUNNING":  # its run ended as it should
             if resumed:
                 rows = _epoch_rows(res)

@@ -249,8 +249,8 @@ class MLflowTrackingCallback(tune.Callback):
             self.store.log_artifacts(run_id, [(Path(d) / PREDICTIONS_FILE, "predictions")])
             drawn = Path(d) / REPORT_DIR
             if drawn.is_dir():
-                files = [(f, f.parent.relative_to(drawn).as_posix().strip(".") or None) for f in drawn.rglob("*")]
-                files = [(f, folder) for f, folder in sorted(files) if f.is_file()]
+                folders = {f: f.parent.relative_to(drawn).as_posix() for f in sorted(drawn.rglob("*")) if f.is_file()}
+                files = [(f, None if folder == "." else folder) for f, folder in folders.items()]
             else:
                 from sweeps.report.files import trial_report_files
 
