@@ -43,8 +43,6 @@ from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_line, utc_no
 from benchmarks.method_study import matches_verdict, overall_verdict, paired_ci, per_seed_bootstrap
 
 PROTOCOL = ROOT / "benchmarks" / "protocols" / "method_study_v2.yaml"
-PROTOCOL_MD = PROTOCOL.with_suffix(".md")
-RAW = RESULTS_DIR / "method_study_v2"
 CHECK_METHODS = ("ce", "ts_val")
 
 
@@ -53,11 +51,23 @@ def load_spec(path: Path = PROTOCOL) -> dict[str, Any]:
     import yaml
 
     spec = yaml.safe_load(path.read_text())
+    spec["_path"] = str(path.resolve())
     for name, claim in spec["claims"].items():
         unknown = [r for r in claim["regimes"] if r not in spec["regimes"]]
         if unknown or claim["method"] not in spec["methods"] or claim["reference"] not in spec["methods"]:
             raise SystemExit(f"{path}: claim {name} names an unknown regime or method")
     return spec
+
+
+def protocol_files(spec: dict) -> tuple[Path, Path]:
+    """The protocol's YAML and its Markdown text (beside it, same stem)."""
+    y = Path(spec.get("_path", PROTOCOL))
+    return y, y.with_suffix(".md")
+
+
+def study_name(spec: dict) -> str:
+    """The results' file stem: method_study_<name> (v2 = protocol B, v2a = protocol A)."""
+    return f"method_study_{spec['name']}"
 
 
 def run_path(raw: Path, regime: str, stage: str, method: str, name: str) -> Path:
@@ -337,8 +347,8 @@ def better_verdict(d_ece: Sequence[float]) -> dict[str, Any]:
     return {"verdict": v, "ece": c}
 
 
-def _deviations() -> str:
-    text = PROTOCOL_MD.read_text()
+def _deviations(spec: dict) -> str:
+    text = protocol_files(spec)[1].read_text()
     m = re.search(r"^## Deviations\n(.*)\Z", text, flags=re.S | re.M)
     return m.group(1).strip() if m else "(none)"
 
@@ -347,8 +357,9 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
     """The Markdown report and its JSON record, from the raw files alone."""
     n_eval = len(spec["evaluation"]["seeds"])
     margin, margin_acc, alpha = spec["margin_ece"], spec["margin_acc"], spec["alpha"]
+    yaml_path, md_path = protocol_files(spec)
     out: dict[str, Any] = {
-        "protocol": str(PROTOCOL.relative_to(ROOT)),
+        "protocol": str(yaml_path.relative_to(ROOT)),
         "command": command,
         "check": {},
         "tuning": {},
@@ -356,11 +367,11 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
         "claims": {},
         "verdicts": {},
     }
-    L = ["# Method study v2: where calibration matters (protocol B: backbone fixed)", ""]
+    L = [f"# {spec.get('title', 'Method study v2: where calibration matters (protocol B: backbone fixed)')}", ""]
     if keep_all:
         L += ["**SMOKE RUN (--keep-all): every regime kept whatever its check says; the numbers mean nothing.**", ""]
     L += [
-        f"Protocol (committed before any result): `{PROTOCOL_MD.relative_to(ROOT)}` and `{PROTOCOL.relative_to(ROOT)}`. "
+        f"Protocol (committed before any result): `{md_path.relative_to(ROOT)}` and `{yaml_path.relative_to(ROOT)}`. "
         f"Command: `{command}`. Raw per-run files: `{os.path.relpath(raw, ROOT)}/`. Machine: {host_line()}. "
         f"Margins: ECE {100 * margin:g} pt (equivalence), accuracy {100 * margin_acc:g} pt (non-inferiority); "
         f"alpha {alpha}.",
@@ -388,9 +399,9 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
         )
     L += [
         "",
-        "## 2. Tuning (one-go calibrator lr; validation NLL, mean over the tuning seeds)",
+        f"## 2. Tuning ({spec.get('tuning_label', 'one-go calibrator lr')}; validation NLL, mean over the tuning seeds)",
         "",
-        "| regime | method | trials done | chosen calibrator lr | mean val NLL |",
+        "| regime | method | trials done | chosen | mean val NLL |",
         "|---|---|---|---|---|",
     ]
     for r in kept:
@@ -400,7 +411,7 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
             rec = _load(raw / r / "tune" / m / "chosen.json")
             n_done = len(list((raw / r / "tune" / m).glob("trial*_seed*.json"))) // len(spec["tuning"]["seeds"])
             out["tuning"][f"{r}/{m}"] = rec
-            lr = f"{rec['params']['calibrator_lr']:.3g}" if rec else "pending"
+            lr = ", ".join(f"{k} {v:.3g}" for k, v in rec["params"].items()) if rec else "pending"
             val = f"{rec['value']:.4f}" if rec else "n/a"
             L.append(f"| {r} | {m} | {n_done}/{spec['tuning']['trials']} | {lr} | {val} |")
     L += ["", "## 3. Methods per regime (test split, mean ± sd over evaluation seeds)", ""]
@@ -509,7 +520,7 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
             "",
         ]
     L += _power_section(spec, out["claims"])
-    L += ["## 6. Deviations from the protocol", "", _deviations(), ""]
+    L += ["## 6. Deviations from the protocol", "", _deviations(spec), ""]
     return "\n".join(L) + "\n", out
 
 
@@ -553,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the stages that are not done yet, then write the report."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--protocol", default=str(PROTOCOL))
-    p.add_argument("--raw", default=str(RAW), help="where the per-run files go (default: committed results)")
+    p.add_argument("--raw", default=None, help="where the per-run files go (default: the committed results' folder)")
     p.add_argument("--out-dir", default=str(RESULTS_DIR))
     p.add_argument("--regimes", default=None, help="comma-separated subset (default: every regime, in order)")
     p.add_argument("--workers", type=int, default=2)
@@ -562,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-after", choices=["check", "tune", "eval"], default="eval")
     args = p.parse_args(argv)
     spec = load_spec(Path(args.protocol))
-    raw = Path(args.raw).resolve()
+    raw = Path(args.raw or RESULTS_DIR / study_name(spec)).resolve()
     regimes = args.regimes.split(",") if args.regimes else list(spec["regimes"])
     command = command_line(__file__, argv)
     if not args.report_only:
@@ -588,8 +599,8 @@ def main(argv: list[str] | None = None) -> int:
             _run_pool([j for r in kept for j in eval_jobs(spec, r, raw)], args.workers, "eval")
     text, record = build_report(spec, raw, command, args.keep_all)
     out = Path(args.out_dir)
-    write_text(out / "method_study_v2.md", text)
-    write_json(out / "method_study_v2.json", record)
+    write_text(out / f"{study_name(spec)}.md", text)
+    write_json(out / f"{study_name(spec)}.json", record)
     print(text)
     return 0
 

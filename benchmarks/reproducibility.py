@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR, command_line, host_line, utc_now, write_json, write_text
-from benchmarks.method_study_v2 import RAW, chosen_params, eval_path, execute, load_spec, run_config
+from benchmarks.method_study_v2 import chosen_params, eval_path, execute, load_spec, run_config
 
+RAW = RESULTS_DIR / "method_study_v2"  # the protocol-B runs this script re-runs
 METHODS = ("ce", "ts_val", "onego_ts")
 
 

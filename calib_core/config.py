@@ -56,6 +56,9 @@ class _Strict(BaseModel):
         return v
 
 
+MAX_HELD_OUT = 0.98  # val + test share of a dataset: the train split keeps the rest
+
+
 class DataConfig(_Strict):
     """Which dataset, where it lives, and how it is split (train / val / test, fixed by seed)."""
 
@@ -66,7 +69,12 @@ class DataConfig(_Strict):
         default=None, ge=100, le=1_000_000, description="total samples for generated sets (mnist1d), at most 10^6"
     )
     val_fraction: float = Field(default=0.15, gt=0.0, lt=0.5)
-    test_fraction: float = Field(default=0.15, gt=0.0, lt=0.5)
+    test_fraction: float = Field(
+        default=0.15,
+        gt=0.0,
+        lt=1.0,
+        description="share of the examples held out for test; a large test split tightens per-run metric intervals",
+    )
     augment: bool = False
     label_noise: float = Field(
         default=0.0,
@@ -86,6 +94,15 @@ class DataConfig(_Strict):
         default=True,
         description="check torchvision datasets' files against the official md5 sums (false for re-packed copies)",
     )
+
+    @model_validator(mode="after")
+    def _check_fractions(self) -> DataConfig:
+        if self.val_fraction + self.test_fraction > MAX_HELD_OUT:
+            raise ValueError(
+                f"data.val_fraction + data.test_fraction must be at most {MAX_HELD_OUT} (train keeps at least "
+                f"{1 - MAX_HELD_OUT:.0%}), got {self.val_fraction:g} + {self.test_fraction:g}"
+            )
+        return self
 
 
 class ModelConfig(_Strict):
