@@ -110,15 +110,15 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     """One run in a worker process (one thread): train (+ calibrate), then evaluate under shift."""
     import torch
 
-    import calib_core.trainer.multitask as mtmod
     from calib_core.evaluation import shift_metrics
-    from calib_core.trainer import make_trainer
+    from calib_core.trainer import CountingFit, make_trainer
 
     cfg, data = cpu_run_setup(job["seed"], job["config"])
     out: dict[str, Any] = {"loadavg_start": os.getloadavg()[0]}
     t0 = time.perf_counter()
     try:
-        tr = make_trainer(cfg, data, "cpu")
+        fits = CountingFit()  # every post-hoc LBFGS fit's report, in order
+        tr = make_trainer(cfg, data, "cpu", posthoc_fit=fits)
         res = tr.fit()
         out["wall_s"] = (
             time.perf_counter() - t0
@@ -142,23 +142,12 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
             # the T final post-hoc stages, timed alone (refit from the identity on the same cached
             # holdout logits: deterministic, so the calibrator ends where fit() left it)
             before = {k: v.clone() for k, v in tr.calibrator.state_dict().items()}
-            fits: list[dict] = []
-            orig = mtmod.fit_posthoc
-
-            def counting(*a: Any, **k: Any) -> dict:
-                r = orig(*a, **k)
-                fits.append(r)
-                return r
-
-            mtmod.fit_posthoc = counting
-            try:
-                s0 = time.perf_counter()
-                tr.fit_posthoc()
-                out["posthoc_stage_s"] = time.perf_counter() - s0
-            finally:
-                mtmod.fit_posthoc = orig
-            out["posthoc_stage_fits"] = len(fits)
-            out["posthoc_lbfgs_iterations"] = [int(f.get("iterations", -1)) for f in fits]
+            fits.reports.clear()
+            s0 = time.perf_counter()
+            tr.fit_posthoc()
+            out["posthoc_stage_s"] = time.perf_counter() - s0
+            out["posthoc_stage_fits"] = len(fits.reports)
+            out["posthoc_lbfgs_iterations"] = [int(f.get("iterations", -1)) for f in fits.reports]
             after = tr.calibrator.state_dict()
             out["posthoc_refit_identical"] = all(torch.equal(before[k], after[k]) for k in before)
         if res.status == "completed":

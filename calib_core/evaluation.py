@@ -11,13 +11,18 @@ under `<task>_<key>` when the data names its tasks).
 * `mean_shift_ece(rows)`: the mean ECE over those rows.
 * `ood_metrics(predict_proba, data_in, x_out)`: `calib_core.ood.ood_report` (MSP and entropy
   AUROC / FPR@95) with the in-distribution test split against OOD inputs `x_out`.
+* `final_metrics(result, data, ...)`: what a finished run is scored on besides the trainer's own
+  metrics, per split: the less biased calibration estimators, the shift means and the OOD scores,
+  with the prediction arrays and the shift tables they came from (the sweep's trials report these).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -136,4 +141,106 @@ def make_ood_inputs(x: Tensor, kind: str, seed: int) -> Tensor:
     return torch.gather(flat, 1, order).reshape(x.shape)
 
 
-__all__ = ["OOD_KINDS", "make_ood_inputs", "mean_shift_ece", "ood_metrics", "shift_metrics"]
+SPLITS = ("val", "test")
+
+
+def prediction_arrays(result: Any, task_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """A run's validation and test predictions as arrays: `<split>_probs` / `<split>_labels`; for a
+    multi-task run also `tasks`, `<split>_task_labels` (N, T; -1 = missing) and `<split>_task<t>_probs`."""
+    arrays = {
+        f"{split}_{what}": getattr(result, f"{split}_{what}").numpy()
+        for split in SPLITS
+        for what in ("probs", "labels")
+    }
+    if getattr(result, "task_val_probs", None) is not None:
+        arrays["tasks"] = np.array([str(n) for n in (task_names or [])])
+        for split in SPLITS:
+            arrays[f"{split}_task_labels"] = getattr(result, f"task_{split}_labels").numpy()
+            for t, probs in enumerate(getattr(result, f"task_{split}_probs")):
+                arrays[f"{split}_task{t}_probs"] = probs.numpy()
+    return arrays
+
+
+def debiased_scores(arrays: dict[str, np.ndarray], split: str, names: Sequence[str]) -> dict[str, float]:
+    """`calib_core.metrics.<name>` of a split's predictions (multi-task: the mean over tasks of each
+    task's value on its labelled rows)."""
+    from calib_core import metrics
+
+    if "tasks" in arrays:
+        labels = arrays[f"{split}_task_labels"]
+        parts = [(arrays[f"{split}_task{t}_probs"], labels[:, t]) for t in range(labels.shape[1])]
+    else:
+        parts = [(arrays[f"{split}_probs"], arrays[f"{split}_labels"])]
+    parts = [(p[y >= 0], y[y >= 0]) for p, y in parts if (y >= 0).any()]
+    return {
+        name: float(np.mean([float(getattr(metrics, name)(p.astype(np.float64), y)) for p, y in parts]))
+        for name in names
+    }
+
+
+@dataclass(frozen=True)
+class FinalEvaluation:
+    """`final_metrics`' answer: metrics per split ({'val': {name: value}, 'test': ...}), the prediction
+    arrays they were computed from, and the shift tables per split (empty without shift)."""
+
+    metrics: dict[str, dict[str, float]]
+    arrays: dict[str, np.ndarray]
+    shift: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def final_metrics(
+    result: Any,
+    data: Any,
+    *,
+    seed: int,
+    debiased: Sequence[str],
+    num_bins: int = 15,
+    shift: bool = False,
+    shift_corruptions: Sequence[str] | None = None,
+    shift_severities: Sequence[int] = SEVERITIES,
+    ood: str = "none",
+    ood_scores: Sequence[str] = ("msp", "entropy"),
+) -> FinalEvaluation:
+    """A finished run's scores beyond the trainer's metrics, on val (for selection) and test (the record):
+    `debiased` estimators; with `shift`, `shift_ece` / `shift_accuracy` (means over the corruption suite);
+    with `ood` (an OOD_KINDS name), `ood_<score>_<measure>` against synthetic inputs of each split's shape."""
+    tasks = getattr(data, "tasks", None)
+    arrays = prediction_arrays(result, [str(t[0]) for t in tasks] if tasks else None)
+    metrics: dict[str, dict[str, float]] = {split: debiased_scores(arrays, split, debiased) for split in SPLITS}
+    tables: dict[str, list[dict[str, Any]]] = {}
+    with torch.no_grad():
+        if shift:
+            for split in SPLITS:
+                rows = shift_metrics(
+                    result.predict_proba,
+                    data,
+                    seed,
+                    split=split,
+                    names=shift_corruptions,
+                    severities=shift_severities,
+                    num_bins=num_bins,
+                )
+                tables[split] = rows
+                metrics[split]["shift_ece"] = float(np.mean([r["ece"] for r in rows]))
+                metrics[split]["shift_accuracy"] = float(np.mean([r["accuracy"] for r in rows]))
+        if ood != "none":
+            for i, split in enumerate(SPLITS):
+                x_in = getattr(data, split).x
+                x_out = make_ood_inputs(x_in, ood, seed=seed * 1000 + 17 + i)
+                for k, v in ood_metrics(result.predict_proba, x_in, x_out).items():
+                    if k.split("_")[0] in ood_scores:  # the means over tasks, not `<task>_<score>_...`
+                        metrics[split][f"ood_{k}"] = float(v)
+    return FinalEvaluation(metrics, arrays, tables)
+
+
+__all__ = [
+    "OOD_KINDS",
+    "FinalEvaluation",
+    "debiased_scores",
+    "final_metrics",
+    "make_ood_inputs",
+    "mean_shift_ece",
+    "ood_metrics",
+    "prediction_arrays",
+    "shift_metrics",
+]

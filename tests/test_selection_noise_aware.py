@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from calib_core.evaluation import prediction_arrays
 from calib_core.metrics import compute_all
 from sweeps.config import SelectionConfig
 from sweeps.decide.selection import TrialRecord, select
 from sweeps.decide.uncertainty import compute_replicates, load_predictions
-from sweeps.integrations.ray.trainable import _prediction_arrays
 from sweeps.report.files import format_leaderboard, leaderboard, pareto_plot
 
 K = 10
@@ -156,7 +156,10 @@ def test_stored_multitask_predictions_give_per_task_and_mean_replicates(tmp_path
         task_test_labels=torch.tensor(labels),
     )
     data = SimpleNamespace(tasks=[("smile", 2), ("hair", 3)])
-    np.savez_compressed(tmp_path / "p.npz", **_prediction_arrays(result, data))
+    np.savez_compressed(
+        tmp_path / "p.npz",
+        **prediction_arrays(result, [str(t[0]) for t in data.tasks] if getattr(data, "tasks", None) else None),
+    )
     loaded = load_predictions(tmp_path / "p.npz")
     assert [t for t, _, _ in loaded["val"]] == ["smile", "hair"]
     reps = compute_replicates({"t": loaded}, num_bins=15, num_resamples=200)

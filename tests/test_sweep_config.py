@@ -216,12 +216,20 @@ def test_yaml_config_file_roundtrip(tmp_path):
 
 
 def test_searchable_metric_names_follow_calib_core() -> None:
+    import torch
+
     from calib_core import metrics
+    from calib_core.evaluation import SPLITS as CORE_SPLITS
     from calib_core.metrics import METRIC_NAMES as CORE
+    from calib_core.ood import ood_report
     from sweeps.config import PER_EPOCH_METRICS, SweepConfig
-    from sweeps.contract import DEBIASED_METRICS
+    from sweeps.contract import DEBIASED_METRICS, OOD_METRICS, OOD_SCORES, SPLITS
 
     assert set(PER_EPOCH_METRICS) == set(CORE)
+    assert SPLITS == CORE_SPLITS  # the trial reports calib_core.evaluation.final_metrics' splits
+    p = torch.softmax(torch.randn(20, 3, generator=torch.Generator().manual_seed(0)), 1)
+    assert {f"ood_{k}" for k in ood_report(p, p.flip(0))} == set(OOD_METRICS)
+    assert {k.split("_")[1] for k in OOD_METRICS} == set(OOD_SCORES)
     assert all(callable(getattr(metrics, name, None)) for name in DEBIASED_METRICS)
     for name in ("val_classwise_ece", "val_smooth_ece", "val_ece_sweep", "val_debiased_l2_ce"):
         cfg = SweepConfig.model_validate(

@@ -10,7 +10,7 @@ from calib_core.calibrators import create_calibrator, fit_posthoc
 from calib_core.config import ConfigError, RunConfig, build_model
 from calib_core.data import DataSplits, Split
 from calib_core.metrics import compute_all
-from calib_core.trainer import MultiTaskTrainer, Trainer
+from calib_core.trainer import CountingFit, MultiTaskTrainer, Trainer
 from calib_core.trainer.calibrator_batches import kfold_indices
 from tests.resume_harness import crash_then_resume
 from tests.test_trainer import D, K, _blobs  # the same noisy Gaussian blobs
@@ -158,18 +158,12 @@ def test_multitask_posthoc_on_validation():
 
 
 @pytest.mark.parametrize("split", ["holdout", "val"])
-def test_posthoc_refit_at_the_end_equals_the_last_epoch_refit(data, split, monkeypatch):
-    import calib_core.trainer.trainer as trainer_mod
-
-    calls = []
-    real = trainer_mod.fit_posthoc
-    monkeypatch.setattr(trainer_mod, "fit_posthoc", lambda *a, **k: calls.append(1) or real(*a, **k))
+def test_posthoc_refit_at_the_end_equals_the_last_epoch_refit(data, split):
     common = dict(method="posthoc", posthoc_split=split, posthoc_folds=3, epochs=3, calibrator_data="holdout:0.2")
-    every = Trainer(_cfg(**common), data).fit()
-    n_every = len(calls)
-    calls.clear()
-    end = Trainer(_cfg(posthoc_refit="end", **common), data).fit()
+    every_fits, end_fits = CountingFit(), CountingFit()
+    every = Trainer(_cfg(**common), data, posthoc_fit=every_fits).fit()
+    end = Trainer(_cfg(posthoc_refit="end", **common), data, posthoc_fit=end_fits).fit()
     per_fit = 4 if split == "val" else 1  # 3 folds + the fit on all rows
-    assert n_every == 3 * per_fit and len(calls) == per_fit
+    assert len(every_fits.reports) == 3 * per_fit and len(end_fits.reports) == per_fit
     assert end.val_metrics == every.val_metrics and end.test_metrics == every.test_metrics
     assert end.history[-1]["val_nll"] != every.history[-1]["val_nll"]  # per-epoch metrics are uncalibrated

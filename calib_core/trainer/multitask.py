@@ -48,15 +48,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from calib_core.calibrators import Calibrator, create_calibrator, fit_posthoc
+from calib_core.calibrators import Calibrator, create_calibrator
 from calib_core.config import RunConfig
 
-from .calibrator_batches import kfold_indices
 from .hypergradient import lookahead_params
+from .posthoc import PosthocFit
 from .result import Evaluation, TrainResult, forward_in_batches, model_features, model_submodule
-from .snapshot import cpu_copy
-from .strategy import EVAL_BATCH, CalibratorBatch, Diverged, TaskStrategy, add_regularization
-from .trainer import Trainer, crossfit_posthoc
+from .strategy import CalibratorBatch, TaskStrategy, add_regularization
+from .trainer import Trainer
 
 MISSING = -1
 
@@ -253,52 +252,19 @@ class MultiTask(TaskStrategy):
             losses.append(masked_cross_entropy(out, labels[:, t], self.smoothing))
         return torch.stack(losses).sum()
 
-    def labelled_tasks(self, labels: Tensor) -> list[int]:
-        """The tasks with at least one label in `labels` (N, T)."""
-        return [t for t in range(len(self.tasks)) if bool((labels[:, t] >= 0).any())]
+    @property
+    def num_tasks(self) -> int:
+        """How many tasks (and calibrators)."""
+        return len(self.tasks)
 
-    def fit_posthoc(
-        self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor, tasks: list[int]
-    ) -> None:
-        """One post-hoc stage per task: LBFGS on task t's labelled holdout rows."""
-        for t in tasks:
-            keep = labels[:, t] >= 0
-            inp_t = inputs[t][keep]
-            if not bool(torch.isfinite(inp_t).all()):
-                raise Diverged(f"non-finite logits of task {self.tasks[t][0]!r} on the post-hoc holdout")
-            fit_posthoc(calibrators[t], inp_t, labels[keep, t])
+    def labelled_rows(self, labels: Tensor, task: int) -> tuple[Tensor | None, Tensor]:
+        """Task `task`'s labelled rows of `labels` (N, T) (label -1 = missing) and their labels."""
+        rows = (labels[:, task] >= 0).nonzero().squeeze(1)
+        return rows, labels[rows, task]
 
-    def crossfit_posthoc(
-        self,
-        calibrators: list[Calibrator],
-        inputs: list[Tensor],
-        labels: Tensor,
-        tasks: list[int],
-        folds: int,
-        seed: int,
-    ) -> list[Tensor]:
-        """Task t's calibrator on its labelled validation rows, cross-fitted with folds of its own
-        seed; unlabelled rows (and tasks without labels) keep the identity's logits."""
-        out: list[Tensor] = []
-        for t, inp in enumerate(inputs):
-            if t not in tasks:
-                out.append(inp)
-                continue
-            keep = (labels[:, t] >= 0).nonzero().squeeze(1)
-            if not bool(torch.isfinite(inp[keep]).all()):
-                raise Diverged(f"non-finite logits of task {self.tasks[t][0]!r} on the validation split (post-hoc fit)")
-            cal = calibrators[t]
-            fold_idx = [f.to(inp.device) for f in kfold_indices(len(keep), folds, seed + 7919 * t)]
-            z_keep = crossfit_posthoc(cal, cpu_copy(cal.state_dict()), inp[keep], labels[keep, t], fold_idx)
-            with torch.no_grad():
-                z = cal(inp)  # unlabelled rows never enter a metric
-            z[keep] = z_keep
-            out.append(z)
-        return out
-
-    def predict_logits(self, model: nn.Module, calibrator: nn.Module | None, x: Tensor) -> list[Tensor]:
-        """Every task's calibrated logits."""
-        return self.calibrated_model(model, calibrator).predict_logits(x, EVAL_BATCH)
+    def task_name(self, task: int) -> str | None:
+        """The task's name."""
+        return self.tasks[task][0]
 
     def metrics(self, logits: list[Tensor], labels: Tensor, num_bins: int) -> dict[str, float]:
         """`multitask_metrics`: per task on its labelled rows, and the means over tasks."""
@@ -326,14 +292,6 @@ class MultiTask(TaskStrategy):
                     info[f"{n}_{k}"] = v
         info["per_task"] = per
         return info
-
-    def calibrator_problem(self, calibrators: list[Calibrator]) -> str | None:
-        """The first task's calibrator whose `divergence()` reports a problem, named."""
-        for (n, _), cal in zip(self.tasks, calibrators):
-            problem = cal.divergence()
-            if problem is not None:
-                return f"task {n!r}: {problem}"
-        return None
 
     def result(self, common: dict[str, Any], val: Evaluation | None, test: Evaluation | None) -> MultiTaskTrainResult:
         """A `MultiTaskTrainResult`: every task's predictions, and the first task's as the single-task view."""
@@ -372,9 +330,15 @@ class MultiTaskTrainer(Trainer):
     """
 
     def __init__(
-        self, cfg: RunConfig, data: Any, device: str | torch.device | None = None, *, model: nn.Module | None = None
+        self,
+        cfg: RunConfig,
+        data: Any,
+        device: str | torch.device | None = None,
+        *,
+        model: nn.Module | None = None,
+        posthoc_fit: PosthocFit | None = None,
     ) -> None:
-        super().__init__(cfg, data, device, model=model, strategy=MultiTask.for_run(cfg, data))
+        super().__init__(cfg, data, device, model=model, strategy=MultiTask.for_run(cfg, data), posthoc_fit=posthoc_fit)
 
     @property
     def tasks(self) -> tuple[tuple[str, int], ...]:

@@ -14,12 +14,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 from calib_core.calibrators import Calibrator
 from calib_core.config import RunConfig
 
+from .calibrator_batches import kfold_indices
+from .posthoc import DEFAULT_FIT, PosthocFit, crossfit
 from .result import Evaluation, TrainResult
+from .snapshot import cpu_copy
 
 EVAL_BATCH = 1024
 
@@ -89,17 +93,49 @@ class TaskStrategy(ABC):
         """The backbone's loss through the frozen calibrators ([]: none), or through their one-step
         look-ahead on `lookahead` (hypergradient `unrolled`)."""
 
+    @property
+    def num_tasks(self) -> int:
+        """How many labels (and calibrators) a row has."""
+        return 1
+
     @abstractmethod
+    def labelled_rows(self, labels: Tensor, task: int) -> tuple[Tensor | None, Tensor]:
+        """Task `task`'s labelled rows of `labels` (an index tensor, or None for all rows) and their labels."""
+
+    def task_name(self, task: int) -> str | None:
+        """Task `task`'s name in messages (None: a single-task run says no name)."""
+        return None
+
+    def _about(self, task: int) -> str:
+        name = self.task_name(task)
+        return "" if name is None else f" of task {name!r}"
+
     def labelled_tasks(self, labels: Tensor) -> list[int]:
         """The calibrators a post-hoc fit on `labels` fits: those with a labelled row."""
+        out = []
+        for t in range(self.num_tasks):
+            rows, _ = self.labelled_rows(labels, t)
+            if rows is None or len(rows) > 0:
+                out.append(t)
+        return out
 
-    @abstractmethod
     def fit_posthoc(
-        self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor, tasks: list[int]
+        self,
+        calibrators: list[Calibrator],
+        inputs: list[Tensor],
+        labels: Tensor,
+        tasks: list[int],
+        fit: PosthocFit = DEFAULT_FIT,
     ) -> None:
-        """Fit calibrators `tasks` (already reset to the identity) on cached holdout inputs."""
+        """One post-hoc stage per task in `tasks`: `fit` (calibrators already reset to the identity) on
+        the task's labelled rows of the cached holdout inputs."""
+        for t in tasks:
+            rows, y = self.labelled_rows(labels, t)
+            inp = inputs[t] if rows is None else inputs[t][rows]
+            if not bool(torch.isfinite(inp).all()):
+                raise Diverged(f"non-finite logits{self._about(t)} on the post-hoc holdout")
+            fit(calibrators[t], inp, y)
 
-    @abstractmethod
     def crossfit_posthoc(
         self,
         calibrators: list[Calibrator],
@@ -108,13 +144,46 @@ class TaskStrategy(ABC):
         tasks: list[int],
         folds: int,
         seed: int,
+        fit: PosthocFit = DEFAULT_FIT,
     ) -> list[Tensor]:
-        """Fit calibrators `tasks` (reset to the identity) on the validation split's cached inputs;
-        return their cross-fitted (out-of-fold) validation logits."""
+        """Fit calibrators `tasks` (reset to the identity) on their labelled validation rows; return
+        the cross-fitted (out-of-fold) validation logits, folds seeded per task. Unlabelled rows
+        (and tasks without labels) keep the calibrated (or the identity's) logits: no metric reads them."""
+        out: list[Tensor] = []
+        for t, inp in enumerate(inputs):
+            if t not in tasks:
+                out.append(inp)
+                continue
+            rows, y = self.labelled_rows(labels, t)
+            x = inp if rows is None else inp[rows]
+            if not bool(torch.isfinite(x).all()):
+                raise Diverged(f"non-finite logits{self._about(t)} on the validation split (post-hoc fit)")
+            cal = calibrators[t]
+            fold_idx = [f.to(inp.device) for f in kfold_indices(len(x), folds, seed + 7919 * t)]
+            z_rows = crossfit(cal, cpu_copy(cal.state_dict()), x, y, fold_idx, fit)
+            if rows is None:
+                out.append(z_rows)
+                continue
+            with torch.no_grad():
+                z = cal(inp)
+            z[rows] = z_rows
+            out.append(z)
+        return out
 
-    @abstractmethod
     def predict_logits(self, model: nn.Module, calibrator: nn.Module | None, x: Tensor) -> list[Tensor]:
         """The calibrated logits of `x`, one tensor per task, in eval mode."""
+        calibrated: Any = self.calibrated_model(model, calibrator)  # CalibratedModel or its multi-task twin
+        out = calibrated.predict_logits(x, EVAL_BATCH)
+        return out if isinstance(out, list) else [out]
+
+    def calibrator_problem(self, calibrators: list[Calibrator]) -> str | None:
+        """The first calibrator's own divergence report (`Calibrator.divergence()`), named by its task, or None."""
+        for t, cal in enumerate(calibrators):
+            problem = cal.divergence()
+            if problem is not None:
+                name = self.task_name(t)
+                return problem if name is None else f"task {name!r}: {problem}"
+        return None
 
     @abstractmethod
     def metrics(self, logits: list[Tensor], labels: Tensor, num_bins: int) -> dict[str, float]:
@@ -127,10 +196,6 @@ class TaskStrategy(ABC):
     @abstractmethod
     def calibrator_info(self, calibrators: list[Calibrator], name: str, stages: int) -> dict[str, Any]:
         """What the calibrator(s) are (for reports); `stages` = post-hoc fits a final model needs."""
-
-    @abstractmethod
-    def calibrator_problem(self, calibrators: list[Calibrator]) -> str | None:
-        """The first calibrator's own divergence report (`Calibrator.divergence()`), or None."""
 
     @abstractmethod
     def result(self, common: dict[str, Any], val: Evaluation | None, test: Evaluation | None) -> TrainResult:

@@ -26,7 +26,8 @@ returns the model (and calibrator) of the best epoch.
 
 Single- and multi-task runs share this one loop: what differs (the calibrator(s), their inputs,
 the losses, post-hoc fits, metrics, the calibrated model and the result type) is a `TaskStrategy`
-(strategy.py). `SingleTask`, below, is the default; `multitask.MultiTask` is the other.
+(strategy.py). `single_task.SingleTask` is the default; `multitask.MultiTask` is the other. Post-hoc
+fits go through the `posthoc_fit` the trainer is given (posthoc.py; default LBFGS).
 """
 
 from __future__ import annotations
@@ -35,25 +36,23 @@ import copy
 import random
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from calib_core.calibrators import Calibrator, create_calibrator, fit_posthoc
 from calib_core.config import RunConfig
-from calib_core.losses import LossFn, make_loss
 
-from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator, kfold_indices
-from .hypergradient import unrolled_loss
+from .calibrator_batches import HoldoutCycler, derive_seed, epoch_batches, generator
 from .modes import ModeSwitch, forward_is_mode_free
 from .plan import plan_run
-from .result import CalibratedModel, EpochReport, Evaluation, TrainResult, model_features, model_submodule
+from .posthoc import DEFAULT_FIT, PosthocFit
+from .result import EpochReport, Evaluation, TrainResult, model_submodule
 from .schedule import backbone_optimizer, backbone_param_groups, calibrator_optimizer, lr_scheduler
+from .single_task import SingleTask
 from .snapshot import cpu_copy, differing_keys, numpy_rng_state, set_numpy_rng_state
-from .strategy import EVAL_BATCH, CalibratorBatch, Diverged, TaskStrategy, add_regularization
+from .strategy import EVAL_BATCH, CalibratorBatch, Diverged, TaskStrategy
 
 STATE_VERSION = 1
 # config fields that may differ between a run and its resumption
@@ -72,172 +71,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def crossfit_posthoc(
-    calibrator: Calibrator, init_state: dict[str, Any], inputs: Tensor, labels: Tensor, folds: list[Tensor]
-) -> Tensor:
-    """Out-of-fold calibrated logits of a post-hoc calibrator: the rows of each fold are calibrated
-    by the calibrator refitted from `init_state` on the other folds' rows. The calibrator is left
-    fitted on all rows (the one a final model uses)."""
-    out: Tensor | None = None
-    for fold in folds:
-        rest = torch.ones(len(inputs), dtype=torch.bool, device=inputs.device)
-        rest[fold] = False
-        calibrator.load_state_dict(init_state)
-        fit_posthoc(calibrator, inputs[rest], labels[rest])
-        with torch.no_grad():
-            z = calibrator(inputs[fold])
-        if out is None:
-            out = z.new_empty(len(inputs), z.shape[1])
-        out[fold] = z
-    calibrator.load_state_dict(init_state)
-    fit_posthoc(calibrator, inputs, labels)
-    assert out is not None
-    return out
-
-
-# SingleTask lives next to the loop, its default, and next to crossfit_posthoc: both call this
-# module's `fit_posthoc` (the calibrators package's LBFGS fit, which tests count by patching it here).
-class SingleTask(TaskStrategy):
-    """One label per sample, one calibrator (or none); the backbone loss is the method's."""
-
-    head_name = "head"
-
-    def __init__(self, num_classes: int, loss_fn: LossFn) -> None:
-        self.num_classes = num_classes
-        self.loss_fn = loss_fn
-
-    @classmethod
-    def for_run(cls, cfg: RunConfig, data: Any) -> SingleTask:
-        """The strategy of a single-task run of `cfg` on `data`."""
-        tc = cfg.train
-        return cls(
-            int(data.num_classes), make_loss(tc.method, label_smoothing=tc.label_smoothing, focal_gamma=tc.focal_gamma)
-        )
-
-    def create_model(self, cfg: RunConfig, data: Any) -> nn.Module:
-        """`create_model(cfg.model.name, ...)` for the data's classes and input shape."""
-        from calib_core.models import create_model
-
-        return create_model(cfg.model.name, self.num_classes, tuple(data.input_shape), **cfg.model.kwargs)
-
-    def check_model(self, model: nn.Module) -> None:
-        """Any classifier fits (a ready-made one needs `.features`, `.head`, `.feature_dim`)."""
-
-    def create_calibrator(self, name: str, kwargs: dict[str, Any], model: nn.Module) -> nn.Module:
-        """The registry's calibrator `name` (with `last_layer`: the model's head)."""
-        return create_calibrator(
-            name,
-            self.num_classes,
-            feature_dim=getattr(model, "feature_dim", None),
-            head=getattr(model, "head", None),
-            **kwargs,
-        )
-
-    def calibrators(self, module: nn.Module | None) -> list[Calibrator]:
-        """[the calibrator], or [] without one."""
-        return [] if module is None else [_as_calibrator(module)]
-
-    def inputs(self, model: nn.Module, calibrators: list[Calibrator], x: Tensor) -> list[Tensor]:
-        """[features] for a features calibrator, else [logits]."""
-        kind = calibrators[0].input_kind if calibrators else "logits"
-        return [model_features(model, x) if kind == "features" else model(x)]
-
-    def calibrator_loss(
-        self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor
-    ) -> tuple[Tensor, list[int]]:
-        """CE of the calibrated inputs plus the calibrator's regularization."""
-        cal = calibrators[0]
-        return add_regularization(F.cross_entropy(cal(inputs[0]), labels), cal), [0]
-
-    def backbone_loss(
-        self,
-        calibrators: list[Calibrator],
-        inputs: list[Tensor],
-        labels: Tensor,
-        lookahead: CalibratorBatch | None,
-        calibrator_lr: float,
-    ) -> Tensor:
-        """The method's loss of the calibrated logits (through the look-ahead calibrator if given)."""
-        z = inputs[0]
-        if not calibrators:
-            return self.loss_fn(z, labels)
-        cal = calibrators[0]
-        if lookahead is not None:
-            return unrolled_loss(cal, lookahead.inputs[0], lookahead.labels, z, labels, calibrator_lr, self.loss_fn)
-        return self.loss_fn(cal(z), labels)
-
-    def labelled_tasks(self, labels: Tensor) -> list[int]:
-        """[0]: a single-task split has no missing labels."""
-        return [0]
-
-    def fit_posthoc(
-        self, calibrators: list[Calibrator], inputs: list[Tensor], labels: Tensor, tasks: list[int]
-    ) -> None:
-        """LBFGS on all holdout rows."""
-        if not bool(torch.isfinite(inputs[0]).all()):
-            raise Diverged("non-finite logits on the post-hoc holdout")
-        fit_posthoc(calibrators[0], inputs[0], labels)
-
-    def crossfit_posthoc(
-        self,
-        calibrators: list[Calibrator],
-        inputs: list[Tensor],
-        labels: Tensor,
-        tasks: list[int],
-        folds: int,
-        seed: int,
-    ) -> list[Tensor]:
-        """k-fold cross-fitting over all validation rows."""
-        inp = inputs[0]
-        if not bool(torch.isfinite(inp).all()):
-            raise Diverged("non-finite logits on the validation split (post-hoc fit)")
-        cal = calibrators[0]
-        fold_idx = [f.to(inp.device) for f in kfold_indices(len(inp), folds, seed)]
-        return [crossfit_posthoc(cal, cpu_copy(cal.state_dict()), inp, labels, fold_idx)]
-
-    def predict_logits(self, model: nn.Module, calibrator: nn.Module | None, x: Tensor) -> list[Tensor]:
-        """[calibrated logits]."""
-        return [self.calibrated_model(model, calibrator).predict_logits(x, EVAL_BATCH)]
-
-    def metrics(self, logits: list[Tensor], labels: Tensor, num_bins: int) -> dict[str, float]:
-        """`compute_all` of the calibrated logits."""
-        from calib_core.metrics import compute_all
-
-        metrics = compute_all(logits[0], labels, num_bins=num_bins, from_logits=True)
-        return {k: float(v) for k, v in metrics.items()}
-
-    def calibrated_model(self, model: nn.Module, calibrator: nn.Module | None) -> CalibratedModel:
-        """`CalibratedModel(model, calibrator)`."""
-        return CalibratedModel(model, _as_calibrator(calibrator) if calibrator is not None else None)
-
-    def calibrator_info(self, calibrators: list[Calibrator], name: str, stages: int) -> dict[str, Any]:
-        """The calibrator's `describe()`."""
-        if not calibrators:
-            return {"calibrator": "none", "num_params": 0}
-        return calibrators[0].describe()
-
-    def calibrator_problem(self, calibrators: list[Calibrator]) -> str | None:
-        """The calibrator's `divergence()`."""
-        return calibrators[0].divergence() if calibrators else None
-
-    def result(self, common: dict[str, Any], val: Evaluation | None, test: Evaluation | None) -> TrainResult:
-        """A `TrainResult`."""
-        return TrainResult(
-            **common,
-            val_metrics=val.metrics if val is not None else {},
-            test_metrics=test.metrics if test is not None else {},
-            val_probs=val.probs[0] if val is not None else None,
-            val_labels=val.labels if val is not None else None,
-            test_probs=test.probs[0] if test is not None else None,
-            test_labels=test.labels if test is not None else None,
-        )
-
-
-def _as_calibrator(module: nn.Module) -> Calibrator:
-    """The module `create_calibrator` made, typed as the Calibrator it is."""
-    return cast(Calibrator, module)
 
 
 class Trainer:
@@ -278,8 +111,10 @@ class Trainer:
         *,
         model: nn.Module | None = None,
         strategy: TaskStrategy | None = None,
+        posthoc_fit: PosthocFit | None = None,
     ) -> None:
         self.strategy = strategy if strategy is not None else SingleTask.for_run(cfg, data)
+        self.posthoc_fit = posthoc_fit if posthoc_fit is not None else DEFAULT_FIT
         self.cfg = cfg
         tc = self.tc = cfg.train
         self._setup_run(cfg, data, device)
@@ -537,6 +372,7 @@ class Trainer:
                 self.posthoc_tasks,
                 self.tc.posthoc_folds,
                 self.seed,
+                self.posthoc_fit,
             )
             return
         hold = self.holdout_idx.to(self.device)
@@ -545,6 +381,7 @@ class Trainer:
             self._cached_inputs(self.train_split.x[hold]),
             self.train_split.y[hold],
             self.posthoc_tasks,
+            self.posthoc_fit,
         )
 
     def _calibrator_problem(self) -> str | None:

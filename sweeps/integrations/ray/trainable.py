@@ -29,7 +29,6 @@ from sweeps.contract import (
     PREDICTIONS_FILE,
     REPORT_DIR,
     SHIFT_FILE,
-    SPLITS,
     STATE_FILE,
     SUMMARY_FILE,
     final_only_keys,
@@ -176,80 +175,6 @@ def train_trial(
     _report_final(trainer, result, run_cfg, data, evaluation, last_epoch, title=describe_params(config))
 
 
-def _ood_scores(result: Any, data: Any, run_cfg: RunConfig, kind: str) -> dict[str, float]:
-    """OOD AUROC / FPR@95 of MSP and entropy: each split against synthetic inputs of its shape."""
-    import torch
-
-    from calib_core.evaluation import make_ood_inputs, ood_metrics
-
-    out = {}
-    with torch.no_grad():
-        for i, split in enumerate(SPLITS):
-            x_in = getattr(data, split).x
-            x_out = make_ood_inputs(x_in, kind, seed=run_cfg.seed * 1000 + 17 + i)
-            for k, v in ood_metrics(result.predict_proba, x_in, x_out).items():
-                if "_" in k and k.split("_")[0] in OOD_SCORES:
-                    out[metric_key(split, f"ood_{k}")] = float(v)
-    return out
-
-
-def _shift_tables(result: Any, data: Any, run_cfg: RunConfig, evaluation: EvaluationConfig) -> dict[str, list]:
-    """Accuracy and ECE per corruption and severity on val (for selection) and test (for the record)."""
-    import torch
-
-    from calib_core.evaluation import shift_metrics
-
-    with torch.no_grad():
-        return {
-            split: shift_metrics(
-                result.predict_proba,
-                data,
-                run_cfg.seed,
-                split=split,
-                names=evaluation.shift_corruptions,
-                severities=evaluation.shift_severities,
-                num_bins=run_cfg.train.num_bins,
-            )
-            for split in SPLITS
-        }
-
-
-def _prediction_arrays(result: Any, data: Any) -> dict[str, np.ndarray]:
-    """Validation and test predictions (sweeps.decide.uncertainty.load_predictions reads them); for
-    multi-task runs every task's probabilities over all rows and the (N, T) labels, -1 = missing."""
-    arrays = {
-        f"{split}_{what}": getattr(result, f"{split}_{what}").numpy()
-        for split in SPLITS
-        for what in ("probs", "labels")
-    }
-    if getattr(result, "task_val_probs", None) is not None:
-        arrays["tasks"] = np.array([str(t[0]) for t in data.tasks])
-        for split in SPLITS:
-            arrays[f"{split}_task_labels"] = getattr(result, f"task_{split}_labels").numpy()
-            for t, probs in enumerate(getattr(result, f"task_{split}_probs")):
-                arrays[f"{split}_task{t}_probs"] = probs.numpy()
-    return arrays
-
-
-def _debiased_metrics(arrays: dict[str, np.ndarray]) -> dict[str, float]:
-    """Less biased calibration estimators (calib_core.metrics.debiased) on val and test; for
-    multi-task runs the mean over tasks of each task's value on its labelled rows."""
-    from calib_core import metrics
-
-    out = {}
-    for split in SPLITS:
-        if "tasks" in arrays:
-            labels = arrays[f"{split}_task_labels"]
-            parts = [(arrays[f"{split}_task{t}_probs"], labels[:, t]) for t in range(labels.shape[1])]
-        else:
-            parts = [(arrays[f"{split}_probs"], arrays[f"{split}_labels"])]
-        parts = [(p[y >= 0], y[y >= 0]) for p, y in parts if (y >= 0).any()]
-        for name in DEBIASED_METRICS:
-            fn = getattr(metrics, name)
-            out[metric_key(split, name)] = float(np.mean([float(fn(p.astype(np.float64), y)) for p, y in parts]))
-    return out
-
-
 def save_model(directory: str | Path, module: Any, run_config: dict[str, Any], input_shape: tuple[int, ...]) -> None:
     """The trained calibrated module as MODEL_FILE (its state_dict, tensors only) plus
     MODEL_SPEC_FILE (calib_core.export.model_spec: what rebuilds it from calib_core's registries);
@@ -283,6 +208,8 @@ def _report_final(
     """
     import torch
 
+    from calib_core.evaluation import final_metrics
+
     input_shape = tuple(data.input_shape)
     final: dict[str, Any] = {
         **{k: v for k, v in (last_epoch or {}).items() if not k.startswith("val_")},
@@ -293,38 +220,44 @@ def _report_final(
         "wall_time": float(result.wall_time),
         "node_id": _node_id(),
     }
+    scored = None
     if result.status == "completed":
         final.update({f"val_{k.removeprefix('val_')}": float(v) for k, v in result.val_metrics.items()})
         final.update({f"test_{k.removeprefix('test_')}": float(v) for k, v in result.test_metrics.items()})
-        final.update(_debiased_metrics(_prediction_arrays(result, data)))
+        scored = final_metrics(
+            result,
+            data,
+            seed=run_cfg.seed,
+            debiased=DEBIASED_METRICS,
+            num_bins=run_cfg.train.num_bins,
+            shift=evaluation.shift,
+            shift_corruptions=evaluation.shift_corruptions,
+            shift_severities=evaluation.shift_severities,
+            ood=evaluation.ood,
+            ood_scores=OOD_SCORES,
+        )
+        for split, values in scored.metrics.items():
+            final.update({metric_key(split, k): v for k, v in values.items()})
     else:
         # Optuna records NaN objectives as failed trials, so a diverged run never ranks.
         final["val_ece"] = float("nan")
         final["val_accuracy"] = float("nan")
-    shift: dict[str, list] = {}
-    if result.status == "completed" and evaluation.shift:
-        shift = _shift_tables(result, data, run_cfg, evaluation)
-        for split, rows in shift.items():
-            final[f"{split}_shift_ece"] = float(np.mean([r["ece"] for r in rows]))
-            final[f"{split}_shift_accuracy"] = float(np.mean([r["accuracy"] for r in rows]))
-    if result.status == "completed" and evaluation.ood != "none":
-        final.update(_ood_scores(result, data, run_cfg, evaluation.ood))
     for k, v in (result.calibrator_info or {}).items():
         if is_number(v):
             final[f"calibrator_{k}"] = float(v)
     with tempfile.TemporaryDirectory() as d:
         torch.save(trainer.state_dict(), Path(d) / STATE_FILE)
         export_error = None
-        if result.status == "completed":
+        if scored is not None:
             try:
                 save_model(d, result.model, run_cfg.model_dump(mode="json"), input_shape)
             except (TypeError, ValueError) as exc:  # a module calib_core.export cannot describe
                 export_error = f"{type(exc).__name__}: {exc}"
                 logging.getLogger(__name__).warning("the trained model is not saved for export: %s", export_error)
             # numpy's stub lets the unpacked str-keyed dict reach the keyword `allow_pickle: bool`
-            np.savez_compressed(Path(d) / PREDICTIONS_FILE, **_prediction_arrays(result, data))  # type: ignore[arg-type]
-        if shift:
-            (Path(d) / SHIFT_FILE).write_text(json.dumps(shift))
+            np.savez_compressed(Path(d) / PREDICTIONS_FILE, **scored.arrays)  # type: ignore[arg-type]
+            if scored.shift:
+                (Path(d) / SHIFT_FILE).write_text(json.dumps(scored.shift))
         (Path(d) / SUMMARY_FILE).write_text(
             json.dumps(
                 {
