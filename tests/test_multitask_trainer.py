@@ -4,12 +4,9 @@ per task, and the dispatch picks the multi-task trainer for multi-task data."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from calib_core.calibrators import fit_posthoc
 from calib_core.config import RunConfig
 from calib_core.data import DataSplits, Split
 from calib_core.metrics import compute_all
@@ -17,7 +14,6 @@ from calib_core.models import create_model
 from calib_core.models.multitask import MultiTaskClassifier
 from calib_core.trainer import MultiTaskTrainer, Trainer, make_trainer
 from calib_core.trainer.multitask import masked_cross_entropy, multitask_metrics
-from tests.resume_harness import crash_then_resume
 
 TASKS = (("a", 3), ("b", 2), ("c", 4))  # K >= 3, a binary task, and no sample count is a K
 D = 8
@@ -185,58 +181,6 @@ def test_a_task_without_any_label_in_a_split_is_left_out_of_the_means():
     assert "q_ece" not in m and m["ece"] == m["p_ece"]
 
 
-# ---------------------------------------------------------------------------- resume
-RESUME_CASES = {
-    "temperature-holdout": dict(calibrator="temperature", calibrator_steps=2, lr_schedule="cosine"),
-    "last_layer-lookahead-warmup-sgd": dict(
-        calibrator="last_layer",
-        calibrator_data="lookahead",
-        warmup_epochs=1,
-        optimizer="sgd",
-        lr=0.05,
-        calibrator_optimizer="sgd",
-    ),
-    "posthoc-vector": dict(method="posthoc", posthoc_calibrator="vector"),
-}
-
-
-@pytest.mark.parametrize("case", list(RESUME_CASES))
-def test_resume_is_bit_for_bit(case):
-    d = _data(missing=0.2)
-    cfg = _cfg(epochs=3, **RESUME_CASES[case])
-    cfg.model.kwargs["dropout"] = 0.2
-    full_t = MultiTaskTrainer(cfg, d)
-    full = full_t.fit()
-    res_t, res, reports = crash_then_resume(lambda: MultiTaskTrainer(cfg, d), crash_after=1)
-    assert [r.epoch for r in reports] == [2, 3]
-    assert _same(_state(full_t.model), _state(res_t.model))
-    if full_t.calibrator is not None:
-        assert _same(_state(full_t.calibrator), _state(res_t.calibrator))
-    assert res.val_metrics == full.val_metrics and res.test_metrics == full.test_metrics
-    assert all(torch.equal(a, b) for a, b in zip(res.task_test_probs, full.task_test_probs))
-    drop = lambda h: {k: v for k, v in h.items() if k != "epoch_time"}  # noqa: E731
-    assert [drop(h) for h in res.history] == [drop(h) for h in full.history]
-
-
-# ---------------------------------------------------------------------------- post-hoc stages
-def test_posthoc_runs_one_calibration_stage_per_task():
-    calls: list[int] = []
-
-    def counting(cal, logits, labels):
-        calls.append(cal.num_classes)
-        assert (labels >= 0).all()
-        return fit_posthoc(cal, logits, labels)
-
-    d = _data(missing=0.3)
-    res = MultiTaskTrainer(_cfg(method="posthoc", epochs=2), d, posthoc_fit=counting).fit()
-    assert res.status == "completed"
-    assert calls == [k for _, k in TASKS] * 2  # every epoch: one LBFGS fit per task
-    assert res.calibrator_info["calibration_stages"] == res.calibration_stages == len(TASKS)
-    assert res.calibrator_info["num_params"] == len(TASKS)  # one temperature each
-    onego = MultiTaskTrainer(_cfg(calibrator="last_layer", epochs=1), d).fit()
-    assert onego.calibrator_info["calibration_stages"] == 0 and onego.calibrator_info["num_params"] == 0
-
-
 # ---------------------------------------------------------------------------- dispatch
 def test_make_trainer_dispatches_on_tasks(data):
     assert type(make_trainer(_cfg(), data)) is MultiTaskTrainer
@@ -271,76 +215,3 @@ def test_registered_multitask_dataset_trains_end_to_end():
     res = make_trainer(cfg, d).fit()
     assert res.status == "completed"
     assert {"val_ece", "val_digit_ece", "val_prime_accuracy"} <= set(res.history[0])
-
-
-def test_head_lr_applies_to_every_task_head(data):
-    cfg = _cfg(method="ce", optimizer="sgd", momentum=0.0, lr=0.1, lr_schedule="none", epochs=1, head_lr=1e-10)
-    t = make_trainer(cfg, data)
-    heads0 = [p.detach().clone() for p in t.model.heads.parameters()]
-    t.fit()
-    moved = max(float((p.detach() - q).abs().max()) for p, q in zip(t.model.heads.parameters(), heads0))
-    assert moved < 1e-8
-    assert [g["lr"] for g in t.backbone_opt.param_groups] == [0.1, 1e-10]
-
-
-# ---------------------------------------------------------------------------- last_layer after warm-up
-@pytest.mark.parametrize("warmup", [0, 1])
-@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
-def test_last_layer_heads_move_only_by_the_calibrator_step_after_warmup(data, warmup, optimizer):
-    """With `last_layer` each task's head IS its calibrator: after warm-up only the calibrator
-    optimizer may move the heads, never the backbone optimizer (which held them for the
-    warm-up) with the calibrators' stale gradients. One batch per epoch and K_c = 1: a copy
-    of the trainer that takes the epoch's calibrator step alone ends with the same heads."""
-    cfg = _cfg(
-        calibrator="last_layer",
-        calibrator_data="holdout:0.2",
-        warmup_epochs=warmup,
-        epochs=warmup + 1,
-        batch_size=512,
-        optimizer=optimizer,
-        momentum=0.9,
-        calibrator_optimizer=optimizer,
-    )
-    t = MultiTaskTrainer(cfg, data)
-    for e in range(warmup):
-        t.train_epoch(e)
-    alone = copy.deepcopy(t)
-    feat0 = [p.detach().clone() for p in t.feature_params]
-    heads0 = _state(t.model.heads)
-    t.trace = []
-    t.train_epoch(warmup)
-    (cal_idx,) = [i for kind, i in t.trace if kind == "calibrator"]
-    assert len([k for k, _ in t.trace if k == "backbone"]) == 1
-    alone._calibrator_step(cal_idx, warmup, 0)
-    assert not _same(feat0, [p.detach().clone() for p in t.feature_params])  # the backbone stepped
-    assert not _same(heads0, _state(t.model.heads))  # the calibrators stepped
-    for p, q in zip(t.model.heads.parameters(), alone.model.heads.parameters()):
-        assert torch.equal(p, q), float((p - q).detach().abs().max())
-
-
-def test_last_layer_heads_are_frozen_after_warmup_with_zero_calibrator_lr(data):
-    t = MultiTaskTrainer(_cfg(calibrator="last_layer", warmup_epochs=1, epochs=3), data)
-    heads0 = _state(t.model.heads)
-    t.train_epoch(0)
-    heads1 = _state(t.model.heads)
-    assert not _same(heads0, heads1)  # warm-up: the backbone step trains the heads
-    for g in t.calibrator_opt.param_groups:
-        g["lr"] = 0.0
-    feat1 = [p.detach().clone() for p in t.feature_params]
-    t.train_epoch(1)
-    t.train_epoch(2)
-    assert _same(heads1, _state(t.model.heads))
-    assert not _same(feat1, [p.detach().clone() for p in t.feature_params])
-
-
-# ---------------------------------------------------------------------------- divergence of a task's calibrator
-def test_a_task_with_infinite_temperature_makes_the_run_diverge(data):
-    """T = exp(log T) = inf with a finite log T: task b's predictions are uniform with finite
-    losses; the calibrator's own check ends the run and names the task."""
-    t = MultiTaskTrainer(_cfg(calibrator="temperature", warmup_epochs=2, epochs=2), data)
-    with torch.no_grad():
-        t.calibrator[1].log_t.fill_(200.0)
-    res = t.fit()
-    assert res.status == "diverged"
-    assert "task 'b'" in res.reason and "temperature overflowed to inf" in res.reason, res.reason
-    assert res.val_metrics == {} and res.task_val_probs is None

@@ -3,7 +3,6 @@ hypergradient, bit-for-bit resume, divergence, the calibrator data sources, hold
 
 from __future__ import annotations
 
-import copy
 import pickle
 
 import pytest
@@ -15,7 +14,6 @@ from calib_core.config import RunConfig
 from calib_core.data import DataSplits, Split
 from calib_core.trainer import EpochReport, Trainer, TrainResult
 from calib_core.trainer.hypergradient import unrolled_loss
-from tests.resume_harness import crash_then_resume
 
 K = 3  # classes; sample counts are never K
 D = 10
@@ -120,45 +118,8 @@ def test_unrolled_trainer_runs_and_differs_from_first_order(data):
     assert a.val_metrics != b.val_metrics
 
 
-# ---------------------------------------------------------------------------- resume
-RESUME_CASES = {
-    "temperature-holdout-adam-cosine-dropout": dict(calibrator="temperature", lr_schedule="cosine", calibrator_steps=2),
-    "last_layer-lookahead-warmup-sgd-step": dict(
-        calibrator="last_layer",
-        calibrator_data="lookahead",
-        warmup_epochs=1,
-        optimizer="sgd",
-        lr=0.05,
-        lr_schedule="step",
-        calibrator_optimizer="sgd",
-    ),
-    "dirichlet-unrolled-same": dict(calibrator="dirichlet", calibrator_data="same", hypergradient="unrolled"),
-    "posthoc-vector": dict(method="posthoc", posthoc_calibrator="vector"),
-    "focal": dict(method="focal", calibrator="none"),
-}
-
-
-@pytest.mark.parametrize("case", list(RESUME_CASES))
-def test_resume_is_bit_for_bit(data, case):
-    cfg = _cfg(epochs=4, **RESUME_CASES[case])
-    cfg.model.kwargs["dropout"] = 0.2
-    full_reports: list[EpochReport] = []
-    full_t = Trainer(cfg, data)
-    full = full_t.fit(on_epoch=full_reports.append)
-
-    res_t, res, resumed_reports = crash_then_resume(lambda: Trainer(cfg, data), crash_after=2)
-
-    assert [r.epoch for r in resumed_reports] == [3, 4]
-    assert res.epochs_run == full.epochs_run == 4
-    for a, b in zip(_params(full_t), _params(res_t)):
-        assert torch.equal(a, b)
-    assert res.val_metrics == full.val_metrics and res.test_metrics == full.test_metrics
-    assert torch.equal(res.test_probs, full.test_probs)
-    drop_time = lambda h: {k: v for k, v in h.items() if k != "epoch_time"}  # noqa: E731
-    assert [drop_time(h) for h in res.history] == [drop_time(h) for h in full.history]
-    assert len(res.epoch_times) == 4
-
-
+# ---------------------------------------------------------------------------- resume (bit for bit: see
+# test_trainer_strategies.py)
 def test_resume_with_a_different_config_is_refused(data):
     states = []
     Trainer(_cfg(epochs=1), data).fit(on_epoch=lambda r: states.append(r.state()))
@@ -297,23 +258,6 @@ def _sgd(**train) -> RunConfig:
     return _cfg(method="ce", optimizer="sgd", momentum=0.0, lr=0.1, epochs=1, **train)
 
 
-def test_head_lr_moves_the_head_at_its_own_rate(data):
-    # plain SGD: each step moves a parameter by -lr * grad, so a head at 1e-9 x the rate stays put
-    t = Trainer(_sgd(head_lr=1e-10), data)
-    head0 = [p.detach().clone() for p in t.model.head.parameters()]
-    feat0 = [p.detach().clone() for n, p in t.model.named_parameters() if not n.startswith("head.")]
-    t.fit()
-    head_moves = max(float((p.detach() - q).abs().max()) for p, q in zip(t.model.head.parameters(), head0))
-    feat_moves = max(
-        float((p.detach() - q).abs().max())
-        for (n, p), q in zip([(n, p) for n, p in t.model.named_parameters() if not n.startswith("head.")], feat0)
-    )
-    assert head_moves < 1e-8 < 1e-3 < feat_moves
-    groups = t.backbone_opt.param_groups
-    assert [g["lr"] for g in groups] == [0.1, 1e-10]
-    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in t.model.head.parameters()}
-
-
 def test_head_lr_equal_to_lr_changes_nothing(data):
     a = Trainer(_sgd(), data)
     a.fit()
@@ -327,61 +271,6 @@ def test_head_lr_with_last_layer_calibrator_is_refused_without_warmup():
     with pytest.raises(ValueError, match="head_lr has no effect.*last_layer"):
         _cfg(calibrator="last_layer", head_lr=1e-3)
     _cfg(calibrator="last_layer", head_lr=1e-3, warmup_epochs=1)  # the warm-up trains the head
-
-
-# ---------------------------------------------------------------------------- last_layer after warm-up
-@pytest.mark.parametrize("warmup", [0, 1])
-@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
-def test_last_layer_head_moves_only_by_the_calibrator_step_after_warmup(data, warmup, optimizer):
-    """With `last_layer` the head IS the calibrator: after warm-up only the calibrator's
-    optimizer may move it (the backbone optimizer, which held the head for the warm-up, must
-    not step it again with the calibrator's stale gradient). One batch per epoch and K_c = 1,
-    so the post-warm-up epoch is one calibrator step + one backbone step; a copy of the
-    trainer that takes that calibrator step alone must end with the very same head."""
-    t = Trainer(
-        _cfg(
-            calibrator="last_layer",
-            calibrator_data="holdout:0.2",
-            warmup_epochs=warmup,
-            epochs=warmup + 1,
-            batch_size=512,
-            optimizer=optimizer,
-            momentum=0.9,
-            calibrator_optimizer=optimizer,
-        ),
-        data,
-    )
-    for e in range(warmup):
-        t.train_epoch(e)
-    alone = copy.deepcopy(t)
-    feat0 = [p.detach().clone() for p in t.feature_params]
-    head0 = [p.detach().clone() for p in t.model.head.parameters()]
-    t.trace = []
-    t.train_epoch(warmup)
-    (cal_idx,) = [i for kind, i in t.trace if kind == "calibrator"]
-    assert len([k for k, _ in t.trace if k == "backbone"]) == 1
-    alone._calibrator_step(cal_idx, warmup, 0)
-    assert any(not torch.equal(p, q) for p, q in zip(t.feature_params, feat0))  # the backbone stepped
-    assert any(not torch.equal(p, q) for p, q in zip(t.model.head.parameters(), head0))  # the calibrator stepped
-    for p, q in zip(t.model.head.parameters(), alone.model.head.parameters()):
-        assert torch.equal(p, q), float((p - q).detach().abs().max())
-
-
-def test_last_layer_head_is_frozen_after_warmup_with_zero_calibrator_lr(data):
-    """Whole epochs after warm-up with the calibrator's learning rate at 0: the head stays put
-    (the backbone still trains); in the warm-up itself the head trains with the backbone."""
-    t = Trainer(_cfg(calibrator="last_layer", warmup_epochs=1, epochs=3), data)
-    head0 = [p.detach().clone() for p in t.model.head.parameters()]
-    t.train_epoch(0)
-    head1 = [p.detach().clone() for p in t.model.head.parameters()]
-    assert any(not torch.equal(p, q) for p, q in zip(head1, head0))  # warm-up: the backbone step trains the head
-    for g in t.calibrator_opt.param_groups:
-        g["lr"] = 0.0
-    feat1 = [p.detach().clone() for p in t.feature_params]
-    t.train_epoch(1)
-    t.train_epoch(2)
-    assert all(torch.equal(p, q) for p, q in zip(t.model.head.parameters(), head1))
-    assert any(not torch.equal(p, q) for p, q in zip(t.feature_params, feat1))
 
 
 # ---------------------------------------------------------------------------- the calibrator's effective parameters
