@@ -64,10 +64,6 @@ class MultiTaskClassifier(nn.Module):
     def num_tasks(self) -> int:
         return len(self.tasks)
 
-    @property
-    def task_names(self) -> list[str]:
-        return [n for n, _ in self.tasks]
-
     def features(self, x: Tensor) -> Tensor:
         return self.backbone.features(x)
 

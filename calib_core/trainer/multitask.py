@@ -40,7 +40,7 @@ diagrams, prediction files) runs unchanged; `task_val_probs` etc. hold every tas
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -149,7 +149,6 @@ class MultiTaskTrainResult(TrainResult):
     task_test_probs: list[Tensor] | None = None
     task_test_labels: Tensor | None = None
     calibration_stages: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class MultiTask(TaskStrategy):
@@ -344,11 +343,6 @@ class MultiTaskTrainer(Trainer):
     def tasks(self) -> tuple[tuple[str, int], ...]:
         """(name, num_classes) per task."""
         return cast(MultiTask, self.strategy).tasks
-
-    @property
-    def task_names(self) -> list[str]:
-        """The tasks' names."""
-        return [n for n, _ in self.tasks]
 
 
 __all__ = [
