@@ -8,7 +8,8 @@
 Each sweep is `sweeps/launch.py` in a fresh folder (the demo's defaults: local Ray, SQLite MLflow and Optuna
 stores) with trials of one epoch of cnn1d on 1,200 MNIST-1D rows, 2 at a time. Measured per sweep:
 - driver peak RSS (the launch.py process, sampled every 0.2 s) and the Ray system processes' (GCS, raylet);
-- the service's own phases as it prints them (`Timing:`): Ray start, trials, bootstrap, selection rule,
+- the service's own phases as it prints them (`Timing:`): Ray start, trials, closing the trials (their
+  records read back, Ray's shutdown), bootstrap, selection rule,
   report files, registration;
 - service overhead per trial = trial phase wall time per trial minus the trial's own compute per trial at
   2 at a time (the plain trainer, timed in-process on the same config: the training the service cannot avoid);
@@ -40,10 +41,10 @@ LAUNCH = ROOT / "sweeps" / "launch.py"
 RAW = RESULTS_DIR / "scale.json"
 TRIAL = ["--set", "run.data.num_samples=1200", "--set", "run.train.epochs=1", "--set", "run.train.batch_size=64"]
 TIMING = re.compile(
-    r"Timing: Ray start ([\d.]+)s, trials ([\d.]+)s, selection and registration ([\d.]+)s \(bootstrap ([\d.]+)s, "
-    r"rule ([\d.]+)s, report files ([\d.]+)s, registration ([\d.]+)s\)"
+    r"Timing: Ray start ([\d.]+)s, trials ([\d.]+)s, selection and registration ([\d.]+)s \(closing the trials "
+    r"([\d.]+)s, bootstrap ([\d.]+)s, rule ([\d.]+)s, report files ([\d.]+)s, registration ([\d.]+)s\)"
 )
-PHASES = ("ray_start", "trials", "finish", "bootstrap", "rule", "report", "registration")
+PHASES = ("ray_start", "trials", "finish", "closing", "bootstrap", "rule", "report", "registration")
 # the driver's own account of its peak RSS (sweeps/service.py), at the end and when the trials were done
 RSS = re.compile(r"driver peak RSS ([\d.]+) GB \(([\d.]+) GB before selection\)")
 CONCURRENT = 2
@@ -226,6 +227,7 @@ def report(raw: dict[str, Any], command: str) -> str:
         "Ray start, s": [r["phases_s"]["ray_start"] for r in runs],
         "trial phase wall per trial, s": [r["phases_s"]["trials"] / r["m"] for r in runs],
         "service overhead per trial, s": [r["phases_s"]["trials"] / r["m"] - compute / CONCURRENT for r in runs],
+        "closing the trials (records, Ray shutdown), s": [r["phases_s"].get("closing", math.nan) for r in runs],
         "bootstrap (all trials), s": [r["phases_s"]["bootstrap"] for r in runs],
         "selection rule, s": [r["phases_s"]["rule"] for r in runs],
         "report files, s": [r["phases_s"]["report"] for r in runs],

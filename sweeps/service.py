@@ -173,6 +173,7 @@ def _execute(
     if owned:  # the trials are over: Ray's processes and Tune's records go before selection needs the memory
         end_session(session)
         release_memory()
+    t_closed = time.perf_counter()
     if incomplete:
         raise SweepIncomplete(sum(rec.status == "completed" for rec in records), cfg.search.num_samples)
     with runs_closed_on_failure(store, experiment_id, parent_id, cfg.name):
@@ -207,7 +208,8 @@ def _execute(
         "ray_start_s": t_fit - t_start,
         "trials_s": t_trials - t_fit,
         "selection_registration_s": t_end - t_trials,
-        "bootstrap_s": t_reps - t_trials,
+        "closing_s": t_closed - t_trials,
+        "bootstrap_s": t_reps - t_closed,
         "select_s": t_select - t_reps,
         "report_s": t_report - t_select,
         "registration_s": t_end - t_report,
@@ -215,7 +217,8 @@ def _execute(
     }
     print(
         f"Timing: Ray start {t_fit - t_start:.1f}s, trials {t_trials - t_fit:.1f}s, "
-        f"selection and registration {t_end - t_trials:.1f}s (bootstrap {t_reps - t_trials:.1f}s, "
+        f"selection and registration {t_end - t_trials:.1f}s (closing the trials {t_closed - t_trials:.1f}s, "
+        f"bootstrap {t_reps - t_closed:.1f}s, "
         f"rule {t_select - t_reps:.1f}s, report files {t_report - t_select:.1f}s, "
         f"registration {t_end - t_report:.1f}s); driver peak RSS {rss['end'] / 1e3:.2f} GB "
         f"({rss['trials'] / 1e3:.2f} GB before selection)"

@@ -90,3 +90,25 @@ def test_detail_set_holds_the_front_and_both_ends():
     }
     assert detail_ids(points, k=1) == {"a", "b", "c"}
     assert detail_ids(points, k=4) == {"a", "b", "c", "d"}
+
+
+def test_unlabelled_rows_are_left_out_of_the_resamples_they_would_weigh():
+    """Rows with label -1 drop out: a task's replicates are bootstrap_metrics on its labelled rows under
+    the same resample counts' labelled columns (the columns a full split's resamples give those rows)."""
+    import torch
+
+    from calib_core.metrics import bootstrap_metrics, resample_counts
+
+    rng = np.random.default_rng(3)
+    n, k = 150, 4
+    y = rng.integers(0, k, n)
+    y[rng.random(n) < 0.3] = -1
+    p = rng.dirichlet(np.ones(k), n)
+    reps = compute_replicates(
+        {"t": {"val": [("a", p, y)]}}, num_bins=10, num_resamples=300, seed=2, names=("accuracy", "ece"), null_draws=0
+    )
+    keep = y >= 0
+    counts = resample_counts(n, 300, seed=2 * 2)[:, torch.from_numpy(np.flatnonzero(keep))]
+    want = bootstrap_metrics(p[keep], y[keep], counts, num_bins=10, names=("accuracy", "ece"))
+    for m in ("accuracy", "ece"):
+        np.testing.assert_array_equal(reps.values["t"][f"val_a_{m}"], want[m].numpy())

@@ -97,9 +97,16 @@ def _draw_labels(p: Tensor, num_draws: int, seed: int) -> np.ndarray:
     """(draws, N) labels by inverse CDF: the first class whose cumulative probability exceeds u."""
     rng = np.random.default_rng(seed)
     cum = torch.cumsum(p.double(), dim=1).numpy()
-    u = rng.random((num_draws, p.shape[0]))
-    # One draw at a time bounds the memory to N x K; the clamp keeps rows that sum to 1 - eps valid.
-    return np.stack([np.minimum((u[b][:, None] > cum).sum(axis=1), p.shape[1] - 1) for b in range(num_draws)])
+    n, k = cum.shape
+    u = rng.random((num_draws, n))
+    # Draws in blocks of ~_CHUNK_ELEMENTS / 4 comparisons bound the memory; the clamp keeps rows that
+    # sum to 1 - eps valid.
+    step = max(1, (_CHUNK_ELEMENTS // 4) // max(n * k, 1))
+    out = np.empty((num_draws, n), dtype=np.int64)
+    for b0 in range(0, num_draws, step):
+        ub = u[b0 : b0 + step]
+        out[b0 : b0 + len(ub)] = np.minimum((ub[:, :, None] > cum[None]).sum(axis=2), k - 1)
+    return out
 
 
 def calibration_p_value(null: Tensor, point: float) -> float:
