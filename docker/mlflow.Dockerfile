@@ -8,8 +8,8 @@
 #
 #   docker build -f docker/mlflow.Dockerfile -t REGISTRY/calib-sweeps/mlflow:0.1.0 .
 #
-# The mlflow version must equal the pin in constraints.txt (a test checks it); every shared
-# dependency is resolved against the same constraints file as local development.
+# Versions come from constraints.txt (the one place they are chosen) through the hash lock
+# docker/locks/mlflow-image.txt; tests/test_deploy_consistency.py checks the two agree.
 FROM python:3.11.13-slim-bookworm
 
 LABEL org.opencontainers.image.title="calib-sweeps-mlflow" \
@@ -27,13 +27,11 @@ ENV PYTHONUNBUFFERED=1 \
 RUN groupadd --system --gid 10001 mlflow \
  && useradd --system --uid 10001 --gid mlflow --home-dir /home/mlflow --create-home --shell /usr/sbin/nologin mlflow
 
-COPY constraints.txt /tmp/constraints.txt
-RUN pip install --no-cache-dir -c /tmp/constraints.txt \
-        "mlflow[auth]==3.17.2" \
-        "psycopg[binary]==3.3.9" \
-        "boto3==1.44.8" \
-        "Flask-WTF==1.3.0" \
- && rm /tmp/constraints.txt \
+# docker/locks/mlflow-image.txt: docker/locks/mlflow-image.in's closure, versions from constraints.txt,
+# every file pinned by its sha256 (docker/locks/compile.sh); pip installs exactly that list.
+COPY docker/locks/mlflow-image.txt /tmp/mlflow-image.lock
+RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/mlflow-image.lock \
+ && rm /tmp/mlflow-image.lock \
  && pip check \
  && MLFLOW_AUTH_CONFIG_PATH="" python -c "import mlflow, mlflow.db, mlflow.server.auth.db.cli as a, psycopg, boto3, flask_wtf, sqlalchemy.dialects.postgresql.psycopg; assert callable(mlflow.db.upgrade.callback) and callable(a.upgrade.callback); print('mlflow', mlflow.__version__)"
 

@@ -36,6 +36,28 @@ def constraint_pins() -> dict[str, str]:
     return pins
 
 
+RAY_LOCK = REPO / "docker" / "locks" / "ray-image.txt"
+MLFLOW_LOCK = REPO / "docker" / "locks" / "mlflow-image.txt"
+
+
+def lock_entries(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """{normalised name: (version, [sha256, ...])} of a hash lock (pip requirements with --hash)."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    text = re.sub(r"\\\n\s*", " ", path.read_text())  # join continuation lines
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        m = re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==(\S+)(.*)$", line)
+        if m:
+            name = re.sub(r"[-_.]+", "-", m.group(1)).lower()
+            out[name] = (m.group(2), re.findall(r"--hash=sha256:(\S+)", m.group(3)))
+    return out
+
+
+def lock_pins(path: Path) -> dict[str, str]:
+    """{normalised name: version} of a hash lock."""
+    return {k: v for k, (v, _) in lock_entries(path).items()}
+
+
 def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
     out, buf = [], ""
@@ -92,15 +114,16 @@ def test_base_image_python_matches_the_project():
 
 
 def test_mlflow_version_in_image_equals_constraints():
-    pins = constraint_pins()
+    assert lock_pins(MLFLOW_LOCK)["mlflow"] == constraint_pins()["mlflow"]
     text = MLFLOW_DOCKERFILE.read_text()
-    assert re.findall(r'"mlflow\[auth\]==([^"]+)"', text) == [pins["mlflow"]]
-    # The server's own drivers are pinned too (they are not in the project's lock).
-    for pkg in ("psycopg[binary]", "boto3", "Flask-WTF"):
-        assert re.search(rf'"{re.escape(pkg)}==\d+(\.\d+)+"', text), f"{pkg} must be pinned"
-    # SQLAlchemy 2.1 maps postgresql:// to psycopg 3: psycopg2 alone fails at the server's start.
+    installs = re.findall(r"pip install ([^&]*)", " ".join(a for op, a in dockerfile_instructions(MLFLOW_DOCKERFILE)))
+    assert installs == ["--no-cache-dir --require-hashes --no-deps -r /tmp/mlflow-image.lock "], installs
+    assert "==" not in " ".join(installs)  # no version chosen in the Dockerfile: the lock's, from constraints.txt
+    # the server's drivers are in its lock: psycopg 3 (SQLAlchemy 2.1 maps postgresql:// to it; psycopg2
+    # alone fails at the server's start), boto3 for S3 artifacts, Flask-WTF for the basic-auth app
+    assert {"psycopg", "psycopg-binary", "boto3", "flask-wtf"} <= set(lock_pins(MLFLOW_LOCK))
+    assert "psycopg2" not in lock_pins(MLFLOW_LOCK)
     assert "psycopg2" not in text.split("FROM", 1)[1].split("ENTRYPOINT")[0].replace("(psycopg2", "")
-    assert "-c /tmp/constraints.txt" in text
 
 
 def test_images_are_pinned_and_ray_pods_share_one_image():
@@ -157,22 +180,52 @@ def test_hadolint_passes(dockerfile):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_ray_image_installs_the_project_from_constraints_without_touching_ray():
+def test_ray_image_installs_the_locked_dependencies_then_the_project_without_touching_ray():
     instructions = dockerfile_instructions(DOCKERFILE)
     runs = " ".join(a for op, a in instructions if op == "RUN")
     installs = re.findall(r"pip install ([^&]*)", runs)
-    assert installs and all("-c constraints.txt" in i for i in installs), installs
-    assert any(i.rstrip().endswith(" .") for i in installs)
+    assert installs == [
+        "--no-cache-dir --require-hashes --no-deps -r ray-image.lock ",
+        "--no-cache-dir --no-deps --no-build-isolation . ",
+    ], installs
     for forbidden in ("--upgrade", " -U ", "--force-reinstall", "--ignore-installed", "ray=="):
         assert all(forbidden not in f" {i} " for i in installs), forbidden
+    assert lock_pins(RAY_LOCK)["ray"] == constraint_pins()["ray"]
+    assert "setuptools" in lock_pins(RAY_LOCK)  # the project's build backend, verified like the rest
     copied = {src for op, a in instructions if op == "COPY" for src in a.split()[:-1] if not src.startswith("--")}
-    assert {"calib_core/", "sweeps/", "pyproject.toml", "constraints.txt", "README.md"} <= copied
+    assert {"calib_core/", "sweeps/", "pyproject.toml", "docker/locks/ray-image.txt", "README.md"} <= copied
     users = [a for op, a in instructions if op == "USER"]
     assert users and users[-1].split(":")[0] == "1000", "must run as the image's ray user (uid 1000)"
     # pip runs after USER 1000: nothing is installed as root.
     first_user = next(i for i, (op, _) in enumerate(instructions) if op == "USER")
     first_pip = next(i for i, (op, a) in enumerate(instructions) if op == "RUN" and "pip install" in a)
     assert first_user < first_pip
+    assert "pip check" in runs
+
+
+@pytest.mark.parametrize("lock", [RAY_LOCK, MLFLOW_LOCK], ids=lambda p: p.name)
+def test_image_locks_pin_every_file_by_hash_at_the_constraints_versions(lock):
+    """Versions are chosen in one place (constraints.txt); the locks add the files' sha256 (compile.sh)."""
+    entries = lock_entries(lock)
+    assert entries, lock
+    pins = constraint_pins()
+    for name, (version, hashes) in entries.items():
+        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), f"{lock.name}: {name} has no sha256"
+        assert pins.get(name) == version, f"{lock.name}: {name}=={version}, constraints.txt: {pins.get(name)}"
+
+
+def test_the_ray_lock_covers_the_project_dependencies():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["postgres"]
+    names = {re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~ ]", w, maxsplit=1)[0]).lower() for w in wanted}
+    assert names <= set(lock_pins(RAY_LOCK)), names - set(lock_pins(RAY_LOCK))
+    mlflow_in = [
+        ln.split("#")[0].strip() for ln in (REPO / "docker" / "locks" / "mlflow-image.in").read_text().splitlines()
+    ]
+    names = {re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~ ]", w, maxsplit=1)[0]).lower() for w in mlflow_in if w}
+    assert names <= set(lock_pins(MLFLOW_LOCK)), names - set(lock_pins(MLFLOW_LOCK))
 
 
 def test_mlflow_image_is_non_root_with_a_health_check():

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Regenerate the images' hash locks from constraints.txt (the one place versions are chosen):
+#   docker/locks/ray-image.txt     the project's dependencies with the `postgres` extra (docker/Dockerfile)
+#   docker/locks/mlflow-image.txt  docker/locks/mlflow-image.in (docker/mlflow.Dockerfile)
+# Every line carries the sha256 of each file PyPI has for that version; the Dockerfiles install with
+# `pip install --require-hashes --no-deps -r <lock>`, so a file that changes on the index fails the build.
+# Run after any change to constraints.txt or pyproject.toml's dependencies (needs PyPI and uv:
+# `pip install uv`); tests/test_deploy_consistency.py fails while a lock disagrees with constraints.txt.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+UV=${UV:-uv}
+common=(--constraint constraints.txt --python-version 3.11 --python-platform x86_64-manylinux_2_28
+        --generate-hashes --no-header --quiet)
+"$UV" pip compile pyproject.toml --extra postgres "${common[@]}" --output-file docker/locks/ray-image.txt
+"$UV" pip compile docker/locks/mlflow-image.in "${common[@]}" --output-file docker/locks/mlflow-image.txt
