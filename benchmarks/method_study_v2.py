@@ -520,8 +520,34 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
             "",
         ]
     L += _power_section(spec, out["claims"])
+    L += _side_by_side(spec, out["verdicts"])
     L += ["## 6. Deviations from the protocol", "", _deviations(spec), ""]
     return "\n".join(L) + "\n", out
+
+
+# protocol A's report sets its verdicts beside protocol B's (the committed report of the fixed-backbone study)
+COMPARE_WITH = {"v2a": "v2"}
+
+
+def _side_by_side(spec: dict, verdicts: dict[str, dict[str, Any]]) -> list[str]:
+    """Each claim's overall verdict and per-regime verdicts here and in the study this one is compared with."""
+    other = COMPARE_WITH.get(spec["name"])
+    path = RESULTS_DIR / f"method_study_{other}.json" if other else None
+    if path is None or not path.is_file():
+        return []
+    theirs = json.loads(path.read_text())["verdicts"]
+    L = [
+        f"### Beside protocol B (`{path.relative_to(ROOT)}`)",
+        "",
+        "| claim | this study (overall; per regime) | protocol B (overall; per regime) |",
+        "|---|---|---|",
+    ]
+    for name, v in verdicts.items():
+        t = theirs.get(name, {})
+        mine = "; ".join(f"{r}: {x}" for r, x in v["per_regime"])
+        them = "; ".join(f"{r}: {x}" for r, x in t.get("per_regime", []))
+        L.append(f"| {name} | **{v['overall']}**; {mine} | **{t.get('overall', 'n/a')}**; {them} |")
+    return L + [""]
 
 
 def bound_power(sd: float, n: int, margin: float, alpha: float, draws: int = 20_000, seed: int = 0) -> float:
