@@ -553,6 +553,33 @@ def paired(a: dict[int, dict], b: dict[int, dict], key: str, split: str = "test"
     return [a[s][split][key] - b[s][split][key] for s in seeds]
 
 
+def top_label_arrays(probs: np.ndarray, labels: np.ndarray, prefix: str = "") -> dict[str, np.ndarray]:
+    """What a stored evaluation run keeps of its test predictions for the top-label ECE: each row's top
+    confidence and whether the top class is the label (13x smaller than the probabilities at K = 10)."""
+    probs = np.asarray(probs)
+    return {
+        f"{prefix}conf": probs.max(axis=1).astype(np.float32),
+        f"{prefix}correct": probs.argmax(axis=1) == np.asarray(labels),
+        f"{prefix}num_classes": np.array(probs.shape[1]),
+    }
+
+
+def stored_predictions(z: Any, prefix: str = "", keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(probabilities, labels) with the stored runs' top-label confidence and correctness, float64: the full
+    probabilities where they were stored, else K columns with the confidence first and the rest spread evenly
+    (each at most the confidence, since it is the largest of K), labelled 0 when correct: the same top label,
+    confidence and correctness, so the same top-label ECE."""
+    sel = slice(None) if keep is None else keep
+    if f"{prefix}probs" in z.files:
+        labels = z["labels"] if not prefix else z["task_labels"][:, int(prefix[4:-1])]
+        return z[f"{prefix}probs"][sel].astype(np.float64), labels[sel]
+    conf = z[f"{prefix}conf"][sel].astype(np.float64)
+    k = int(z[f"{prefix}num_classes"])
+    probs = np.repeat(((1.0 - conf) / (k - 1))[:, None], k, axis=1)
+    probs[:, 0] = conf
+    return probs, np.where(z[f"{prefix}correct"][sel], 0, 1)
+
+
 def per_seed_bootstrap(
     cache: Path,
     regime: str,
@@ -571,19 +598,14 @@ def per_seed_bootstrap(
 
     def ece_reps(z: Any, counts: torch.Tensor) -> torch.Tensor:
         if "labels" in z.files:
-            return bootstrap_metrics(z["probs"].astype(np.float64), z["labels"], counts, names=["ece"])["ece"]
-        labels = z["task_labels"]
+            probs, labels = stored_predictions(z, "")
+            return bootstrap_metrics(probs, labels, counts, names=["ece"])["ece"]
+        task_labels = z["task_labels"]
         reps = []
-        for t in range(labels.shape[1]):
-            keep = labels[:, t] >= 0
-            reps.append(
-                bootstrap_metrics(
-                    z[f"task{t}_probs"][keep].astype(np.float64),
-                    labels[keep, t],
-                    counts[:, torch.from_numpy(keep)],
-                    names=["ece"],
-                )["ece"]
-            )
+        for t in range(task_labels.shape[1]):
+            keep = task_labels[:, t] >= 0
+            probs, labels = stored_predictions(z, f"task{t}_", keep)
+            reps.append(bootstrap_metrics(probs, labels, counts[:, torch.from_numpy(keep)], names=["ece"])["ece"])
         return torch.stack(reps).mean(0)
 
     path_fn = path_fn or eval_path

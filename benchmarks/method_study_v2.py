@@ -16,8 +16,9 @@ algorithms on):
    validation NLL over the tuning seeds; post-hoc methods and CE have nothing to tune;
 3. evaluate: every method at its chosen configuration on every evaluation seed.
 
-Every run is one JSON file under benchmarks/results/method_study_v2/<regime>/<stage>/<method>/
-(evaluation runs also an .npz of their test probabilities); finished files are never rerun, so the
+Every run is one JSON file under benchmarks/results/method_study_<name>/<regime>/<stage>/<method>/
+(evaluation runs also an .npz of their test predictions: protocol B's runs the probabilities, later runs
+each row's top-label confidence and correctness, all the per-seed ECE bootstrap reads); finished files are never rerun, so the
 same command resumes the study, across sessions too (the raw files are committed). The report
 (`benchmarks/results/method_study_v2.md` and `.json`) is rebuilt from those files alone, with the
 verdict rules of the protocol (`benchmarks/method_study.py`: `matches_verdict`, `overall_verdict`).
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_line, utc_now, write_json, write_text
-from benchmarks.method_study import matches_verdict, overall_verdict, paired_ci, per_seed_bootstrap
+from benchmarks.method_study import matches_verdict, overall_verdict, paired_ci, per_seed_bootstrap, top_label_arrays
 
 PROTOCOL = ROOT / "benchmarks" / "protocols" / "method_study_v2.yaml"
 CHECK_METHODS = ("ce", "ts_val")
@@ -136,11 +137,13 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
             labels = res.task_test_labels.numpy()
             sec = [_secondary(p[labels[:, t] >= 0], labels[labels[:, t] >= 0, t]) for t, p in enumerate(probs)]
             rec["test"].update({k: float(np.mean([s[k] for s in sec])) for k in sec[0]})
-            arrays = {f"task{t}_probs": p.astype(np.float32) for t, p in enumerate(probs)}
-            arrays["task_labels"] = labels
+            arrays = {"task_labels": labels.astype(np.int16)}
+            for t, p in enumerate(probs):
+                arrays.update(top_label_arrays(p, labels[:, t], f"task{t}_"))
         else:
             rec["test"].update(_secondary(res.test_probs.numpy(), res.test_labels.numpy()))
-            arrays = {"probs": res.test_probs.numpy().astype(np.float32), "labels": res.test_labels.numpy()}
+            labels = res.test_labels.numpy()
+            arrays = {"labels": labels.astype(np.int16), **top_label_arrays(res.test_probs.numpy(), labels)}
         if job["stage"] == "eval":
             np.savez_compressed(path.with_suffix(".npz"), **arrays)
     tmp = path.with_suffix(".tmp")
