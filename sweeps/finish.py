@@ -39,10 +39,11 @@ from sweeps.report.summary import tool
 def trial_records(results: Any, store: MlflowStore, experiment_id: str, sweep: str) -> list[TrialRecord]:
     """Every trial Tune knows, as selection sees it, with its MLflow run."""
     records = []
+    runs = store.trial_runs_by_id(experiment_id, sweep)  # one query, not one per trial (1,000 trials: seconds)
     for res in results:
         m = dict(res.metrics or {})
         tid = m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1])
-        run = store.trial_run(experiment_id, sweep, str(tid)) if tid else None
+        run = runs.get(str(tid)) if tid else None
         status = m.get("status") or ("errored" if res.error else "stopped")
         # NaN stays: selection and the leaderboard see a diverged trial's metric as NaN
         metrics = {k: float(v) for k, v in m.items() if is_number(v) and k.startswith(tuple(f"{s}_" for s in SPLITS))}

@@ -279,6 +279,18 @@ class MlflowStore:
         flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'"
         return list(self.client.search_runs([experiment_id], filter_string=flt, max_results=ALL_RUNS))
 
+    def trial_runs_by_id(self, experiment_id: str, sweep: str) -> dict[str, Any]:
+        """{trial id: run} of the sweep's trial runs, in one query (a trial with two runs: the store was edited)."""
+        out: dict[str, Any] = {}
+        for run in self.trial_runs(experiment_id, sweep):
+            tid = run.data.tags.get(TAG_TRIAL, "")
+            if tid in out:
+                raise RuntimeError(
+                    f"more than one MLflow run has tags {{{TAG_TRIAL!r}: {tid!r}}}: the store was edited by hand"
+                )
+            out[tid] = run
+        return out
+
     def get_run(self, run_id: str) -> Any:
         """The run (info, data: metrics, params, tags)."""
         return self.client.get_run(run_id)
