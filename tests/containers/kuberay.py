@@ -89,6 +89,28 @@ def cluster_name(obj: dict, suffix: str | None = None) -> str:
     return obj["metadata"]["name"]
 
 
+def raycluster_for(rayjob: dict, suffix: str | None = None) -> dict:
+    """The RayCluster the operator creates for a RayJob (rayjob_controller.go constructRayClusterForRayJob), as
+    the API server stores it: each worker group carries `scaleStrategy: {}`, since the Go type's
+    `ScaleStrategy ScaleStrategy json:"scaleStrategy,omitempty"` is a struct, which omitempty keeps (Ray's
+    autoscaler then `replace`s it with its workersToDelete)."""
+    spec = copy.deepcopy(rayjob["spec"]["rayClusterSpec"])
+    for group in spec.get("workerGroupSpecs", []):
+        group.setdefault("scaleStrategy", {})
+    meta = rayjob["metadata"]
+    labels = {**meta.get("labels", {}), "ray.io/originated-from-crd": "RayJob"}
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": cluster_name(rayjob, suffix),
+            "namespace": meta.get("namespace", "default"),
+            "labels": labels,
+        },
+        "spec": spec,
+    }
+
+
 def job_id(rayjob: dict, suffix: str | None = None) -> str:
     """spec.jobId, else `<rayjob>-<rand 5>` (initRayJobStatusIfNeed -> utils.GenerateRayJobId)."""
     return rayjob["spec"].get("jobId") or f"{rayjob['metadata']['name']}-{suffix or rand5()}"
