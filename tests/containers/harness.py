@@ -129,8 +129,13 @@ class Cluster:
                 env[e["name"]] = ""
         return env
 
+    # the service-account files pods get; a test with a stand-in Kubernetes API sets its own (k8s_api.py)
+    service_account: Path | None = None
+
     def service_account_token(self) -> Path:
         """A stand-in of the service-account token kubelet mounts by default (token, ca.crt, namespace)."""
+        if self.service_account is not None:
+            return self.service_account
         folder = self.workdir / "serviceaccount"
         if not folder.exists():
             folder.mkdir(parents=True)
@@ -156,6 +161,10 @@ class Cluster:
             if "emptyDir" in v and v["emptyDir"].get("medium") == "Memory" and m["mountPath"] == "/dev/shm":
                 size = int(dc.quantity(v["emptyDir"].get("sizeLimit", "64Mi")))
                 args += ["--mount", f"type=tmpfs,destination={m['mountPath']},tmpfs-size={size},tmpfs-mode=1777"]
+                continue
+            if "projected" in v and any("serviceAccountToken" in src for src in v["projected"]["sources"]):
+                # a projected token (+ the CA and namespace): the cluster's service-account files
+                args += ["-v", f"{self.service_account_token()}:{m['mountPath']}:ro"]
                 continue
             if "emptyDir" in v:
                 host = self.workdir / "pods" / pod / m["name"]
@@ -208,14 +217,20 @@ class Cluster:
         timeout: float | None = None,
         name: str | None = None,
         fields: dict[str, str] | None = None,
+        share_network_of: str | None = None,
     ):
+        """`share_network_of`: another container whose network namespace this one joins, as the containers of
+        one pod share theirs (a sidecar reaching its pod's processes on the pod's own address)."""
         env = self.env_of(c, extra_env, fields)
         cmd = command if command is not None else [*c.get("command", []), *c.get("args", [])]
         cmd = [expand(a, env) for a in cmd]
         name = name or f"{pod}-{c['name']}-{self.id}"
-        args = ["run", "--name", name, "--network", self.network, "--hostname", pod]
-        for a in [*self.service_aliases(labels, c.get("ports", [])), *aliases]:
-            args += ["--network-alias", a]
+        if share_network_of:
+            args = ["run", "--name", name, "--network", f"container:{share_network_of}"]
+        else:
+            args = ["run", "--name", name, "--network", self.network, "--hostname", pod]
+            for a in [*self.service_aliases(labels, c.get("ports", [])), *aliases]:
+                args += ["--network-alias", a]
         for p in publish:
             args += ["-p", p]
         args += self.security_args(spec, c) + self.volume_args(pod, spec, c)
