@@ -48,7 +48,7 @@ class Operator:
     def __init__(self, cluster, api: KubeAPI, job: dict, name: str, ns: str) -> None:
         self.cluster, self.api, self.job, self.name, self.ns = cluster, api, job, name, ns
         self.workers: dict[str, str] = {}  # pod name -> container name
-        self.events: list[tuple[float, str, str]] = []  # (time, "up" | "down", pod)
+        self.events: list[tuple[float, str, str]] = []  # (time.time(), "up" | "down", pod)
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -77,7 +77,7 @@ class Operator:
         for pod in [p for p in self.workers if p in delete]:
             self.cluster.stop(self.workers.pop(pod))
             self.api.remove_pod(pod)
-            self.events.append((time.monotonic(), "down", pod))
+            self.events.append((time.time(), "down", pod))
         while len(self.workers) < int(group.get("replicas") or 0) and not self._stop.is_set():
             template = kr.build_pod(self.job, "worker", self.name)
             pod = kr.pod_name(self.name, "worker", group["groupName"])
@@ -86,7 +86,7 @@ class Operator:
             )
             self.workers[pod] = names["ray-worker"]
             self.api.add_pod(pod, template["metadata"]["labels"], _ip(names["ray-worker"], self.cluster.network))
-            self.events.append((time.monotonic(), "up", pod))
+            self.events.append((time.time(), "up", pod))
 
 
 @pytest.fixture(scope="module")
@@ -153,15 +153,38 @@ def autoscaled(stack, tmp_path_factory):
             cluster.service_account = None
 
 
+def _trial_end_times(stack, sweep: str) -> list[float]:
+    """When the sweep's trial runs ended (s since the epoch), from the stack's MLflow."""
+    import requests
+
+    from sweeps.contract import ROLE_TRIAL, TAG_ROLE, TAG_SWEEP
+
+    base = f"{stack.url}/api/2.0/mlflow"
+    alias = requests.get(
+        f"{base}/registered-models/alias", params={"name": "calibrated-classifier", "alias": "champion"},
+        auth=stack.auth, timeout=30,
+    ).json()  # fmt: skip
+    run = requests.get(
+        f"{base}/runs/get", params={"run_id": alias["model_version"]["run_id"]}, auth=stack.auth, timeout=30
+    ).json()["run"]
+    flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'"
+    found = requests.post(
+        f"{base}/runs/search",
+        json={"experiment_ids": [run["info"]["experiment_id"]], "filter": flt, "max_results": 100},
+        auth=stack.auth,
+        timeout=30,
+    ).json()
+    return [int(r["info"]["end_time"]) / 1000 for r in found.get("runs", [])]
+
+
 def test_the_autoscaler_adds_a_worker_for_the_sweep_and_removes_it_when_idle(autoscaled, stack):
     a = autoscaled
     time.sleep(15)  # the autoscaler is up and sees a cluster with nothing to do
     assert a.operator.events == [], "no worker before any demand"
     assert a.api.raycluster()["spec"]["workerGroupSpecs"][0].get("replicas", 0) == 0
     jobid = kr.job_id(a.job)
-    t0 = time.monotonic()
+    t0 = time.time()
     proc = _submit(a, jobid, timeout=1200)
-    t_done = time.monotonic()
     out = proc.stdout + proc.stderr
     (a.logs / "submitter.log").write_text(out)
     assert proc.returncode == 0, out[-5000:]
@@ -169,16 +192,23 @@ def test_the_autoscaler_adds_a_worker_for_the_sweep_and_removes_it_when_idle(aut
     ups = [e for e in a.operator.events if e[1] == "up"]
     assert ups and ups[0][0] > t0, a.operator.events  # raised by the sweep's demand
     assert len(ups) == 1, "maxReplicas is 1"
-    # the idle worker goes after the idle timeout (the autoscaler updates every few seconds)
-    deadline = t_done + IDLE_TIMEOUT_S + 150
-    while time.monotonic() < deadline and not any(e[1] == "down" for e in a.operator.events):
+    words = shlex.split(a.job["spec"]["entrypoint"])
+    ends = _trial_end_times(stack, words[words.index("--name") + 1])
+    assert len(ends) == 2 and all(ups[0][0] < e for e in ends), (ends, a.operator.events)  # trials ran after it
+    # the idle worker goes once it has been idle for the idle timeout (the autoscaler updates every ~5 s)
+    deadline = max(ends) + IDLE_TIMEOUT_S + 150
+    while time.time() < deadline and not any(e[1] == "down" for e in a.operator.events):
         time.sleep(3)
     downs = [e for e in a.operator.events if e[1] == "down"]
-    (a.logs / "events.json").write_text(json.dumps([(round(t - t0, 1), k, p) for t, k, p in a.operator.events]))
-    assert downs and downs[0][2] == ups[0][2], a.operator.events
-    assert downs[0][0] - t_done >= IDLE_TIMEOUT_S - 5, "not before the idle timeout"
+    timeline = [(round(t - t0, 1), k, p) for t, k, p in a.operator.events] + [
+        (round(e - t0, 1), "trial run ended", "") for e in ends
+    ]
+    (a.logs / "events.json").write_text(json.dumps(sorted(timeline), indent=0))
+    assert downs and downs[0][2] == ups[0][2], timeline
+    idle = downs[0][0] - max(ends)
+    assert IDLE_TIMEOUT_S - 5 <= idle <= IDLE_TIMEOUT_S + 60, f"removed {idle:.0f} s after the last trial: {timeline}"
     group = a.api.raycluster()["spec"]["workerGroupSpecs"][0]
-    assert group.get("replicas") == 0 and a.api.pods() == [p for p in a.api.pods() if "-head-" in p]
+    assert group.get("replicas") == 0 and all("-head-" in p for p in a.api.pods()), (group, a.api.pods())
     assert a.operator.errors == [], a.operator.errors
     # every API call the sidecar made was authorised and understood
     assert {s for _, _, s in a.api.log} <= {200}, [x for x in a.api.log if x[2] != 200][:5]

@@ -16,8 +16,8 @@ becomes the embedded mnist1d_demo.yaml, the run.data.* sets are dropped, --gpus-
 --num-samples 2, --max-concurrent 2 (the worker's 4 CPUs / 2 per trial) and run.train.epochs=2 are
 set. The worker keeps its declared GPU: KubeRay passes --num-gpus=1 from the nvidia.com/gpu limit;
 Ray does not check a logical GPU against hardware, and no trial asks for one.
-The autoscaler sidecar is built but not run (it drives the Kubernetes API); the worker is started
-directly, as the autoscaler would once trials are pending.
+The autoscaler sidecar is not run here (tests/test_containers_autoscaler.py runs it); the worker is
+started directly, as the autoscaler would once trials are pending.
 
 Record the ports again (after a Ray upgrade): CALIB_RECORD_RAY_PORTS=1 rewrites ray_ports.json."""
 
