@@ -30,6 +30,7 @@ from tests.test_containers_ray import _submit
 
 pytestmark = pytest.mark.container
 IDLE_TIMEOUT_S = 30
+MODEL = "calibrated-classifier-autoscaled"
 
 
 def _ip(container: str, network: str) -> str:
@@ -93,9 +94,11 @@ class Operator:
 def autoscaled(stack, tmp_path_factory):
     cluster = stack.cluster
     job = json.loads(json.dumps(next(r for r in stack.resources if r["kind"] == "RayJob")))
-    # a sweep of its own: the session's stack also keeps the sweep of tests/test_containers_ray.py
+    # a sweep and a registered model of its own: the session's stack also keeps those of
+    # tests/test_containers_ray.py, whose champion alias must stay that sweep's
     words = shlex.split(job["spec"]["entrypoint"])
     words[words.index("--name") + 1] += "-autoscaled"
+    words += ["--set", f"tracking.registered_model={MODEL}"]
     job["spec"]["entrypoint"] = shlex.join(words)
     spec = kr.cluster_spec(job)
     assert spec["workerGroupSpecs"][0].get("replicas", 0) == 0, "the dev RayJob starts without workers"
@@ -161,7 +164,7 @@ def _trial_end_times(stack, sweep: str) -> list[float]:
 
     base = f"{stack.url}/api/2.0/mlflow"
     alias = requests.get(
-        f"{base}/registered-models/alias", params={"name": "calibrated-classifier", "alias": "champion"},
+        f"{base}/registered-models/alias", params={"name": MODEL, "alias": "champion"},
         auth=stack.auth, timeout=30,
     ).json()  # fmt: skip
     run = requests.get(
@@ -188,7 +191,7 @@ def test_the_autoscaler_adds_a_worker_for_the_sweep_and_removes_it_when_idle(aut
     out = proc.stdout + proc.stderr
     (a.logs / "submitter.log").write_text(out)
     assert proc.returncode == 0, out[-5000:]
-    assert "Registered: models:/calibrated-classifier@champion" in out, out[-3000:]
+    assert f"Registered: models:/{MODEL}@champion" in out, out[-3000:]
     ups = [e for e in a.operator.events if e[1] == "up"]
     assert ups and ups[0][0] > t0, a.operator.events  # raised by the sweep's demand
     assert len(ups) == 1, "maxReplicas is 1"
