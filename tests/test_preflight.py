@@ -191,15 +191,15 @@ def test_autoscaler_v1_status(monkeypatch, mapping, scales):
 def test_autoscaler_v2_status(monkeypatch, version, scales):
     """KubeRay's autoscaler v2 reports no cluster config and no v1 status, only its state (a version that
     counts its reports; 0 where no autoscaler runs), found by the container test of the autoscaler sidecar."""
+    import ray
     import ray._private.state
-    import ray._private.worker
     import ray.autoscaler.v2.sdk as sdk
     import ray.experimental.internal_kv as kv
 
     monkeypatch.delenv("CALIB_ASSUME_AUTOSCALING", raising=False)
     monkeypatch.setattr(ray._private.state.state, "get_cluster_config", lambda: None)
     monkeypatch.setattr(kv, "_internal_kv_get", lambda key: None)
-    monkeypatch.setattr(ray._private.worker.global_worker, "gcs_client", SimpleNamespace(address="x:1"), raising=False)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(gcs_address="x:1"))
     stats = SimpleNamespace(autoscaler_version=version)
     monkeypatch.setattr(sdk, "get_cluster_status", lambda address: SimpleNamespace(stats=stats))
     assert cluster._autoscaler(2, 0) == (

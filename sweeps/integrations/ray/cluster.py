@@ -155,10 +155,10 @@ def _autoscaler(cpus: float, gpus: float) -> tuple[bool, str]:
         pass
     try:  # autoscaler v2 (KubeRay's with Ray 2.60): it reports its state to the GCS every few seconds, but
         # no cluster config, so the node types it can add are not visible here; trials wait pending_timeout_s
-        from ray._private.worker import global_worker
+        import ray
         from ray.autoscaler.v2.sdk import get_cluster_status
 
-        status = get_cluster_status(global_worker.gcs_client.address)
+        status = get_cluster_status(ray.get_runtime_context().gcs_address)
         if int(status.stats.autoscaler_version or 0) > 0:
             return True, "an autoscaler (v2) is running"
     except Exception:
