@@ -499,14 +499,12 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
             )
             per.append(v["verdict"] if complete else "pending")
         done = [p for p in per if p != "pending"]
+        # a regime whose check has not finished may still join the claim: the claim is not decided before it
+        unchecked = [r for r in claim["regimes"] if not check_result(spec, r, raw)["complete"]]
         if not regs:
-            overall = (
-                "no regime passed the check"
-                if all(check_result(spec, r, raw)["complete"] for r in claim["regimes"])
-                else "pending"
-            )
-        elif len(done) < len(per):
-            overall = f"pending ({len(done)} of {len(per)} regimes complete)"
+            overall = "pending" if unchecked else "no regime passed the check"
+        elif len(done) < len(per) or unchecked:
+            overall = f"pending ({len(done)} of {len(per) + len(unchecked)} regimes complete)"
         else:
             overall = overall_verdict(done)
         counts = ", ".join(f"{v} in {done.count(v)} of {len(per)}" for v in dict.fromkeys(done))

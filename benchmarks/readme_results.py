@@ -35,11 +35,11 @@ def _paired(d: list[float]) -> dict[str, float]:
     return paired_ci(d)
 
 
-def method_study_v2(results: Path = RESULTS_DIR) -> str:
-    """Regime check and per-claim verdicts of the v2 study."""
-    path = results / "method_study_v2.json"
+def _study_block(results: Path, stem: str, heading: str) -> str:
+    """Regime check and per-claim verdicts of one method study's result file (`<stem>.json`)."""
+    path = results / f"{stem}.json"
     if not path.is_file():
-        return "_No v2 result file yet (`benchmarks/results/method_study_v2.json`)._"
+        return f"_No result file yet (`benchmarks/results/{stem}.json`)._"
     rec = json.loads(path.read_text())
     spec_text = (ROOT / rec["protocol"]).read_text()
     import yaml
@@ -47,9 +47,9 @@ def method_study_v2(results: Path = RESULTS_DIR) -> str:
     spec = yaml.safe_load(spec_text)
     n_eval = len(spec["evaluation"]["seeds"])
     L = [
-        f"Protocol B (backbone fixed, calibrator lr tuned on 3 seeds), {n_eval} evaluation seeds per regime, "
+        f"{heading}, {n_eval} evaluation seeds per regime, "
         f"margins {100 * spec['margin_ece']:g} pt ECE / {100 * spec['margin_acc']:g} pt accuracy "
-        "(`benchmarks/results/method_study_v2.md`). Regime check, plain CE minus TS on validation, test ECE:",
+        f"(`benchmarks/results/{stem}.md`). Regime check, plain CE minus TS on validation, test ECE:",
         "",
     ]
     for r, c in rec["check"].items():
@@ -69,6 +69,20 @@ def method_study_v2(results: Path = RESULTS_DIR) -> str:
         detail = "; ".join(parts) if parts else "no regime yet"
         L.append(f"- ({name}) {claim['text']}: **{v['overall']}**. {detail}.")
     return "\n".join(L)
+
+
+def method_study_v2(results: Path = RESULTS_DIR) -> str:
+    """Regime check and per-claim verdicts of the v2 study (protocol B)."""
+    return _study_block(results, "method_study_v2", "Protocol B (backbone fixed, calibrator lr tuned on 3 seeds)")
+
+
+def method_study_v2a(results: Path = RESULTS_DIR) -> str:
+    """The same for protocol A (every method tuned), with its larger test splits."""
+    heading = (
+        "Protocol A (every method tunes its backbone lr and weight decay, one-go also its calibrator lr, "
+        "TPE on 3 tuning seeds; larger test splits)"
+    )
+    return _study_block(results, "method_study_v2a", heading)
 
 
 def selection_heldout(results: Path = RESULTS_DIR) -> str:
@@ -141,7 +155,11 @@ def selection_heldout(results: Path = RESULTS_DIR) -> str:
     return "\n".join(L)
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"method_study_v2": method_study_v2, "selection_heldout": selection_heldout}
+BLOCKS: dict[str, Callable[[], str]] = {
+    "method_study_v2": method_study_v2,
+    "method_study_v2a": method_study_v2a,
+    "selection_heldout": selection_heldout,
+}
 
 
 def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
