@@ -516,8 +516,13 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
         where = "above" if min(widths) > margin else ("below" if max(widths) < margin else "on both sides of")
         L += [
             "**Per-seed precision.** The median per-seed bootstrap half-width of an ECE difference ranges "
-            f"{100 * min(widths):.2f}-{100 * max(widths):.2f} pt, {where} the {100 * margin:g} pt margin: a single seed's "
-            "test split cannot settle a claim; the verdicts rest on the paired t interval across seeds.",
+            f"{100 * min(widths):.2f}-{100 * max(widths):.2f} pt, {where} the {100 * margin:g} pt margin"
+            + (
+                ": one seed's test split resolves a difference of the margin's size; "
+                if where == "below"
+                else ": a single seed's test split cannot settle a claim; "
+            )
+            + "the verdicts rest on the paired t interval across seeds.",
             "",
         ]
     L += _power_section(spec, out["claims"])
