@@ -18,7 +18,7 @@ from calib_core.data import DataSplits
 from calib_core.trainer import CountingFit, MultiTaskTrainer, Trainer, make_trainer
 from calib_core.trainer.calibrator_batches import kfold_indices
 from tests.resume_harness import crash_then_resume
-from tests.test_multitask_trainer import TASKS
+from tests.test_multitask_trainer import TASKS, _same, _state
 from tests.test_multitask_trainer import _data as mtl_data
 from tests.test_trainer import K, _blobs
 
@@ -81,14 +81,6 @@ def _case(kind: str, missing: float = 0.0) -> Case:
             name="blobs",
         ),
     )
-
-
-def _state(module: torch.nn.Module) -> list[torch.Tensor]:
-    return [v.detach().clone() for v in module.state_dict().values()]
-
-
-def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.fixture(scope="module", params=STRATEGIES)
