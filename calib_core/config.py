@@ -57,6 +57,24 @@ class _Strict(BaseModel):
 
 
 MAX_HELD_OUT = 0.98  # val + test share of a dataset: the train split keeps the rest
+MAX_IMAGE_SIDE = 4096  # data.image_size, in pixels
+
+# The file-format datasets and the DataConfig fields each one reads (every other dataset leaves them unset).
+FILE_FIELDS: dict[str, tuple[str, ...]] = {
+    "image_folder": ("path", "image_size", "image_mode", "normalize"),
+    "table": ("path", "label_column", "feature_columns", "categorical", "missing", "normalize"),
+    "arrays": ("path", "normalize"),
+    "breast_cancer": ("normalize",),
+}
+FILE_FIELD_FORMATS: dict[str, list[str]] = {}
+for _fmt, _fields in FILE_FIELDS.items():
+    for _f in _fields:
+        FILE_FIELD_FORMATS.setdefault(_f, []).append(_fmt)
+FILE_PATH_HELP = {
+    "image_folder": "a folder with one sub-folder of images per class",
+    "table": "a .csv or .parquet file",
+    "arrays": "an .npz file with arrays x and y, or a folder with x.npy and y.npy",
+}
 
 
 class DataConfig(_Strict):
@@ -94,6 +112,45 @@ class DataConfig(_Strict):
         default=True,
         description="check torchvision datasets' files against the official md5 sums (false for re-packed copies)",
     )
+    # the file formats (calib_core/data/image_folder.py, table.py, arrays.py); FILE_FIELDS says which applies where
+    path: str | None = Field(
+        default=None,
+        description="image_folder: the folder with one sub-folder per class; table: a .csv or .parquet file; "
+        "arrays: an .npz file with x and y, or a folder with x.npy and y.npy",
+    )
+    label_column: str | None = Field(default=None, description="table: the column that holds the class labels")
+    feature_columns: list[str] | None = Field(
+        default=None, description="table: the feature columns, in order (None: every column but the label)"
+    )
+    categorical: Literal["onehot", "reject"] = Field(
+        default="reject",
+        description="table: non-numeric feature columns one-hot encoded (categories from the train split) or refused",
+    )
+    missing: Literal["reject", "impute_mean"] = Field(
+        default="reject",
+        description="table: empty cells refused, or filled with the train split's column mean (numeric columns)",
+    )
+    image_size: int | tuple[int, int] | None = Field(
+        default=None,
+        description="image_folder: resize every image to this size (one int: square; [height, width]); None: "
+        "the images must share one size",
+    )
+    image_mode: Literal["RGB", "L"] = Field(
+        default="RGB", description="image_folder: decode as 3-channel colour (RGB) or 1-channel grey (L)"
+    )
+    normalize: Literal["train", "imagenet", "none"] = Field(
+        default="train",
+        description="image_folder, table, arrays: standardise with the train split's mean/std ('train'), with "
+        "ImageNet's (image_folder only, for backbones pretrained on it), or not at all",
+    )
+
+    @field_validator("image_size")
+    @classmethod
+    def _check_image_size(cls, v: int | tuple[int, int] | None) -> int | tuple[int, int] | None:
+        sizes = (v,) if isinstance(v, int) else (v or ())
+        if any(s < 1 or s > MAX_IMAGE_SIDE for s in sizes):
+            raise ValueError(f"must be between 1 and {MAX_IMAGE_SIDE} pixels (one int, or [height, width])")
+        return v
 
     @model_validator(mode="after")
     def _check_fractions(self) -> DataConfig:
@@ -104,12 +161,45 @@ class DataConfig(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_file_fields(self) -> DataConfig:
+        """The file-format fields apply to their formats only; `path` (and a table's label column) are required."""
+        from calib_core.registry import DATASETS  # imports nothing of the project
+
+        formats = FILE_FIELDS.get(self.name)
+        # a built-in that does not read a field refuses it; a plugin's loader may read any of them
+        builtin = self.name in FILE_FIELDS or self.name in DATASETS.names(builtin=True)
+        for field, where in FILE_FIELD_FORMATS.items():
+            # a value other than the default, not `model_fields_set`: a dumped config holds every field
+            changed = getattr(self, field) != DataConfig.model_fields[field].default
+            if changed and builtin and (formats is None or field not in formats):
+                raise ValueError(f"data.{field} applies to {', '.join(where)} only, not {self.name!r}; leave it unset")
+        if self.name in FILE_PATH_HELP and self.path is None:
+            raise ValueError(f"data.path must be set for {self.name} ({FILE_PATH_HELP[self.name]})")
+        if self.name == "table" and self.label_column is None:
+            raise ValueError("data.label_column must be set for table (the column that holds the class labels)")
+        if self.normalize == "imagenet" and self.name in FILE_FIELDS and self.name != "image_folder":
+            raise ValueError(
+                f"data.normalize 'imagenet' applies to image_folder only; for {self.name} use train or none"
+            )
+        return self
+
 
 class ModelConfig(_Strict):
     """Backbone architecture from the model registry and its keyword arguments."""
 
     name: ModelName = "cnn1d"
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    weights: str | None = Field(
+        default=None,
+        description="a local file of pretrained weights loaded into the model before training: a state dict "
+        "saved with torch.save (read with weights_only=True) or a TorchScript file (calib_core/models/pretrained.py)",
+    )
+    freeze: Literal["none", "head_only"] = Field(
+        default="none",
+        description="'head_only': train only the head (and the calibrator) on top of frozen weights (a linear "
+        "probe); 'none': fine-tune everything (train.lr for the backbone, train.head_lr for the head)",
+    )
 
 
 class TrainConfig(_Strict):

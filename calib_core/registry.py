@@ -152,6 +152,11 @@ for _name, _shape in {
 DATASETS.declare("digits_mtl", "calib_core.data.multitask:load_digits_mtl", shape=((1, 8, 8), 10))
 DATASETS.declare("mnist1d_mtl", "calib_core.data.multitask:load_mnist1d_mtl", generated=True, shape=((40,), 10))
 DATASETS.declare("celeba", "calib_core.data.celeba:load_celeba", needs_root=True)  # 40 binary attribute tasks
+# the formats users have (files under data.path; their shape depends on the files) and a bundled real table
+DATASETS.declare("image_folder", "calib_core.data.image_folder:load_image_folder")
+DATASETS.declare("table", "calib_core.data.table:load_table")
+DATASETS.declare("arrays", "calib_core.data.arrays:load_arrays")
+DATASETS.declare("breast_cancer", "calib_core.data.table:load_breast_cancer_table", shape=((30,), 2))
 
 CALIBRATORS: Registry[Any] = Registry("calibrator")
 for _name, _target in {

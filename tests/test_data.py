@@ -209,7 +209,12 @@ def test_config_errors():
         load_dataset(DataConfig(name="digits", num_samples=500), 0)
     with pytest.raises(ValueError, match="data.root"):
         load_dataset(DataConfig(name="cifar10"), 0)
-    assert set(list_datasets()) == set(TV_SETS) | {"mnist1d", "digits", "digits_mtl", "mnist1d_mtl", "celeba"}
+    assert set(list_datasets()) == set(TV_SETS) | {"mnist1d", "digits", "digits_mtl", "mnist1d_mtl", "celeba"} | {
+        "image_folder",
+        "table",
+        "arrays",
+        "breast_cancer",
+    }
 
 
 # --- torchvision sets on fabricated files -----------------------------------------------------

@@ -107,6 +107,7 @@ class DataSplits:
 
     `input_shape` excludes the batch dimension. `stats` records the standardisation
     (computed on `train` only). `augmentation` is None unless `data.augment` is on.
+    `preprocessing` is how raw inputs become model inputs (file formats; see the field).
     `tasks` is None for single-task data; for multi-task data (labels (N, T), -1 = missing)
     it describes the T tasks, one `(name, num_classes)` pair each (calib_core.data.multitask.Task).
     """
@@ -120,6 +121,10 @@ class DataSplits:
     augmentation: CropFlip | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     tasks: tuple[tuple[str, int], ...] | None = None
+    # how raw inputs become model inputs (JSON-serialisable; {} where `stats` says it all): the file formats
+    # record their train statistics, category lists, class names and image transform (calib_core/data/table.py,
+    # image_folder.py, arrays.py), so an exported model can apply them to raw inputs
+    preprocessing: dict[str, Any] = field(default_factory=dict)
 
     def augment(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Augment a training batch (identity when augmentation is off). Deterministic given `generator`."""
