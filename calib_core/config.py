@@ -201,6 +201,15 @@ class ModelConfig(_Strict):
         "probe); 'none': fine-tune everything (train.lr for the backbone, train.head_lr for the head)",
     )
 
+    @model_validator(mode="after")
+    def _check_freeze(self) -> ModelConfig:
+        if self.freeze == "head_only" and not self.weights:
+            raise ValueError(
+                "model.freeze 'head_only' needs model.weights (a frozen random backbone learns nothing); "
+                "allowed without weights: none"
+            )
+        return self
+
 
 class TrainConfig(_Strict):
     """The trainer: backbone optimisation, the one-go calibrator options, and the baselines."""

@@ -43,7 +43,7 @@ def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False, grow: bool 
         check_uri_syntax(field, uri or "")
     from sweeps.checks import model_fit
 
-    fit = model_fit.start(cfg)  # torch loads in a child process while the other checks run
+    fit = model_fit.start(cfg, cluster)  # torch loads in a child process while the other checks run
     try:
         return _checks(cfg, cluster, resume, grow, fit)
     finally:

@@ -12,6 +12,7 @@ from calib_core.models import cnn1d, cnn2d, mlp, resnet, vit, wideresnet  # noqa
 from calib_core.models.cnn1d import CNN1D
 from calib_core.models.cnn2d import CNN2D
 from calib_core.models.mlp import MLP
+from calib_core.models.pretrained import build_model, freeze_backbone, load_weights
 from calib_core.models.resnet import ResNet, ResNet18, ResNet34, ResNet50
 from calib_core.models.vit import ViT
 from calib_core.models.wideresnet import WideResNet
@@ -22,6 +23,9 @@ __all__ = [
     "get_model_class",
     "list_models",
     "register_model",
+    "build_model",
+    "load_weights",
+    "freeze_backbone",
     "MLP",
     "CNN1D",
     "CNN2D",

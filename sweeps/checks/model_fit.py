@@ -2,6 +2,13 @@
 of two rows on the CPU, so that a model/data mismatch (resnet18 on 1-D signals) is one line before the sweep,
 not an error in every trial.
 
+The same child loads the dataset first when its shape or its contents cannot be trusted without reading it (the
+file formats image_folder / table / arrays, plugin datasets, and any run with pretrained weights) and checks the
+splits (calib_core/data/checks.py: classes, label range, NaN/inf), and loads `run.model.weights` into the model
+(calib_core/models/pretrained.py): a missing file, a column not in the table, an image that does not decode, a
+table too large for memory or a checkpoint that does not fit is one line before anything is written. With
+`--cluster` only what is reachable from this machine is read (the trials find out about the rest).
+
 The check imports torch (seconds, and hundreds of MB the driver does not need until selection), so preflight
 runs it in a child process started first (`start`) and waits for it last (`ModelFitCheck.result`): it overlaps
 with the other checks, and the driver stays free of torch while the trials run. `python -m
@@ -13,6 +20,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError, clip
@@ -23,9 +31,25 @@ if TYPE_CHECKING:
 TIMEOUT_S = 300.0
 
 
-def measure(model: dict[str, Any], data_name: str, plugins: list[str]) -> dict[str, Any]:
+def _data_error(name: str, exc: BaseException) -> str:
+    """A loader's or a check's failure as one line: a ValueError says what (and names the file) already."""
+    first = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ValueError):
+        return f"run.data: {clip(first, 260)}"
+    return f"run.data.name: loading dataset {name!r} failed: {type(exc).__name__}: {clip(first, 200)}"
+
+
+def measure(
+    model: dict[str, Any],
+    data_name: str,
+    plugins: list[str],
+    data: dict[str, Any] | None = None,
+    seed: int = 0,
+    weights: bool = True,
+) -> dict[str, Any]:
     """{"params": parameter count} when the model takes the data, {"error": one line} when not, {} when the
-    dataset's shape is only known once it is loaded (plugins, config-dependent shapes: the trials find out)."""
+    dataset's shape is only known once it is loaded and `data` (the run's data config, to load it with `seed`)
+    is not given: the trials find out. `weights`: load `model["weights"]` (when set) and check it fits."""
     if plugins:
         from calib_core.plugins import load_plugins
 
@@ -33,6 +57,20 @@ def measure(model: dict[str, Any], data_name: str, plugins: list[str]) -> dict[s
     from calib_core.data.registry import dataset_shape
 
     shape = dataset_shape(data_name)
+    multitask = False
+    if data is not None:
+        from calib_core.data import load_dataset
+        from calib_core.data.checks import check_splits
+
+        try:
+            splits = load_dataset(data, seed)
+            check_splits(splits)
+        except Exception as exc:  # noqa: BLE001 - a plugin's loader may raise anything: one line, not a traceback
+            return {"error": _data_error(data_name, exc)}
+        multitask = splits.tasks is not None
+        first = splits.tasks[0][1] if splits.tasks else splits.num_classes
+        shape = (tuple(int(s) for s in splits.input_shape), int(first))
+        del splits
     if shape is None:
         return {}
     import torch
@@ -55,17 +93,59 @@ def measure(model: dict[str, Any], data_name: str, plugins: list[str]) -> dict[s
             "error": f"run.model.name: {model['name']!r} gives outputs of shape {tuple(out.shape)[1:]} for "
             f"{data_name}, which has {num_classes} classes"
         }
+    if model.get("weights") and multitask:
+        return {"error": f"run.model.weights: applies to single-task datasets; {data_name} has several tasks"}
+    if model.get("weights") and weights:
+        from calib_core.models import build_model
+
+        try:
+            net = build_model(model, num_classes, input_shape).eval()
+            with torch.no_grad():
+                net(torch.zeros(2, *input_shape))
+        except Exception as exc:  # noqa: BLE001 - the file's own problem, said in one line
+            first = " ".join(str(exc).split()) or type(exc).__name__
+            line = first if first.startswith("run.model.") else f"run.model.weights: {type(exc).__name__}: {first}"
+            return {"error": clip(line, 280)}
     return {"params": sum(p.numel() for p in net.parameters())}
+
+
+def _reachable(path: str | None) -> bool:
+    return bool(path) and Path(str(path)).expanduser().exists()
+
+
+def loads_data(cfg: SweepConfig, cluster: bool = False) -> bool:
+    """Whether the check loads the dataset: the file formats, plugin datasets and runs with pretrained weights,
+    never a download (it would write), and with `--cluster` only data this machine can read."""
+    from calib_core.config import FILE_FIELDS
+    from calib_core.registry import DATASETS
+
+    d = cfg.run.data
+    if d.download:
+        return False
+    embedded = d.name in DATASETS.names(builtin=True) and d.name not in FILE_FIELDS
+    if embedded and not cfg.run.model.weights:
+        return False  # the shape is declared, the contents are ours; torchvision sets and CelebA check their files
+    if not cluster:
+        return True
+    if d.path is not None:
+        return _reachable(d.path)
+    if d.root is not None:
+        return _reachable(d.root)
+    return embedded and not DATASETS.meta(d.name)["needs_root"]
 
 
 class ModelFitCheck:
     """The check running in a child process; `result()` waits for it."""
 
-    def __init__(self, cfg: SweepConfig) -> None:
+    def __init__(self, cfg: SweepConfig, cluster: bool = False) -> None:
+        weights = cfg.run.model.weights
         self._job: dict[str, Any] = {
             "model": cfg.run.model.model_dump(mode="json"),
             "data": cfg.run.data.name,
             "plugins": list(cfg.plugins),
+            "data_config": cfg.run.data.model_dump(mode="json") if loads_data(cfg, cluster) else None,
+            "seed": cfg.run.seed,
+            "weights": bool(weights) and (not cluster or _reachable(weights)),
         }
         self._proc: subprocess.Popen[str] | None = None
         try:
@@ -83,7 +163,7 @@ class ModelFitCheck:
         """The backbone's parameter count (None where the shape is not known before loading); raises ConfigError
         on a mismatch."""
         if self._proc is None:  # no child: the check runs here
-            answer = measure(self._job["model"], self._job["data"], self._job["plugins"])
+            answer = _measure_job(self._job)
             if "error" in answer:
                 raise ConfigError(answer["error"])
             return answer.get("params")
@@ -91,7 +171,9 @@ class ModelFitCheck:
             out, err = self._proc.communicate(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.cancel()
-            raise ConfigError(f"run.model.name: building the model took over {TIMEOUT_S:.0f} s") from None
+            raise ConfigError(
+                f"run.model.name: loading the data and building the model took over {TIMEOUT_S:.0f} s"
+            ) from None
         finally:
             self._proc = None
         lines = [ln for ln in out.splitlines() if ln.startswith("{")]
@@ -111,15 +193,26 @@ class ModelFitCheck:
         self._proc = None
 
 
-def start(cfg: SweepConfig) -> ModelFitCheck:
+def start(cfg: SweepConfig, cluster: bool = False) -> ModelFitCheck:
     """Start the check in a child process."""
-    return ModelFitCheck(cfg)
+    return ModelFitCheck(cfg, cluster)
+
+
+def _measure_job(job: dict[str, Any]) -> dict[str, Any]:
+    return measure(
+        job["model"],
+        job["data"],
+        job.get("plugins", []),
+        data=job.get("data_config"),
+        seed=int(job.get("seed", 0)),
+        weights=bool(job.get("weights", True)),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """The child: one JSON line on stdout."""
     job = json.loads((argv if argv is not None else sys.argv[1:])[0])
-    print(json.dumps(measure(job["model"], job["data"], job.get("plugins", []))), flush=True)
+    print(json.dumps(_measure_job(job)), flush=True)
     return 0
 
 

@@ -1,0 +1,166 @@
+"""Pretrained weights from a local file (`run.model.weights`) and a frozen backbone (`run.model.freeze`).
+
+    run:
+      model: {name: resnet18, weights: /models/resnet18_pets.pt, freeze: head_only}
+
+The file is read on the CPU, nothing is downloaded:
+- a state dict saved with `torch.save(model.state_dict(), path)` (read with `torch.load(weights_only=True)`, which
+  refuses pickled code); a checkpoint dict holding it under "state_dict" or "model" is accepted, and a
+  "module." prefix (DataParallel, DDP) is removed;
+- a TorchScript file (`torch.jit.save(torch.jit.script(model), path)`), read with `torch.jit.load`; its
+  parameters and buffers are the state dict.
+
+The keys must be the model's: a missing key, an unexpected key or a shape that differs is a ValueError of one
+line naming the file, the keys and the shapes, before anything is loaded. The head's keys (`head.weight`,
+`head.bias`) may be absent (a backbone checkpoint: the head starts fresh); present with another class count they
+are refused ("trained for 10 classes, the data has 3"), saying how to drop them.
+
+`freeze: head_only` (a linear probe with the one-go calibrator on top) turns every parameter outside `model.head`
+into a buffer of the same name (same state-dict keys, so checkpoints and the exported model load as before; the
+trainer's optimizers see the head only) and sets momentum 0 on the batch-norm layers outside it, so their running
+statistics stay those of the file (in train mode a batch is still normalised with its own statistics, as usual).
+With the `last_layer` calibrator the head is the calibrator's, so nothing is left for the backbone player: use
+another calibrator (temperature, vector, matrix, dirichlet) with a frozen backbone;
+`freeze: none` fine-tunes everything (`train.lr` for the backbone, `train.head_lr` for the head).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from calib_core.models.registry import create_model
+
+HEAD_PREFIX = "head."
+FIELD = "run.model.weights"
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _some(keys: list[str], limit: int = 4) -> str:
+    return ", ".join(keys[:limit]) + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def _is_torchscript(path: Path) -> bool:
+    """A TorchScript archive holds code/ and constants.pkl; a torch.save file holds data.pkl only."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return any(n.split("/", 1)[-1].startswith("code/") for n in names) and any(
+        n.endswith("constants.pkl") for n in names
+    )
+
+
+def read_state_dict(path: str | Path) -> dict[str, Tensor]:
+    """The tensors of a weights file (module docstring); ValueError of one line naming the file otherwise."""
+    p = Path(path).expanduser().absolute()
+    if not p.exists():
+        raise ValueError(f"{FIELD}: {p} does not exist")
+    if not p.is_file():
+        raise ValueError(f"{FIELD}: {p} is not a file")
+    if p.stat().st_size == 0:
+        raise ValueError(f"{FIELD}: {p} is empty")
+    obj: Any
+    try:
+        if _is_torchscript(p):
+            obj = torch.jit.load(str(p), map_location="cpu").state_dict()
+        else:
+            obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - unpickling and archive errors come in many types
+        first = " ".join(str(exc).split())[:160]
+        raise ValueError(
+            f"{FIELD}: cannot read {p} as a state dict (torch.save, weights_only) or TorchScript file "
+            f"({type(exc).__name__}: {first})"
+        ) from None
+    if isinstance(obj, Mapping):
+        for key in ("state_dict", "model"):
+            if isinstance(obj.get(key), Mapping):
+                obj = obj[key]
+                break
+    if not isinstance(obj, Mapping) or not obj or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise ValueError(
+            f"{FIELD}: {p} does not hold a state dict (a mapping of parameter names to tensors; "
+            f"got {type(obj).__name__})"
+        )
+    sd = {str(k): v for k, v in obj.items()}
+    if all(k.startswith("module.") for k in sd):
+        sd = {k.removeprefix("module."): v for k, v in sd.items()}
+    return sd
+
+
+def check_state_dict(model: nn.Module, sd: Mapping[str, Tensor], source: str) -> None:
+    """ValueError (one line) when `sd` does not fit `model`: missing or unexpected keys, shapes, class count."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in sd and not k.startswith(HEAD_PREFIX)]
+    unexpected = [k for k in sd if k not in own]
+    if missing or unexpected:
+        parts = ([f"missing keys {_some(missing)}"] if missing else []) + (
+            [f"unexpected keys {_some(unexpected)}"] if unexpected else []
+        )
+        raise ValueError(
+            f"{FIELD}: {source} does not fit model {getattr(model, 'model_name', type(model).__name__)!r}: "
+            f"{'; '.join(parts)} (is it a checkpoint of this architecture and these run.model.kwargs?)"
+        )
+    head_w = sd.get(HEAD_PREFIX + "weight")
+    own_w = own.get(HEAD_PREFIX + "weight")
+    if head_w is not None and own_w is not None and head_w.dim() == 2 and head_w.shape[0] != own_w.shape[0]:
+        raise ValueError(
+            f"{FIELD}: {source} has a head trained for {head_w.shape[0]} classes, the data has {own_w.shape[0]}; "
+            "drop the head's keys (head.weight, head.bias) from the file to train a new head"
+        )
+    wrong = [
+        f"{k} {_shape(sd[k])} in the file, {_shape(own[k])} in the model" for k in sd if sd[k].shape != own[k].shape
+    ]
+    if wrong:
+        raise ValueError(f"{FIELD}: {source} has tensors of other shapes than the model: {_some(wrong, 3)}")
+
+
+def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
+    """Load the weights file into `model` (in place, checked first) and return it."""
+    sd = read_state_dict(path)
+    check_state_dict(model, sd, str(Path(path).expanduser().absolute()))
+    own = model.state_dict()
+    with torch.no_grad():
+        model.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()}, strict=False)
+    return model
+
+
+def freeze_backbone(model: nn.Module) -> nn.Module:
+    """Only `model.head` trains: every other parameter becomes a buffer of the same name (so it is in the state
+    dict under its key, moves with the model, and is in no optimizer and no gradient), and the batch norms outside
+    the head keep their running statistics (momentum 0). Returns `model`."""
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Module):
+        raise ValueError(f"run.model.freeze: model {type(model).__name__} has no `head` to train")
+    head_modules = {id(m) for m in head.modules()}
+    for m in model.modules():
+        if id(m) in head_modules:
+            continue
+        for name, p in list(m._parameters.items()):
+            if p is not None:
+                del m._parameters[name]
+                m.register_buffer(name, p.detach().requires_grad_(False))
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.momentum = 0.0
+    return model
+
+
+def build_model(model_cfg: Any, num_classes: int, input_shape: tuple[int, ...] | list[int]) -> nn.Module:
+    """`create_model` for a `ModelConfig` (or its dict): the registry's model, then `weights` and `freeze`."""
+    get = model_cfg.get if isinstance(model_cfg, Mapping) else lambda k, d=None: getattr(model_cfg, k, d)
+    net = create_model(get("name"), num_classes, tuple(input_shape), **(get("kwargs") or {}))
+    weights = get("weights")
+    if weights:
+        load_weights(net, weights)
+    if (get("freeze") or "none") == "head_only":
+        freeze_backbone(net)
+    return net
