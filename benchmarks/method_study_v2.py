@@ -102,6 +102,13 @@ def _secondary(probs: Any, labels: Any) -> dict[str, float]:
     return {"smooth_ece": float(smooth_ece(p, y)), "debiased_l2_ce": float(debiased_l2_ce(p, y))}
 
 
+def task_secondary(probs: Sequence[Any], labels: Any) -> dict[str, float]:
+    """`_secondary` per task on its labelled rows (labels (N, T), -1 = missing), averaged over the tasks."""
+    labels = np.asarray(labels)
+    sec = [_secondary(np.asarray(p)[labels[:, t] >= 0], labels[labels[:, t] >= 0, t]) for t, p in enumerate(probs)]
+    return {k: float(np.mean([s[k] for s in sec])) for k in sec[0]}
+
+
 def execute(job: dict[str, Any]) -> dict[str, Any]:
     """Train one run, write its JSON (and for evaluation runs the test probabilities), return the record."""
     import torch
@@ -135,8 +142,7 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         if getattr(res, "task_test_probs", None) is not None:
             probs = [p.numpy() for p in res.task_test_probs]
             labels = res.task_test_labels.numpy()
-            sec = [_secondary(p[labels[:, t] >= 0], labels[labels[:, t] >= 0, t]) for t, p in enumerate(probs)]
-            rec["test"].update({k: float(np.mean([s[k] for s in sec])) for k in sec[0]})
+            rec["test"].update(task_secondary(probs, labels))
             arrays = {"task_labels": labels.astype(np.int16)}
             for t, p in enumerate(probs):
                 arrays.update(top_label_arrays(p, labels[:, t], f"task{t}_"))

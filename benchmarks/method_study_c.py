@@ -1,0 +1,756 @@
+"""Method study, protocol C (issue #31): the cheap slice, TS stacked on protocol A's chosen backbones.
+
+    python benchmarks/method_study_c.py slice                      # run what is missing (resumable), then report
+    python benchmarks/method_study_c.py slice --regimes overconf   # one regime
+    python benchmarks/method_study_c.py slice --report-only        # rebuild the report from the compact files
+
+The protocol is `benchmarks/protocols/method_study_c.md` (committed before any run); the numbers are in
+`method_study_c.yaml`. Each run retrains one of protocol A's chosen configurations (A's harness builds the
+run config: `method_study_v2.run_config` with A's `chosen.json` parameters) on one of A's evaluation seeds,
+then fits one temperature per task on all validation rows (`calib_core.calibrators.fit_posthoc` via the
+trainer strategy's `fit_posthoc`/`crossfit_posthoc`) on the model's calibrated logits and evaluates the test
+split without and with it. A run adds two rows (post `none` and `ts`) to the per-run table
+`benchmarks/results/method_study_c/slice_runs.csv.gz` and its test rows' top-label confidence (uint16) and
+correctness (bit-packed) to `slice_rows_<regime>.npz`; the table row is written last and marks the run done,
+so the same command resumes. Every row records `benchmarks.provenance.provenance()`; rows of another commit
+are refused unless `--allow-mixed-commits`.
+
+The report (`benchmarks/results/method_study_c_slice.md` / `.json`) is rebuilt from those two files alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import RESULTS_DIR, ROOT, command_line, utc_now, write_json, write_text
+from benchmarks.method_study_v2 import _secondary, chosen_params, run_config, task_secondary
+from benchmarks.method_study_v2 import load_spec as load_spec_v2
+from benchmarks.provenance import FIELDS as PROVENANCE_FIELDS
+from benchmarks.provenance import check_same_commit, provenance
+
+SPEC = ROOT / "benchmarks" / "protocols" / "method_study_c.yaml"
+OUT = RESULTS_DIR / "method_study_c"
+METRICS = (
+    "accuracy",
+    "nll",
+    "brier",
+    "ece",
+    "debiased_l2_ce",
+    "smooth_ece",
+    "mce",
+    "rmsce",
+    "sce",
+    "ace",
+    "tace",
+    "classwise_ece",
+    "aurc",
+)
+KEY = ("regime", "method", "seed")
+COLUMNS = (
+    *KEY,
+    "post",
+    "status",
+    "reason",
+    "params",
+    "epochs_run",
+    "best_epoch",
+    "temperature",
+    "val_nll",
+    "val_nll_ts_insample",
+    "val_nll_ts_crossfit",
+    *(f"test_{m}" for m in METRICS),
+    "wall_s",
+    "ts_wall_s",
+    "finished_utc",
+    *PROVENANCE_FIELDS,
+    "source_sha256",
+)
+CONF_SCALE = 65535
+
+
+def load_spec(path: Path = SPEC) -> dict[str, Any]:
+    import yaml
+
+    spec = yaml.safe_load(path.read_text())
+    spec["_path"] = str(path.resolve())
+    return spec
+
+
+# ------------------------------------------------------------------------------------------
+# compact storage: one per-run table + per-regime row arrays
+# ------------------------------------------------------------------------------------------
+def table_path(out: Path, study: str = "slice") -> Path:
+    return out / f"{study}_runs.csv.gz"
+
+
+def rows_path(out: Path, regime: str, study: str = "slice") -> Path:
+    return out / f"{study}_rows_{regime}.npz"
+
+
+def read_table(path: Path) -> list[dict[str, Any]]:
+    """The per-run table's rows, numbers parsed (empty strings -> None)."""
+    if not path.is_file():
+        return []
+    with gzip.open(path, "rt", newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = []
+    for r in rows:
+        x: dict[str, Any] = {}
+        for k, v in r.items():
+            if v == "":
+                x[k] = None
+            elif k in ("seed", "epochs_run", "best_epoch", "threads"):
+                x[k] = int(float(v))
+            elif k in ("wall_s", "ts_wall_s") or k.startswith(("test_", "val_")):
+                x[k] = float(v)
+            elif k == "git_clean":
+                x[k] = v == "True"
+            else:
+                x[k] = v
+        out.append(x)
+    return out
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def write_table(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """Rewrite the table (sorted by regime, method, seed, post), gzip with a fixed mtime (reproducible bytes)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    order = sorted(rows, key=lambda r: (r["regime"], r["method"], int(r["seed"]), r["post"]))
+    for r in order:
+        w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
+    _atomic_write(path, gzip.compress(buf.getvalue().encode(), mtime=0))
+
+
+def compact_task_arrays(probs: np.ndarray, labels: np.ndarray, prefix: str) -> dict[str, np.ndarray]:
+    """One task's test rows: top-label confidence (uint16, conf x 65535 rounded) and correctness (bit-packed),
+    over the labelled rows (`keep`, bit-packed, over all rows), plus n and K."""
+    labels = np.asarray(labels)
+    keep = labels >= 0
+    p = np.asarray(probs, dtype=np.float64)[keep]
+    conf = np.rint(p.max(axis=1) * CONF_SCALE).astype(np.uint16)
+    correct = p.argmax(axis=1) == labels[keep]
+    return {
+        f"{prefix}conf": conf,
+        f"{prefix}correct": np.packbits(correct),
+        f"{prefix}keep": np.packbits(keep),
+        f"{prefix}n": np.array([len(labels), int(keep.sum()), p.shape[1]], dtype=np.int64),
+    }
+
+
+def arrays_key(regime: str, method: str, post: str, seed: int) -> str:
+    return f"{regime}/{method}/{post}/seed{seed}/"
+
+
+def unpack_task(z: Any, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(confidence float64, correct bool, keep bool over all rows, K) of one task's compact arrays."""
+    n_all, n_kept, k = (int(v) for v in z[f"{prefix}n"])
+    conf = z[f"{prefix}conf"].astype(np.float64) / CONF_SCALE
+    correct = np.unpackbits(z[f"{prefix}correct"], count=n_kept).astype(bool)
+    keep = np.unpackbits(z[f"{prefix}keep"], count=n_all).astype(bool)
+    return conf, correct, keep, k
+
+
+def num_tasks(z: Any, key: str) -> int:
+    return sum(1 for f in z.files if f.startswith(key) and f.endswith("_n"))
+
+
+# ------------------------------------------------------------------------------------------
+# one run: train (as protocol A), then TS stacked on the trained model
+# ------------------------------------------------------------------------------------------
+def source_sha256() -> str:
+    """SHA-256 over the calib_core and benchmarks sources as they are on disk now (sorted paths)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for base in ("calib_core", "benchmarks"):
+        for p in sorted((ROOT / base).rglob("*.py")):
+            h.update(str(p.relative_to(ROOT)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def stacked_run(config: dict[str, Any], folds: int = 5) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
+    """Train one run; return (row without TS, row with TS, compact test arrays keyed 'none/...', 'ts/...')."""
+    import torch
+
+    torch.set_num_threads(int(config["num_threads"]))
+    torch.use_deterministic_algorithms(True)
+    from calib_core.calibrators import create_calibrator
+    from calib_core.config import RunConfig
+    from calib_core.data import load_dataset
+    from calib_core.trainer import make_trainer
+
+    cfg = RunConfig.model_validate(config)
+    data = load_dataset(cfg.data, cfg.seed)
+    t0 = time.perf_counter()
+    trainer = make_trainer(cfg, data, "cpu")
+    res = trainer.fit()
+    wall = time.perf_counter() - t0
+    base = {"status": res.status, "reason": res.reason, "epochs_run": res.epochs_run}
+    base["best_epoch"] = (res.best or {}).get("epoch")
+    base["wall_s"] = wall
+    if res.status != "completed":
+        return {**base, "post": "none"}, {**base, "post": "ts"}, {}
+    t1 = time.perf_counter()
+    st, val, test = trainer.strategy, trainer.val_split, trainer.test_split
+    nb = trainer.tc.num_bins
+    with torch.no_grad():
+        zv = [z.float() for z in st.predict_logits(trainer.model, trainer.calibrator, val.x)]
+        zt = [z.float() for z in st.predict_logits(trainer.model, trainer.calibrator, test.x)]
+    cals = [create_calibrator("temperature", z.shape[1]) for z in zv]
+    # cross-fitted validation logits (folds seeded by the run seed); the calibrators end fitted on all val rows
+    z_cv = st.crossfit_posthoc(cals, zv, val.y, st.labelled_tasks(val.y), folds, cfg.seed)
+    with torch.no_grad():
+        zv_ts = [c(z).float() for c, z in zip(cals, zv)]
+        zt_ts = [c(z).float() for c, z in zip(cals, zt)]
+    temps = [float(c.temperature.detach()) for c in cals]
+    val_ts_in = st.metrics(zv_ts, val.y, nb)["nll"]
+    val_ts_cv = st.metrics([z.float() for z in z_cv], val.y, nb)["nll"]
+    labels = test.y.cpu().numpy()
+    rows, arrays = [], {}
+    for post, logits, test_metrics in (("none", zt, dict(res.test_metrics)), ("ts", zt_ts, None)):
+        if test_metrics is None:
+            test_metrics = st.metrics(logits, test.y, nb)
+        probs = [torch.softmax(z, dim=1).cpu().numpy() for z in logits]
+        if labels.ndim == 2:
+            test_metrics.update(task_secondary(probs, labels))
+            for t, p in enumerate(probs):
+                arrays.update(compact_task_arrays(p, labels[:, t], f"{post}/t{t}_"))
+        else:
+            test_metrics.update(_secondary(probs[0], labels))
+            arrays.update(compact_task_arrays(probs[0], labels, f"{post}/t0_"))
+        rows.append(
+            {
+                **base,
+                "post": post,
+                "temperature": json.dumps(temps) if post == "ts" else None,
+                "val_nll": res.val_metrics.get("nll") if post == "none" else val_ts_cv,
+                "val_nll_ts_insample": val_ts_in,
+                "val_nll_ts_crossfit": val_ts_cv,
+                **{f"test_{m}": test_metrics.get(m) for m in METRICS},
+            }
+        )
+    ts_wall = time.perf_counter() - t1
+    for r in rows:
+        r["ts_wall_s"] = ts_wall
+    return rows[0], rows[1], arrays
+
+
+# ------------------------------------------------------------------------------------------
+# the slice's jobs and runner
+# ------------------------------------------------------------------------------------------
+TINY = {"data": {"num_samples": 600}, "train": {"epochs": 2}}
+
+
+def slice_jobs(spec: dict, regimes: Sequence[str], tiny: bool = False) -> list[dict[str, Any]]:
+    """Seed-major (a seed's data is generated once per process): A's chosen configuration of each slice method."""
+    sl = spec["slice"]
+    spec_a = load_spec_v2(ROOT / sl["source_protocol"])
+    raw_a = ROOT / sl["source_raw"]
+    seeds = sl["seeds"][:2] if tiny else sl["seeds"]
+    jobs = []
+    for r in regimes:
+        for s in seeds:
+            for m in sl["methods"]:
+                params = chosen_params(spec_a, r, m, raw_a)
+                if params is None:
+                    raise SystemExit(f"protocol A has no chosen configuration for {r}/{m}")
+                cfg = run_config(spec_a, r, m, s, params)
+                if tiny:
+                    cfg["data"]["num_samples"] = TINY["data"]["num_samples"]
+                    cfg["train"]["epochs"] = TINY["train"]["epochs"]
+                jobs.append({"regime": r, "method": m, "seed": int(s), "params": params, "config": cfg})
+    return jobs
+
+
+def array_seeds(spec: dict, tiny: bool = False) -> list[int]:
+    """The seeds whose test rows are kept as compact arrays (the first `slice.array_seeds` of the slice's seeds)."""
+    seeds = spec["slice"]["seeds"]
+    return list(seeds[:2] if tiny else seeds[: int(spec["slice"].get("array_seeds", len(seeds)))])
+
+
+def run_slice(
+    spec: dict,
+    regimes: Sequence[str],
+    out: Path,
+    tiny: bool = False,
+    allow_mixed: bool = False,
+    limit: int | None = None,
+) -> int:
+    """Run the slice's missing jobs in this process, one after another; return how many ran."""
+    import torch
+
+    torch.set_num_threads(int(spec.get("threads", 1)))
+    prov = provenance()  # once, before the first run: the code this process loaded
+    prov["source_sha256"] = source_sha256()
+    tpath = table_path(out)
+    rows = read_table(tpath)
+    check_same_commit([r.get("git_commit") for r in rows], prov["git_commit"], allow_mixed)
+    done = {(r["regime"], r["method"], int(r["seed"])) for r in rows}
+    jobs = [j for j in slice_jobs(spec, regimes, tiny) if (j["regime"], j["method"], j["seed"]) not in done]
+    print(f"[slice] {len(done)} runs done, {len(jobs)} to run; provenance {json.dumps(prov)}", flush=True)
+    t0 = time.perf_counter()
+    n = 0
+    for j in jobs[:limit]:
+        none, ts, arrays = stacked_run(j["config"])
+        stamp = {k: j[k] for k in KEY} | {"params": json.dumps(j["params"]), "finished_utc": utc_now(), **prov}
+        if arrays and j["seed"] in array_seeds(spec, tiny):
+            rp = rows_path(out, j["regime"])
+            existing = dict(np.load(rp)) if rp.is_file() else {}
+            for post in ("none", "ts"):
+                prefix = f"{post}/"
+                key = arrays_key(j["regime"], j["method"], post, j["seed"])
+                existing.update({key + k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)})
+            buf = io.BytesIO()
+            np.savez_compressed(buf, **existing)
+            _atomic_write(rp, buf.getvalue())
+        rows += [{**none, **stamp}, {**ts, **stamp}]
+        write_table(tpath, rows)  # written last: the run is done
+        n += 1
+        print(
+            f"[slice {n}/{len(jobs)} {time.perf_counter() - t0:6.0f}s] {j['regime']} {j['method']} seed={j['seed']} "
+            f"{none['status']} ece {_f(none.get('test_ece'))} -> {_f(ts.get('test_ece'))}, nll "
+            f"{_f(none.get('test_nll'))} -> {_f(ts.get('test_nll'))}, T {ts.get('temperature')} "
+            f"({none['wall_s']:.1f}s + {none.get('ts_wall_s', 0.0):.1f}s)",
+            flush=True,
+        )
+    return n
+
+
+def _f(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+# ------------------------------------------------------------------------------------------
+# statistics
+# ------------------------------------------------------------------------------------------
+def holm(pvals: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values (same order as given); NaN stays NaN and is not counted."""
+    idx = [i for i, p in enumerate(pvals) if math.isfinite(p)]
+    m = len(idx)
+    out = [math.nan] * len(pvals)
+    running = 0.0
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvals[i])):
+        running = max(running, min(1.0, (m - rank) * pvals[i]))
+        out[i] = running
+    return out
+
+
+def t_summary(d: Sequence[float]) -> dict[str, float]:
+    """Mean, sd, se, n and df of paired differences."""
+    x = np.asarray(d, dtype=np.float64)
+    n = len(x)
+    mean = float(x.mean()) if n else math.nan
+    sd = float(x.std(ddof=1)) if n > 1 else math.nan
+    return {"n": n, "mean": mean, "sd": sd, "se": sd / math.sqrt(n) if n > 1 else math.nan}
+
+
+def p_below(s: dict[str, float], bound: float) -> float:
+    """One-sided t p-value of H1: mean < bound."""
+    from scipy import stats
+
+    if not (s["n"] > 1 and s["se"] > 0):
+        return math.nan if s["n"] < 2 else (0.0 if s["mean"] < bound else 1.0)
+    return float(stats.t.cdf((s["mean"] - bound) / s["se"], s["n"] - 1))
+
+
+def p_above(s: dict[str, float], bound: float) -> float:
+    """One-sided t p-value of H1: mean > bound."""
+    from scipy import stats
+
+    if not (s["n"] > 1 and s["se"] > 0):
+        return math.nan if s["n"] < 2 else (0.0 if s["mean"] > bound else 1.0)
+    return float(stats.t.sf((s["mean"] - bound) / s["se"], s["n"] - 1))
+
+
+def t_interval(s: dict[str, float], level: float) -> tuple[float, float]:
+    from scipy import stats
+
+    if not (s["n"] > 1 and math.isfinite(s["se"])):
+        return math.nan, math.nan
+    q = float(stats.t.ppf(0.5 + level / 2.0, s["n"] - 1))
+    return s["mean"] - q * s["se"], s["mean"] + q * s["se"]
+
+
+def claim_tests(kind: str, metric: str, margins: dict[str, float]) -> tuple[tuple[str, float], tuple[str, float]]:
+    """(establishing test, refuting test) as (direction, bound) for one metric of a claim (method - reference)."""
+    if metric == "accuracy":  # higher is better, non-inferiority
+        return ("above", -margins["accuracy"]), ("below", -margins["accuracy"])
+    if kind == "matches":  # not worse by the margin / worse by more than the margin
+        return ("below", margins[metric]), ("above", margins[metric])
+    return ("below", 0.0), ("above", 0.0)  # better: lower / higher
+
+
+def _p(s: dict[str, float], test: tuple[str, float]) -> float:
+    return p_below(s, test[1]) if test[0] == "below" else p_above(s, test[1])
+
+
+def evaluate_claim(
+    diffs: dict[str, dict[str, list[float]]], kind: str, spec: dict, metrics: Sequence[str]
+) -> dict[str, Any]:
+    """Per regime and metric: t summary, 95 % and Bonferroni intervals, Holm-adjusted p-values of the establishing
+    and refuting tests (family: the regimes of this claim and metric); per regime the verdict."""
+    alpha, margins = spec["alpha"], spec["margins"]
+    regimes = list(diffs)
+    m = len(regimes)
+    out: dict[str, Any] = {r: {"metrics": {}} for r in regimes}
+    for metric in metrics:
+        est, ref = claim_tests(kind, metric, margins)
+        summ = {r: t_summary(diffs[r][metric]) for r in regimes}
+        p_est = holm([_p(summ[r], est) for r in regimes])
+        p_ref = holm([_p(summ[r], ref) for r in regimes])
+        level_adj = 1.0 - (2.0 if kind == "matches" and metric != "accuracy" else 1.0) * alpha / max(m, 1)
+        for i, r in enumerate(regimes):
+            s = summ[r]
+            out[r]["metrics"][metric] = {
+                **s,
+                "ci95": t_interval(s, 0.95),
+                "ci_adj": t_interval(s, level_adj),
+                "level_adj": level_adj,
+                "p_establish_holm": p_est[i],
+                "p_refute_holm": p_ref[i],
+                "establishes": bool(p_est[i] < alpha),
+                "refutes": bool(p_ref[i] < alpha),
+            }
+    for r in regimes:
+        ms = out[r]["metrics"]
+        if any(ms[x]["refutes"] for x in metrics):
+            v = "refuted"
+        elif all(ms[x]["establishes"] for x in metrics):
+            v = "established"
+        else:
+            v = "not settled"
+        out[r]["verdict"] = v
+    return out
+
+
+def overall(verdicts: Sequence[str]) -> str:
+    if any(v == "refuted" for v in verdicts):
+        return "refuted"
+    if verdicts and all(v == "established" for v in verdicts):
+        return "established"
+    return "not settled"
+
+
+# ------------------------------------------------------------------------------------------
+# per-seed bootstrap of ECE differences from the compact arrays
+# ------------------------------------------------------------------------------------------
+def ece_replicates(z: Any, key: str, counts: Any) -> Any:
+    """Bootstrap replicates of the run's test ECE (mean over tasks) under `counts` (B, N over all test rows)."""
+    import torch
+
+    from calib_core.metrics.bootstrap import bootstrap_metrics
+
+    reps = []
+    for t in range(num_tasks(z, key)):
+        conf, correct, keep, k = unpack_task(z, f"{key}t{t}_")
+        probs = np.repeat(((1.0 - conf) / (k - 1))[:, None], k, axis=1)
+        probs[:, 0] = conf
+        labels = np.where(correct, 0, 1)
+        reps.append(bootstrap_metrics(probs, labels, counts[:, torch.from_numpy(keep)], names=["ece"])["ece"])
+    return torch.stack(reps).mean(0)
+
+
+def per_seed_half_widths(
+    z: Any, regime: str, a: tuple[str, str], b: tuple[str, str], seeds: Sequence[int], resamples: int
+) -> list[float]:
+    """Per seed: half-width of the 95 % percentile interval of the paired bootstrap ECE(a) - ECE(b)."""
+    from calib_core.metrics.bootstrap import percentile_interval, resample_counts
+
+    out = []
+    for s in seeds:
+        ka, kb = arrays_key(regime, *a, s), arrays_key(regime, *b, s)
+        if f"{ka}t0_n" not in z.files or f"{kb}t0_n" not in z.files:
+            continue
+        n_all = int(z[f"{ka}t0_n"][0])
+        counts = resample_counts(n_all, resamples, seed=1000 + s)
+        d = ece_replicates(z, ka, counts) - ece_replicates(z, kb, counts)
+        lo, hi = percentile_interval(d, 0.95)
+        out.append((hi - lo) / 2.0)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# the slice report
+# ------------------------------------------------------------------------------------------
+REPORT_METRICS = ("ece", "debiased_l2_ce", "nll", "accuracy")
+A_METRICS = ("accuracy", "ece", "nll", "brier", "debiased_l2_ce", "smooth_ece")
+
+
+def _cell(c: str) -> tuple[str, str]:
+    m, post = c.split("/")
+    return m, post
+
+
+def _label(c: str) -> str:
+    m, post = _cell(c)
+    return m + (" + TS" if post == "ts" else "")
+
+
+def a_rows(spec: dict, regime: str, method: str) -> dict[int, dict[str, float]]:
+    """Protocol A's stored evaluation rows {seed: test metrics} of one method."""
+    raw = ROOT / spec["slice"]["source_raw"] / regime / "eval" / method
+    out = {}
+    for s in spec["slice"]["seeds"]:
+        p = raw / f"seed{s}.json"
+        if p.is_file():
+            rec = json.loads(p.read_text())
+            if rec.get("status") == "completed":
+                out[int(s)] = rec["test"]
+    return out
+
+
+def slice_record(spec: dict, out: Path, bootstrap: bool = True) -> dict[str, Any]:
+    """Everything the slice report says, from the compact files (and A's stored rows for the comparison)."""
+    rows = [r for r in read_table(table_path(out)) if r["status"] == "completed"]
+    sl = spec["slice"]
+    n_seeds = len(sl["seeds"])
+    by = {(r["regime"], r["method"], r["post"], int(r["seed"])): r for r in rows}
+    regimes = [r for r in spec["regimes"] if any(k[0] == r for k in by)]
+    rec: dict[str, Any] = {"regimes": regimes, "complete": {}, "means": {}, "reproduction": {}, "claims": {}}
+    for r in regimes:
+        seeds_r = {m: sorted(k[3] for k in by if k[0] == r and k[1] == m and k[2] == "none") for m in sl["methods"]}
+        rec["complete"][r] = all(len(v) == n_seeds for v in seeds_r.values())
+        for m in sl["methods"]:
+            for post in ("none", "ts"):
+                vals = [by[(r, m, post, s)] for s in seeds_r[m]]
+                rec["means"][f"{r}/{m}/{post}"] = {
+                    "n": len(vals),
+                    **{k: float(np.mean([v[f"test_{k}"] for v in vals])) if vals else math.nan for k in A_METRICS},
+                    "temperature": (
+                        float(np.mean([np.mean(json.loads(v["temperature"])) for v in vals]))
+                        if post == "ts" and vals
+                        else None
+                    ),
+                }
+            a = a_rows(spec, r, m)
+            diffs = {
+                k: [abs(by[(r, m, "none", s)][f"test_{k}"] - a[s][k]) for s in seeds_r[m] if s in a] for k in A_METRICS
+            }
+            rec["reproduction"][f"{r}/{m}"] = {
+                "seeds": len([s for s in seeds_r[m] if s in a]),
+                "max_abs_diff": {k: (max(v) if v else math.nan) for k, v in diffs.items()},
+                "exact": all(all(x == 0.0 for x in v) for v in diffs.values()),
+            }
+        ts_val = a_rows(spec, r, "ts_val")
+        ce_ts = {s: by[(r, "ce_es", "ts", s)] for s in seeds_r["ce_es"] if s in ts_val}
+        rec["means"][f"{r}/a_ts_val"] = {
+            "n": len(ce_ts),
+            **{k: float(np.mean([ts_val[s][k] for s in ce_ts])) if ce_ts else math.nan for k in A_METRICS},
+        }
+        rec.setdefault("ce_es_ts_minus_a_ts_val", {})[r] = {
+            k: t_summary([ce_ts[s][f"test_{k}"] - ts_val[s][k] for s in ce_ts]) for k in REPORT_METRICS
+        }
+    for name, claim in sl["claims"].items():
+        (ma, pa), (mb, pb) = _cell(claim["method"]), _cell(claim["reference"])
+        diffs, seeds_used = {}, {}
+        for r in regimes:
+            seeds = sorted(s for s in sl["seeds"] if (r, ma, pa, s) in by and (r, mb, pb, s) in by)
+            seeds_used[r] = seeds
+            diffs[r] = {
+                k: [by[(r, ma, pa, s)][f"test_{k}"] - by[(r, mb, pb, s)][f"test_{k}"] for s in seeds]
+                for k in REPORT_METRICS
+            }
+        res = evaluate_claim(diffs, claim["kind"], spec, REPORT_METRICS)
+        for r in regimes:
+            res[r]["seeds"] = len(seeds_used[r])
+            res[r]["complete"] = rec["complete"][r] and len(seeds_used[r]) == n_seeds
+        ov = overall([res[r]["verdict"] for r in regimes])
+        all_done = len(regimes) == len(spec["regimes"]) and all(res[r]["complete"] for r in regimes)
+        rec["claims"][name] = {"per_regime": res, "overall": ov if all_done else f"pending ({ov} so far)"}
+        if bootstrap:
+            for r in regimes:
+                rp = rows_path(out, r)
+                if not rp.is_file():
+                    continue
+                with np.load(rp) as z:
+                    hw = per_seed_half_widths(
+                        z, r, (ma, pa), (mb, pb), seeds_used[r], spec["slice"]["bootstrap_resamples"]
+                    )
+                res[r]["ece_bootstrap_half_width_median"] = float(np.median(hw)) if hw else math.nan
+    return rec
+
+
+def _pt(v: float, scale: float) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{scale * v:+.2f}"
+
+
+def _scale(metric: str) -> float:
+    return 1.0 if metric == "nll" else 100.0
+
+
+def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = True) -> tuple[str, dict[str, Any]]:
+    rec = slice_record(spec, out, bootstrap)
+    rows = read_table(table_path(out))
+    prov = sorted(
+        {(r.get("git_commit") or "?")[:10] + (" (clean)" if r.get("git_clean") else " (dirty)") for r in rows}
+    )
+    cpus = sorted({f"{r.get('cpu_model')}, {r.get('threads')} thread(s)" for r in rows})
+    vers = sorted({f"python {r.get('python')}, torch {r.get('torch')}, numpy {r.get('numpy')}" for r in rows})
+    sl = spec["slice"]
+    L = [
+        "# Method study, protocol C: the cheap slice (TS stacked on protocol A's chosen backbones)",
+        "",
+        "Protocol (committed before any run): `benchmarks/protocols/method_study_c.md` / `.yaml`, section "
+        f'"The cheap slice". Command: `{command}`. Compact results: `{os.path.relpath(out, ROOT)}/` '
+        f"(`slice_runs.csv.gz`, `slice_rows_<regime>.npz`); this report is generated from them alone "
+        "(and protocol A's stored rows for the comparison). "
+        f"Runs made at commit(s) {', '.join(prov) or 'n/a'}; {'; '.join(cpus) or 'n/a'}; {'; '.join(vers) or 'n/a'}. "
+        "Dirty means tracked files differed from the commit (other work in the same tree); "
+        "`source_sha256` in each row identifies the sources the run loaded.",
+        "",
+        "**What the slice is and is not.** A's backbones were tuned once (one TPE draw per method and regime) on "
+        "validation NLL; the slice retrains A's chosen configurations on A's 24 evaluation seeds, stacks "
+        "temperature scaling fitted on all validation rows, and compares paired by seed. Its intervals are paired t "
+        "intervals over seeds: they do **not** include tuning luck (protocol C's full study does). Holm across the "
+        f"regimes per claim and metric (alpha {spec['alpha']}); adjusted intervals are Bonferroni "
+        "(matches, calibration metrics: two-sided 1 - 2 x 0.05 / 4; otherwise 1 - 0.05 / 4). Margins: ECE and "
+        f"debiased L2 {100 * spec['margins']['ece']:g} pt, NLL {spec['margins']['nll']:g} nats, accuracy "
+        f"{100 * spec['margins']['accuracy']:g} pt (non-inferiority). Differences are method minus reference: "
+        "negative = lower (better) ECE, debiased L2 and NLL; positive = higher accuracy.",
+        "",
+        "## 1. Reproduction of protocol A's rows (un-TS'd slice rows vs A's stored evaluation files)",
+        "",
+        "| regime | method | seeds compared | exact | largest abs difference (acc, ECE, NLL, Brier, dL2, sECE) |",
+        "|---|---|---|---|---|",
+    ]
+    for key, v in rec["reproduction"].items():
+        r, m = key.split("/")
+        mx = ", ".join(f"{v['max_abs_diff'][k]:.2e}" for k in A_METRICS)
+        L.append(f"| {r} | {m} | {v['seeds']} | {'yes' if v['exact'] else 'no'} | {mx} |")
+    L += [
+        "",
+        "## 2. Means per regime (test split, mean over the seeds done)",
+        "",
+        "| regime | row | seeds | acc % | ECE % | debiased L2 % | NLL | Brier | smooth ECE % | mean T |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rec["regimes"]:
+        for m in sl["methods"]:
+            for post in ("none", "ts"):
+                x = rec["means"][f"{r}/{m}/{post}"]
+                t = f"{x['temperature']:.3f}" if x.get("temperature") is not None else "-"
+                L.append(
+                    f"| {r} | {_label(f'{m}/{post}')} | {x['n']} | {100 * x['accuracy']:.2f} | {100 * x['ece']:.2f} | "
+                    f"{100 * x['debiased_l2_ce']:.2f} | {x['nll']:.4f} | {x['brier']:.4f} | {100 * x['smooth_ece']:.2f} | {t} |"
+                )
+        x = rec["means"][f"{r}/a_ts_val"]
+        if x["n"]:
+            L.append(
+                f"| {r} | A's ts_val (TS on CE tuned with TS) | {x['n']} | {100 * x['accuracy']:.2f} | {100 * x['ece']:.2f} | "
+                f"{100 * x['debiased_l2_ce']:.2f} | {x['nll']:.4f} | {x['brier']:.4f} | {100 * x['smooth_ece']:.2f} | - |"
+            )
+    L += ["", "## 3. Claims (paired by seed; per regime; Holm across regimes per claim and metric)", ""]
+    for name, claim in sl["claims"].items():
+        c = rec["claims"][name]
+        tag = " (secondary)" if claim.get("secondary") else ""
+        L += [
+            f"### {name}{tag}: {claim['text']}",
+            "",
+            f"`{_label(claim['method'])}` minus `{_label(claim['reference'])}`, kind: {claim['kind']}. "
+            "Cells: mean [95 % CI] {adjusted CI}, Holm p (establish / refute).",
+            "",
+            "| regime | seeds | d ECE, pt | d debiased L2, pt | d NLL, nats | d acc, pt | ECE per-seed bootstrap half-width, pt (median) | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rec["regimes"]:
+            x = c["per_regime"][r]
+            cells = []
+            for k in REPORT_METRICS:
+                mm, sc = x["metrics"][k], _scale(k)
+                cells.append(
+                    f"{_pt(mm['mean'], sc)} [{_pt(mm['ci95'][0], sc)}, {_pt(mm['ci95'][1], sc)}] "
+                    f"{{{_pt(mm['ci_adj'][0], sc)}, {_pt(mm['ci_adj'][1], sc)}}}, p {mm['p_establish_holm']:.3g} / {mm['p_refute_holm']:.3g}"
+                )
+            hw = x.get("ece_bootstrap_half_width_median", math.nan)
+            verdict = x["verdict"] if x["complete"] else f"pending ({x['verdict']} at {x['seeds']} seeds)"
+            hw_s = f"{100 * hw:.2f}" if math.isfinite(hw) else "n/a"
+            L.append(f"| {r} | {x['seeds']} | " + " | ".join(cells) + f" | {hw_s} | {verdict} |")
+        L += [
+            "",
+            f"**Overall: {c['overall']}** (per regime: "
+            + ", ".join(f"{r} {c['per_regime'][r]['verdict']}" for r in rec["regimes"])
+            + ").",
+            "",
+        ]
+    L += [
+        "## 4. CE_es + TS (A's CE_es backbone) minus A's ts_val (TS on a CE backbone tuned with TS in the loop)",
+        "",
+        "Descriptive (not a claim): mean [sd] of the paired per-seed difference.",
+        "",
+        "| regime | seeds | d ECE, pt | d debiased L2, pt | d NLL, nats | d acc, pt |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rec["regimes"]:
+        x = rec["ce_es_ts_minus_a_ts_val"][r]
+        cells = [
+            f"{_pt(x[k]['mean'], _scale(k))} [{_scale(k) * x[k]['sd']:.2f}]" if x[k]["n"] > 1 else "n/a"
+            for k in REPORT_METRICS
+        ]
+        L.append(f"| {r} | {x['ece']['n']} | " + " | ".join(cells) + " |")
+    L += ["", "## 5. Deviations", "", _deviations(), ""]
+    return "\n".join(L) + "\n", rec
+
+
+def _deviations() -> str:
+    import re
+
+    text = SPEC.with_suffix(".md").read_text()
+    m = re.search(r"^## Deviations\n(.*)\Z", text, flags=re.S | re.M)
+    return m.group(1).strip() if m else "(none)"
+
+
+# ------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("stage", choices=["slice"])
+    p.add_argument("--protocol", default=str(SPEC))
+    p.add_argument("--out", default=str(OUT), help="the compact results' folder")
+    p.add_argument("--report-dir", default=str(RESULTS_DIR))
+    p.add_argument("--regimes", default=None)
+    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--no-bootstrap", action="store_true", help="skip the per-seed bootstrap half-widths")
+    p.add_argument(
+        "--tiny", action="store_true", help="smoke test: 600 samples, 2 epochs, 2 seeds (numbers mean nothing)"
+    )
+    p.add_argument("--limit", type=int, default=None, help="run at most this many runs")
+    p.add_argument("--allow-mixed-commits", action="store_true")
+    args = p.parse_args(argv)
+    spec = load_spec(Path(args.protocol))
+    out = Path(args.out).resolve()
+    if args.tiny and out == OUT.resolve():
+        raise SystemExit("--tiny writes smoke numbers: give --out a scratch folder, not the study's results")
+    regimes = args.regimes.split(",") if args.regimes else list(spec["regimes"])
+    if not args.report_only:
+        run_slice(spec, regimes, out, args.tiny, args.allow_mixed_commits, args.limit)
+    text, rec = build_slice_report(spec, out, command_line(__file__, argv), not args.no_bootstrap)
+    if args.tiny:
+        text = "**SMOKE RUN (--tiny): 600 samples, 2 epochs, 2 seeds; the numbers mean nothing.**\n\n" + text
+    write_text(Path(args.report_dir) / "method_study_c_slice.md", text)
+    write_json(Path(args.report_dir) / "method_study_c_slice.json", rec)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
