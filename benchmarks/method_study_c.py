@@ -262,12 +262,19 @@ def stacked_run(config: dict[str, Any], folds: int = 5) -> tuple[dict[str, Any],
 TINY = {"data": {"num_samples": 600}, "train": {"epochs": 2}}
 
 
-def slice_jobs(spec: dict, regimes: Sequence[str], tiny: bool = False) -> list[dict[str, Any]]:
-    """Seed-major (a seed's data is generated once per process): A's chosen configuration of each slice method."""
+def slice_jobs(
+    spec: dict,
+    regimes: Sequence[str],
+    tiny: bool = False,
+    seeds: Sequence[int] | None = None,
+    threads: int | None = None,
+) -> list[dict[str, Any]]:
+    """Seed-major (a seed's data is generated once per process): A's chosen configuration of each slice method
+    (`seeds`/`threads` override the slice's seeds and A's one thread: the thread-count check)."""
     sl = spec["slice"]
     spec_a = load_spec_v2(ROOT / sl["source_protocol"])
     raw_a = ROOT / sl["source_raw"]
-    seeds = sl["seeds"][:2] if tiny else sl["seeds"]
+    seeds = list(seeds) if seeds is not None else (sl["seeds"][:2] if tiny else sl["seeds"])
     jobs = []
     for r in regimes:
         for s in seeds:
@@ -276,6 +283,8 @@ def slice_jobs(spec: dict, regimes: Sequence[str], tiny: bool = False) -> list[d
                 if params is None:
                     raise SystemExit(f"protocol A has no chosen configuration for {r}/{m}")
                 cfg = run_config(spec_a, r, m, s, params)
+                if threads is not None:
+                    cfg["num_threads"] = int(threads)
                 if tiny:
                     cfg["data"]["num_samples"] = TINY["data"]["num_samples"]
                     cfg["train"]["epochs"] = TINY["train"]["epochs"]
@@ -296,25 +305,31 @@ def run_slice(
     tiny: bool = False,
     allow_mixed: bool = False,
     limit: int | None = None,
+    seeds: Sequence[int] | None = None,
+    threads: int | None = None,
+    study: str = "slice",
 ) -> int:
-    """Run the slice's missing jobs in this process, one after another; return how many ran."""
+    """Run the slice's missing jobs in this process, one after another; return how many ran. `study` names the
+    table (`<study>_runs.csv.gz`): the thread-count check writes its own (`threads2`)."""
     import torch
 
-    torch.set_num_threads(int(spec.get("threads", 1)))
+    torch.set_num_threads(int(threads or spec.get("threads", 1)))
     prov = provenance()  # once, before the first run: the code this process loaded
     prov["source_sha256"] = source_sha256()
-    tpath = table_path(out)
+    tpath = table_path(out, study)
     rows = read_table(tpath)
     check_same_commit([r.get("git_commit") for r in rows], prov["git_commit"], allow_mixed)
     done = {(r["regime"], r["method"], int(r["seed"])) for r in rows}
-    jobs = [j for j in slice_jobs(spec, regimes, tiny) if (j["regime"], j["method"], j["seed"]) not in done]
+    jobs = [
+        j for j in slice_jobs(spec, regimes, tiny, seeds, threads) if (j["regime"], j["method"], j["seed"]) not in done
+    ]
     print(f"[slice] {len(done)} runs done, {len(jobs)} to run; provenance {json.dumps(prov)}", flush=True)
     t0 = time.perf_counter()
     n = 0
     for j in jobs[:limit]:
         none, ts, arrays = stacked_run(j["config"])
         stamp = {k: j[k] for k in KEY} | {"params": json.dumps(j["params"]), "finished_utc": utc_now(), **prov}
-        if arrays and j["seed"] in array_seeds(spec, tiny):
+        if arrays and study == "slice" and j["seed"] in array_seeds(spec, tiny):
             rp = rows_path(out, j["regime"])
             existing = dict(np.load(rp)) if rp.is_file() else {}
             for post in ("none", "ts"):
@@ -520,9 +535,12 @@ def a_rows(spec: dict, regime: str, method: str) -> dict[int, dict[str, float]]:
     return out
 
 
-def slice_record(spec: dict, out: Path, bootstrap: bool = True) -> dict[str, Any]:
-    """Everything the slice report says, from the compact files (and A's stored rows for the comparison)."""
-    rows = [r for r in read_table(table_path(out)) if r["status"] == "completed"]
+def slice_record(
+    spec: dict, out: Path, bootstrap: bool = True, rows: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Everything the slice report says, from the compact files (and A's stored rows for the comparison);
+    `rows` replaces the table's rows (the thread-count check)."""
+    rows = [r for r in (read_table(table_path(out)) if rows is None else rows) if r["status"] == "completed"]
     sl = spec["slice"]
     n_seeds = len(sl["seeds"])
     by = {(r["regime"], r["method"], r["post"], int(r["seed"])): r for r in rows}
@@ -708,8 +726,63 @@ def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = Tr
             for k in REPORT_METRICS
         ]
         L.append(f"| {r} | {x['ece']['n']} | " + " | ".join(cells) + " |")
-    L += ["", "## 5. Deviations", "", _deviations(), ""]
+    L += thread_check(spec, out, rec)
+    L += ["", "## 6. Deviations", "", _deviations(), ""]
     return "\n".join(L) + "\n", rec
+
+
+def thread_check(spec: dict, out: Path, rec: dict[str, Any]) -> list[str]:
+    """Section 5: the sample of runs repeated at 2 threads (`threads2_runs.csv.gz`): how far each metric moved,
+    and the claims recomputed with those rows in place of the 1-thread ones."""
+    t2 = [r for r in read_table(table_path(out, "threads2")) if r["status"] == "completed"]
+    L = ["", "## 5. Thread count: a sample of runs repeated at 2 threads", ""]
+    if not t2:
+        rec["threads2"] = None
+        return L + ["Not run (a stated gap).", ""]
+    one = {(r["regime"], r["method"], r["post"], int(r["seed"])): r for r in read_table(table_path(out))}
+    pairs = [(r, one.get((r["regime"], r["method"], r["post"], int(r["seed"])))) for r in t2]
+    pairs = [(a, b) for a, b in pairs if b is not None]
+    moved = {
+        k: max(abs(a[f"test_{k}"] - b[f"test_{k}"]) for a, b in pairs) if pairs else math.nan for k in REPORT_METRICS
+    }
+    identical = sum(all(a[f"test_{k}"] == b[f"test_{k}"] for k in METRICS) for a, b in pairs)
+    swapped = {**one, **{(r["regime"], r["method"], r["post"], int(r["seed"])): r for r in t2}}
+    rec2 = slice_record(spec, out, bootstrap=False, rows=list(swapped.values()))
+    changes, shifts = [], []
+    for name, c in rec["claims"].items():
+        for r, x in c["per_regime"].items():
+            y = rec2["claims"][name]["per_regime"][r]
+            if x["verdict"] != y["verdict"]:
+                changes.append(f"{name} {r}: {x['verdict']} -> {y['verdict']}")
+            for k in REPORT_METRICS:
+                shifts.append((abs(x["metrics"][k]["mean"] - y["metrics"][k]["mean"]), name, r, k))
+    worst = max(shifts) if shifts else None
+    seeds = sorted({int(r["seed"]) for r in t2})
+    regs = sorted({r["regime"] for r in t2})
+    rec["threads2"] = {
+        "runs": len(pairs),
+        "identical": identical,
+        "max_abs_diff": moved,
+        "verdict_changes": changes,
+        "largest_mean_shift": worst,
+    }
+    L += [
+        f"{len(pairs) // 2} runs ({', '.join(regs)}; seeds {seeds[0]}-{seeds[-1]}; every slice method, with and "
+        f"without TS: {len(pairs)} rows) repeated at 2 threads. Rows identical to the 1-thread ones in every metric: "
+        f"{identical} of {len(pairs)}. Largest absolute change: accuracy {100 * moved['accuracy']:.2f} pt, ECE "
+        f"{100 * moved['ece']:.2f} pt, debiased L2 {100 * moved['debiased_l2_ce']:.2f} pt, NLL {moved['nll']:.4f}.",
+        "",
+        "With these rows in place of the 1-thread ones, the slice's per-regime verdicts "
+        + ("change: " + "; ".join(changes) if changes else "do not change")
+        + (
+            f"; the largest shift of a mean difference is {_scale(worst[3]) * worst[0]:.3f} "
+            f"{'nats' if worst[3] == 'nll' else 'pt'} ({worst[1]}, {worst[2]}, {worst[3]})."
+            if worst
+            else "."
+        ),
+        "",
+    ]
+    return L
 
 
 def _deviations() -> str:
@@ -735,6 +808,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--limit", type=int, default=None, help="run at most this many runs")
     p.add_argument("--allow-mixed-commits", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="the thread-count check: run at this many threads")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the slice's)")
+    p.add_argument("--study", default="slice", help="table name: slice, or threads2 for the thread-count check")
     args = p.parse_args(argv)
     spec = load_spec(Path(args.protocol))
     out = Path(args.out).resolve()
@@ -742,7 +818,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--tiny writes smoke numbers: give --out a scratch folder, not the study's results")
     regimes = args.regimes.split(",") if args.regimes else list(spec["regimes"])
     if not args.report_only:
-        run_slice(spec, regimes, out, args.tiny, args.allow_mixed_commits, args.limit)
+        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+        run_slice(spec, regimes, out, args.tiny, args.allow_mixed_commits, args.limit, seeds, args.threads, args.study)
     text, rec = build_slice_report(spec, out, command_line(__file__, argv), not args.no_bootstrap)
     if args.tiny:
         text = "**SMOKE RUN (--tiny): 600 samples, 2 epochs, 2 seeds; the numbers mean nothing.**\n\n" + text
