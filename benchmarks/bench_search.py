@@ -364,7 +364,13 @@ def search_space(calibrators: list[str], low: float, high: float) -> Any:
     from sweeps.config import LogRange, SearchConfig
     from sweeps.integrations.optuna.search_space import SearchSpace
 
-    return SearchSpace(SearchConfig(calibrators=calibrators, calibrator_lr=LogRange(low=low, high=high)))
+    space = SearchSpace(
+        SearchConfig(calibrators=calibrators, calibrator_lr=LogRange(low=low, high=high), references=[])
+    )
+    # the space these studies replayed: every choice drawn by the sampler (they predate the reference arms, which
+    # the service runs once each by trial number instead of drawing them)
+    space.calibrators, space.references = list(calibrators), []
+    return space
 
 
 def run_seed(

@@ -91,7 +91,15 @@ def _sweep_config(dataset: str, seed: int, quick: bool) -> Any:
     from sweeps.config import load_sweep_config
 
     config, extra = REGIMES[dataset]
-    sets = [f"run.seed={seed}", f"search.seed={seed}", "search.objective=multi", "search.scheduler=none", *extra]
+    # the studies so far (selection, held-out, confirmation) ran before reference arms existed: none here
+    sets = [
+        f"run.seed={seed}",
+        f"search.seed={seed}",
+        "search.objective=multi",
+        "search.scheduler=none",
+        "search.references=[]",
+        *extra,
+    ]
     if quick:
         sets += ["run.train.epochs=2", "search.num_samples=3"]
         if dataset.startswith("mnist1d"):

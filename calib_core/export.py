@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from calib_core.models.classifier import Classifier
 
 SPEC_FORMAT = "calib_core.calibrated_classifier"
-SPEC_VERSION = 1
+SPEC_VERSION = 2  # 2: an optional `temperature_on_top` (per-task temperatures dividing the output logits)
 
 
 class InvalidInputError(ValueError):
@@ -103,7 +103,7 @@ def model_spec(module: nn.Module, run_config: Mapping[str, Any], input_shape: Se
         calibrator = {"name": names.pop(), "kwargs": kwargs}
     return {
         "format": SPEC_FORMAT,
-        "format_version": SPEC_VERSION,
+        "format_version": 1,  # 2 only with temperature_on_top (with_temperature_on_top)
         "model": {"name": str(model_cfg["name"]), "kwargs": dict(model_cfg.get("kwargs") or {})},
         "input_shape": shape,
         "num_classes": num_classes,
@@ -173,7 +173,17 @@ def build_calibrated_model(spec: Mapping[str, Any]) -> nn.Module:
                 cal["name"], k, feature_dim=model.feature_dim, head=model.head, **cal.get("kwargs", {})
             )
         module = CalibratedModel(model, calibrator)
+    if spec.get("temperature_on_top"):
+        from calib_core.posthoc_on_top import TemperatureOnTopModel
+
+        module = TemperatureOnTopModel(module, [float(t) for t in spec["temperature_on_top"]])
     return module.eval()
+
+
+def with_temperature_on_top(spec: Mapping[str, Any], temperatures: Sequence[float]) -> dict[str, Any]:
+    """The spec of the same model with temperature scaling on top (calib_core.posthoc_on_top); a loader older
+    than format version 2 refuses it instead of silently dropping the temperatures."""
+    return {**spec, "format_version": 2, "temperature_on_top": [float(t) for t in temperatures]}
 
 
 def load_calibrated_model(spec: Mapping[str, Any], weights: Mapping[str, torch.Tensor] | str | Path) -> nn.Module:

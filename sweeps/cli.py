@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, help="seed for data splits, training and the Optuna sampler")
     p.add_argument(
+        "--no-reference-arms",
+        action="store_true",
+        help="no CE-with-early-stopping reference trial and no temperature scaling on top of each trial "
+        "(search.references=[], evaluation.temperature_on_top=false): only what Optuna samples competes",
+    )
+    p.add_argument(
         "--verbose",
         action="store_true",
         help="Ray Tune's full output (every trial's config and result tables) and every library's "
@@ -125,6 +131,8 @@ def resolve_config(args: argparse.Namespace) -> SweepConfig:
             overrides.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
     if args.seed is not None:
         overrides += [f"run.seed={args.seed}", f"search.seed={args.seed}"]
+    if args.no_reference_arms:
+        overrides += ["search.references=[]", "evaluation.temperature_on_top=false"]
     cfg = load_sweep_config(args.config, overrides)
     return with_defaults(cfg, cluster=args.cluster, workdir=Path.cwd())
 

@@ -26,8 +26,11 @@ from sweeps.contract import (  # noqa: F401
 # calibrator registered in calib_core.calibrators (plugins included) may be listed; the names are
 # checked against the registry once the rest of the config is valid (SweepConfig._registered).
 DEFAULT_CALIBRATORS = tuple(CALIBRATORS.names(builtin=True))
-# Reference points a sweep may include beside the one-go calibrators (no calibrator lr is searched).
-BASELINE_CHOICES = ("none", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")
+# Reference points a sweep may include beside the one-go calibrators (no calibrator lr is searched):
+# plain CE, CE with early stopping on val NLL (search.reference_patience), post-hoc scaling on validation.
+BASELINE_CHOICES = ("none", "ce_es", "posthoc_temperature", "posthoc_vector", "posthoc_matrix")
+# The reference arms every sweep runs by default, each once, before Optuna samples (search.references).
+DEFAULT_REFERENCES = ("ce_es",)
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "mnist1d_demo.yaml"
 
 
@@ -71,6 +74,13 @@ class SearchConfig(_Strict):
     num_samples: int = Field(default=8, ge=1)
     calibrators: list[str] = Field(default_factory=lambda: list(DEFAULT_CALIBRATORS))
     calibrator_lr: LogRange = Field(default_factory=LogRange)
+    # Reference arms run once each as the sweep's first trials, at the base config's backbone settings (then
+    # Optuna samples the rest); [] turns them off (--no-reference-arms). Reference points listed in
+    # `calibrators` with no other searched value (`params` empty) run once too, never drawn again.
+    references: list[str] = Field(default_factory=lambda: list(DEFAULT_REFERENCES))
+    reference_patience: int = Field(
+        default=5, ge=1, description="ce_es: epochs without a lower val NLL before CE training stops (best epoch kept)"
+    )
     params: dict[str, ExtraParam] = Field(default_factory=dict)
     objective: Literal["single", "multi"] = "multi"
     metric: str = "val_ece"
@@ -92,6 +102,29 @@ class SearchConfig(_Strict):
         if len(set(v)) != len(v):
             raise ValueError("calibrators must not repeat")
         return v
+
+    @field_validator("references")
+    @classmethod
+    def _known_references(cls, v: list[str]) -> list[str]:
+        unknown = [r for r in v if r not in BASELINE_CHOICES]
+        if unknown:
+            raise ValueError(f"unknown reference arm {unknown[0]!r}; allowed: {', '.join(BASELINE_CHOICES)}")
+        if len(set(v)) != len(v):
+            raise ValueError("references must not repeat")
+        return v
+
+    def reference_arms(self) -> list[str]:
+        """The choices run once each, first: `references`, then reference points listed in `calibrators` when
+        nothing else is searched (their runs would repeat)."""
+        arms = list(self.references)
+        if not self.params:
+            arms += [c for c in self.calibrators if c in BASELINE_CHOICES and c not in arms]
+        return arms
+
+    def sampled_calibrators(self) -> list[str]:
+        """The `calibrator` choices Optuna draws from (those not run once as reference arms)."""
+        once = set(self.reference_arms()) if not self.params else set()
+        return [c for c in self.calibrators if c not in once]
 
     @field_validator("storage")
     @classmethod
@@ -119,6 +152,17 @@ class SearchConfig(_Strict):
             if key in ("train.calibrator", "train.calibrator_lr", "train.method"):
                 raise ValueError(f"{key!r} is searched by 'calibrators' / 'calibrator_lr'")
         return v
+
+    @model_validator(mode="after")
+    def _something_to_draw(self) -> SearchConfig:
+        arms = self.reference_arms()
+        if not self.sampled_calibrators() and self.num_samples > len(arms):
+            raise ValueError(
+                f"num_samples {self.num_samples} exceeds the {len(arms)} reference arm(s) ({', '.join(arms)}) and "
+                "nothing else is searched: list a one-go calibrator in calibrators, open a value in params, or lower "
+                "num_samples"
+            )
+        return self
 
     @model_validator(mode="after")
     def _scheduler_needs_single(self) -> SearchConfig:
@@ -170,9 +214,19 @@ class TrackingConfig(_Strict):
 class SelectionConfig(_Strict):
     """How the champion is chosen from validation metrics."""
 
-    # noise_aware: among trials whose val accuracy is not significantly below the most accurate
-    # (one-sided paired bootstrap at `confidence`), the best `metric`; ties broken by val NLL.
-    rule: Literal["noise_aware", "pareto_min_ece_near_best_accuracy", "min_metric"] = "noise_aware"
+    # The rules are sweeps.decide.selection.RULES (tests/test_selection_margin.py keeps the two lists equal).
+    # margin (default): among candidates whose val accuracy is non-inferior to the most accurate's within
+    # `max_accuracy_loss` points (one-sided paired bootstrap lower bound at `confidence`), the best `metric`;
+    # ties broken by val NLL. noise_aware: the same with "not significantly less accurate" instead of a margin.
+    rule: Literal["margin", "noise_aware", "pareto_min_ece_near_best_accuracy", "min_metric"] = "margin"
+    # Provisional default (1 pt), pending benchmarks/protocols/selection_v3.md, which chooses among 0.5, 1 and 2.
+    max_accuracy_loss: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=100.0,
+        description="margin rule: the most validation accuracy, in points, the champion may lose to the most "
+        "accurate candidate (judged by the one-sided lower confidence bound of the paired difference)",
+    )
     accuracy_tolerance: float = Field(default=0.005, ge=0.0, le=1.0, description="0.005 = 0.5 points (pareto rule)")
     metric: str = "val_ece"
     mode: Literal["min", "max"] = "min"
@@ -198,6 +252,11 @@ class EvaluationConfig(_Strict):
 
     shift: bool = False
     ood: Literal["none", "gaussian_noise", "permuted"] = "none"
+    # Temperature scaling on top of every completed trial: a second candidate per trial, its validation metrics
+    # k-fold cross-fitted on the trial's validation logits (fit for selection), its test metrics with the
+    # temperature fitted on all validation rows (calib_core.posthoc_on_top). False: off (--no-reference-arms).
+    temperature_on_top: bool = True
+    temperature_folds: int = Field(default=5, ge=2, le=50)
     shift_corruptions: list[str] | None = None
     shift_severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
 

@@ -41,6 +41,12 @@ OOD_METRICS = ("ood_msp_auroc", "ood_entropy_auroc", "ood_msp_fpr95", "ood_entro
 # Measured once after training (not per epoch); shift and OOD only when `evaluation` switches them on.
 FINAL_ONLY_METRICS = SHIFT_METRICS + OOD_METRICS + DEBIASED_METRICS
 METRIC_NAMES = PER_EPOCH_METRICS + FINAL_ONLY_METRICS
+# Temperature scaling on top of each completed trial (evaluation.temperature_on_top, calib_core.posthoc_on_top): a
+# second candidate per trial. Its metrics are reported as TS_PREFIX + <split>_<name> (ts_val_ece: cross-fitted on
+# validation), its predictions stored as TS_PREFIX + <array> in PREDICTIONS_FILE, its per-task temperatures under
+# TS_SUMMARY_KEY in SUMMARY_FILE (the exported model divides its logits by them).
+TS_PREFIX = "ts_"
+TS_SUMMARY_KEY = "temperature_on_top"
 # The multi-objective search: validation accuracy up, validation ECE down.
 MULTI_OBJECTIVE = (("val_accuracy", "max"), ("val_ece", "min"))
 
@@ -93,7 +99,9 @@ STOPPED_EARLY = "stopped_early"
 TAG_LOST_FROM_TUNE = "calib.lost_from_tune"  # a finished run of a trial Tune forgot (selection ignores it)
 TAG_LOST_TRIALS = "calib.lost_trials"  # on the parent: trial ids whose runs were dropped on resume
 TAG_GROWN_TO = "calib.grown_to"  # on the parent: the trial counts it was grown to (--resume --num-samples), "16,24"
-TAG_CHAMPION_TRIAL = "calib.champion_trial"
+TAG_CHAMPION_TRIAL = "calib.champion_trial"  # the Tune trial (its run is the champion's run)
+# the candidate: the trial id, or "<trial id>+ts" for the trial with temperature scaling on top
+TAG_CHAMPION_CANDIDATE = "calib.champion_candidate"
 TAG_CHAMPION_RUN = "calib.champion_run"
 TAG_SELECTION_RULE = "calib.selection_rule"  # the selection sentence
 # The champion's logged model and registered version.
@@ -174,7 +182,11 @@ class SweepResult:
         return optuna.load_study(study_name=self.name, storage=self.study_storage)
 
     def __repr__(self) -> str:
-        trials = len(self.leaderboard) if self.leaderboard is not None else 0
+        trials = 0
+        if self.leaderboard is not None and "trial_id" in self.leaderboard:  # candidates: each trial, and its "+ TS"
+            trials = self.leaderboard["trial_id"].astype(str).str.split("+").str[0].nunique()
+        elif self.leaderboard is not None:
+            trials = len(self.leaderboard)
         return (
             f"SweepResult(name={self.name!r}, champion={self.champion_label!r} (trial {self.champion_trial_id}), "
             f"model_uri={self.model_uri!r}, trials={trials}, errors={len(self.errors)})"

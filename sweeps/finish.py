@@ -4,6 +4,7 @@ and the HTML report on the parent run."""
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +13,15 @@ from sweeps.contract import (
     MULTI_OBJECTIVE,
     PREDICTIONS_FILE,
     SPLITS,
+    TAG_CHAMPION_CANDIDATE,
     TAG_CHAMPION_RUN,
     TAG_CHAMPION_TRIAL,
     TAG_REASON,
     TAG_SELECTION_RULE,
+    TS_PREFIX,
     is_number,
 )
-from sweeps.decide.selection import TrialRecord
+from sweeps.decide.selection import POST_TS, TrialRecord, on_top_candidates
 from sweeps.decide.uncertainty import (
     FULL_DETAIL_TRIALS,
     Replicates,
@@ -46,7 +49,8 @@ def trial_records(results: Any, store: MlflowStore, experiment_id: str, sweep: s
         run = runs.get(str(tid)) if tid else None
         status = m.get("status") or ("errored" if res.error else "stopped")
         # NaN stays: selection and the leaderboard see a diverged trial's metric as NaN
-        metrics = {k: float(v) for k, v in m.items() if is_number(v) and k.startswith(tuple(f"{s}_" for s in SPLITS))}
+        splits = tuple(f"{p}{s}_" for s in SPLITS for p in ("", TS_PREFIX))
+        metrics = {k: float(v) for k, v in m.items() if is_number(v) and k.startswith(splits)}
         records.append(
             TrialRecord(
                 trial_id=str(tid),
@@ -63,6 +67,17 @@ def trial_records(results: Any, store: MlflowStore, experiment_id: str, sweep: s
     return records
 
 
+def candidates(records: list[TrialRecord]) -> list[TrialRecord]:
+    """What selection chooses from: every trial as trained, then every completed trial + TS (when measured)."""
+    on_top = on_top_candidates(records, TS_PREFIX)
+    return [*(_trained(r) for r in records), *on_top]
+
+
+def _trained(rec: TrialRecord) -> TrialRecord:
+    """The trial as trained: its own metrics only (the + TS ones belong to its other candidate)."""
+    return replace(rec, metrics={k: v for k, v in rec.metrics.items() if not k.startswith(TS_PREFIX)})
+
+
 def sweep_replicates(records: list[TrialRecord], cfg: SweepConfig, extra: frozenset[str] = frozenset()) -> Replicates:
     """Paired bootstrap replicates of every completed trial, from the predictions in its final checkpoint: the
     metrics selection reads for all of them, every metric for the trials worth a closer look (all of them in a
@@ -72,7 +87,8 @@ def sweep_replicates(records: list[TrialRecord], cfg: SweepConfig, extra: frozen
     for rec in records:
         if rec.ok and rec.checkpoint is not None:
             with rec.checkpoint.as_directory() as d:
-                predictions[rec.trial_id] = load_predictions(Path(d) / PREDICTIONS_FILE)
+                prefix = TS_PREFIX if rec.post == POST_TS else ""
+                predictions[rec.trial_id] = load_predictions(Path(d) / PREDICTIONS_FILE, prefix)
     settings: dict[str, Any] = {
         "num_bins": cfg.run.train.num_bins,
         "num_resamples": cfg.selection.num_resamples,
@@ -111,7 +127,7 @@ def log_selection(
         board, ranks, files = sweep_report_files(Path(d), records, chosen, why, reps, cfg)
         store.log_artifacts(parent_id, files)
     log_intervals(store, records, reps)
-    tags = {TAG_CHAMPION_TRIAL: chosen.trial_id}
+    tags = {TAG_CHAMPION_TRIAL: chosen.trial, TAG_CHAMPION_CANDIDATE: chosen.trial_id}
     if chosen.run_id:
         tags[TAG_CHAMPION_RUN] = chosen.run_id
     tags[TAG_SELECTION_RULE] = why[:MAX_TAG_CHARS]

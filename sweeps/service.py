@@ -22,7 +22,7 @@ from sweeps.contract import (
     SweepResult,
 )
 from sweeps.decide.selection import select, trial_errors
-from sweeps.finish import add_detail, log_selection, sweep_replicates, trial_records, write_report
+from sweeps.finish import add_detail, candidates, log_selection, sweep_replicates, trial_records, write_report
 from sweeps.integrations.mlflow.store import MlflowStore, TrackingUnavailable
 from sweeps.integrations.mlflow.sweep_runs import (
     close_trials,
@@ -176,6 +176,7 @@ def _execute(
     t_closed = time.perf_counter()
     if incomplete:
         raise SweepIncomplete(sum(rec.status == "completed" for rec in records), cfg.search.num_samples)
+    records = candidates(records)  # every trial as trained, and + TS on top where measured
     with runs_closed_on_failure(store, experiment_id, parent_id, cfg.name):
         try:
             reps = sweep_replicates(records, cfg)
@@ -191,7 +192,7 @@ def _execute(
         t_report = time.perf_counter()
         rss["report"] = peak_rss_mb()
         version, alias, gate_line = register_champion(cfg, store, chosen, promote)
-        mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial_id)
+        mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial)
         report_path = write_report(
             cfg, store, parent_id, experiment_id, exp_path, records, chosen, why, gate_line, reps, board
         )

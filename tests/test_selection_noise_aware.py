@@ -60,7 +60,7 @@ def test_small_validation_set_prefers_the_calibrated_trial_within_noise() -> Non
     records, reps = _sweep(900, SPECS, seed=2)
     acc = {r.trial_id: r.metrics["val_accuracy"] for r in records}
     assert acc["A"] > acc["B"] > acc["C"]  # A is the most accurate as simulated
-    chosen, why = select(records, SelectionConfig(), reps)
+    chosen, why = select(records, SelectionConfig(rule="noise_aware"), reps)
     assert chosen.trial_id == "B", why
     assert "below the most accurate trial cal-A" in why and "not significant" in why
     assert "val ECE" in why and "[" in why and "%" in why
@@ -71,7 +71,7 @@ def test_small_validation_set_prefers_the_calibrated_trial_within_noise() -> Non
 
 def test_large_validation_set_makes_the_accuracy_gap_significant() -> None:
     records, reps = _sweep(20000, SPECS)
-    chosen, why = select(records, SelectionConfig(), reps)
+    chosen, why = select(records, SelectionConfig(rule="noise_aware"), reps)
     assert chosen.trial_id == "A", why
     assert "it is also the most accurate trial" in why
 
@@ -83,7 +83,7 @@ def test_champion_is_never_dominated_within_noise() -> None:
         rng = np.random.default_rng(100 + seed)
         specs = {str(i): (float(rng.uniform(0.80, 0.93)), float(rng.uniform(-0.02, 0.12))) for i in range(8)}
         records, reps = _sweep(900, specs, seed=seed)
-        chosen, _ = select(records, SelectionConfig(), reps)
+        chosen, _ = select(records, SelectionConfig(rule="noise_aware"), reps)
         for r in records:
             if r is not chosen and r.metrics["val_ece"] < 0.5 * chosen.metrics["val_ece"]:
                 _, p = reps.significantly_greater(chosen.trial_id, r.trial_id, "val_accuracy")
@@ -97,10 +97,10 @@ def test_dominance_step_moves_to_a_tied_trial_with_half_the_ece() -> None:
     acc = {r.trial_id: r.metrics["val_accuracy"] for r in records}
     _, p_ca = reps.significantly_greater("A", "C", "val_accuracy")
     _, p_cb = reps.significantly_greater("B", "C", "val_accuracy")
-    pool_only, _ = select(records, SelectionConfig(dominance_factor=None), reps)
+    pool_only, _ = select(records, SelectionConfig(rule="noise_aware", dominance_factor=None), reps)
     if not (p_ca < 0.025 <= p_cb and pool_only.trial_id == "B"):
         pytest.skip(f"simulation did not produce the scenario (acc {acc}, p {p_ca:.3f} {p_cb:.3f})")
-    chosen, why = select(records, SelectionConfig(), reps)
+    chosen, why = select(records, SelectionConfig(rule="noise_aware"), reps)
     assert chosen.trial_id == "C" and "replaced by this trial" in why and "that was cal-B" in why
     assert "significant)" in why
     assert len(why.splitlines()) == 3, why
@@ -111,15 +111,15 @@ def test_ties_broken_by_nll_and_rule_needs_replicates() -> None:
     for r in records:
         r.metrics["val_ece"] = 0.05
     records[0].metrics["val_nll"], records[1].metrics["val_nll"] = 0.5, 0.4
-    assert select(records, SelectionConfig(), reps)[0].trial_id == "B"
+    assert select(records, SelectionConfig(rule="noise_aware"), reps)[0].trial_id == "B"
     with pytest.raises(ValueError, match="needs bootstrap replicates"):
-        select(records, SelectionConfig())
+        select(records, SelectionConfig(rule="noise_aware"))
 
 
 def test_leaderboard_intervals_flags_and_plot(tmp_path) -> None:
     records, reps = _sweep(900, SPECS, seed=2)
-    chosen, _ = select(records, SelectionConfig(), reps)
-    board = leaderboard(records, chosen, reps, SelectionConfig())
+    chosen, _ = select(records, SelectionConfig(rule="noise_aware"), reps)
+    board = leaderboard(records, chosen, reps, SelectionConfig(rule="noise_aware"))
     assert {
         "calibrator",
         "calibrator_lr",
@@ -179,8 +179,8 @@ def test_bonferroni_keeps_more_trials_than_the_plain_test() -> None:
         records, reps = _sweep(
             900, {"A": (0.91, 0.06), "B": (0.875, 0.0), "C": (0.90, 0.08), "D": (0.6, 0.0)}, seed=seed
         )
-        plain, why_plain = select(records, SelectionConfig(multiple_comparisons="none"), reps)
-        adj, why_adj = select(records, SelectionConfig(multiple_comparisons="bonferroni"), reps)
+        plain, why_plain = select(records, SelectionConfig(rule="noise_aware", multiple_comparisons="none"), reps)
+        adj, why_adj = select(records, SelectionConfig(rule="noise_aware", multiple_comparisons="bonferroni"), reps)
         n_plain = int(why_plain.split(" among the ")[1].split(" of ")[0])
         n_adj = int(why_adj.split(" among the ")[1].split(" of ")[0])
         assert n_adj >= n_plain and "Bonferroni over 3 comparisons" in why_adj

@@ -185,13 +185,17 @@ def test_search_space_is_seeded_and_conditional():
         out = []
         for _ in range(6):
             t = study.ask()
-            space(t)
-            out.append(dict(t.params))
+            fixed = space(t) or {}  # the reference arms (first trials) are constants, not draws
+            out.append({**fixed, **t.params})
             study.tell(t, 0.0)
         return out
 
     a, b = draw(3), draw(3)
     assert a == b
+    # the first trials are the reference arms, each once: CE with early stopping, then plain CE ('none' is
+    # listed and nothing else is searched, so it is run once rather than drawn again)
+    assert [p["calibrator"] for p in a[:2]] == ["ce_es", "none"] and a[0]["train.early_stopping_patience"] == 5
+    assert all(p["calibrator"] == "temperature" for p in a[2:])
     for params in a:
         assert ("calibrator_lr" in params) == (params["calibrator"] == "temperature")
         if "calibrator_lr" in params:

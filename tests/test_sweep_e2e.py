@@ -141,7 +141,8 @@ def test_champion_registered_and_printed(sweep_dir):
     assert mv.tags.get("source_run_id") == champion.info.run_id
     out = (sweep_dir / "stdout.txt").read_text()
     assert "Leaderboard" in out and "mlflow ui --backend-store-uri sqlite:///" in out
-    assert "Selection: " in out and "not significantly less accurate than the most accurate" in out
+    assert "Selection: " in out and "at most 1 pt below the most accurate's" in out
+    assert "Won by family" in out and "References: CE with early stopping" in out
     assert "val ECE" in out.split("Selection: ")[1] and "[" in out.split("Selection: ")[1]
 
 
@@ -164,7 +165,8 @@ def test_intervals_predictions_and_selection_record(sweep_dir):
             np.testing.assert_allclose(z["val_probs"].sum(1), 1.0, atol=1e-5)
     pid = parents[0].info.run_id
     sel = json.loads(Path(client.download_artifacts(pid, "sweep/selection.json", str(sweep_dir))).read_text())
-    assert sel["rule"] == "noise_aware" and sel["champion_run"] == parents[0].data.tags["calib.champion_run"]
+    assert sel["rule"] == "margin" and sel["champion_run"] == parents[0].data.tags["calib.champion_run"]
+    assert sel["max_accuracy_loss_pt"] == 1.0 and sel["family"]
     lo, hi = sel["intervals"]["val_ece"]
     assert lo <= sel["val_metrics"]["val_ece"] <= hi
     board = pd.read_csv(client.download_artifacts(pid, "sweep/leaderboard.csv", str(sweep_dir)))
@@ -193,7 +195,10 @@ print(json.dumps({{"ece": float(ece(probs, data.test.y.numpy(), num_bins=cfg.tra
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=sweep_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])["ece"]
-    assert got == pytest.approx(logged.metrics["test_ece"], abs=1e-5)
+    # a "+ TS" champion is served with its temperature on top: its logged test ECE is the ts_ one
+    parent = sweep_runs(client, "e2e")[0][0]
+    key = "ts_test_ece" if parent.data.tags["calib.champion_candidate"].endswith("+ts") else "test_ece"
+    assert got == pytest.approx(logged.metrics[key], abs=1e-5)
 
 
 def test_selection_reproducible_with_same_seed(sweep_dir):
@@ -242,7 +247,9 @@ def test_optuna_study_in_sqlite_beside_mlflow_store(sweep_dir):
     for t in trials:
         run = by_trial[t.user_attrs["tune_trial_id"]]
         assert t.values[0] == pytest.approx(run.data.metrics["val_accuracy"], abs=1e-9)
-        assert t.params["calibrator"] == run.data.tags["calib.calibrator"]
+        # the reference arm (CE with early stopping) is the study's first trial, a constant rather than a draw
+        assert t.params.get("calibrator", t.user_attrs.get("reference_arm")) == run.data.tags["calib.calibrator"]
+        assert ("reference_arm" in t.user_attrs) == (t.number == 0)
         assert t.user_attrs["mlflow_run_id"] == run.info.run_id  # the tools are linked both ways
     (parent,), _ = sweep_runs(store(sweep_dir), "e2e")
     champion = parent.data.tags["calib.champion_trial"]
@@ -446,8 +453,13 @@ def test_sweep_report_is_one_offline_page_with_everything_drawn(sweep_dir):
         driver.save_screenshot(str(shot))
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / shot.name).write_bytes(shot.read_bytes())
-    assert len(rows) == 1 + len(children)
-    assert len(lines) == len(completed) and champ == ["#d62728"]
+    # a row per candidate (each trial as trained and + TS); a line per completed trial with a calibrator lr (the
+    # reference arm has none), the champion's trial in red
+    assert len(rows) == 1 + 2 * len(children)
+    with_lr = [c for c in completed if c.data.tags["calib.calibrator"] != "ce_es"]
+    champion_trial = parent.data.tags["calib.champion_trial"]
+    assert len(lines) == len(with_lr)
+    assert champ == (["#d62728"] if any(c.data.tags["calib.trial_id"] == champion_trial for c in with_lr) else [])
     assert titles == ["calibrator", "log10 calibrator_lr", "val accuracy", "val ECE"], titles
     assert all(w > 100 for _, w in widths) and {c for c, _ in widths} >= {"pareto", "reliability"}, widths
     assert len(importance) >= 2 * 2  # calibrator and calibrator_lr, for each objective

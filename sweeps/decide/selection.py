@@ -5,8 +5,11 @@ Presentation (leaderboard, Pareto plot, rank agreement) is in sweeps/report/file
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from sweeps.config import SelectionConfig
 
@@ -14,6 +17,21 @@ from sweeps.config import SelectionConfig
 # before its trials start and needs them only for selection and its reports.
 if TYPE_CHECKING:
     from sweeps.decide.uncertainty import Replicates
+
+
+POST_TS = "ts"  # TrialRecord.post: temperature scaling on top of the trial (sweeps.contract.TS_PREFIX metrics)
+
+
+def method_family(params: dict[str, Any]) -> str:
+    """The training family a trial's searched params name (its `calibrator` choice)."""
+    choice = str(params.get("calibrator", ""))
+    if choice == "ce_es":
+        return "CE with early stopping"
+    if choice == "none":
+        return "plain CE"
+    if choice.startswith("posthoc_"):
+        return f"post-hoc {choice.removeprefix('posthoc_')} scaling"
+    return "one-go"
 
 
 @dataclass
@@ -28,6 +46,22 @@ class TrialRecord:
     run_id: str | None = None
     checkpoint: Any = None
     reason: str | None = None  # why a trial did not complete (error, divergence, early stop)
+    # A candidate derived from a trial after training (POST_TS: temperature scaling on top, fitted on the
+    # trial's validation logits); `base_id` is then the trial's id. The trial's run, checkpoint and params.
+    post: str = ""
+    base_id: str | None = None
+
+    @property
+    def trial(self) -> str:
+        """The Tune trial this candidate comes from (itself, or the trial a post-processed candidate is built on)."""
+        return self.base_id or self.trial_id
+
+    @property
+    def family(self) -> str:
+        """What kind of model this is, for people: one-go, CE with early stopping, plain CE, post-hoc, each
+        optionally "+ TS" (temperature scaling on top)."""
+        family = method_family(self.params)
+        return f"{family} + TS" if self.post == POST_TS else family
 
     @property
     def ok(self) -> bool:
@@ -35,6 +69,30 @@ class TrialRecord:
         return self.status == "completed" and all(
             math.isfinite(self.metrics.get(k, float("nan"))) for k in ("val_accuracy", "val_ece")
         )
+
+
+def on_top_candidates(records: list[TrialRecord], prefix: str) -> list[TrialRecord]:
+    """The "+ TS" candidate of every completed trial that reported temperature-scaling-on-top metrics (keys
+    `prefix` + val_/test_...): same run, checkpoint and params, its own metrics."""
+    out = []
+    for r in records:
+        metrics = {k.removeprefix(prefix): v for k, v in r.metrics.items() if k.startswith(prefix)}
+        if r.status != "completed" or "val_accuracy" not in metrics or r.post:
+            continue
+        out.append(
+            TrialRecord(
+                trial_id=f"{r.trial_id}+{POST_TS}",
+                label=f"{r.label} + TS",
+                status=r.status,
+                metrics=metrics,
+                params=r.params,
+                run_id=r.run_id,
+                checkpoint=r.checkpoint,
+                post=POST_TS,
+                base_id=r.trial_id,
+            )
+        )
+    return out
 
 
 def pareto_front(records: list[TrialRecord], acc: str = "val_accuracy", err: str = "val_ece") -> list[int]:
@@ -144,8 +202,13 @@ def _select_noise_aware(
     if moves:
         rule += (
             f"; that was {first.label} ({_fmt_metric(m, first.metrics[m])}), replaced by this trial with under "
-            f"{cfg.dominance_factor:g}x its val {_metric_name(m)} and accuracy not significantly lower"
+            f"{cfg.dominance_factor:g}x its val {_metric_name(m)} and accuracy not significantly lower than that pick's"
         )
+        if best not in near:  # the dominance step may leave the pool: say so rather than imply the pool's promise
+            rule += (
+                "; the dominance step left the pool, so this champion IS significantly less accurate than the most "
+                "accurate trial (the margin rule, selection.rule: margin, never leaves its set)"
+            )
     if best is best_acc:
         return best, f"{head}\nTrade: none, it is also the most accurate trial.\n{rule}."
     p = reps.significantly_greater(best_acc.trial_id, best.trial_id, "val_accuracy")[1]
@@ -158,24 +221,129 @@ def _select_noise_aware(
     return best, f"{head}\n{trade}.\n{rule}."
 
 
+def accuracy_lower_bounds(ok: list[TrialRecord], reps: Replicates) -> tuple[TrialRecord, dict[str, float]]:
+    """The most accurate candidate on validation and, per candidate, the one-sided lower confidence bound (at the
+    replicates' level) of its paired accuracy difference to it (0 for the most accurate itself)."""
+    best_acc = max(ok, key=lambda r: (r.metrics["val_accuracy"], -r.metrics["val_ece"]))  # first of ties
+    lower = {}
+    for r in ok:
+        if r is best_acc:
+            lower[r.trial_id] = 0.0
+            continue
+        d = reps.difference(r.trial_id, best_acc.trial_id, "val_accuracy")
+        lower[r.trial_id] = float(np.quantile(d, 1.0 - reps.level))
+    return best_acc, lower
+
+
+def within_margin(
+    ok: list[TrialRecord], cfg: SelectionConfig, reps: Replicates
+) -> tuple[TrialRecord, list[TrialRecord]]:
+    """The most accurate candidate and the candidates non-inferior to it within selection.max_accuracy_loss:
+    the one-sided lower confidence bound of the paired accuracy difference lies above minus the margin."""
+    best_acc, lower = accuracy_lower_bounds(ok, reps)
+    margin = cfg.max_accuracy_loss / 100.0
+    return best_acc, [r for r in ok if lower[r.trial_id] > -margin or r is best_acc]
+
+
+def _select_margin(ok: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None) -> tuple[TrialRecord, str]:
+    if reps is None or any(not reps.has(r.trial_id, "val_accuracy") for r in ok):
+        raise ValueError("selection.rule margin needs bootstrap replicates of every completed trial")
+    missing = [r.trial_id for r in ok if cfg.metric not in r.metrics]
+    if missing:
+        raise ValueError(f"selection.metric {cfg.metric!r} missing from trials {missing}")
+    best_acc, kept = within_margin(ok, cfg, reps)
+    sign = 1.0 if cfg.mode == "min" else -1.0
+    m = cfg.metric
+    best = min(kept, key=lambda r: (sign * r.metrics[m], r.metrics.get("val_nll", math.inf), r.trial_id))
+    level = f"{100 * reps.level:.0f} %"
+    margin = f"{cfg.max_accuracy_loss:g} pt"
+    head = (
+        f"{best.label} ({best.family}): val {_metric_name(m)} {_fmt_metric(m, best.metrics[m])}{_ci(reps, best, m)}, "
+        f"val acc {_pct(best.metrics['val_accuracy'])}{_ci(reps, best, 'val_accuracy')} ({level} bootstrap intervals)"
+    )
+    if best is best_acc:
+        trade = "Trade: none, it is also the most accurate candidate."
+    else:
+        gap = best_acc.metrics["val_accuracy"] - best.metrics["val_accuracy"]
+        lo, hi = reps.difference_interval(best.trial_id, best_acc.trial_id, "val_accuracy")
+        lower = float(np.quantile(reps.difference(best.trial_id, best_acc.trial_id, "val_accuracy"), 1 - reps.level))
+        trade = (
+            f"Trade: {100 * gap:.1f} pt less accurate on validation than the most accurate candidate {best_acc.label} "
+            f"({best_acc.family}; difference {100 * -gap:+.1f} pt [{100 * lo:+.1f}, {100 * hi:+.1f}], one-sided lower "
+            f"bound {100 * lower:+.1f} pt, within the {margin} margin), for val {_metric_name(m)} "
+            f"{_fmt_metric(m, best.metrics[m])} against its {_fmt_metric(m, best_acc.metrics[m])}."
+        )
+    rule = (
+        f"Rule: {'lowest' if cfg.mode == 'min' else 'highest'} val {_metric_name(m)} among the {len(kept)} of "
+        f"{len(ok)} candidates whose val accuracy is at most {margin} below the most accurate's (selection."
+        f"max_accuracy_loss; one-sided {level} paired bootstrap lower bound of the difference above -{margin})"
+    )
+    return best, f"{head}\n{trade}\n{rule}.\n{family_line(ok, kept, best, cfg, reps)}"
+
+
+def family_line(
+    ok: list[TrialRecord], kept: list[TrialRecord], champion: TrialRecord, cfg: SelectionConfig, reps: Replicates
+) -> str:
+    """Which family won and by how much: per family, its best candidate within the margin set, and the paired
+    difference of the selection metric to the champion with its interval."""
+    m, sign = cfg.metric, (1.0 if cfg.mode == "min" else -1.0)
+    families = sorted({r.family for r in ok}, key=lambda f: (f != champion.family, f))
+    parts = []
+    for fam in families:
+        mine = [r for r in kept if r.family == fam]
+        if not mine:
+            best_acc = max((r for r in ok if r.family == fam), key=lambda r: r.metrics["val_accuracy"])
+            parts.append(f"{fam}: none within the margin (its best val acc {_pct(best_acc.metrics['val_accuracy'])})")
+            continue
+        top = min(mine, key=lambda r: (sign * r.metrics[m], r.trial_id))
+        text = f"{fam}: {_fmt_metric(m, top.metrics[m])}{_ci(reps, top, m)}"
+        if top is champion:
+            text += " (the champion)"
+        elif reps.has(top.trial_id, m) and reps.has(champion.trial_id, m):
+            d = top.metrics[m] - champion.metrics[m]
+            lo, hi = reps.difference_interval(top.trial_id, champion.trial_id, m)
+            scale, unit = (100.0, " pt") if _is_rate(m) else (1.0, "")
+            text += f", {scale * d:+.2f}{unit} [{scale * lo:+.2f}, {scale * hi:+.2f}] against the champion"
+        parts.append(text)
+    return (
+        f"Won by family {champion.family} (val {_metric_name(m)}, best of each family within the margin): "
+        + ("; ".join(parts))
+        + "."
+    )
+
+
+def _select_min_metric(ok: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None) -> tuple[TrialRecord, str]:
+    missing = [r.trial_id for r in ok if cfg.metric not in r.metrics]
+    if missing:
+        raise ValueError(f"selection.metric {cfg.metric!r} missing from trials {missing}")
+    sign = 1.0 if cfg.mode == "min" else -1.0
+    best = min(ok, key=lambda r: (sign * r.metrics[cfg.metric], r.trial_id))
+    m = cfg.metric
+    return best, (
+        f"{best.label}: {'lowest' if cfg.mode == 'min' else 'highest'} {m} = {best.metrics[m]:.4f}{_ci(reps, best, m)}"
+    )
+
+
+@dataclass(frozen=True)
+class SelectionRule:
+    """One way to pick the champion: its function, whether it needs the bootstrap replicates (read once every
+    trial finished), and what it does in a line (docs, --help)."""
+
+    name: str
+    pick: Callable[[list[TrialRecord], SelectionConfig, Replicates | None], tuple[TrialRecord, str]]
+    needs_replicates: bool
+    summary: str
+
+
 def select(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None = None) -> tuple[TrialRecord, str]:
     """Pick the champion by the configured rule; return it and a sentence saying why and what it trades."""
     ok = sorted((r for r in records if r.ok), key=lambda r: r.trial_id)
     if not ok:
         raise ValueError("no trial completed with finite validation metrics: nothing to select")
-    if cfg.rule == "noise_aware":
-        return _select_noise_aware(ok, cfg, reps)
-    if cfg.rule == "min_metric":
-        missing = [r.trial_id for r in ok if cfg.metric not in r.metrics]
-        if missing:
-            raise ValueError(f"selection.metric {cfg.metric!r} missing from trials {missing}")
-        sign = 1.0 if cfg.mode == "min" else -1.0
-        best = min(ok, key=lambda r: (sign * r.metrics[cfg.metric], r.trial_id))
-        m = cfg.metric
-        return best, (
-            f"{best.label}: {'lowest' if cfg.mode == 'min' else 'highest'} {m} = "
-            f"{best.metrics[m]:.4f}{_ci(reps, best, m)}"
-        )
+    return RULES[cfg.rule].pick(ok, cfg, reps)
+
+
+def _select_pareto(ok: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None) -> tuple[TrialRecord, str]:
     front = [ok[i] for i in pareto_front(ok)]
     best_acc = max(r.metrics["val_accuracy"] for r in front)
     near = [r for r in front if r.metrics["val_accuracy"] >= best_acc - cfg.accuracy_tolerance - 1e-12]
@@ -187,6 +355,34 @@ def select(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | 
         f"(val acc {best.metrics['val_accuracy']:.4f}, val ECE {best.metrics['val_ece']:.4f})"
     )
     return best, why
+
+
+RULES: dict[str, SelectionRule] = {
+    r.name: r
+    for r in (
+        SelectionRule(
+            "margin",
+            _select_margin,
+            True,
+            "lowest val calibration error among the candidates whose val accuracy is non-inferior to the most "
+            "accurate's within selection.max_accuracy_loss points (one-sided paired bootstrap lower bound)",
+        ),
+        SelectionRule(
+            "noise_aware",
+            _select_noise_aware,
+            True,
+            "lowest val calibration error among the trials not significantly less accurate than the most accurate "
+            "(one-sided paired bootstrap, Bonferroni), then a dominance step that may leave that set",
+        ),
+        SelectionRule(
+            "pareto_min_ece_near_best_accuracy",
+            _select_pareto,
+            False,
+            "lowest val ECE on the Pareto front within selection.accuracy_tolerance of the best val accuracy",
+        ),
+        SelectionRule("min_metric", _select_min_metric, False, "the best selection.metric, nothing else"),
+    )
+}
 
 
 def not_worse_than(reps: Replicates, champion: TrialRecord, r: TrialRecord, metric: str, mode: str) -> bool:

@@ -29,18 +29,20 @@ import numpy as np
 SPLITS = ("val", "test")
 
 
-def load_predictions(path: str | Path) -> dict[str, list[tuple[str | None, np.ndarray, np.ndarray]]]:
-    """Per split, a list of (task name or None, probabilities (N, K), labels (N,) with -1 = missing)."""
+def load_predictions(path: str | Path, prefix: str = "") -> dict[str, list[tuple[str | None, np.ndarray, np.ndarray]]]:
+    """Per split, a list of (task name or None, probabilities (N, K), labels (N,) with -1 = missing); `prefix`
+    names another candidate's arrays in the same file (sweeps.contract.TS_PREFIX: temperature scaling on top)."""
     with np.load(path, allow_pickle=False) as z:
         files = set(z.files)
         tasks = [str(t) for t in z["tasks"]] if "tasks" in files else None
         out: dict[str, list[tuple[str | None, np.ndarray, np.ndarray]]] = {}
         for split in SPLITS:
+            pre = f"{prefix}{split}"
             if tasks:
-                labels = z[f"{split}_task_labels"]
-                out[split] = [(name, z[f"{split}_task{t}_probs"], labels[:, t]) for t, name in enumerate(tasks)]
+                labels = z[f"{pre}_task_labels"]
+                out[split] = [(name, z[f"{pre}_task{t}_probs"], labels[:, t]) for t, name in enumerate(tasks)]
             else:
-                out[split] = [(None, z[f"{split}_probs"], z[f"{split}_labels"])]
+                out[split] = [(None, z[f"{pre}_probs"], z[f"{pre}_labels"])]
     return out
 
 

@@ -133,7 +133,9 @@ def sweep_report_files(
                 "champion_trial": chosen.trial_id,
                 "champion_run": chosen.run_id,
                 "label": chosen.label,
+                "family": chosen.family,
                 "rule": cfg.selection.rule,
+                "max_accuracy_loss_pt": cfg.selection.max_accuracy_loss if cfg.selection.rule == "margin" else None,
                 "why": why,
                 "confidence": reps.level,
                 "num_resamples": reps.num_resamples,
@@ -168,6 +170,7 @@ def leaderboard(
         row: dict[str, Any] = {
             "trial_id": r.trial_id,
             "label": r.label,
+            "family": r.family,
             "calibrator": r.params.get("calibrator"),
             "calibrator_lr": r.params.get("calibrator_lr"),
             "status": r.status,

@@ -57,8 +57,9 @@ def _axis_values(records: list[TrialRecord], key: str) -> list[Any]:
 
 
 def parallel_coordinates(records: list[TrialRecord], champion: TrialRecord | None, params: Sequence[str]) -> str:
-    """An SVG with one axis per searched value and val accuracy / val ECE, one line per completed trial."""
-    ok = [r for r in records if r.ok]
+    """An SVG with one axis per searched value and val accuracy / val ECE, one line per completed trial as trained
+    (the search's view: a "+ TS" candidate shares its trial's searched values; its trial's line is the champion's)."""
+    ok = [r for r in records if r.ok and not r.post]
     axes: list[tuple[str, str, Any]] = []  # (key, title, mapper to [0, 1] or None)
     for key in ("calibrator", "calibrator_lr", *[p for p in params if p not in ("calibrator", "calibrator_lr")]):
         vals = [v for v in _axis_values(ok, key) if v is not None]
@@ -96,11 +97,11 @@ def parallel_coordinates(records: list[TrialRecord], champion: TrialRecord | Non
         f'viewBox="0 0 {width} {height}" role="img" aria-label="parallel coordinates of the trials">'
     ]
     lines = []
-    for r in sorted(ok, key=lambda r: champion is not None and r.trial_id == champion.trial_id):
+    for r in sorted(ok, key=lambda r: champion is not None and r.trial_id == champion.trial):
         pts = [(x, y_of(ax[2], v)) for x, ax, v in zip(xs, axes, [_axis_values([r], a[0])[0] for a in axes])]
         if any(y is None for _, y in pts):
             continue
-        is_champ = champion is not None and r.trial_id == champion.trial_id
+        is_champ = champion is not None and r.trial_id == champion.trial
         style = 'stroke="#d62728" stroke-width="3"' if is_champ else 'stroke="#1f77b4" stroke-width="1.2" opacity="0.6"'
         coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
         cls = "trial champion" if is_champ else "trial"

@@ -129,6 +129,25 @@ def tool(name: str) -> str:
         return str(path)
 
 
+def references_line(cfg: SweepConfig) -> str:
+    """What the sweep compares against besides what Optuna samples (the reference arms and TS on top)."""
+    arms = cfg.search.reference_arms()[: cfg.search.num_samples]
+    names = {"ce_es": f"CE with early stopping (patience {cfg.search.reference_patience})", "none": "plain CE"}
+    said = ", ".join(names.get(a, a.replace("_", " ")) for a in arms)
+    first = (
+        f"References: {said} ({'the first trial' if len(arms) == 1 else f'the first {len(arms)} trials'})"
+        if arms
+        else "References: no reference arm"
+    )
+    ts = (
+        f"temperature scaling on top of every completed trial ({cfg.evaluation.temperature_folds}-fold cross-fitted on "
+        "validation), each a candidate of its own"
+        if cfg.evaluation.temperature_on_top
+        else "no temperature scaling on top"
+    )
+    return f"{first}; {ts}"
+
+
 def intro(cfg: SweepConfig, exp_path: str, parent_id: str, resumed: bool) -> str:
     """What runs and where everything goes, before the trials start."""
     s, r, run = cfg.search, cfg.resources, cfg.run
@@ -144,8 +163,9 @@ def intro(cfg: SweepConfig, exp_path: str, parent_id: str, resumed: bool) -> str
             f"{'Resuming' if resumed else 'Sweep'} {cfg.name!r}: {s.num_samples} trials "
             f"({min(r.max_concurrent, s.num_samples)} "
             f"at a time) of {run.model.name} on {run.data.name}, {run.train.epochs} epochs each",
-            f"Optuna TPE (seed {s.seed}) searches calibrator [{', '.join(s.calibrators)}], calibrator lr {lr}{extra}; "
-            f"objectives: {goal}",
+            f"Optuna TPE (seed {s.seed}) searches calibrator [{', '.join(s.sampled_calibrators())}], calibrator lr "
+            f"{lr}{extra}; objectives: {goal}",
+            references_line(cfg),
             f"Optuna study: {cfg.name!r} in {redact(study) if study != MEMORY else 'memory (Ray Tune state only)'}",
             f"MLflow: experiment {cfg.tracking.experiment!r}, parent run {parent_id} in "
             f"{redact(cfg.tracking.uri or '')}",

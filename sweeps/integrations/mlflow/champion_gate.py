@@ -92,9 +92,11 @@ def decide(
     level: float,
     num_bins: int,
     data: Any = None,
+    prefix: str = "",
 ) -> GateDecision:
-    """Compare the new champion (its trial's stored test predictions) with the current one (loaded from the
-    registry) on the new test rows the current one never saw (`data`: the new run's splits, if loaded)."""
+    """Compare the new champion (its trial's stored test predictions; `prefix`: those of its "+ TS" candidate) with
+    the current one (loaded from the registry) on the new test rows the current one never saw (`data`: the new
+    run's splits, if loaded)."""
     current = store.client.get_model_version(model_name, current_version)
     record = _champion_record(store, current.run_id) if current.run_id else None
     if record is None:
@@ -114,7 +116,7 @@ def decide(
     if raw is None or old_x is None:
         return GateDecision(False, "the two models' input standardisations cannot be mapped onto each other")
     with np.load(new_predictions, allow_pickle=False) as z:
-        new_probs, stored_labels = z["test_probs"].astype(np.float64), z["test_labels"]
+        new_probs, stored_labels = z[f"{prefix}test_probs"].astype(np.float64), z[f"{prefix}test_labels"]
     labels = data.test.y.numpy()
     if len(stored_labels) != len(labels) or not np.array_equal(stored_labels, labels):
         return GateDecision(False, "the new champion's test split could not be regenerated in the driver")
@@ -137,6 +139,7 @@ def move_alias(
     level: float,
     num_bins: int,
     promote: bool = False,
+    prefix: str = "",
 ) -> tuple[str, str]:
     """Point `@champion` (or `@challenger`) at the new version through the gate; (alias, one line saying why)."""
     data = _splits(run_config)  # once: recorded for this version, and the gate's rows
@@ -147,7 +150,17 @@ def move_alias(
     elif promote:
         alias, line = CHAMPION_ALIAS, f"Champion gate: --promote: version {version} replaces version {current}"
     else:
-        d = decide(store, model_name, current, run_config, predictions, level=level, num_bins=num_bins, data=data)
+        d = decide(
+            store,
+            model_name,
+            current,
+            run_config,
+            predictions,
+            level=level,
+            num_bins=num_bins,
+            data=data,
+            prefix=prefix,
+        )
         if d.promote:
             alias, line = CHAMPION_ALIAS, f"Champion gate: version {version} replaces version {current}: {d.reason}"
         else:

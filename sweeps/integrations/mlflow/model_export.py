@@ -58,6 +58,7 @@ MODEL_CODE = Path(__file__).with_name("champion_pyfunc.py")
 # distributions the model imports when it loads (calib_core.trainer needs pydantic and pyyaml)
 REQUIRED_DISTRIBUTIONS = ("torch", "numpy", "pydantic", "pyyaml", "mlflow")
 EXPORT_FORMAT = "mlflow-models-from-code/calib_core-spec-v1"
+EXPORT_FORMAT_TS = EXPORT_FORMAT + "+temperature-on-top"  # the trial's model with temperature scaling on top
 VAL_METRICS = (
     ("accuracy", "accuracy"),
     ("ece", "ECE"),
@@ -225,7 +226,9 @@ def _stage(module: torch.nn.Module, spec: dict[str, Any], out: Path) -> None:
         raise RuntimeError(f"the module rebuilt from spec {spec} differs from the trained one; not registering it")
 
 
-def _log_portable_model(store: MlflowStore, run_id: str, module: torch.nn.Module, spec: dict[str, Any]) -> str:
+def _log_portable_model(
+    store: MlflowStore, run_id: str, module: torch.nn.Module, spec: dict[str, Any], fmt: str = EXPORT_FORMAT
+) -> str:
     """Log the portable model on `run_id` (its status and end time unchanged); return its model id."""
     with tempfile.TemporaryDirectory(prefix="calib-export-") as tmp:
         out = Path(tmp)
@@ -243,7 +246,7 @@ def _log_portable_model(store: MlflowStore, run_id: str, module: torch.nn.Module
                     signature=model_signature(spec),
                     input_example=input_example(tuple(spec["input_shape"])),
                     metadata={"calib_core_spec": spec},
-                    tags={TAG_EXPORT_FORMAT: EXPORT_FORMAT},
+                    tags={TAG_EXPORT_FORMAT: fmt},
                 )
         finally:
             # MLflow validates the input example by loading the model here, which prepends the
@@ -265,6 +268,7 @@ def log_and_register(
     *,
     description: str | None = None,
     alias: str | None = CHAMPION_ALIAS,
+    temperatures: list[float] | None = None,
 ) -> str:
     """Log the champion's portable model on its run, register it, point `alias` at it; return
     the version. Idempotent: a version already registered from `run_id` is reused (only the
@@ -275,9 +279,15 @@ def log_and_register(
     store = MlflowStore(tracking_uri)
     ckpt = Path(checkpoint_dir)
     input_shape = tuple(int(s) for s in input_shape)
-    existing = store.versions_of_run(model_name, run_id)
+    # the trial's model and the same model with temperature scaling on top are two exports of one run
+    fmt = EXPORT_FORMAT if temperatures is None else EXPORT_FORMAT_TS
+    existing = [
+        v
+        for v in store.versions_of_run(model_name, run_id)
+        if (v.tags.get(TAG_EXPORT_FORMAT) == EXPORT_FORMAT_TS) == (temperatures is not None)
+    ]
     if existing:
-        mv = next((v for v in reversed(existing) if v.tags.get(TAG_EXPORT_FORMAT) == EXPORT_FORMAT), existing[-1])
+        mv = next((v for v in reversed(existing) if v.tags.get(TAG_EXPORT_FORMAT) == fmt), existing[-1])
         version = str(mv.version)
         if description is not None and description != mv.description:
             store.describe_version(model_name, version, description)
@@ -285,12 +295,18 @@ def log_and_register(
         module, summary, spec = _load_trained(ckpt)
         if tuple(spec["input_shape"]) != input_shape:
             raise ValueError(f"{ckpt}'s model takes inputs {tuple(spec['input_shape'])}, not {input_shape}")
+        if temperatures is not None:
+            from calib_core.export import with_temperature_on_top
+            from calib_core.posthoc_on_top import TemperatureOnTopModel
+
+            spec = with_temperature_on_top(spec, temperatures)
+            module = TemperatureOnTopModel(module, list(temperatures)).eval()
         # an earlier call that died between logging and registering left a complete model: reuse it
-        model_id = store.completed_export(run_id, EXPORT_FORMAT) or _log_portable_model(store, run_id, module, spec)
+        model_id = store.completed_export(run_id, fmt) or _log_portable_model(store, run_id, module, spec, fmt)
         if description is None:
             description = default_description(summary, _read_metrics(store, run_id, ckpt), spec, run_id)
         version = store.register(
-            model_name, model_id, run_id, description, tags={TAG_SOURCE_RUN: run_id, TAG_EXPORT_FORMAT: EXPORT_FORMAT}
+            model_name, model_id, run_id, description, tags={TAG_SOURCE_RUN: run_id, TAG_EXPORT_FORMAT: fmt}
         )
     if alias is not None:
         store.point_alias(model_name, alias, version, tags={TAG_SOURCE_RUN: run_id})

@@ -31,10 +31,12 @@ from sweeps.contract import (
     TAG_METHOD,
     TAG_REASON,
     TAG_TRIAL,
+    TS_PREFIX,
+    TS_SUMMARY_KEY,
     is_finite_number,
     is_number,
 )
-from sweeps.decide.selection import TrialRecord
+from sweeps.decide.selection import POST_TS, TrialRecord
 from sweeps.decide.uncertainty import Replicates, interval_metrics
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, TrackingUnavailable
 from sweeps.integrations.mlflow.tracking import (
@@ -330,12 +332,13 @@ def log_intervals(store: MlflowStore, records: list[TrialRecord], reps: Replicat
         if rec.run_id is None or rec.trial_id not in reps.values:
             continue
         have = store.get_run(rec.run_id).data.metrics
+        prefix = TS_PREFIX if rec.post else ""  # a "+ TS" candidate shares its trial's run: its own keys
         store.log_metrics(
             rec.run_id,
             {
-                k: float(v)
+                prefix + k: float(v)
                 for k, v in interval_metrics(reps, rec.trial_id).items()
-                if k not in have and is_finite_number(v)
+                if prefix + k not in have and is_finite_number(v)
             },
         )
 
@@ -351,9 +354,18 @@ def register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord,
     with chosen.checkpoint.as_directory() as d:
         summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
         # idempotent (a version registered from the run is reused), so retried through an outage
+        # a "+ TS" candidate: the trial's model with its temperatures on top (fitted on all validation rows)
+        temperatures = summary.get(TS_SUMMARY_KEY) if chosen.post == POST_TS else None
         version = str(
             store.call(
-                log_and_register, chosen.run_id, d, tuple(summary["input_shape"]), model, cfg.tracking.uri, alias=None
+                log_and_register,
+                chosen.run_id,
+                d,
+                tuple(summary["input_shape"]),
+                model,
+                cfg.tracking.uri,
+                alias=None,
+                temperatures=temperatures,
             )
         )
         alias, line = store.call(
@@ -367,5 +379,6 @@ def register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord,
             level=cfg.selection.confidence,
             num_bins=cfg.run.train.num_bins,
             promote=promote,
+            prefix=TS_PREFIX if temperatures is not None else "",
         )
     return version, alias, line

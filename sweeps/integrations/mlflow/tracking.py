@@ -32,6 +32,7 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY
     TAG_STOP_REASON,
     TAG_SWEEP,
     TAG_TRIAL,
+    TS_PREFIX,
     is_finite_number,
     is_number,
 )
@@ -206,7 +207,11 @@ class MLflowTrackingCallback(tune.Callback):
         self.store.set_tags(rid, {TAG_STATUS: str(status)})
         if result.get("node_id"):
             self.store.set_tags(rid, {TAG_NODE: str(result["node_id"])})
-        final = {k: v for k, v in result.items() if k.startswith(("val_", "test_", "calibrator_")) or k == "wall_time"}
+        final = {
+            k: v
+            for k, v in result.items()
+            if k.startswith(("val_", "test_", "calibrator_", TS_PREFIX)) or k == "wall_time"
+        }
         self.log_metrics(rid, final, step=step)
         if status != "completed":
             self._terminate(rid, "FAILED", f"{status}: {result.get('reason', '')}")

@@ -15,15 +15,31 @@ class SearchSpace:
     """
 
     def __init__(self, search: SearchConfig) -> None:
-        self.calibrators = list(search.calibrators)
+        self.calibrators = search.sampled_calibrators()
+        self.references = search.reference_arms()
+        self.patience = search.reference_patience
         self.lr_low, self.lr_high = search.calibrator_lr.low, search.calibrator_lr.high
         self.params = {k: v.model_dump() for k, v in search.params.items()}
 
-    def __call__(self, trial: Any) -> None:
-        """Sample one configuration on an optuna trial."""
+    def __call__(self, trial: Any) -> dict[str, Any] | None:
+        """Sample one configuration on an optuna trial. The study's first trials are the reference arms, one each
+        in order (by trial number: deterministic, never left to the sampler, and not repeated when a sweep grows):
+        their choice is a constant of the trial (a user attribute), not a sampled value."""
+        if trial.number < len(self.references):
+            arm = self.references[trial.number]
+            trial.set_user_attr("reference_arm", arm)
+            self._extra(trial)
+            fixed: dict[str, Any] = {"calibrator": arm}
+            if arm == "ce_es":
+                fixed["train.early_stopping_patience"] = self.patience
+            return fixed
         choice = trial.suggest_categorical("calibrator", self.calibrators)
         if choice not in BASELINE_CHOICES:  # a one-go calibrator: its learning rate is searched
             trial.suggest_float("calibrator_lr", self.lr_low, self.lr_high, log=True)
+        self._extra(trial)
+        return None
+
+    def _extra(self, trial: Any) -> None:
         for key, p in self.params.items():
             if p["type"] == "loguniform":
                 trial.suggest_float(key, p["low"], p["high"], log=True)
@@ -40,7 +56,7 @@ def resolve_run_config(base: RunConfig, params: dict[str, Any]) -> RunConfig:
     raw = base.model_dump()
     choice = params.get("calibrator")
     train = raw["train"]
-    if choice == "none":
+    if choice in ("none", "ce_es"):  # ce_es: its patience comes as train.early_stopping_patience (SearchSpace)
         train["method"] = "ce"
     elif isinstance(choice, str) and choice.startswith("posthoc_"):
         train["method"] = "posthoc"
@@ -64,6 +80,9 @@ def resolve_run_config(base: RunConfig, params: dict[str, Any]) -> RunConfig:
 def describe_params(params: dict[str, Any]) -> str:
     """A short human label for a trial, e.g. 'last_layer lr=3.2e-03'."""
     label = str(params.get("calibrator", "?"))
+    if label == "ce_es":
+        label = "CE early stopping"
+        params = {k: v for k, v in params.items() if k != "train.early_stopping_patience"}
     if "calibrator_lr" in params:
         label += f" lr={params['calibrator_lr']:.1e}"
     extras = [

@@ -25,7 +25,7 @@ from ray.tune import CLIReporter
 
 from sweeps.config import SelectionConfig
 from sweeps.contract import STOPPED_EARLY, is_number
-from sweeps.decide.selection import TrialRecord, select
+from sweeps.decide.selection import RULES, TrialRecord, select
 from sweeps.integrations.optuna.search_space import describe_params
 
 
@@ -98,7 +98,7 @@ class ProgressCallback(tune.Callback):
         ok = [r for r in records if r.ok]
         if not ok:
             return "no completed trial yet"
-        if self.selection.rule == "noise_aware":
+        if RULES[self.selection.rule].needs_replicates:
             # the rule needs every trial's predictions (read at the end); say what is known now
             acc = max(ok, key=lambda r: r.metrics["val_accuracy"])
             cal = min(ok, key=lambda r: r.metrics["val_ece"])

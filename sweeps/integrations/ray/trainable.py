@@ -31,6 +31,8 @@ from sweeps.contract import (
     SHIFT_FILE,
     STATE_FILE,
     SUMMARY_FILE,
+    TS_PREFIX,
+    TS_SUMMARY_KEY,
     final_only_keys,
     is_number,
     metric_key,
@@ -221,6 +223,7 @@ def _report_final(
         "node_id": _node_id(),
     }
     scored = None
+    temperatures: list[float] | None = None
     if result.status == "completed":
         final.update({f"val_{k.removeprefix('val_')}": float(v) for k, v in result.val_metrics.items()})
         final.update({f"test_{k.removeprefix('test_')}": float(v) for k, v in result.test_metrics.items()})
@@ -238,6 +241,11 @@ def _report_final(
         )
         for split, values in scored.metrics.items():
             final.update({metric_key(split, k): v for k, v in values.items()})
+        if evaluation.temperature_on_top:
+            on_top = _temperature_on_top(trainer, result, run_cfg, data, evaluation)
+            final.update(on_top[0])
+            scored.arrays.update(on_top[1])
+            temperatures = on_top[2]
     else:
         # Optuna records NaN objectives as failed trials, so a diverged run never ranks.
         final["val_ece"] = float("nan")
@@ -267,6 +275,7 @@ def _report_final(
                     "calibrator_info": result.calibrator_info,
                     "status": result.status,
                     "reason": result.reason,
+                    **({TS_SUMMARY_KEY: temperatures} if temperatures is not None else {}),
                     **({"model_export_error": export_error} if export_error else {}),
                 },
                 default=str,
@@ -278,6 +287,27 @@ def _report_final(
         if result.status == "completed":
             _draw_report(Path(d), final, run_cfg.train.num_bins, title)
         tune.report(final, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def _temperature_on_top(
+    trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, evaluation: EvaluationConfig
+) -> tuple[dict[str, float], dict[str, Any], list[float]]:
+    """Temperature scaling on top of the trained model (calib_core.posthoc_on_top): its metrics as
+    ts_<split>_<name>, its prediction arrays as ts_<array> (the task names stay shared), its temperatures."""
+    from calib_core.posthoc_on_top import temperature_on_top_scores
+
+    fit, metrics, arrays = temperature_on_top_scores(
+        result,
+        data,
+        trainer.strategy.metrics,
+        folds=evaluation.temperature_folds,
+        seed=run_cfg.seed,
+        num_bins=run_cfg.train.num_bins,
+        debiased=DEBIASED_METRICS,
+    )
+    out = {TS_PREFIX + metric_key(split, k): float(v) for split, values in metrics.items() for k, v in values.items()}
+    out[f"{TS_PREFIX}temperature"] = float(np.mean(fit.temperatures))
+    return out, {TS_PREFIX + k: v for k, v in arrays.items() if k != "tasks"}, fit.temperatures
 
 
 def _draw_report(ckpt: Path, final: dict[str, Any], num_bins: int, title: str) -> None:
