@@ -146,12 +146,15 @@ def run_sweep_offline(dataset: str, seed: int, quick: bool, threads: int) -> dic
     return {"dataset": dataset, "seed": seed, "trials": trials}
 
 
-def _save(path: Path, sweep: dict[str, Any]) -> None:
+PRED_KEYS = ("val_probs", "val_labels", "test_probs", "test_labels")
+
+
+def _save(path: Path, sweep: dict[str, Any], keys: tuple[str, ...] = PRED_KEYS) -> None:
     arrays: dict[str, np.ndarray] = {}
     meta = []
     for i, t in enumerate(sweep["trials"]):
-        meta.append({k: t[k] for k in ("params", "status", "seconds")})
-        for k in ("val_probs", "val_labels", "test_probs", "test_labels"):
+        meta.append({k: t[k] for k in ("params", "status", "seconds", "temperature") if k in t})
+        for k in keys:
             if k in t:
                 arrays[f"t{i}_{k}"] = t[k]
     arrays["meta"] = np.array(json.dumps({"dataset": sweep["dataset"], "seed": sweep["seed"], "trials": meta}))
@@ -160,11 +163,11 @@ def _save(path: Path, sweep: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _load(path: Path) -> dict[str, Any]:
+def _load(path: Path, keys: tuple[str, ...] = PRED_KEYS) -> dict[str, Any]:
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))
         for i, t in enumerate(meta["trials"]):
-            for k in ("val_probs", "val_labels", "test_probs", "test_labels"):
+            for k in keys:
                 if f"t{i}_{k}" in z.files:
                     t[k] = z[f"t{i}_{k}"]
     return meta
@@ -468,7 +471,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the confirmation run of the protocol's addendum: like --heldout on new seeds 2100-2111, written to "
         "selection_confirm.md/json",
     )
+    p.add_argument(
+        "--v3",
+        action="store_true",
+        help="benchmarks/protocols/selection_v3.md: the margin rule with reference arms and TS on top, seeds "
+        "2200-2211, five regimes, written to selection_v3.md/json",
+    )
+    p.add_argument("--regimes", default=None, help="--v3: a comma-separated subset of the regimes (resumable)")
+    p.add_argument("--report-only", action="store_true", help="--v3: the report from the cached sweeps only")
     args = p.parse_args(argv)
+    if args.v3:
+        return _main_v3(args, argv)
     if args.confirm:
         args.heldout = True
     if args.heldout:
@@ -512,6 +525,53 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(summary, results, meta)
     write_text(out / f"selection{suffix}.md", text)
     write_json(out / f"selection{suffix}.json", {"meta": meta, "summary": summary, "sweeps": results})
+    print(text)
+    return 0
+
+
+def _main_v3(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Selection v3: train (or reuse) the protocol's sweeps, apply its rules, write its report."""
+    from benchmarks import selection_v3 as v3
+
+    t0 = time.perf_counter()
+    cache = Path(args.cache) / ("v3_quick" if args.quick else "v3")
+    cache.mkdir(parents=True, exist_ok=True)
+    names = list(v3.regimes()) if args.regimes is None else args.regimes.split(",")
+    seeds = v3.SEEDS[:1] if args.quick else v3.SEEDS
+    results, train_seconds, missing = [], 0.0, []
+    for regime in names:
+        for seed in seeds:
+            path = cache / f"{regime}_seed{seed}.npz"
+            if not path.is_file():
+                if args.report_only:
+                    missing.append(path.name)
+                    continue
+                t = time.perf_counter()
+                _save(path, v3.run_sweep(regime, seed, args.quick, args.threads), v3.KEYS)
+                print(f"{regime} seed {seed}: trials trained in {time.perf_counter() - t:.0f} s", flush=True)
+            sweep = _load(path, v3.KEYS)
+            train_seconds += sum(t["seconds"] for t in sweep["trials"])
+            results.append(v3.evaluate(sweep, args.resamples))
+    if missing:
+        print(f"not reported: {len(missing)} sweeps not trained yet ({', '.join(missing[:4])}, ...)")
+        return 1
+    meta = {
+        "command": command_line(__file__, argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "seconds": time.perf_counter() - t0,
+        "train_seconds": train_seconds,
+        "seeds": list(seeds),
+    }
+    summary = v3.summarise(results)
+    verdict = v3.decide(summary)
+    text = v3.markdown(summary, verdict, meta)
+    if args.regimes is None or set(names) == set(v3.regimes()):
+        suffix = "_quick" if args.quick else ""
+        write_text(Path(args.out_dir) / f"selection_v3{suffix}.md", text)
+        write_json(
+            Path(args.out_dir) / f"selection_v3{suffix}.json",
+            {"meta": meta, "summary": summary, "verdict": verdict, "sweeps": results},
+        )
     print(text)
     return 0
 
