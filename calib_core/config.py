@@ -6,6 +6,7 @@ The sweep service embeds these models in its own config, so one schema serves bo
 
 from __future__ import annotations
 
+import os
 import re
 import stat
 from pathlib import Path
@@ -70,6 +71,18 @@ FILE_FIELD_FORMATS: dict[str, list[str]] = {}
 for _fmt, _fields in FILE_FIELDS.items():
     for _f in _fields:
         FILE_FIELD_FORMATS.setdefault(_f, []).append(_fmt)
+
+
+def absolute_path(v: str | None) -> str | None:
+    """A file path made absolute against the working directory where the config is read (the sweep's driver):
+    trials run in directories of their own, and the resolved config shows the file that will be read."""
+    if v is None:
+        return None
+    if not v.strip() or "\x00" in v:
+        raise ValueError("must be a file path")
+    return os.path.abspath(os.path.expanduser(v))
+
+
 FILE_PATH_HELP = {
     "image_folder": "a folder with one sub-folder of images per class",
     "table": "a .csv or .parquet file",
@@ -144,6 +157,11 @@ class DataConfig(_Strict):
         "ImageNet's (image_folder only, for backbones pretrained on it), or not at all",
     )
 
+    @field_validator("path")
+    @classmethod
+    def _absolute_path(cls, v: str | None) -> str | None:
+        return absolute_path(v)
+
     @field_validator("image_size")
     @classmethod
     def _check_image_size(cls, v: int | tuple[int, int] | None) -> int | tuple[int, int] | None:
@@ -200,6 +218,11 @@ class ModelConfig(_Strict):
         description="'head_only': train only the head (and the calibrator) on top of frozen weights (a linear "
         "probe); 'none': fine-tune everything (train.lr for the backbone, train.head_lr for the head)",
     )
+
+    @field_validator("weights")
+    @classmethod
+    def _absolute_weights(cls, v: str | None) -> str | None:
+        return absolute_path(v)
 
     @model_validator(mode="after")
     def _check_freeze(self) -> ModelConfig:

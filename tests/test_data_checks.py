@@ -296,13 +296,23 @@ def test_every_bad_data_case_stops_the_launch_with_one_line_exit_2_and_nothing_w
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_pre_run_check_gives_each_bad_data_case_its_line(tmp_path, monkeypatch, case):
     """The same cases through the check the launch runs (sweeps/checks/model_fit.measure), in this process."""
+    import calib_core.plugins
+    from calib_core.registry import DATASETS
     from sweeps.checks.model_fit import measure
 
     make, data, plugins, parts = CASES[case]
     make(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    answer = measure({"name": "mlp"}, data["name"], plugins, data=data, seed=0)
+    try:
+        answer = measure({"name": "mlp"}, data["name"], plugins, data=data, seed=0)
+    finally:  # the plugin's datasets leave the registry with it
+        if plugins:
+            for name in [n for n in DATASETS.names(builtin=False) if n.startswith("plugin_")]:
+                DATASETS.remove(name)
+            sys.modules.pop("bad_plugin", None)
+            if "bad_plugin" in calib_core.plugins._loaded:
+                calib_core.plugins._loaded.remove("bad_plugin")
     line = answer.get("error", "")
     assert line.startswith("run.data") and "\n" not in line, answer
     for part in parts:

@@ -254,3 +254,14 @@ def test_the_splits_are_fixed_by_the_seed_disjoint_and_cover_every_row(tmp_path)
     assert torch.equal(a.train.x, b.train.x) and not torch.equal(a.train.x, c.train.x)
     ids = [int(v) for s in (a.train, a.val, a.test) for v in s.x[:, 0].tolist()]
     assert sorted(ids) == list(range(0, 200, 2))
+
+
+def test_paths_are_made_absolute_where_the_config_is_read(tmp_path, monkeypatch):
+    """Trials run in folders of their own: a relative data.path or model.weights is the driver's working folder's."""
+    from calib_core.config import ModelConfig
+
+    monkeypatch.chdir(tmp_path)
+    assert DataConfig(name="arrays", path="a.npz").path == str(tmp_path / "a.npz")
+    assert ModelConfig(name="mlp", weights="w.pt").weights == str(tmp_path / "w.pt")
+    again = DataConfig.model_validate(DataConfig(name="arrays", path="a.npz").model_dump())
+    assert again.path == str(tmp_path / "a.npz")
