@@ -71,9 +71,10 @@ def test_terminal_output_is_made_for_people(sweep_dir):
     assert re.search(r"^\[1/4 trials done, \d+:\d\d elapsed, about \d+:\d\d left\] ", out, re.M), out[:3000]
     assert re.search(r"^\[4/4 trials done, \d+:\d\d elapsed\] ", out, re.M)
     assert out.index("Leaderboard") < out.index("Selection: ") < out.index("Registered: ")
-    # the selection in at most three short lines; the rank matrix only with --verbose (one summary line here)
+    # the selection in at most four short lines (champion, trade, rule, winning family); the rank matrix only with
+    # --verbose (one summary line here)
     sel = out[out.index("Selection: ") : out.index("Registered: ")].strip().splitlines()
-    assert 1 <= len(sel) <= 3 and all(len(ln) <= 260 for ln in sel), sel
+    assert 1 <= len(sel) <= 4 and all(len(ln) <= 260 for ln in sel), sel
     assert "Rank agreement between metrics (Spearman over trials): lowest" in out
     assert "Rank agreement between metrics over trials (Spearman):" not in out
     assert "optuna-dashboard sqlite:///" in out
@@ -115,7 +116,8 @@ def test_mlflow_conventions(sweep_dir):
     for run in children:
         text = run.data.tags["mlflow.note.content"]
         assert f"of sweep [e2e](#/experiments/{exp.experiment_id}/runs/{parent.info.run_id})" in text
-        assert f"calibrator `{run.data.tags['calib.calibrator']}`" in text and "**Result:** val accuracy" in text
+        # one-go: "calibrator `vector`"; the reference arm: "the reference arm `ce_es`"
+        assert f"`{run.data.tags['calib.calibrator']}`" in text and "**Result:** val accuracy" in text
 
 
 def test_artifacts_on_runs(sweep_dir):
@@ -159,6 +161,9 @@ def test_intervals_predictions_and_selection_record(sweep_dir):
             assert m[f"{key}_ci_low"] <= m[key] + 1e-9 and m[key] <= m[f"{key}_ci_high"] + 1e-9, key
         for key in ("val_smooth_ece", "val_ece_sweep", "val_debiased_l2_ce", "test_smooth_ece"):
             assert key in m, key
+        # temperature scaling on top: the trial's second candidate, on the same run, with its own intervals
+        assert m["ts_temperature"] > 0 and m["ts_val_accuracy"] == pytest.approx(m["val_accuracy"], abs=1e-12)
+        assert m["ts_val_ece_ci_low"] <= m["ts_val_ece"] + 1e-9 <= m["ts_val_ece_ci_high"] + 2e-9
         preds = client.download_artifacts(run.info.run_id, "predictions/predictions.npz", str(sweep_dir))
         with np.load(preds) as z:
             assert z["val_probs"].shape[0] == z["val_labels"].shape[0]

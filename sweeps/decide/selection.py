@@ -284,32 +284,30 @@ def _select_margin(ok: list[TrialRecord], cfg: SelectionConfig, reps: Replicates
 def family_line(
     ok: list[TrialRecord], kept: list[TrialRecord], champion: TrialRecord, cfg: SelectionConfig, reps: Replicates
 ) -> str:
-    """Which family won and by how much: per family, its best candidate within the margin set, and the paired
-    difference of the selection metric to the champion with its interval."""
+    """Which family won and by how much: each other family's best candidate within the margin set, with the paired
+    difference of the selection metric to the champion and its interval; the families outside the margin."""
     m, sign = cfg.metric, (1.0 if cfg.mode == "min" else -1.0)
-    families = sorted({r.family for r in ok}, key=lambda f: (f != champion.family, f))
-    parts = []
-    for fam in families:
+    scale, unit = (100.0, " pt") if _is_rate(m) else (1.0, "")
+    inside, outside = [], []
+    for fam in sorted({r.family for r in ok} - {champion.family}):
         mine = [r for r in kept if r.family == fam]
         if not mine:
-            best_acc = max((r for r in ok if r.family == fam), key=lambda r: r.metrics["val_accuracy"])
-            parts.append(f"{fam}: none within the margin (its best val acc {_pct(best_acc.metrics['val_accuracy'])})")
+            best_acc = max(r.metrics["val_accuracy"] for r in ok if r.family == fam)
+            outside.append(f"{fam} (best val acc {_pct(best_acc)})")
             continue
         top = min(mine, key=lambda r: (sign * r.metrics[m], r.trial_id))
-        text = f"{fam}: {_fmt_metric(m, top.metrics[m])}{_ci(reps, top, m)}"
-        if top is champion:
-            text += " (the champion)"
-        elif reps.has(top.trial_id, m) and reps.has(champion.trial_id, m):
+        text = f"{fam} {_fmt_metric(m, top.metrics[m])}"
+        if reps.has(top.trial_id, m) and reps.has(champion.trial_id, m):
             d = top.metrics[m] - champion.metrics[m]
             lo, hi = reps.difference_interval(top.trial_id, champion.trial_id, m)
-            scale, unit = (100.0, " pt") if _is_rate(m) else (1.0, "")
-            text += f", {scale * d:+.2f}{unit} [{scale * lo:+.2f}, {scale * hi:+.2f}] against the champion"
-        parts.append(text)
-    return (
-        f"Won by family {champion.family} (val {_metric_name(m)}, best of each family within the margin): "
-        + ("; ".join(parts))
-        + "."
-    )
+            text += f", {scale * d:+.1f} [{scale * lo:+.1f}, {scale * hi:+.1f}]{unit}"
+        inside.append(text)
+    parts = [f"Won by family {champion.family} (val {_metric_name(m)} {_fmt_metric(m, champion.metrics[m])})"]
+    if inside:
+        parts.append(f"others within the margin, against it: {'; '.join(inside)}")
+    if outside:
+        parts.append(f"outside the margin: {', '.join(outside)}")
+    return ". ".join(parts) + "."
 
 
 def _select_min_metric(ok: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None) -> tuple[TrialRecord, str]:

@@ -276,6 +276,11 @@ def describe_run(run_config: dict[str, Any]) -> str:
         )
     if method == "posthoc":
         return f"{what}, then post-hoc `{train['posthoc_calibrator']}` scaling (a reference point)"
+    if method == "ce" and train.get("early_stopping_patience"):
+        return (
+            f"cross-entropy training of {what}, stopped after {train['early_stopping_patience']} epochs without a "
+            "lower validation NLL, best epoch kept: the reference arm `ce_es`"
+        )
     if method == "ce":
         return f"plain cross-entropy training of {what} (a reference point)"
     return f"{method} training of {what}"
