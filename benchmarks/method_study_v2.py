@@ -42,6 +42,7 @@ import numpy as np
 
 from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_line, utc_now, write_json, write_text
 from benchmarks.method_study import matches_verdict, overall_verdict, paired_ci, per_seed_bootstrap, top_label_arrays
+from benchmarks.study_compact import compact_dir, raw_or_compact
 
 PROTOCOL = ROOT / "benchmarks" / "protocols" / "method_study_v2.yaml"
 CHECK_METHODS = ("ce", "ts_val")
@@ -362,8 +363,11 @@ def _deviations(spec: dict) -> str:
     return m.group(1).strip() if m else "(none)"
 
 
-def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) -> tuple[str, dict[str, Any]]:
-    """The Markdown report and its JSON record, from the raw files alone."""
+def build_report(
+    spec: dict, raw: Path, command: str, keep_all: bool = False, raw_label: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The Markdown report and its JSON record, from the raw files alone (`raw_label`: how the report names
+    them, when `raw` is the compact form rebuilt in a temporary folder)."""
     n_eval = len(spec["evaluation"]["seeds"])
     margin, margin_acc, alpha = spec["margin_ece"], spec["margin_acc"], spec["alpha"]
     yaml_path, md_path = protocol_files(spec)
@@ -381,7 +385,7 @@ def build_report(spec: dict, raw: Path, command: str, keep_all: bool = False) ->
         L += ["**SMOKE RUN (--keep-all): every regime kept whatever its check says; the numbers mean nothing.**", ""]
     L += [
         f"Protocol (committed before any result): `{md_path.relative_to(ROOT)}` and `{yaml_path.relative_to(ROOT)}`. "
-        f"Command: `{command}`. Raw per-run files: `{os.path.relpath(raw, ROOT)}/`. Machine: {host_line()}. "
+        f"Command: `{command}`. Raw per-run files: `{raw_label or os.path.relpath(raw, ROOT) + '/'}`. Machine: {host_line()}. "
         f"Margins: ECE {100 * margin:g} pt (equivalence), accuracy {100 * margin_acc:g} pt (non-inferiority); "
         f"alpha {alpha}.",
         "",
@@ -614,6 +618,11 @@ def main(argv: list[str] | None = None) -> int:
     raw = Path(args.raw or RESULTS_DIR / study_name(spec)).resolve()
     regimes = args.regimes.split(",") if args.regimes else list(spec["regimes"])
     command = command_line(__file__, argv)
+    label = None
+    if not raw.is_dir() and compact_dir(raw).is_dir():  # a finished study kept in compact form (issue #31)
+        if not args.report_only:
+            raise SystemExit(f"{raw.name} is stored in compact form ({compact_dir(raw).name}/): --report-only")
+        label, raw = os.path.relpath(compact_dir(raw), ROOT) + "/ (compact form)", raw_or_compact(raw)
     if not args.report_only:
         jobs = [j for r in regimes for j in check_jobs(spec, r, raw)]
         _run_pool(jobs, args.workers, "check")
@@ -635,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
         if args.stop_after == "eval":
             _run_pool([j for r in kept for j in eval_jobs(spec, r, raw)], args.workers, "eval")
-    text, record = build_report(spec, raw, command, args.keep_all)
+    text, record = build_report(spec, raw, command, args.keep_all, label)
     out = Path(args.out_dir)
     write_text(out / f"{study_name(spec)}.md", text)
     write_json(out / f"{study_name(spec)}.json", record)

@@ -226,3 +226,31 @@ def materialize(compact: Path, raw: Path) -> int:
             c = CompactNpz(z, key)
             np.savez(raw / f"{key}.npz", **{k: c[k] for k in c.files})
     return len(recs)
+
+
+def compact_dir(raw: Path) -> Path:
+    """Where a study's compact form lives: beside its raw folder, `<raw>_compact/`."""
+    raw = Path(raw)
+    return raw.with_name(raw.name + "_compact")
+
+
+_MATERIALIZED: dict[str, Path] = {}
+
+
+def raw_or_compact(raw: Path) -> Path:
+    """The study's raw folder if it is in the tree; otherwise its compact form rebuilt once per process into a
+    temporary folder (read-only use: reports and comparisons, not new runs)."""
+    raw = Path(raw)
+    if raw.is_dir() or not compact_dir(raw).is_dir():
+        return raw
+    key = str(raw.resolve())
+    if key not in _MATERIALIZED:
+        import atexit
+        import shutil
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix=f"{raw.name}_"))
+        atexit.register(shutil.rmtree, tmp, True)
+        materialize(compact_dir(raw), tmp)
+        _MATERIALIZED[key] = tmp
+    return _MATERIALIZED[key]
