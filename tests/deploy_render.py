@@ -9,6 +9,9 @@ The Python renderer implements the features deploy/ uses.
 
 Supported in kustomization.yaml (anything else raises ``UnsupportedKustomization``):
   resources (files with one or more YAML documents, or directories with a kustomization),
+  components (directories whose ``kind: Component`` kustomization runs its resources, generators
+  and transformers on what the including kustomization accumulated so far, after its resources
+  and before its own generators, in the order listed, as kustomize does),
   namespace, labels (pairs / includeSelectors / includeTemplates), commonLabels,
   commonAnnotations, images (name / newName / newTag / digest), configMapGenerator and
   secretGenerator (literals / files / envs, behavior create|merge|replace, options
@@ -54,6 +57,7 @@ SUPPORTED_KEYS = {
     "apiVersion",
     "kind",
     "resources",
+    "components",
     "namespace",
     "labels",
     "commonLabels",
@@ -479,14 +483,19 @@ def _rename_refs(node: Any, kind: str, renames: dict[str, str]) -> None:
             _rename_refs(v, kind, renames)
 
 
-def _render(root: Path) -> list[dict]:
+def _render(root: Path, accumulated: list[dict] | None = None) -> list[dict]:
+    """Render the kustomization in ROOT; ACCUMULATED: what the including kustomization has so far
+    (a Component works on it; a plain Kustomization starts empty)."""
     kfile = _kustomization_file(root)
     k = yaml.safe_load(kfile.read_text()) or {}
     unknown = set(k) - SUPPORTED_KEYS
     if unknown:
         raise UnsupportedKustomization(f"{kfile}: unsupported fields {sorted(unknown)}")
+    is_component = k.get("kind") == "Component"
+    if is_component != (accumulated is not None):
+        raise ValueError(f"{kfile}: a Component is listed under components, a Kustomization under resources")
 
-    resources: list[dict] = []
+    resources: list[dict] = list(accumulated or [])
     for entry in k.get("resources", []):
         path = root / entry
         resources.extend(_render(path) if path.is_dir() else _read_yaml_docs(path))
@@ -496,6 +505,8 @@ def _render(root: Path) -> list[dict]:
         if rid in seen:
             raise ValueError(f"{kfile}: duplicate resource {rid}")
         seen.add(rid)
+    for entry in k.get("components", []):
+        resources = _render(root / entry, resources)
 
     # Generators (merge/replace act on generated objects inherited from resources).
     defaults = k.get("generatorOptions", {})

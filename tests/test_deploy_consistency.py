@@ -422,7 +422,10 @@ def test_mlflow_allowed_hosts_match_the_namespace_and_ingress(overlay):
     for a in c["args"]:
         for var in re.findall(r"\$\((\w+)\)", a):
             assert var in env, f"args refer to $({var}) that env does not define"
-    hosts = env["MLFLOW_SERVER_ALLOWED_HOSTS"]["value"].split(",")
+    # as the kubelet expands it: $(POD_NAMESPACE) is the pod's namespace (downward API), defined before
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    hosts = env["MLFLOW_SERVER_ALLOWED_HOSTS"]["value"].replace("$(POD_NAMESPACE)", ns).split(",")
+    assert not any("$(" in h for h in hosts), hosts
     for needed in (
         "mlflow",
         "mlflow:5000",
