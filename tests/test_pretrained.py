@@ -185,3 +185,21 @@ def test_a_mismatched_checkpoint_stops_the_sweep_before_anything_is_written(tmp_
     assert len(lines) == 1 and lines[0].startswith("error: run.model.weights: "), proc.stderr
     assert "head trained for 10 classes, the data has 2" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "w.pt"]
+
+
+def test_the_pre_run_check_accepts_a_fitting_checkpoint_only_where_the_trainer_applies_it(tmp_path):
+    """sweeps/checks/model_fit.measure: a checkpoint that fits passes when the trainer's model builder applies
+    weights and freeze (calib_core.models.build_model), and is refused in one line when it would train from
+    scratch instead."""
+    import inspect
+
+    from calib_core.trainer import SingleTask
+    from sweeps.checks.model_fit import measure
+
+    torch.save(_mlp(hidden=(64, 64)).state_dict(), tmp_path / "w.pt")
+    model = {"name": "mlp", "kwargs": {"hidden_dims": [64, 64]}, "weights": str(tmp_path / "w.pt")}
+    answer = measure({**model, "freeze": "head_only"}, "breast_cancer", [], data={"name": "breast_cancer"})
+    if "build_model" in inspect.getsource(SingleTask.create_model):
+        assert answer == {"params": sum(p.numel() for p in _mlp(hidden=(64, 64)).parameters())}
+    else:
+        assert answer["error"].startswith("run.model.weights: this trainer does not apply run.model.weights")

@@ -99,14 +99,44 @@ def measure(
         from calib_core.models import build_model
 
         try:
-            net = build_model(model, num_classes, input_shape).eval()
+            loaded = build_model(model, num_classes, input_shape).eval()
             with torch.no_grad():
-                net(torch.zeros(2, *input_shape))
+                loaded(torch.zeros(2, *input_shape))
         except Exception as exc:  # noqa: BLE001 - the file's own problem, said in one line
             first = " ".join(str(exc).split()) or type(exc).__name__
             line = first if first.startswith("run.model.") else f"run.model.weights: {type(exc).__name__}: {first}"
             return {"error": clip(line, 280)}
-    return {"params": sum(p.numel() for p in net.parameters())}
+        problem = _trainer_ignores_weights(model, loaded, num_classes, input_shape)
+        if problem:
+            return {"error": problem}
+    return {"params": sum(p.numel() for p in net.parameters())}  # every tensor a checkpoint keeps, frozen or not
+
+
+def _trainer_ignores_weights(
+    model: dict[str, Any], loaded: Any, num_classes: int, input_shape: tuple[int, ...]
+) -> str | None:
+    """A line when the trainer's own model builder (calib_core/trainer/single_task.py) would not apply the
+    weights or the freeze that `loaded` (calib_core.models.build_model) has: a sweep must not train from scratch
+    while the config says pretrained."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from calib_core.config import RunConfig
+    from calib_core.trainer import SingleTask
+
+    run = RunConfig.model_validate({"model": model})
+    net = SingleTask(num_classes, loss_fn=None).create_model(run, SimpleNamespace(input_shape=input_shape))  # type: ignore[arg-type]
+    want, got = loaded.state_dict(), net.state_dict()
+    same = set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want if not k.startswith("head."))
+    frozen = [n for n, _ in loaded.named_parameters()] == [n for n, _ in net.named_parameters()]
+    if same and frozen:
+        return None
+    return (
+        "run.model.weights: this trainer does not apply run.model.weights / run.model.freeze yet (its "
+        "calib_core/trainer/single_task.py create_model must call calib_core.models.build_model); refusing to "
+        "train from scratch"
+    )
 
 
 def _reachable(path: str | None) -> bool:
