@@ -157,7 +157,7 @@ def freeze_backbone(model: nn.Module) -> nn.Module:
 def build_model(model_cfg: Any, num_classes: int, input_shape: tuple[int, ...] | list[int]) -> nn.Module:
     """`create_model` for a `ModelConfig` (or its dict): the registry's model, then `weights` and `freeze`."""
     get = model_cfg.get if isinstance(model_cfg, Mapping) else lambda k, d=None: getattr(model_cfg, k, d)
-    net = create_model(get("name"), num_classes, tuple(input_shape), **(get("kwargs") or {}))
+    net = create_model(str(get("name")), num_classes, tuple(input_shape), **(get("kwargs") or {}))
     weights = get("weights")
     if weights:
         load_weights(net, weights)

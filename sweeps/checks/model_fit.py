@@ -68,8 +68,8 @@ def measure(
         except Exception as exc:  # noqa: BLE001 - a plugin's loader may raise anything: one line, not a traceback
             return {"error": _data_error(data_name, exc)}
         multitask = splits.tasks is not None
-        first = splits.tasks[0][1] if splits.tasks else splits.num_classes
-        shape = (tuple(int(s) for s in splits.input_shape), int(first))
+        classes = splits.tasks[0][1] if splits.tasks else splits.num_classes
+        shape = (tuple(int(s) for s in splits.input_shape), int(classes))
         del splits
     if shape is None:
         return {}
