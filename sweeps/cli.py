@@ -7,7 +7,6 @@ everything in ./mlflow.db; with --cluster it joins the running Ray cluster.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -115,6 +114,7 @@ def resolve_config(args: argparse.Namespace) -> SweepConfig:
     from sweeps.config import load_sweep_config, with_defaults
 
     overrides = list(args.overrides)
+    values: dict[str, Any] = {}  # the flags' values as given (no YAML reading: --name 2024 stays a name)
     flag_map = {
         "num_samples": "search.num_samples",
         "max_concurrent": "resources.max_concurrent",
@@ -127,13 +127,12 @@ def resolve_config(args: argparse.Namespace) -> SweepConfig:
     for attr, key in flag_map.items():
         value = getattr(args, attr)
         if value is not None:
-            # strings exactly as given (a JSON string is YAML): --name 2024 stays a name, not a number
-            overrides.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
+            values[key] = value
     if args.seed is not None:
-        overrides += [f"run.seed={args.seed}", f"search.seed={args.seed}"]
+        values.update({"run.seed": args.seed, "search.seed": args.seed})
     if args.no_reference_arms:
-        overrides += ["search.references=[]", "evaluation.temperature_on_top=false"]
-    cfg = load_sweep_config(args.config, overrides)
+        values.update({"search.references": [], "evaluation.temperature_on_top": False})
+    cfg = load_sweep_config(args.config, overrides, values)
     return with_defaults(cfg, cluster=args.cluster, workdir=Path.cwd())
 
 

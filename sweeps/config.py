@@ -33,6 +33,52 @@ BASELINE_CHOICES = ("none", "ce_es", "posthoc_temperature", "posthoc_vector", "p
 DEFAULT_REFERENCES = ("ce_es",)
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "mnist1d_demo.yaml"
 
+# Limits of Linux file systems: a whole path and one of its names, in bytes (UTF-8).
+PATH_MAX_BYTES, NAME_MAX_BYTES = 4096, 255
+
+
+def control_character(value: str) -> str | None:
+    """'U+XXXX' of the first control character in `value` (C0, DEL, C1; newline and tab included), else None."""
+    for c in value:
+        if ord(c) < 32 or 127 <= ord(c) < 160:
+            return f"U+{ord(c):04X}"
+    return None
+
+
+def path_problem(value: str) -> str | None:
+    """Why `value` cannot be used as a local path (a folder, a file, the path of a sqlite:/// URL), else None.
+
+    The one check every path value passes, from the config file, `--set` and the flags alike, before
+    anything touches the file system: no control character (it would become part of a folder name), text
+    the file system can encode, a `~user` that names a user of this machine, within Linux's length limits.
+    """
+    code = control_character(value)
+    if code:
+        return f"contains a control character ({code}); paths must be plain text"
+    try:
+        raw = value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate (not valid text)"
+    if value.startswith("~"):
+        head = value.split("/", 1)[0]
+        if os.path.expanduser(head) == head:
+            return f"{head!r}: no such user on this machine (~ or ~USER, then a path)"
+    if len(raw) > PATH_MAX_BYTES:
+        return f"longer than {PATH_MAX_BYTES} bytes ({len(raw)})"
+    longest = max((len(part.encode("utf-8")) for part in value.split("/")), default=0)
+    if longest > NAME_MAX_BYTES:
+        return f"a folder or file name in it is longer than {NAME_MAX_BYTES} bytes ({longest})"
+    return None
+
+
+def _uri_problem(v: str) -> str | None:
+    """A URI's control characters; a sqlite:/// or file:// URI's path checked as a path."""
+    for scheme in ("sqlite:///", "file://"):
+        if v.startswith(scheme):
+            return path_problem(v.removeprefix(scheme))
+    code = control_character(v)
+    return f"contains a control character ({code})" if code else None
+
 
 class LogRange(_Strict):
     """A log-uniform range [low, high] with 0 < low < high."""
@@ -131,6 +177,9 @@ class SearchConfig(_Strict):
     def _storage_url(cls, v: str | None) -> str | None:
         if v is None or v == "memory":
             return v
+        problem = _uri_problem(v)
+        if problem:
+            raise ValueError(problem)
         if not re.match(r"\A(sqlite:///.+|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+)\Z", v):
             raise ValueError("must be sqlite:////ABS/PATH.db, postgresql://..., mysql://... or 'memory'")
         return v
@@ -204,6 +253,9 @@ class TrackingConfig(_Strict):
     def _uri_scheme(cls, v: str | None) -> str | None:
         if v is None:
             return v
+        problem = _uri_problem(v)
+        if problem:
+            raise ValueError(problem)
         if not re.match(
             r"\A(sqlite:///.+|https?://[^/\s]+.*|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+|databricks.*)\Z", v
         ):
@@ -340,6 +392,9 @@ class SweepConfig(_Strict):
     def _storage_scheme(cls, v: str | None) -> str | None:
         if v is None:
             return v
+        problem = _uri_problem(v) if "://" in v else path_problem(v)
+        if problem:
+            raise ValueError(problem)
         if "://" in v and not re.match(r"^(s3|gs|gcs|abfs|hdfs|file|memory)://.+", v):
             raise ValueError("must be a directory path or an s3://, gs://, abfs://, hdfs:// or file:// URI")
         return v
@@ -396,7 +451,20 @@ def is_local_uri(uri: str) -> bool:
     return uri.startswith(("sqlite:", "file:", "/", ".")) or "://" not in uri
 
 
-def load_sweep_config(path: str | Path | None, overrides: list[str] | None = None) -> SweepConfig:
-    """Load a SweepConfig from YAML (default: the embedded MNIST-1D demo) plus `--set` overrides."""
-    raw = read_yaml(path if path is not None else DEFAULT_CONFIG)
-    return build_model(SweepConfig, apply_overrides(raw, overrides or []))
+def load_sweep_config(
+    path: str | Path | None, overrides: list[str] | None = None, values: dict[str, Any] | None = None
+) -> SweepConfig:
+    """Load a SweepConfig from YAML (default: the embedded MNIST-1D demo) plus `--set` overrides (text, read as
+    YAML) plus `values` by dotted key (the command line's flags: taken as given, not read as YAML), all validated
+    together by the one schema."""
+    raw = apply_overrides(read_yaml(path if path is not None else DEFAULT_CONFIG), overrides or [])
+    for key, value in (values or {}).items():
+        node = raw
+        for k in key.split(".")[:-1]:
+            if node.get(k) is None:
+                node[k] = {}
+            if not isinstance(node[k], dict):
+                raise ConfigError(f"{k}: must be a section (a mapping of settings), not {type(node[k]).__name__}")
+            node = node[k]
+        node[key.split(".")[-1]] = value
+    return build_model(SweepConfig, raw)

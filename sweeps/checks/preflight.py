@@ -66,6 +66,7 @@ def check_config(cfg: SweepConfig, cluster: bool) -> None:
     """Every check that needs neither the file system nor the network; all problems in one line."""
     problems: list[str] = []
     _non_finite(cfg.model_dump(), "", problems)
+    problems += _run_path_problems(cfg)
     t = cfg.tracking
     problems += _name_problems("tracking.experiment", t.experiment, 500, forbidden="")
     problems += _name_problems("tracking.registered_model", t.registered_model, 256, forbidden="/:@")
@@ -98,6 +99,20 @@ def check_config(cfg: SweepConfig, cluster: bool) -> None:
         problems += _cluster_store_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def _run_path_problems(cfg: SweepConfig) -> list[str]:
+    """The run's own paths (data root, data file, pretrained weights) pass the check every path value of the
+    sweep passes (sweeps.config.path_problem; storage_path and the store URLs pass it in the schema)."""
+    from sweeps.config import path_problem
+
+    d, m = cfg.run.data, cfg.run.model
+    out = []
+    for field, value in (("run.data.root", d.root), ("run.data.path", d.path), ("run.model.weights", m.weights)):
+        problem = path_problem(value) if value is not None else None
+        if problem:
+            out.append(f"{field}: {problem}")
+    return out
 
 
 def _study_storage_problems(cfg: SweepConfig, cluster: bool) -> list[str]:
