@@ -247,10 +247,17 @@ def test_pending_timeout_resets_while_a_trial_runs_and_can_be_off():
     for step in range(10):  # a busy cluster: one trial at a time, the others wait their turn
         clock.t = step * 50
         cb.on_step_begin(step, _trials("RUNNING", "PENDING") if step % 2 else _trials("TERMINATED", "PENDING"))
-    off = PendingTimeout(None, 1, 0, clock=clock)
+    # off: the same hopeless wait that ends a sweep with a limit (the control) never ends one without it
+    clock.t = 0
+    on, off = PendingTimeout(60, 1, 0, clock=clock), PendingTimeout(None, 1, 0, clock=clock)
+    on.on_step_begin(0, _trials("PENDING"))
     off.on_step_begin(0, _trials("PENDING"))
     clock.t = 1e9
-    off.on_step_begin(1, _trials("PENDING"))
+    with pytest.raises(contract.ResourcesUnavailable):
+        on.on_step_begin(1, _trials("PENDING"))
+    for step in range(1, 5):
+        clock.t = 1e9 * step
+        assert off.on_step_begin(step, _trials("PENDING")) is None
 
 
 def test_pending_timeout_pickles_without_its_wait():

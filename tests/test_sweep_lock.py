@@ -97,25 +97,36 @@ def test_probes_never_make_the_taker_fail(tmp_path):
     with hold(storage, name):
         pass  # the lock file exists
     stop = threading.Event()
+    probes: list[str] = []  # "free" / "held" per probe; anything else a probe raised is a failure here
+    unexpected: list[BaseException] = []
 
     def probe() -> None:
         while not stop.is_set():
             try:
                 refuse_if_running(storage, name)
+                probes.append("free")
             except SweepRunning:  # the taker holds it at the moment
-                pass
+                probes.append("held")
+            except BaseException as exc:  # noqa: BLE001 - a thread's exception would only be a warning
+                unexpected.append(exc)
+                return
 
     probers = [threading.Thread(target=probe) for _ in range(2)]
     for t in probers:
         t.start()
+    waits = []
     try:
         for _ in range(20):
+            t0 = time.monotonic()
             with hold(storage, name):
-                pass
+                waits.append(time.monotonic() - t0)
     finally:
         stop.set()
         for t in probers:
             t.join()
+    assert not unexpected, unexpected
+    assert len(probes) >= 20, "the probes did not run beside the taker"
+    assert len(waits) == 20 and max(waits) < 2.0, waits  # every take succeeded, none waited more than moments
 
 
 def test_remote_storage_is_not_locked(tmp_path):
