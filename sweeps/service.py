@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import resource
 import signal
 import threading
@@ -39,6 +40,7 @@ from sweeps.integrations.optuna.study import MEMORY, mark_champion
 from sweeps.integrations.ray.live_hooks import installed
 from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.integrations.ray.tuner import (
+    StopWatch,
     build_tuner,
     connect_ray,
     fit_resuming_lost_workers,
@@ -64,28 +66,37 @@ def execute(
     the end: a second launch of the same name raises SweepRunning (a ConfigError) naming this one."""
     from sweeps import sweep_lock
 
-    with quiet_output(not verbose), _sigterm_as_sigint(), sweep_lock.hold(cfg.storage_path, cfg.name):
+    stops = StopWatch(quiet=not verbose)
+    with quiet_output(not verbose), _sigterm_as_sigint(stops), sweep_lock.hold(cfg.storage_path, cfg.name):
         try:
-            return _execute(cfg, cluster=cluster, resume=resume, verbose=verbose, grow=grow, promote=promote)
+            return _execute(
+                cfg, cluster=cluster, resume=resume, verbose=verbose, grow=grow, promote=promote, stops=stops
+            )
         except TrackingUnavailable as exc:
             raise SweepError(str(exc)) from None
 
 
 @contextmanager
-def _sigterm_as_sigint() -> Iterator[None]:
-    """SIGTERM takes Ctrl+C's path while the sweep runs (see _route_sigterm); the previous handler after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    _route_sigterm()
+def _sigterm_as_sigint(stops: StopWatch) -> Iterator[None]:
+    """SIGTERM takes Ctrl+C's path while the sweep runs (see _route_sigterm); the previous handler after.
+    `stops` records that a stop signal came (SIGINT or SIGTERM) and, quiet, keeps Ray Tune's stop lines out."""
+    tune_logger = logging.getLogger("ray.tune.tune")
+    tune_logger.addFilter(stops)
     try:
-        yield
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+        _route_sigterm(stops)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        tune_logger.removeFilter(stops)
 
 
-def _route_sigterm() -> None:
+def _route_sigterm(stops: StopWatch) -> None:
     """SIGTERM takes Ctrl+C's path: Ray Tune's graceful stop while trials run (runs KILLED, resumable),
     KeyboardInterrupt elsewhere. Only in the main thread (where Python runs signal handlers); installed
     again after ray.init, whose core worker puts its own SIGTERM handler (log and exit) in place."""
@@ -93,6 +104,7 @@ def _route_sigterm() -> None:
         return
 
     def on_term(signum: int, frame: Any) -> None:
+        stops.requested = True
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):
             handler(signal.SIGINT, frame)
@@ -103,8 +115,16 @@ def _route_sigterm() -> None:
 
 
 def _execute(
-    cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool, grow: bool = False, promote: bool = False
+    cfg: SweepConfig,
+    *,
+    cluster: bool,
+    resume: bool,
+    verbose: bool,
+    grow: bool = False,
+    promote: bool = False,
+    stops: StopWatch | None = None,
 ) -> SweepResult:
+    stops = stops or StopWatch()
     from sweeps.integrations.ray.resource_wait import PendingTimeout
     from sweeps.integrations.ray.session import end as end_session
     from sweeps.integrations.ray.session import reap_stale
@@ -149,7 +169,7 @@ def _execute(
         runs_closed_on_failure(store, experiment_id, parent_id, cfg.name, tracking),
         installed(cfg.name, callbacks, reporter),
     ):
-        _route_sigterm()
+        _route_sigterm(stops)
         print(intro(cfg, exp_path, parent_id, resumed=restoring), flush=True)
         tuner = (
             tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
@@ -158,8 +178,9 @@ def _execute(
         )
         t_fit = time.perf_counter()
         rss["fit"] = peak_rss_mb()
-        grids = [fit_resuming_lost_workers(tuner, exp_path, trainable, cfg.resources.max_failures)]
-        grids += grow_sweep(cfg, store, parent_id, grids[0], grown, trainable, progress, grow)
+        grids = [fit_resuming_lost_workers(tuner, exp_path, trainable, cfg.resources.max_failures, stops)]
+        if not stops.requested:  # an interrupted sweep (a resume too) stops here; it grows only when it finished
+            grids += grow_sweep(cfg, store, parent_id, grids[0], grown, trainable, progress, grow, stops)
         tracking.flush()  # what the trials reported reaches MLflow (raises the outage that stopped it)
         tracking.close()
         for results in grids:
@@ -167,7 +188,7 @@ def _execute(
         t_trials = time.perf_counter()
         rss["trials"] = peak_rss_mb()
         records = [rec for results in grids for rec in trial_records(results, store, experiment_id, cfg.name)]
-        incomplete = close_trials(cfg, store, experiment_id, parent_id, grids, records)
+        incomplete = close_trials(cfg, store, experiment_id, parent_id, grids, records, interrupted=stops.requested)
         # nothing of Tune outlives the trial phase (the loggers' per-trial files, the last grid of the loop above)
         del tuner, grids, results, callbacks, tracking, progress, reporter
     if owned:  # the trials are over: Ray's processes and Tune's records go before selection needs the memory

@@ -12,6 +12,7 @@ fails in a fraction of a second.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import os
 import socket
@@ -238,6 +239,50 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+# --------------------------------------------------------------------------- --resume: the same search
+
+SEARCH_SPACE_FILE = "calib_search_space.json"  # in Tune's experiment folder: what the sweep searches
+# The search settings a --resume must keep: restored trials, Ray Tune's restored searcher and the Optuna study
+# all hold the space the sweep started with (num_samples may grow it; storage is where the study lives).
+SEARCH_SPACE_EXCLUDES = {"num_samples", "storage"}
+
+
+def search_space(cfg: SweepConfig) -> dict[str, Any]:
+    """The search settings of `cfg` that a --resume must keep, as JSON values."""
+    return cfg.search.model_dump(mode="json", exclude=SEARCH_SPACE_EXCLUDES)
+
+
+def search_space_problem(cfg: SweepConfig, recorded: dict[str, Any]) -> str | None:
+    """One line when `cfg` searches otherwise than the sweep did when it started (`recorded`), else None."""
+    now = search_space(cfg)
+    changed = [k for k in sorted(set(now) | set(recorded)) if now.get(k) != recorded.get(k)]
+    if not changed:
+        return None
+    k = changed[0]
+    was, is_ = clip(json.dumps(recorded.get(k)), 60), clip(json.dumps(now.get(k)), 60)
+    more = f" (and {', '.join('search.' + c for c in changed[1:])})" if changed[1:] else ""
+    return (
+        f"search.{k}: --resume of {cfg.name!r} must search what it started with: {was} then, {is_} now{more}; "
+        "resume with the same search settings, or start a new sweep with --name"
+    )
+
+
+def check_resume_search_space(cfg: SweepConfig) -> None:
+    """On --resume of a local sweep, the search space it recorded when it started (SEARCH_SPACE_FILE) is the one
+    asked for now; reads that one file (a remote storage path is checked when Tune's experiment is restored)."""
+    storage = cfg.storage_path or ""
+    if not storage or "://" in storage:
+        return
+    path = Path(storage) / cfg.name / SEARCH_SPACE_FILE
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # a sweep started before the space was recorded, or nothing to resume
+    problem = search_space_problem(cfg, recorded) if isinstance(recorded, dict) else None
+    if problem:
+        raise ConfigError(problem)
 
 
 # --------------------------------------------------------------------------- the environment

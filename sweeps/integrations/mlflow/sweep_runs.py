@@ -268,16 +268,18 @@ def close_trials(
     parent_id: str,
     grids: list[Any],
     records: list[TrialRecord],
+    interrupted: bool = False,
 ) -> bool:
     """After Tune returns: runs of trials Tune forgot dropped, open runs KILLED; True when trials are left
-    unfinished (the parent then ends KILLED, resumable)."""
+    unfinished or the sweep was `interrupted` (a stop signal: Tune reports the trials it stopped as TERMINATED),
+    the parent then ending KILLED, resumable."""
     lost = store.drop_orphan_runs(experiment_id, cfg.name, {rec.trial_id for rec in records})
     if lost:
         store.set_tags(parent_id, {TAG_LOST_TRIALS: ",".join(lost)})
     store.close_open_runs(experiment_id, cfg.name, "KILLED")
     # ASHA-stopped trials are TERMINATED too; interrupted ones are neither terminated nor errored.
     unfinished = sum(len(g) - g.num_terminated - g.num_errors for g in grids)
-    incomplete = bool(unfinished or len(records) < cfg.search.num_samples)
+    incomplete = bool(interrupted or unfinished or len(records) < cfg.search.num_samples)
     if incomplete:
         store.terminate(parent_id, "KILLED")
     return incomplete

@@ -22,11 +22,37 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 SESSIONS_DIR = ".ray_sessions"
+
+
+@contextlib.contextmanager
+def own_session() -> Iterator[None]:
+    """The Ray processes started inside (`ray.init`'s gcs_server, raylet, agents and monitors, and through the
+    raylet the trial workers) start in a session of their own, outside the driver's process group.
+
+    A stop sent to the sweep's whole process group (`kill -- -PGID`, `timeout`, a terminal's or a job runner's
+    group signal) then reaches the driver alone: it stops the trials through Ray Tune (runs KILLED, resumable,
+    exit 130) and then Ray's processes (`track`/`end`). Were Ray's processes in the group, they would die under
+    the driver, which then waited 60 s for the lost GCS and exited 1 with its runs left RUNNING. They still die
+    with the driver (Ray's kernel fate-sharing), and a SIGKILLed driver's leftovers are reaped (`reap_stale`)."""
+    from ray._private import services
+
+    original = services.ConsolePopen
+
+    class _InOwnSession(original):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = _InOwnSession  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        services.ConsolePopen = original  # type: ignore[misc]
 
 
 def _read(path: str) -> bytes:

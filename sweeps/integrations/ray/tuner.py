@@ -3,14 +3,18 @@ restored, or grown), the trainable with its resources, and the in-process resume
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from calib_core.config import ConfigError
 from calib_core.plugins import plugin_modules
+from sweeps.checks.preflight import SEARCH_SPACE_FILE, search_space, search_space_problem
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     MULTI_OBJECTIVE,
@@ -44,7 +48,10 @@ def connect_ray(cluster: bool, plugins: list[str]) -> str | None:
         connect_cluster(plugin_runtime_env(plugins))
         return None
     # Ray annotates logging_level as int; it takes a level name too
-    ctx = ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")  # type: ignore[arg-type]
+    from sweeps.integrations.ray.session import own_session
+
+    with own_session():  # a signal to the sweep's process group reaches the driver, not Ray's processes
+        ctx = ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")  # type: ignore[arg-type]
     return str(ctx.address_info["session_dir"])  # type: ignore[attr-defined]  # a RayContext
 
 
@@ -103,6 +110,8 @@ def build_tuner(cfg: SweepConfig, trainable: Any, grow_from: int = 0) -> tune.Tu
     `grow_from` > 0: the Tuner of the trials that grow a finished sweep of that many trials to
     `search.num_samples`, an experiment of its own (`contract.grow_experiment`) in the same Optuna study."""
     s, r = cfg.search, cfg.resources
+    if not grow_from and cfg.storage_path:
+        record_search_space(cfg, f"{cfg.storage_path.rstrip('/')}/{cfg.name}")
     scheduler = make_scheduler(cfg)
     metric = mode = None
     if s.objective == "single":
@@ -146,11 +155,35 @@ def make_trainable(cfg: SweepConfig, verbose: bool) -> Any:
     )
 
 
+class StopWatch(logging.Filter):
+    """Whether a stop signal (Ctrl+C's SIGINT, or a SIGTERM routed to it) ended a Ray Tune fit: `requested`.
+
+    Ray Tune handles SIGINT itself and returns from `fit()` as if the experiment had ended, the running trials
+    marked TERMINATED in the grid it returns (their saved state still says RUNNING, so --resume continues them).
+    Set as a filter on Tune's logger, this sees Tune's own lines for the stop ("Stop signal received",
+    "Experiment has been interrupted") and records it; `quiet` keeps those lines (which point at Tuner.restore)
+    out: the service says in one line how to continue (--resume)."""
+
+    LINES = ("Stop signal received", "Experiment has been interrupted", "Training has been interrupted")
+
+    def __init__(self, quiet: bool = False) -> None:
+        super().__init__()
+        self.quiet, self.requested = quiet, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(self.LINES):
+            self.requested = True
+            return not self.quiet
+        return True
+
+
 # Extra in-process resume rounds for trials that died with their worker although retries were left.
 LOST_WORKER_ROUNDS = 2
 
 
-def fit_resuming_lost_workers(tuner: Any, exp_path: str, trainable: Any, max_failures: int) -> Any:
+def fit_resuming_lost_workers(
+    tuner: Any, exp_path: str, trainable: Any, max_failures: int, stops: StopWatch | None = None
+) -> Any:
     """`tuner.fit()`, then resume (from their checkpoints) trials that ended in a worker death.
 
     Ray Tune 2.60 can count one worker death twice: a trial killed while restoring from its
@@ -163,6 +196,8 @@ def fit_resuming_lost_workers(tuner: Any, exp_path: str, trainable: Any, max_fai
 
     results = tuner.fit()
     for _ in range(LOST_WORKER_ROUNDS if max_failures > 0 else 0):
+        if stops is not None and stops.requested:
+            break  # stopped on purpose: the trials are resumed by --resume
         lost = [r for r in results if isinstance(r.error, ray.exceptions.RayActorError)]
         if not lost:
             break
@@ -174,14 +209,48 @@ def fit_resuming_lost_workers(tuner: Any, exp_path: str, trainable: Any, max_fai
 
 
 def should_restore(cfg: SweepConfig, exp_path: str, resume: bool, exists: bool) -> bool:
-    """Whether Tune's experiment is restored; a sweep that `exists` in MLflow or Tune is refused without --resume."""
+    """Whether Tune's experiment is restored; a sweep that `exists` in MLflow or Tune is refused without --resume,
+    a restore that would search another space than the sweep recorded (record_search_space) with one line."""
     can_restore = tune.Tuner.can_restore(exp_path)
     if not resume and (exists or can_restore):
         raise SweepError(
             f"sweep {cfg.name!r} already exists ({exp_path} or MLflow experiment "
             f"{cfg.tracking.experiment!r}); pass --resume to continue it or --name for a new one"
         )
+    if resume and can_restore:
+        recorded = _read_json(f"{exp_path}/{SEARCH_SPACE_FILE}")
+        problem = search_space_problem(cfg, recorded) if isinstance(recorded, dict) else None
+        if problem:
+            raise ConfigError(problem)
     return resume and can_restore
+
+
+def record_search_space(cfg: SweepConfig, exp_path: str) -> None:
+    """What the sweep searches, beside Tune's experiment (local or remote storage), for --resume to compare."""
+    import json
+
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = pafs.FileSystem.from_uri(exp_path)
+        fs.create_dir(path, recursive=True)
+        with fs.open_output_stream(f"{path}/{SEARCH_SPACE_FILE}") as out:
+            out.write(json.dumps(search_space(cfg), sort_keys=True).encode())
+    except (OSError, ValueError):  # pyarrow's errors; the check is then skipped on --resume
+        pass
+
+
+def _read_json(uri: str) -> Any:
+    import json
+
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+        with fs.open_input_stream(path) as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def grown_to(parent: Any | None) -> list[int]:
@@ -199,12 +268,15 @@ def grow_sweep(
     trainable: Any,
     progress: ProgressCallback,
     grow: bool,
+    stops: StopWatch | None = None,
 ) -> list[Any]:
     """The result grids of the experiments that grew the sweep past its first Tune experiment (`base`).
 
     Earlier growths are restored (an interrupted one resumes); when `grow` (a trial count given with
     --resume) asks for more trials than all of them hold, one more experiment runs the difference in the
-    same Optuna study and MLflow parent run. Nothing grows while an earlier experiment has unfinished trials."""
+    same Optuna study and MLflow parent run. Nothing grows while an earlier experiment has unfinished trials, nor
+    after a stop signal (`stops`: Tune reports the trials it stopped as TERMINATED, which is not finished)."""
+    stopped: Callable[[], bool] = (lambda: stops.requested) if stops is not None else (lambda: False)
     grids: list[Any] = []
     done = len(base)
     unfinished = len(base) - base.num_terminated - base.num_errors
@@ -219,7 +291,9 @@ def grow_sweep(
         grids.append(g)
         done += len(g)
         unfinished += len(g) - g.num_terminated - g.num_errors
-    if not grow or unfinished or cfg.search.num_samples <= done:
+        if stopped():
+            return grids
+    if not grow or unfinished or stopped() or cfg.search.num_samples <= done:
         return grids
     target = cfg.search.num_samples
     if target not in grown:
@@ -229,7 +303,11 @@ def grow_sweep(
     tuner = build_tuner(cfg, trainable, grow_from=done)
     grids.append(
         fit_resuming_lost_workers(
-            tuner, f"{cfg.storage_path}/{grow_experiment(cfg.name, target)}", trainable, cfg.resources.max_failures
+            tuner,
+            f"{cfg.storage_path}/{grow_experiment(cfg.name, target)}",
+            trainable,
+            cfg.resources.max_failures,
+            stops,
         )
     )
     return grids

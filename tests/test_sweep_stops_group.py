@@ -1,0 +1,115 @@
+"""SIGTERM to the sweep's whole process group (issue #36): what systemd's stop, Slurm's scancel, `timeout` and
+`kill -- -PGID` send. The README promises exit 130, the trials' and the sweep's MLflow runs KILLED, the
+`--resume` hint, and no process left behind.
+
+The driver starts in a session of its own (setsid: its pid is the group id), runs a long sweep, and once two
+trials have written checkpoints the whole group gets SIGTERM. Before the fix Ray's processes were in the group
+too and died under the driver, which waited 60 s for the lost GCS ("Failed to connect to GCS within 60
+seconds"), exited 1 without the hint and left its runs RUNNING.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sweeps.integrations.ray.session import SESSIONS_DIR, session_processes, stop_processes
+from tests.sweep_helpers import LAUNCH, store, sweep_runs
+
+pytestmark = pytest.mark.slow
+
+NAME = "group-term"
+LONG = ["--num-samples", "4", "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=300"]
+LONG += ["--set", "run.train.batch_size=64", "--name", NAME]
+
+
+def group_members(pgid: int) -> list[str]:
+    """'pid cmd' of every live process whose process group is `pgid`."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:120]!r}")
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def checkpoints(cwd: Path, name: str = NAME) -> set[str]:
+    """'trial/checkpoint_N' of every checkpoint written so far."""
+    return {f"{p.parent.name}/{p.name}" for p in (cwd / "ray_results" / name).glob("*/checkpoint_*")}
+
+
+def wait_for_checkpoints(
+    cwd: Path, driver: subprocess.Popen, trials: int = 2, timeout: float = 400, name: str = NAME, after: int = 0
+) -> dict:
+    """Once `trials` trials have written a checkpoint (and more than `after` checkpoints exist): the driver's Ray
+    session record."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(1)
+        assert driver.poll() is None, driver.stdout.read()[-3000:] if driver.stdout else ""
+        found = checkpoints(cwd, name)
+        done = {c.split("/")[0] for c in found}
+        records = list((cwd / "ray_results" / SESSIONS_DIR).glob(f"{driver.pid}.json"))
+        if len(done) >= trials and len(found) > after and records:
+            return json.loads(records[0].read_text())
+    raise AssertionError("no checkpoints in time")
+
+
+def start(cwd: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(LAUNCH), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # setsid: the driver leads a process group of its own, as under systemd or Slurm
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def cleanup(driver: subprocess.Popen, record: dict | None) -> None:
+    """Only what this test started: the driver's group and the processes of the Ray session it recorded."""
+    if driver.poll() is None:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    if record:
+        stop_processes(session_processes(record["session_dir"], record.get("raylet_pids")), grace_s=2)
+
+
+def test_sigterm_to_the_process_group_keeps_the_promises(tmp_path: Path) -> None:
+    driver, record = start(tmp_path, *LONG), None
+    try:
+        record = wait_for_checkpoints(tmp_path, driver)
+        t0 = time.time()
+        os.killpg(driver.pid, signal.SIGTERM)
+        out, _ = driver.communicate(timeout=120)
+        took = time.time() - t0
+        print(f"driver exited {took:.1f}s after the group's SIGTERM, code {driver.returncode}\n{out[-1200:]}")
+        assert driver.returncode == 130, out[-3000:]
+        assert took < 45, f"{took:.0f}s to stop"
+        assert "Failed to connect to GCS" not in out and "Traceback" not in out, out[-3000:]
+        assert "Stop signal received" not in out, out[-3000:]  # Ray Tune's lines: the service says it in one
+        last = out.strip().splitlines()[-1]
+        assert "--resume" in last, last
+        parents, children = sweep_runs(store(tmp_path), NAME)
+        assert [p.info.status for p in parents] == ["KILLED"]
+        assert len(children) >= 2 and all(r.info.status == "KILLED" for r in children), [
+            (r.data.tags.get("calib.trial_id"), r.info.status) for r in children
+        ]
+        time.sleep(1)
+        assert group_members(driver.pid) == []
+        assert session_processes(record["session_dir"], record["raylet_pids"]) == []
+        assert not (tmp_path / "ray_results" / SESSIONS_DIR / f"{driver.pid}.json").exists()
+    finally:
+        cleanup(driver, record)
