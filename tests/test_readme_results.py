@@ -51,3 +51,28 @@ def test_verdict_words_follow_the_interval():
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "selection_heldout.json").write_text(json.dumps(hurts))
         assert "(hurts)" in readme_results.selection_heldout(Path(d))
+
+
+def _v3(gap: float, met: bool) -> dict:
+    rules = {
+        name: {"acc_gap": [gap, gap - 0.001, gap + 0.001], "ece_ratio": {"ratio": 0.6, "lo": 0.5, "hi": 0.7}}
+        for name in ("margin 0.5", "margin 1", "margin 2")
+    }
+    return {
+        "meta": {"seeds": list(range(2200, 2212))},
+        "summary": {"mnist1d": {"seeds": list(range(12)), "rules": rules}},
+        "verdict": {
+            "margins": {n: {"qualifies": met} for n in rules},
+            "default": {"margin_pt": 0.5 if met else 1.0, "met": met},
+        },
+    }
+
+
+def test_selection_v3_block_follows_its_file(tmp_path):
+    assert "no result file yet" in readme_results.selection_v3(tmp_path)
+    (tmp_path / "selection_v3.json").write_text(json.dumps(_v3(0.004, True)))
+    a = readme_results.selection_v3(tmp_path)
+    assert "gap 0.40 [0.30, 0.50] pt, ECE 0.60x [0.50, 0.70]" in a and "the default margin is **0.5 pt**" in a
+    (tmp_path / "selection_v3.json").write_text(json.dumps(_v3(0.004, False)))
+    b = readme_results.selection_v3(tmp_path)
+    assert "**no margin qualifies**" in b and "provisional 1 pt stays" in b
