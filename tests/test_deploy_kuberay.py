@@ -133,7 +133,8 @@ def test_dev_rayjob_head_pod(dev):
         "--memory=8589934592  --metrics-export-port=8080  --no-monitor  --num-cpus=0  --num-gpus=0  "
         "--object-store-memory=2000000000 "
     )
-    ray, autoscaler = pod["spec"]["containers"]
+    ray, shipper, autoscaler = pod["spec"]["containers"]  # KubeRay appends its autoscaler after ours
+    assert shipper["name"] == "ray-logs"
     assert ray["command"] == ["/bin/bash", "-c", "--"]
     assert ray["args"] == ["ulimit -n ${RAY_START_ULIMIT_OPEN_FILES:-65536}; " + pod["rayStartCommand"]]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in ray["env"]}
@@ -148,6 +149,10 @@ def test_dev_rayjob_head_pod(dev):
     assert env["RAY_AUTH_TOKEN"] == {"secretKeyRef": {"key": "auth_token", "name": "ray-auth-token"}}
     assert ray["readinessProbe"]["httpGet"] == {"path": "/api/healthz", "port": 52365}
     assert any(m["mountPath"] == "/tmp/ray" for m in ray["volumeMounts"])  # shared with the autoscaler
+    # one volume at /tmp/ray for Ray, its autoscaler and the log shipper (ours: KubeRay adds none of its own)
+    for c in (ray, shipper, autoscaler):
+        assert [m["name"] for m in c["volumeMounts"] if m["mountPath"] == "/tmp/ray"] == ["ray-logs"], c["name"]
+    assert [v["name"] for v in pod["spec"]["volumes"]].count("ray-logs") == 1
     assert autoscaler["args"][0].startswith("ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME)")
     assert {"name": "RAY_AUTH_MODE", "value": "token"} in autoscaler["env"]
     labels = pod["metadata"]["labels"]
