@@ -187,6 +187,12 @@ CASES: dict[str, tuple[Callable[[Path], None], dict[str, Any], list[str], list[s
         ["/a.npz has NaN or inf features in 1 rows (the first is row 2)"],
     ),
     "arrays_no_y": (lambda d: np.savez(d / "a.npz", x=np.ones((4, 2))), ARR, [], ["/a.npz has no array 'y'"]),
+    "torchvision_root_empty": (
+        lambda d: (d / "empty").mkdir(),
+        {"name": "cifar10", "root": "empty"},
+        [],
+        ["cifar10", "/empty", "cifar-10-batches-py/data_batch_1"],
+    ),
     "plugin_raises": (
         _plugin,
         {"name": "plugin_raises"},
@@ -295,17 +301,20 @@ def test_every_bad_data_case_stops_the_launch_with_one_line_exit_2_and_nothing_w
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_pre_run_check_gives_each_bad_data_case_its_line(tmp_path, monkeypatch, case):
-    """The same cases through the check the launch runs (sweeps/checks/model_fit.measure), in this process."""
+    """The same cases through the check the launch runs (sweeps/checks/model_fit.py: the job the launch builds
+    from the config, run in this process)."""
     import calib_core.plugins
     from calib_core.registry import DATASETS
-    from sweeps.checks.model_fit import measure
+    from sweeps.checks.model_fit import job_for, run_job
+    from sweeps.config import load_sweep_config
 
     make, data, plugins, parts = CASES[case]
     make(tmp_path)
+    (tmp_path / "c.yaml").write_text(_config(data, plugins))
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        answer = measure({"name": "mlp"}, data["name"], plugins, data=data, seed=0)
+        answer = run_job(job_for(load_sweep_config(tmp_path / "c.yaml")))
     finally:  # the plugin's datasets leave the registry with it
         if plugins:
             for name in [n for n in DATASETS.names(builtin=False) if n.startswith("plugin_")]:

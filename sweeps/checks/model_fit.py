@@ -46,10 +46,12 @@ def measure(
     data: dict[str, Any] | None = None,
     seed: int = 0,
     weights: bool = True,
+    files: str | None = None,
 ) -> dict[str, Any]:
     """{"params": parameter count} when the model takes the data, {"error": one line} when not, {} when the
     dataset's shape is only known once it is loaded and `data` (the run's data config, to load it with `seed`)
-    is not given: the trials find out. `weights`: load `model["weights"]` (when set) and check it fits."""
+    is not given: the trials find out. `weights`: load `model["weights"]` (when set) and check it fits. `files`:
+    the data root of a dataset read from torchvision's files (CIFAR, SVHN, MNIST, CelebA), checked for presence."""
     if plugins:
         from calib_core.plugins import load_plugins
 
@@ -58,6 +60,10 @@ def measure(
 
     shape = dataset_shape(data_name)
     multitask = False
+    if files is not None:
+        problem = _missing_files(data_name, files)
+        if problem:
+            return {"error": problem}
     if data is not None:
         from calib_core.data import load_dataset
         from calib_core.data.checks import check_splits
@@ -139,8 +145,39 @@ def _trainer_ignores_weights(
     )
 
 
+def _missing_files(name: str, root: str) -> str | None:
+    """A line naming what is missing under the data root of a torchvision set or CelebA (presence only: the
+    loaders compare checksums and parse the files in the trials)."""
+    from calib_core.data import celeba, torchvision_sets
+
+    base = Path(root).expanduser().absolute()
+    if name in torchvision_sets.SPECS:
+        missing = torchvision_sets.missing_files(torchvision_sets.SPECS[name], base)
+    elif name == "celeba":
+        missing = celeba.missing_files(base)
+    else:
+        return None
+    if not missing:
+        return None
+    rel = [str(p.relative_to(base)) if p.is_relative_to(base) else str(p) for p in missing]
+    shown = ", ".join(rel[:2]) + (f" (and {len(rel) - 2} more)" if len(rel) > 2 else "")
+    return (
+        f"run.data.root: {name}: {base} lacks {shown}; place torchvision's files there or set run.data.download: true"
+    )
+
+
 def _reachable(path: str | None) -> bool:
     return bool(path) and Path(str(path)).expanduser().exists()
+
+
+def _root_to_check(cfg: SweepConfig, cluster: bool) -> str | None:
+    """The data root whose files the check looks for: a local run of a dataset read from a root, not downloaded."""
+    from calib_core.registry import DATASETS
+
+    d = cfg.run.data
+    if cluster or d.download or d.root is None or d.name not in DATASETS or not DATASETS.meta(d.name)["needs_root"]:
+        return None
+    return d.root
 
 
 def loads_data(cfg: SweepConfig, cluster: bool = False) -> bool:
@@ -164,19 +201,25 @@ def loads_data(cfg: SweepConfig, cluster: bool = False) -> bool:
     return embedded and not DATASETS.meta(d.name)["needs_root"]
 
 
+def job_for(cfg: SweepConfig, cluster: bool = False) -> dict[str, Any]:
+    """What the child checks for `cfg` (a JSON-able dict; `run_job` runs it)."""
+    weights = cfg.run.model.weights
+    return {
+        "model": cfg.run.model.model_dump(mode="json"),
+        "data": cfg.run.data.name,
+        "plugins": list(cfg.plugins),
+        "data_config": cfg.run.data.model_dump(mode="json") if loads_data(cfg, cluster) else None,
+        "seed": cfg.run.seed,
+        "weights": bool(weights) and (not cluster or _reachable(weights)),
+        "files": _root_to_check(cfg, cluster),
+    }
+
+
 class ModelFitCheck:
     """The check running in a child process; `result()` waits for it."""
 
     def __init__(self, cfg: SweepConfig, cluster: bool = False) -> None:
-        weights = cfg.run.model.weights
-        self._job: dict[str, Any] = {
-            "model": cfg.run.model.model_dump(mode="json"),
-            "data": cfg.run.data.name,
-            "plugins": list(cfg.plugins),
-            "data_config": cfg.run.data.model_dump(mode="json") if loads_data(cfg, cluster) else None,
-            "seed": cfg.run.seed,
-            "weights": bool(weights) and (not cluster or _reachable(weights)),
-        }
+        self._job = job_for(cfg, cluster)
         self._proc: subprocess.Popen[str] | None = None
         try:
             self._proc = subprocess.Popen(
@@ -193,7 +236,7 @@ class ModelFitCheck:
         """The backbone's parameter count (None where the shape is not known before loading); raises ConfigError
         on a mismatch."""
         if self._proc is None:  # no child: the check runs here
-            answer = _measure_job(self._job)
+            answer = run_job(self._job)
             if "error" in answer:
                 raise ConfigError(answer["error"])
             return answer.get("params")
@@ -228,7 +271,8 @@ def start(cfg: SweepConfig, cluster: bool = False) -> ModelFitCheck:
     return ModelFitCheck(cfg, cluster)
 
 
-def _measure_job(job: dict[str, Any]) -> dict[str, Any]:
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """`measure` of a `job_for` dict: {"params": N}, {"error": "..."} or {}."""
     return measure(
         job["model"],
         job["data"],
@@ -236,13 +280,14 @@ def _measure_job(job: dict[str, Any]) -> dict[str, Any]:
         data=job.get("data_config"),
         seed=int(job.get("seed", 0)),
         weights=bool(job.get("weights", True)),
+        files=job.get("files"),
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     """The child: one JSON line on stdout."""
     job = json.loads((argv if argv is not None else sys.argv[1:])[0])
-    print(json.dumps(_measure_job(job)), flush=True)
+    print(json.dumps(run_job(job)), flush=True)
     return 0
 
 
