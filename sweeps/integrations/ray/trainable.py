@@ -12,13 +12,14 @@ import math
 import os
 import signal
 import tempfile
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ray import tune
 
-from calib_core.config import RunConfig
+from calib_core.config import RunConfig, clip
 from sweeps.config import EvaluationConfig
 from sweeps.contract import (
     DEBIASED_METRICS,
@@ -140,17 +141,11 @@ def train_trial(
     data = load_dataset(run_cfg.data, run_cfg.seed)
     trainer = make_trainer(run_cfg, data, run_cfg.device)
 
-    resume_state = None
-    checkpoint = tune.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            if (Path(d) / FINAL_FILE).is_file():
-                # The trial had finished before the driver went down: report, do not run again.
-                tune.report(json.loads((Path(d) / FINAL_FILE).read_text()))
-                return
-            # tensors and plain data only (calib_core.trainer's state): a file naming any other
-            # Python object is refused (UnsafeFileError), never unpickled
-            resume_state = load_tensors(Path(d) / STATE_FILE)
+    resume_state, final = _readable_checkpoint(tune.get_checkpoint(), load_tensors)
+    if final is not None:
+        # The trial had finished before the driver went down: report, do not run again.
+        tune.report(final)
+        return
 
     last_epoch: dict[str, float] = {}
 
@@ -175,6 +170,60 @@ def train_trial(
 
     result = trainer.fit(on_epoch=on_epoch, resume_state=resume_state)
     _report_final(trainer, result, run_cfg, data, evaluation, last_epoch, title=describe_params(config))
+
+
+def _read_checkpoint(directory: Path, load_tensors: Any) -> tuple[Any, dict[str, Any] | None]:
+    """(training state, None), or (None, the final result) of a finished trial, from one checkpoint folder.
+    Tensors and plain data only (calib_core.trainer's state): a file naming any other Python object is refused
+    (UnsafeFileError), never unpickled."""
+    if (directory / FINAL_FILE).is_file():
+        final = json.loads((directory / FINAL_FILE).read_text())
+        if not isinstance(final, dict):
+            raise ValueError(f"{directory / FINAL_FILE} holds no result")
+        return None, final
+    return load_tensors(directory / STATE_FILE), None
+
+
+def _readable_checkpoint(checkpoint: Any, load_tensors: Any) -> tuple[Any, dict[str, Any] | None]:
+    """What the trial resumes from: Tune's checkpoint, or when that cannot be read (a damaged or overwritten
+    file) the newest older checkpoint of the trial that can, or nothing (the trial starts again from its first
+    epoch); one line says which file was unreadable and what the trial does instead. Before, the trial failed
+    on every retry with the same unreadable file and ended errored."""
+    if checkpoint is None:
+        return None, None
+    import pyarrow.fs as pafs
+
+    fs, path = checkpoint.filesystem, checkpoint.path.rstrip("/")
+    candidates = [path]
+    parent, _, name = path.rpartition("/")
+    try:
+        older = [
+            info.path
+            for info in fs.get_file_info(pafs.FileSelector(parent))
+            if info.type == pafs.FileType.Directory and info.base_name.startswith("checkpoint_")
+        ]
+        candidates += sorted((p for p in older if p.rpartition("/")[2] < name), reverse=True)
+    except (OSError, ValueError):
+        pass
+    unreadable = ""
+    for candidate in candidates:
+        local = candidate  # where its files are read (a copy, for remote storage)
+        try:
+            with tune.Checkpoint(candidate, filesystem=fs).as_directory() as d, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's warnings about what a damaged file seems to hold
+                local = d
+                state = _read_checkpoint(Path(d), load_tensors)
+        except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint: the next older one is tried
+            if not unreadable:
+                name = FINAL_FILE if FINAL_FILE in str(exc) else STATE_FILE
+                why = " ".join(str(exc).replace(f"{local}/{name}", name).split()) or "no detail"
+                unreadable = f"{candidate}/{name} ({type(exc).__name__}: {clip(why, 120)})"
+            continue
+        if unreadable:
+            print(f"checkpoint unreadable: {unreadable}; resuming from {candidate.rpartition('/')[2]}", flush=True)
+        return state
+    print(f"checkpoint unreadable: {unreadable}; no older one readable, the trial starts again", flush=True)
+    return None, None
 
 
 def save_model(directory: str | Path, module: Any, run_config: dict[str, Any], input_shape: tuple[int, ...]) -> None:
