@@ -78,9 +78,12 @@ def absolute_path(v: str | None) -> str | None:
     trials run in directories of their own, and the resolved config shows the file that will be read."""
     if v is None:
         return None
-    if not v.strip() or "\x00" in v:
+    if not v.strip():
         raise ValueError("must be a file path")
-    return os.path.abspath(os.path.expanduser(v))
+    expanded = os.path.expanduser(v)
+    if (v.startswith("~") and expanded == v) or any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
+        return v  # a ~user that does not exist, a control character: left for the path check to name
+    return os.path.abspath(expanded)
 
 
 FILE_PATH_HELP = {
