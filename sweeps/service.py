@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import resource
 import signal
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ray import tune
@@ -105,6 +109,9 @@ def _route_sigterm(stops: StopWatch) -> None:
 
     def on_term(signum: int, frame: Any) -> None:
         stops.requested = True
+        if stops.on_sigterm is not None:
+            stops.on_sigterm()
+            stops.on_sigterm = None
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):
             handler(signal.SIGINT, frame)
@@ -112,6 +119,50 @@ def _route_sigterm(stops: StopWatch) -> None:
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+# After SIGTERM, how long the driver watches its local Ray's GCS and raylet (below Ray's 60 s wait for a lost GCS).
+LOST_RAY_WATCH_S = 45.0
+
+
+def _watch_for_lost_ray(record: Path, close_runs: Callable[[], None]) -> Callable[[], None]:
+    """What SIGTERM starts: a thread that watches the driver's own Ray (GCS and raylet) for LOST_RAY_WATCH_S.
+
+    A stop sent to every process of the service (systemd's stop of its control group, Slurm's scancel of the
+    job step) reaches Ray's processes too, whatever their session. The driver would then wait 60 s for the lost
+    GCS and exit 1 with its runs RUNNING; instead, once they are gone (and the driver is not ending them
+    itself), the runs end KILLED (`close_runs`), one line says how to continue, what is left of the session is
+    stopped, and the driver exits 130, as for any stopped sweep."""
+    from sweeps.integrations.ray.session import alive, core_processes, is_tracked, stop_now
+
+    core = core_processes(record)
+
+    def watch() -> None:
+        deadline = time.monotonic() + LOST_RAY_WATCH_S
+        while time.monotonic() < deadline:
+            if not is_tracked(record):
+                return  # the driver is ending Ray itself: the sweep stops the ordinary way
+            if core and not all(alive(p) for p in core):
+                break
+            time.sleep(0.25)
+        else:
+            return
+        time.sleep(1.0)  # the driver's own stop may still end Ray first
+        if not is_tracked(record):
+            return
+        closer = threading.Thread(target=close_runs, name="close-runs", daemon=True)
+        closer.start()
+        closer.join(20.0)
+        sys.stdout.flush()
+        print(
+            "sweep stopped (its Ray processes were stopped too); runs marked KILLED; continue with --resume",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop_now(record)
+        os._exit(130)
+
+    return lambda: threading.Thread(target=watch, name="lost-ray-watch", daemon=True).start()
 
 
 def _execute(
@@ -164,6 +215,16 @@ def _execute(
     ]
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
     trainable = make_trainable(cfg, verbose)
+    if session is not None:
+
+        def close_runs(writer: Any = tracking) -> None:
+            with contextlib.suppress(Exception):
+                writer.flush(5.0)
+            writer.close()
+            store.close_open_runs(experiment_id, cfg.name, "KILLED")
+            store.terminate(parent_id, "KILLED")
+
+        stops.on_sigterm = _watch_for_lost_ray(session, close_runs)
 
     with (
         runs_closed_on_failure(store, experiment_id, parent_id, cfg.name, tracking),

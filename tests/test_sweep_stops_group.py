@@ -10,6 +10,7 @@ seconds"), exited 1 without the hint and left its runs RUNNING.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -111,5 +112,36 @@ def test_sigterm_to_the_process_group_keeps_the_promises(tmp_path: Path) -> None
         assert group_members(driver.pid) == []
         assert session_processes(record["session_dir"], record["raylet_pids"]) == []
         assert not (tmp_path / "ray_results" / SESSIONS_DIR / f"{driver.pid}.json").exists()
+    finally:
+        cleanup(driver, record)
+
+
+def test_sigterm_to_every_process_of_the_service_keeps_the_promises(tmp_path: Path) -> None:
+    """systemd's stop of a unit (KillMode=control-group) and Slurm's scancel signal every process of the job,
+    whatever its session: Ray's processes get SIGTERM with the driver. The driver then notices its GCS and
+    raylet gone and stops in one line instead of waiting 60 s for them."""
+    driver, record = start(tmp_path, *LONG), None
+    try:
+        record = wait_for_checkpoints(tmp_path, driver)
+        ray_pids = session_processes(record["session_dir"], record["raylet_pids"])
+        assert ray_pids, "the sweep's Ray is not found"
+        t0 = time.time()
+        os.killpg(driver.pid, signal.SIGTERM)
+        for pid in ray_pids:  # what a control-group stop sends at the same moment
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        out, _ = driver.communicate(timeout=120)
+        took = time.time() - t0
+        print(f"driver exited {took:.1f}s after SIGTERM to every process, code {driver.returncode}\n{out[-1500:]}")
+        assert driver.returncode == 130, out[-3000:]
+        assert took < 50, f"{took:.0f}s to stop"
+        assert "Failed to connect to GCS" not in out and "Traceback" not in out, out[-3000:]
+        assert "--resume" in out.strip().splitlines()[-1], out[-3000:]
+        parents, children = sweep_runs(store(tmp_path), NAME)
+        assert [p.info.status for p in parents] == ["KILLED"]
+        assert children and all(r.info.status == "KILLED" for r in children)
+        time.sleep(1)
+        assert group_members(driver.pid) == []
+        assert session_processes(record["session_dir"], record["raylet_pids"]) == []
     finally:
         cleanup(driver, record)

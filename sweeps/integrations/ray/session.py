@@ -218,6 +218,38 @@ def track(storage_path: str, session_dir: str, quiet: bool = False) -> Path | No
 _TRACKED: dict[Path, tuple[str, list[int], bool]] = {}  # sessions this process started and has not ended
 
 
+def core_processes(record: Path) -> list[int]:
+    """The pids of the tracked session's gcs_server and raylet: what the driver cannot go on without."""
+    if record not in _TRACKED:
+        return []
+    session_dir, raylets, _ = _TRACKED[record]
+    return [
+        p
+        for p in session_processes(session_dir, raylets)
+        if any(k in _read(f"/proc/{p}/cmdline") for k in (b"gcs_server", b"raylet/raylet"))
+    ]
+
+
+def is_tracked(record: Path) -> bool:
+    """Whether the session of `record` is still this driver's to end (`end` has not begun)."""
+    return record in _TRACKED
+
+
+def alive(pid: int) -> bool:
+    return bool(_start_time(pid)) and not _zombie(pid)
+
+
+def stop_now(record: Path) -> None:
+    """What is left of the tracked session stopped without `ray.shutdown` (whose GCS is gone, so it would wait
+    on it); the record dropped."""
+    if record in _TRACKED:
+        session_dir, raylets, _ = _TRACKED.pop(record)
+        left = session_processes(session_dir, raylets)
+        if left:
+            stop_processes(left, grace_s=2)
+        record.unlink(missing_ok=True)
+
+
 def end(record: Path | None) -> None:
     """Shut Ray down in this driver now: with the `record` of a local session it started (`track`), its processes
     stop and the record goes; None only drops the driver's connection (a cluster's stays up). Idempotent: the

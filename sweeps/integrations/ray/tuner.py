@@ -169,6 +169,7 @@ class StopWatch(logging.Filter):
     def __init__(self, quiet: bool = False) -> None:
         super().__init__()
         self.quiet, self.requested = quiet, False
+        self.on_sigterm: Callable[[], None] | None = None  # run (once) when SIGTERM arrives
 
     def filter(self, record: logging.LogRecord) -> bool:
         if str(record.msg).startswith(self.LINES):
