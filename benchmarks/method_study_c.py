@@ -487,10 +487,24 @@ def ece_replicates(z: Any, key: str, counts: Any) -> Any:
 
 
 def per_seed_half_widths(
-    z: Any, regime: str, a: tuple[str, str], b: tuple[str, str], seeds: Sequence[int], resamples: int
+    z: Any,
+    regime: str,
+    a: tuple[str, str],
+    b: tuple[str, str],
+    seeds: Sequence[int],
+    resamples: int,
+    cache: dict[str, Any] | None = None,
 ) -> list[float]:
-    """Per seed: half-width of the 95 % percentile interval of the paired bootstrap ECE(a) - ECE(b)."""
+    """Per seed: half-width of the 95 % percentile interval of the paired bootstrap ECE(a) - ECE(b) (the same
+    resamples for both, seeded by the seed; `cache` keeps a run's replicates across claims)."""
     from calib_core.metrics.bootstrap import percentile_interval, resample_counts
+
+    cache = {} if cache is None else cache
+
+    def reps(key: str, counts: Any) -> Any:
+        if key not in cache:
+            cache[key] = ece_replicates(z, key, counts)
+        return cache[key]
 
     out = []
     for s in seeds:
@@ -499,7 +513,7 @@ def per_seed_half_widths(
             continue
         n_all = int(z[f"{ka}t0_n"][0])
         counts = resample_counts(n_all, resamples, seed=1000 + s)
-        d = ece_replicates(z, ka, counts) - ece_replicates(z, kb, counts)
+        d = reps(ka, counts) - reps(kb, counts)
         lo, hi = percentile_interval(d, 0.95)
         out.append((hi - lo) / 2.0)
     return out
@@ -587,6 +601,7 @@ def slice_record(
         rec.setdefault("ce_es_ts_minus_a_ts_val", {})[r] = {
             k: t_summary([ce_ts[s][f"test_{k}"] - ts_val[s][k] for s in ce_ts]) for k in REPORT_METRICS
         }
+    boot_cache: dict[str, dict[str, Any]] = {}  # per regime: each run's ECE bootstrap replicates, shared by claims
     for name, claim in sl["claims"].items():
         (ma, pa), (mb, pb) = _cell(claim["method"]), _cell(claim["reference"])
         diffs, seeds_used = {}, {}
@@ -611,7 +626,13 @@ def slice_record(
                     continue
                 with np.load(rp) as z:
                     hw = per_seed_half_widths(
-                        z, r, (ma, pa), (mb, pb), seeds_used[r], spec["slice"]["bootstrap_resamples"]
+                        z,
+                        r,
+                        (ma, pa),
+                        (mb, pb),
+                        seeds_used[r],
+                        spec["slice"]["bootstrap_resamples"],
+                        boot_cache.setdefault(r, {}),
                     )
                 res[r]["ece_bootstrap_half_width_median"] = float(np.median(hw)) if hw else math.nan
     return rec
