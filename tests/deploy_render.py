@@ -9,6 +9,9 @@ The Python renderer implements the features deploy/ uses.
 
 Supported in kustomization.yaml (anything else raises ``UnsupportedKustomization``):
   resources (files with one or more YAML documents, or directories with a kustomization),
+  configurations (transformer configuration files; their ``images`` field specs, ``path`` and
+  ``kind``, add where the images transformer looks besides containers lists, in this kustomization
+  and every one that includes it, as kustomize merges them upward),
   components (directories whose ``kind: Component`` kustomization runs its resources, generators
   and transformers on what the including kustomization accumulated so far, after its resources
   and before its own generators, in the order listed, as kustomize does),
@@ -67,6 +70,7 @@ SUPPORTED_KEYS = {
     "secretGenerator",
     "generatorOptions",
     "patches",
+    "configurations",
 }
 CLUSTER_SCOPED = {
     "Namespace",
@@ -451,6 +455,19 @@ def _apply_images(node: Any, images: list[dict]) -> None:
             _apply_images(v, images)
 
 
+def _apply_image_at(node: Any, parts: list[str], images: list[dict]) -> None:
+    """The images transformer at one field spec path (`spec/autoscalerOptions/image`); lists are walked."""
+    if isinstance(node, list):
+        for v in node:
+            _apply_image_at(v, parts, images)
+    elif isinstance(node, dict) and parts:
+        if len(parts) == 1:
+            if isinstance(node.get(parts[0]), str):
+                node[parts[0]] = _new_image(node[parts[0]], images)
+        elif parts[0] in node:
+            _apply_image_at(node[parts[0]], parts[1:], images)
+
+
 def _new_image(image: str, images: list[dict]) -> str:
     name, tag, digest = _split_image(image)
     for rule in images:
@@ -483,14 +500,21 @@ def _rename_refs(node: Any, kind: str, renames: dict[str, str]) -> None:
             _rename_refs(v, kind, renames)
 
 
-def _render(root: Path, accumulated: list[dict] | None = None) -> list[dict]:
+def _render(root: Path, accumulated: list[dict] | None = None, image_specs: list[dict] | None = None) -> list[dict]:
     """Render the kustomization in ROOT; ACCUMULATED: what the including kustomization has so far
-    (a Component works on it; a plain Kustomization starts empty)."""
+    (a Component works on it; a plain Kustomization starts empty); IMAGE_SPECS: the images field specs
+    of `configurations` met so far (shared with the including kustomizations, extended here)."""
     kfile = _kustomization_file(root)
     k = yaml.safe_load(kfile.read_text()) or {}
     unknown = set(k) - SUPPORTED_KEYS
     if unknown:
         raise UnsupportedKustomization(f"{kfile}: unsupported fields {sorted(unknown)}")
+    image_specs = [] if image_specs is None else image_specs
+    for entry in k.get("configurations", []):
+        config = yaml.safe_load((root / entry).read_text()) or {}
+        if set(config) - {"images"}:
+            raise UnsupportedKustomization(f"{root / entry}: only images field specs are supported")
+        image_specs.extend(config.get("images", []))
     is_component = k.get("kind") == "Component"
     if is_component != (accumulated is not None):
         raise ValueError(f"{kfile}: a Component is listed under components, a Kustomization under resources")
@@ -498,7 +522,7 @@ def _render(root: Path, accumulated: list[dict] | None = None) -> list[dict]:
     resources: list[dict] = list(accumulated or [])
     for entry in k.get("resources", []):
         path = root / entry
-        resources.extend(_render(path) if path.is_dir() else _read_yaml_docs(path))
+        resources.extend(_render(path, None, image_specs) if path.is_dir() else _read_yaml_docs(path))
     seen = set()
     for r in resources:
         rid = resource_id(r)
@@ -506,7 +530,7 @@ def _render(root: Path, accumulated: list[dict] | None = None) -> list[dict]:
             raise ValueError(f"{kfile}: duplicate resource {rid}")
         seen.add(rid)
     for entry in k.get("components", []):
-        resources = _render(root / entry, resources)
+        resources = _render(root / entry, resources, image_specs)
 
     # Generators (merge/replace act on generated objects inherited from resources).
     defaults = k.get("generatorOptions", {})
@@ -562,6 +586,9 @@ def _render(root: Path, accumulated: list[dict] | None = None) -> list[dict]:
     if k.get("images"):
         for r in resources:
             _apply_images(r, k["images"])
+            for spec in image_specs:
+                if spec.get("kind", r["kind"]) == r["kind"]:
+                    _apply_image_at(r, spec["path"].split("/"), k["images"])
 
     return resources
 

@@ -515,7 +515,9 @@ def scan_text(text: str, is_template: bool) -> list[str]:
             # Image digests, absolute paths (JSON pointers) and mapping keys (requiredDuringScheduling...) are not
             # secrets.
             key = line[m.end() :].startswith(":")
-            if not line[: m.start()].endswith("sha256:") and not m.group(0).startswith("/") and not key:
+            # a field path (spec/autoscalerOptions/image): words of letters between slashes, no digits
+            path = re.fullmatch(r"[A-Za-z]{2,30}(?:/[A-Za-z]{2,30}){2,}", m.group(0)) is not None
+            if not line[: m.start()].endswith("sha256:") and not m.group(0).startswith("/") and not key and not path:
                 findings.append(f"{no}: long random-looking string")
     return findings
 
@@ -572,6 +574,9 @@ def test_env_credentials_are_never_literal_values():
         ("RAY_AUTH_TOKEN: $(RAY_AUTH_TOKEN)", False, False),
         ("export RAY_AUTH_TOKEN=$(kubectl get secret ray-auth-token -o jsonpath=...)", False, False),
         ("image: x@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", False, False),
+        ("  - path: spec/rayClusterSpec/autoscalerOptions/image", False, False),  # a field path
+        ("key: QmFzZTY0L3NlY3JldC92YWx1ZS9oZXJlL2FuZC9tb3Jl", False, True),  # base64 is still found
+        ("x = abc/defghijklmnopqrstuvwxyz1234567890/ABCDEFGHIJ", False, True),  # a digit: not a field path
     ],
 )
 def test_credential_scanner_finds_what_it_should(text, template, expected):

@@ -40,7 +40,8 @@ def local_image(image: str) -> str:
     for name, tag in OUR_IMAGES.items():
         if re.search(rf"(^|/){re.escape(name)}([:@].*)?$", image):
             return tag
-    return image
+    # a public image pinned tag@digest: the local stand-in carries the tag only (its digest is its own)
+    return image.split("@", 1)[0]
 
 
 def podman(*args: str, check: bool = True, timeout: float | None = None, **kw) -> subprocess.CompletedProcess:

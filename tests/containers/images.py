@@ -65,7 +65,8 @@ def dev_overlay_images() -> dict[str, str]:
     for r in dr.render(dr.DEPLOY / "overlays" / "dev"):
         if r["kind"] == "StatefulSet":
             images[r["metadata"]["name"]] = r["spec"]["template"]["spec"]["containers"][0]["image"]
-    return {"postgres": images["postgres"], "s3": images["minio"]}
+    # the stand-ins are tagged name:tag (a tag@digest reference cannot name a local build)
+    return {"postgres": images["postgres"].split("@", 1)[0], "s3": images["minio"].split("@", 1)[0]}
 
 
 def image_exists(ref: str) -> bool:

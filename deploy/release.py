@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Images by digest, from build to `kubectl apply`: the one way to an overlay that can be applied.
+
+    python deploy/release.py check   deploy/overlays/dev            # every image pinned (ours may be placeholders)
+    python deploy/release.py render  deploy/overlays/dev > dev.yaml  # refuses while a placeholder remains
+    python deploy/release.py release deploy/overlays/gpu-cluster --registry registry.example.com/calib-sweeps \\
+        --version 0.1.0 [--builder docker|podman]               # build, push, pin the pushed digests
+    python deploy/release.py digests deploy/overlays/dev           # re-read third-party digests from their registries
+
+The rules (`problems()`): every container image of the rendered overlay (init containers, the Ray
+autoscaler's) is `name[:tag]@sha256:<64 hex>`. A third-party image (anything but our
+calib-sweeps/ray and calib-sweeps/mlflow) must carry its tag and a real digest: a tag alone, a
+digest alone (nobody can tell what it was) or the all-zero placeholder is refused. Our images stay
+`sha256:000...` placeholders in the repository (no build of them exists before a release); `render`
+refuses them, and `release` is what replaces them: it builds both images from docker/, pushes them,
+reads the digests the registry answered and writes them into the overlay (`kustomize edit set image`
+where the kustomize binary is installed, the same edit of kustomization.yaml otherwise), then renders
+the overlay with the checks. Apply what `render` prints: `python deploy/release.py render OVERLAY |
+kubectl apply -f -` (`kubectl apply -k` would apply placeholders as well, which no node can pull).
+
+`digests` asks each third-party image's registry for the digest of its tag (with `crane digest`,
+`skopeo inspect` or `docker buildx imagetools inspect`, whichever is installed) and reports every
+pin that differs: run it where the registries are reachable, when bumping a tag, and before a
+release. The pins' sources are cited beside them in the manifests.
+Renders with `kubectl kustomize` (kustomize v5) or `kustomize build`. Standard library and PyYAML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+OURS = {"calib-sweeps/ray": "docker/Dockerfile", "calib-sweeps/mlflow": "docker/mlflow.Dockerfile"}
+PLACEHOLDER = "sha256:" + "0" * 64
+REF = re.compile(r"^(?P<name>[^@\s]+?)(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+
+
+class ReleaseError(RuntimeError):
+    pass
+
+
+def render(overlay: Path) -> list[dict]:
+    if shutil.which("kubectl"):
+        cmd = ["kubectl", "kustomize", str(overlay)]
+    elif shutil.which("kustomize"):
+        cmd = ["kustomize", "build", str(overlay)]
+    else:
+        raise ReleaseError("neither kubectl (with kustomize v5) nor kustomize is installed")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ReleaseError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def ours(image: str) -> str | None:
+    """The name of ours an image reference is (whatever registry), or None for a third-party image."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name.rsplit(":", 1)[0]
+    return next((n for n in OURS if name == n or name.endswith("/" + n)), None)
+
+
+def images(resources: list[dict]) -> list[tuple[str, str]]:
+    """(where, image) for every container, init container and Ray autoscaler image."""
+    out: list[tuple[str, str]] = []
+
+    def walk(node, where: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("containers", "initContainers", "ephemeralContainers") and isinstance(value, list):
+                    for c in value:
+                        if isinstance(c, dict) and "image" in c:
+                            out.append((f"{where}/{c.get('name', '?')}", c["image"]))
+                elif key == "autoscalerOptions" and isinstance(value, dict) and "image" in value:
+                    out.append((f"{where}/autoscaler", value["image"]))
+                walk(value, where)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, where)
+
+    for r in resources:
+        walk(r, f"{r.get('kind')}/{r.get('metadata', {}).get('name', '?')}")
+    return out
+
+
+def problems(resources: list[dict], for_apply: bool = False) -> list[str]:
+    found = []
+    for where, image in images(resources):
+        m = REF.match(image)
+        mine = ours(image)
+        if not m or not m.group("digest"):
+            found.append(f"{where}: {image} is not pinned by digest (name:tag@sha256:<64 hex>)")
+            continue
+        if mine is None:
+            if not m.group("tag"):
+                found.append(f"{where}: {image}: a third-party image names its tag beside the digest")
+            if m.group("digest") == PLACEHOLDER:
+                found.append(f"{where}: {image}: the all-zero placeholder on a third-party image")
+        elif for_apply and m.group("digest") == PLACEHOLDER:
+            found.append(f"{where}: {image}: placeholder digest of our image (run `deploy/release.py release`)")
+    return found
+
+
+# ------------------------------------------------------------------------------------------ release
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        raise ReleaseError(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return proc
+
+
+def build_and_push(builder: str, registry: str, version: str) -> dict[str, str]:
+    """{our name: registry/name@sha256:...} of the pushed images."""
+    if registry.rstrip("/").rsplit("/", 1)[-1] != "calib-sweeps":
+        # the checks know our images by their path (…/calib-sweeps/ray, …/calib-sweeps/mlflow)
+        raise ReleaseError(
+            f"--registry must end with /calib-sweeps (e.g. registry.example.com/calib-sweeps), got {registry}"
+        )
+    pushed = {}
+    for name, dockerfile in OURS.items():
+        ref = f"{registry.rstrip('/')}/{name.split('/', 1)[1]}:{version}"
+        build = [builder, "build", "-f", str(REPO / dockerfile), "-t", ref]
+        if builder == "podman":
+            build += ["--format", "docker"]  # keeps HEALTHCHECK (OCI has none)
+        _run([*build, str(REPO)])
+        if builder == "podman":
+            digest_file = REPO / ".release-digest"
+            try:
+                _run([builder, "push", "--digestfile", str(digest_file), ref])
+                digest = digest_file.read_text().strip()
+            finally:
+                digest_file.unlink(missing_ok=True)
+        else:
+            out = _run([builder, "push", ref]).stdout
+            m = re.findall(r"digest: (sha256:[0-9a-f]{64})", out)
+            if not m:
+                raise ReleaseError(f"{builder} push {ref} printed no digest")
+            digest = m[-1]
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest) or digest == PLACEHOLDER:
+            raise ReleaseError(f"{ref}: the registry answered no usable digest ({digest!r})")
+        pushed[name] = f"{ref.rsplit(':', 1)[0]}@{digest}"
+    return pushed
+
+
+def set_images(overlay: Path, pushed: dict[str, str]) -> None:
+    """`kustomize edit set image NAME=REF@DIGEST ...` in the overlay, or the same edit of its
+    kustomization.yaml (the images: entry of each name gets newName and digest, and no newTag)."""
+    if shutil.which("kustomize"):
+        _run(["kustomize", "edit", "set", "image", *(f"{n}={ref}" for n, ref in pushed.items())], cwd=overlay)
+        return
+    kfile = overlay / "kustomization.yaml"
+    text = kfile.read_text()
+    for name, ref in pushed.items():
+        new_name, digest = ref.split("@", 1)
+        block = re.search(
+            rf"(?m)^(?P<i>[ \t]*)- name: {re.escape(name)}[ \t]*\n(?P<body>(?:(?P=i)[ \t]+\S.*\n)*)", text
+        )
+        if block is None:
+            raise ReleaseError(f"{kfile}: no images: entry for {name}")
+        indent = block.group("i") + "  "
+        body = f"{indent}newName: {new_name}\n{indent}digest: {digest}\n"
+        text = text[: block.start("body")] + body + text[block.end("body") :]
+    kfile.write_text(text)
+
+
+def third_party_digest(image: str) -> str:
+    """The registry's current digest of IMAGE's tag."""
+    tagged = image.split("@", 1)[0]
+    if shutil.which("crane"):
+        return _run(["crane", "digest", tagged]).stdout.strip()
+    if shutil.which("skopeo"):
+        return _run(["skopeo", "inspect", "--format", "{{.Digest}}", f"docker://{tagged}"]).stdout.strip()
+    if shutil.which("docker"):
+        out = _run(["docker", "buildx", "imagetools", "inspect", tagged, "--format", "{{json .Manifest}}"]).stdout
+        return json.loads(out)["digest"]
+    raise ReleaseError("none of crane, skopeo or docker (buildx) is installed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("check", "render", "digests"):
+        sub.add_parser(name).add_argument("overlay", type=Path)
+    rel = sub.add_parser("release")
+    rel.add_argument("overlay", type=Path)
+    rel.add_argument("--registry", required=True, help="ending with /calib-sweeps: registry.example.com/calib-sweeps")
+    rel.add_argument("--version", required=True, help="the tag pushed beside the digest, e.g. 0.1.0")
+    rel.add_argument("--builder", default="docker", choices=("docker", "podman"))
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "release":
+            pushed = build_and_push(args.builder, args.registry, args.version)
+            set_images(args.overlay, pushed)
+            for name, ref in pushed.items():
+                print(f"{name} -> {ref}", file=sys.stderr)
+        resources = render(args.overlay)
+        if args.cmd == "digests":
+            wrong = []
+            for image in sorted({i for _, i in images(resources) if ours(i) is None}):
+                pinned = image.split("@", 1)[1] if "@" in image else None
+                current = third_party_digest(image)
+                status = "ok" if current == pinned else f"DIFFERS: registry {current}"
+                print(f"{image.split('@', 1)[0]}: {status}")
+                if current != pinned:
+                    wrong.append(image)
+            return 1 if wrong else 0
+        found = problems(resources, for_apply=args.cmd in ("render", "release"))
+        if found:
+            print("\n".join(found), file=sys.stderr)
+            return 1
+        if args.cmd == "render":
+            sys.stdout.write(yaml.safe_dump_all(resources, sort_keys=False))
+        return 0
+    except ReleaseError as e:
+        print(f"release.py: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
