@@ -266,10 +266,10 @@ class TrainConfig(_Strict):
 
     posthoc_calibrator: PosthocName = "temperature"
     posthoc_split: Literal["holdout", "val"] = Field(
-        default="holdout",
-        description="where method 'posthoc' fits its calibrator: the training holdout (calibrator_data), or the "
-        "validation split (the backbone then trains on the whole training split; validation metrics are "
-        "k-fold cross-fitted, see posthoc_folds)",
+        default="val",
+        description="where method 'posthoc' fits its calibrator: the validation split (default: the backbone trains "
+        "on the whole training split; validation metrics are k-fold cross-fitted, see posthoc_folds), or the "
+        "training holdout (calibrator_data; the weaker variant in protocol A: +0.74 pt ECE, -2.27 pt accuracy)",
     )
     posthoc_folds: int = Field(
         default=5, ge=2, description="k of the cross-fitted validation metrics with posthoc_split 'val'"

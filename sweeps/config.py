@@ -356,6 +356,17 @@ class SweepConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _frozen_backbone_has_a_player(self) -> SweepConfig:
+        # with the backbone frozen, the last layer is all that trains: as the calibrator it leaves the backbone
+        # player of one-go training nothing to step on (every such trial would fail)
+        if self.run.model.freeze == "head_only" and "last_layer" in self.search.calibrators:
+            raise ValueError(
+                "search.calibrators: 'last_layer' with run.model.freeze 'head_only' leaves the backbone player "
+                "nothing to train; drop last_layer or set run.model.freeze: none"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _registered(self) -> SweepConfig:
         """Plugins imported, then every model, dataset and calibrator name checked against the registries
         (runs only when every other value is valid: load_sweep_config defers RunConfig's own check here)."""

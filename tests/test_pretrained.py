@@ -203,3 +203,26 @@ def test_the_pre_run_check_accepts_a_fitting_checkpoint_only_where_the_trainer_a
         assert answer == {"params": sum(p.numel() for p in _mlp(hidden=(64, 64)).parameters())}
     else:
         assert answer["error"].startswith("run.model.weights: this trainer does not apply run.model.weights")
+
+
+def test_a_frozen_backbone_with_the_last_layer_calibrator_is_refused_in_one_line(tmp_path):
+    import pytest
+
+    from calib_core.config import ConfigError
+    from sweeps.config import load_sweep_config
+
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"")  # the schema only names the file; its content is the pre-run check's business
+    with pytest.raises((ConfigError, ValueError), match="leaves the backbone player nothing to train"):
+        load_sweep_config(
+            None,
+            [
+                f"run.model.weights={weights}",
+                "run.model.freeze=head_only",
+                "search.calibrators=[temperature,last_layer]",
+            ],
+        )
+    ok = load_sweep_config(
+        None, [f"run.model.weights={weights}", "run.model.freeze=head_only", "search.calibrators=[temperature]"]
+    )
+    assert ok.run.model.freeze == "head_only"

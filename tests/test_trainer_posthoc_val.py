@@ -45,8 +45,12 @@ def test_kfold_indices_partition():
 def test_posthoc_split_config():
     ok = build_model(RunConfig, {"train": {"method": "posthoc", "posthoc_split": "val", "calibrator_data": "same"}})
     assert ok.train.posthoc_split == "val" and ok.train.posthoc_folds == 5
+    # validation is the default split; fitting on the holdout needs one
+    assert (
+        build_model(RunConfig, {"train": {"method": "posthoc", "calibrator_data": "same"}}).train.posthoc_split == "val"
+    )
     with pytest.raises(ConfigError, match="holdout"):
-        build_model(RunConfig, {"train": {"method": "posthoc", "calibrator_data": "same"}})
+        build_model(RunConfig, {"train": {"method": "posthoc", "posthoc_split": "holdout", "calibrator_data": "same"}})
     with pytest.raises(ConfigError, match="posthoc_folds"):
         build_model(RunConfig, {"train": {"posthoc_folds": 1}})
     with pytest.raises(ConfigError, match="early_stopping_patience"):

@@ -35,10 +35,11 @@ class SingleTask(TaskStrategy):
         )
 
     def create_model(self, cfg: RunConfig, data: Any) -> nn.Module:
-        """`create_model(cfg.model.name, ...)` for the data's classes and input shape."""
-        from calib_core.models import create_model
+        """`build_model(cfg.model, ...)` for the data's classes and input shape: the registry's model with
+        `run.model.weights` loaded and `run.model.freeze` applied (calib_core/models/pretrained.py)."""
+        from calib_core.models import build_model
 
-        return create_model(cfg.model.name, self.num_classes, tuple(data.input_shape), **cfg.model.kwargs)
+        return build_model(cfg.model, self.num_classes, tuple(data.input_shape))
 
     def check_model(self, model: nn.Module) -> None:
         """Any classifier fits (a ready-made one needs `.features`, `.head`, `.feature_dim`)."""
