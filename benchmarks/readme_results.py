@@ -199,7 +199,17 @@ def selection_v3(results: Path = RESULTS_DIR) -> str:
     return "\n".join(L)
 
 
+def demo_selection(results: Path = RESULTS_DIR) -> str:
+    """The demo's selection sentence as one run printed it (benchmarks/bench_reference_arms.py keeps it)."""
+    path = results / "bench_reference_arms.json"
+    if not path.is_file():
+        return "_No demo run recorded yet (`benchmarks/results/bench_reference_arms.json`)._"
+    rec = json.loads(path.read_text())
+    return "\n".join(f"> {line}" for line in rec["example_selection"].splitlines())
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "demo_selection": demo_selection,
     "method_study_v2": method_study_v2,
     "method_study_v2a": method_study_v2a,
     "selection_heldout": selection_heldout,

@@ -304,9 +304,9 @@ def family_line(
         inside.append(text)
     parts = [f"Won by family {champion.family} (val {_metric_name(m)} {_fmt_metric(m, champion.metrics[m])})"]
     if inside:
-        parts.append(f"others within the margin, against it: {'; '.join(inside)}")
+        parts.append(f"Others within the margin, against it: {'; '.join(inside)}")
     if outside:
-        parts.append(f"outside the margin: {', '.join(outside)}")
+        parts.append(f"Outside the margin: {', '.join(outside)}")
     return ". ".join(parts) + "."
 
 
