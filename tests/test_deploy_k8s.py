@@ -446,6 +446,8 @@ def test_render_secrets_requires_user_values():
             "MLFLOW_S3_SECRET_ACCESS_KEY",
             "TUNE_S3_ACCESS_KEY_ID",
             "TUNE_S3_SECRET_ACCESS_KEY",
+            "BACKUP_S3_ACCESS_KEY_ID",
+            "BACKUP_S3_SECRET_ACCESS_KEY",
             "OPTUNA_DB_USER",
             "OPTUNA_DB_PASSWORD",
             "OPTUNA_DB_NAME",
