@@ -9,6 +9,12 @@ Nothing here unpickles Python objects: the weights load with `torch.load(weights
 (`load_tensors`), which refuses a file naming any other Python object with `UnsafeFileError`
 instead of running it.
 
+`with_preprocessing(spec, record)` adds the optional key `preprocessing` (calib_core.preprocess.input_record: how
+raw inputs on disk become the module's inputs); the exported model then takes raw inputs by default
+(calib_core.preprocess.apply_record) and standardised ones on request. The key changes nothing the module
+computes, so the format version stays: a loader that ignores it rebuilds the same module, which takes
+standardised inputs as it always did (nothing is misread; such a loader just offers no raw-input path).
+
 `prepare_inputs(x, input_shape)` turns what a caller passes (numpy array, pandas DataFrame,
 torch tensor, nested lists) into a finite float32 array (N, *input_shape), or raises
 `InvalidInputError` naming the expected and the received shape, or the non-finite values.
@@ -186,6 +192,12 @@ def with_temperature_on_top(spec: Mapping[str, Any], temperatures: Sequence[floa
     return {**spec, "format_version": 2, "temperature_on_top": [float(t) for t in temperatures]}
 
 
+def with_preprocessing(spec: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec with its raw-input preprocessing record (calib_core.preprocess); the format version is unchanged:
+    the module is the same, the record only says how raw inputs become its inputs."""
+    return {**spec, "preprocessing": dict(record)}
+
+
 def load_calibrated_model(spec: Mapping[str, Any], weights: Mapping[str, torch.Tensor] | str | Path) -> nn.Module:
     """`build_calibrated_model(spec)` with `weights` (a state_dict, or a file saved with
     torch.save holding one: loaded with weights_only=True) loaded strictly, in eval mode."""
@@ -273,4 +285,6 @@ __all__ = [
     "output_classes",
     "prepare_inputs",
     "state_dict_for_export",
+    "with_preprocessing",
+    "with_temperature_on_top",
 ]

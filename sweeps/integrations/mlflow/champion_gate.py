@@ -124,7 +124,13 @@ def decide(
     import mlflow.pyfunc
 
     old_model = mlflow.pyfunc.load_model(f"models:/{model_name}/{current_version}")
-    old_probs = np.asarray(old_model.predict(old_x[keep]), dtype=np.float64)
+    # model inputs (standardised with the old model's statistics): a version that takes raw inputs by default is
+    # asked for the standardised path; one from before raw inputs ignores the param. Called on the python model
+    # itself, since a table's or images' raw-input signature would refuse a standardised array.
+    old_probs = np.asarray(
+        old_model.unwrap_python_model().predict(None, old_x[keep], params={"inputs": "standardised"}),
+        dtype=np.float64,
+    )
     return compare(new_probs[keep], old_probs, labels[keep], level=level, num_bins=num_bins)
 
 

@@ -10,8 +10,9 @@ What gets logged (a models-from-code pyfunc; no pickled Python object anywhere):
 - `code/calib_core/`, the calib_core package (`code_paths`), so the model loads where
   neither this repository nor `sweeps` is importable;
 - exact pip requirements (torch, numpy, pydantic, pyyaml, mlflow pinned to the versions
-  installed here), a tensor signature (input float32 (-1, ...) with the data's dimensions; output float64
-  (-1, K) probabilities, or one (-1, K_t) output per task) and an input example.
+  installed here), a signature (the raw inputs when the spec records its preprocessing: a table's named,
+  typed columns, uint8 images, float32 arrays; float32 model inputs otherwise; params `inputs` and `layout`;
+  output float64 (-1, K) probabilities, or one (-1, K_t) output per task) and an input example.
 
 Before logging, the module rebuilt from the spec and the weights is checked against the
 trained one on the input example. The registered version gets a description (dataset,
@@ -111,18 +112,44 @@ def pip_requirements() -> list[str]:
 
 
 def model_signature(spec: dict[str, Any]) -> ModelSignature:
-    """Input float32 with the data's number of dimensions, each -1 (the model checks the sizes itself: MLflow's
-    own shape check answers with the whole input array in its message); output float64 (-1, K), or one named
-    (-1, K_t) per task. The exact input shape is the model's metadata (`calib_core_spec.input_shape`)."""
-    from calib_core.export import output_classes
+    """The raw inputs when the spec has a preprocessing record (calib_core.preprocess): a table's columns by name
+    with their types (as pandas reads the source file), uint8 pixel arrays (-1, -1, -1, -1) for images, float32
+    arrays with the data's number of dimensions otherwise; without a record, float32 model inputs with the
+    data's number of dimensions. Sizes are -1 (the model checks them itself: MLflow's own shape check answers
+    with the whole input array in its message). Params: `inputs` ("raw" or "standardised") and `layout` ("HWC"
+    or "CHW", images). Output float64 (-1, K), or one named (-1, K_t) per task. The exact input shape is the
+    model's metadata (`calib_core_spec.input_shape`)."""
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec
 
-    inputs = Schema([TensorSpec(np.dtype(np.float32), (-1, *(-1 for _ in spec["input_shape"])))])
+    from calib_core.export import output_classes
+    from calib_core.preprocess import IMAGE_FORMATS, table_column_types
+
+    record = spec.get("preprocessing")
+    dims = (-1, *(-1 for _ in spec["input_shape"]))
+    if record and record.get("format") == "table":
+        types = table_column_types(record)
+        inputs = Schema([ColSpec(types[str(c["name"])], str(c["name"])) for c in record["columns"]])
+    elif record and record.get("format") in IMAGE_FORMATS:
+        inputs = Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1, -1))])
+    else:
+        inputs = Schema([TensorSpec(np.dtype(np.float32), dims)])
+    params = ParamSchema(
+        [ParamSpec("inputs", "string", "raw" if record else "standardised"), ParamSpec("layout", "string", "")]
+    )
     outs = output_classes(spec)
     if outs[0][0] is None:
         outputs = Schema([TensorSpec(np.dtype(np.float64), (-1, outs[0][1]))])
     else:
         outputs = Schema([TensorSpec(np.dtype(np.float64), (-1, k), name=name) for name, k in outs])
-    return ModelSignature(inputs=inputs, outputs=outputs)
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+
+
+def logged_input_example(spec: dict[str, Any]) -> Any:
+    """What the model is logged with as its input example: raw inputs when it takes them, else standardised."""
+    from calib_core.preprocess import raw_example
+
+    record = spec.get("preprocessing")
+    return raw_example(record) if record else input_example(tuple(spec["input_shape"]))
 
 
 def input_example(input_shape: tuple[int, ...]) -> np.ndarray:
@@ -170,10 +197,23 @@ def default_description(summary: dict[str, Any], metrics: dict[str, Any], spec: 
         f"- calibrator: {cal}",
         f"- validation{' (means over the tasks)' if spec.get('tasks') else ''}: "
         f"{', '.join(vals) if vals else 'no metrics recorded'}",
-        f"- input: float32 array (N, {', '.join(str(s) for s in spec['input_shape'])}), finite values",
+        f"- input: {_input_text(spec)}",
         f"- output: {output}",
     ]
     return "\n".join(lines)
+
+
+def _input_text(spec: dict[str, Any]) -> str:
+    from calib_core.preprocess import describe_raw_inputs
+
+    standardised = f"float32 array (N, {', '.join(str(s) for s in spec['input_shape'])}), finite values"
+    record = spec.get("preprocessing")
+    if not record:
+        return f"{standardised}, standardised with the training split's statistics"
+    return (
+        f"raw data as on disk: {describe_raw_inputs(record)} (the training preprocessing is applied inside); "
+        f'params {{"inputs": "standardised"}} takes model inputs, {standardised}'
+    )
 
 
 def _read_metrics(store: MlflowStore, run_id: str, ckpt: Path) -> dict[str, Any]:
@@ -224,6 +264,10 @@ def _stage(module: torch.nn.Module, spec: dict[str, Any], out: Path) -> None:
     got = got if isinstance(got, (list, tuple)) else [got]
     if len(want) != len(got) or not all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(want, got)):
         raise RuntimeError(f"the module rebuilt from spec {spec} differs from the trained one; not registering it")
+    if spec.get("preprocessing"):
+        from calib_core.preprocess import apply_record, raw_example
+
+        apply_record(spec["preprocessing"], raw_example(spec["preprocessing"]))  # the record applies (or raises)
 
 
 def _log_portable_model(
@@ -244,7 +288,7 @@ def _log_portable_model(
                     code_paths=[str(out / "code" / "calib_core")],
                     pip_requirements=pip_requirements(),
                     signature=model_signature(spec),
-                    input_example=input_example(tuple(spec["input_shape"])),
+                    input_example=logged_input_example(spec),
                     metadata={"calib_core_spec": spec},
                     tags={TAG_EXPORT_FORMAT: fmt},
                 )

@@ -226,16 +226,26 @@ def _readable_checkpoint(checkpoint: Any, load_tensors: Any) -> tuple[Any, dict[
     return None, None
 
 
-def save_model(directory: str | Path, module: Any, run_config: dict[str, Any], input_shape: tuple[int, ...]) -> None:
+def save_model(
+    directory: str | Path,
+    module: Any,
+    run_config: dict[str, Any],
+    input_shape: tuple[int, ...],
+    preprocessing: dict[str, Any] | None = None,
+) -> None:
     """The trained calibrated module as MODEL_FILE (its state_dict, tensors only) plus
     MODEL_SPEC_FILE (calib_core.export.model_spec: what rebuilds it from calib_core's registries);
-    sweeps.integrations.mlflow.model_export reads them back with calib_core.export.load_calibrated_model."""
+    sweeps.integrations.mlflow.model_export reads them back with calib_core.export.load_calibrated_model.
+    `preprocessing`: how raw inputs become the module's inputs (calib_core.preprocess.input_record), kept in the
+    spec so the exported model takes raw inputs."""
     import torch
 
-    from calib_core.export import model_spec, state_dict_for_export
+    from calib_core.export import model_spec, state_dict_for_export, with_preprocessing
 
     module = module.cpu().eval()
     spec = model_spec(module, run_config, input_shape)
+    if preprocessing:
+        spec = with_preprocessing(spec, preprocessing)
     torch.save(state_dict_for_export(module), Path(directory) / MODEL_FILE)
     (Path(directory) / MODEL_SPEC_FILE).write_text(json.dumps(spec, indent=1))
 
@@ -260,8 +270,16 @@ def _report_final(
     import torch
 
     from calib_core.evaluation import final_metrics
+    from calib_core.preprocess import dataset_lineage, input_record
 
     input_shape = tuple(data.input_shape)
+    data_json = run_cfg.data.model_dump(mode="json")
+    preprocessing = input_record(data, data_json)
+    try:
+        lineage: dict[str, Any] | None = dataset_lineage(data, data_json, run_cfg.seed)
+    except Exception as exc:  # noqa: BLE001 - lineage is a record, never a reason to lose the trial
+        logging.getLogger(__name__).warning("no dataset lineage for this trial: %s", exc)
+        lineage = None
     final: dict[str, Any] = {
         **{k: v for k, v in (last_epoch or {}).items() if not k.startswith("val_")},
         "epoch": int(result.epochs_run),
@@ -307,7 +325,7 @@ def _report_final(
         export_error = None
         if scored is not None:
             try:
-                save_model(d, result.model, run_cfg.model_dump(mode="json"), input_shape)
+                save_model(d, result.model, run_cfg.model_dump(mode="json"), input_shape, preprocessing)
             except (TypeError, ValueError) as exc:  # a module calib_core.export cannot describe
                 export_error = f"{type(exc).__name__}: {exc}"
                 logging.getLogger(__name__).warning("the trained model is not saved for export: %s", export_error)
@@ -324,6 +342,8 @@ def _report_final(
                     "calibrator_info": result.calibrator_info,
                     "status": result.status,
                     "reason": result.reason,
+                    "preprocessing": preprocessing,
+                    "dataset": lineage,
                     **({TS_SUMMARY_KEY: temperatures} if temperatures is not None else {}),
                     **({"model_export_error": export_error} if export_error else {}),
                 },

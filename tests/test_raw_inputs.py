@@ -1,0 +1,285 @@
+"""The champion takes raw inputs (issue #34 item 4): the logged MLflow model carries the training split's
+preprocessing (calib_core.preprocess), so `predict` takes the data as it is on disk.
+
+For a CSV table with a one-hot column, an image folder (images of another size, resized by the model) and the
+embedded mnist1d demo: a tiny model is trained for one epoch with calib_core's trainer, written as the trial's
+checkpoint with its preprocessing record (sweeps.integrations.ray.trainable.save_model), logged and registered into
+a fresh SQLite store, loaded with `mlflow.pyfunc.load_model`, and its probabilities on the raw test rows (read from
+the files, split as the loader splits) are compared with the trainer's own probabilities on the same rows (1e-6).
+Also: the standardised path under `params={"inputs": "standardised"}`; missing / unknown columns, a wrong image
+size or dtype, each one error naming them; the signature names the table's columns and types.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from calib_core.config import RunConfig
+from calib_core.data import load_dataset
+from calib_core.data.splits import train_val_test_indices
+from calib_core.preprocess import input_record
+from calib_core.trainer import make_trainer
+
+MODEL = "raw-inputs-test"
+
+
+def _train(run: dict):
+    torch.set_num_threads(1)
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in run.items()}
+    raw.setdefault("train", {}).update(epochs=1, batch_size=64, calibrator="temperature")
+    cfg = RunConfig.model_validate({**raw, "device": "cpu", "num_threads": 1})
+    data = load_dataset(cfg.data, cfg.seed)
+    result = make_trainer(cfg, data, "cpu").fit()
+    assert result.status == "completed", result.reason
+    return cfg, data, result
+
+
+def _register(tmp: Path, cfg: RunConfig, data, result, name: str):
+    """Checkpoint as the trial writes it, then log_and_register; the loaded pyfunc model."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from sweeps.integrations.mlflow.model_export import log_and_register
+    from sweeps.integrations.ray.trainable import FINAL_FILE, SUMMARY_FILE, save_model
+
+    ckpt = tmp / "ckpt"
+    ckpt.mkdir(parents=True)
+    record = input_record(data, cfg.data.model_dump(mode="json"))
+    assert record is not None
+    save_model(ckpt, result.model, cfg.model_dump(mode="json"), tuple(data.input_shape), record)
+    (ckpt / SUMMARY_FILE).write_text(
+        json.dumps({"run_config": cfg.model_dump(mode="json"), "input_shape": list(data.input_shape)})
+    )
+    (ckpt / FINAL_FILE).write_text(json.dumps({f"val_{k}": float(v) for k, v in result.val_metrics.items()}))
+    uri = f"sqlite:///{tmp.resolve()}/mlflow.db"
+    with contextlib.chdir(tmp):
+        client = MlflowClient(uri)
+        exp = client.create_experiment("raw", artifact_location=(tmp / "mlartifacts").as_uri())
+        run = client.create_run(exp)
+        client.set_terminated(run.info.run_id, "FINISHED")
+        version = log_and_register(run.info.run_id, ckpt, tuple(data.input_shape), name, uri)
+        mlflow.set_tracking_uri(uri)
+        model = mlflow.pyfunc.load_model(f"models:/{name}/{version}")
+    return model, client.get_model_version(name, version)
+
+
+def _trainer_probs(result, x: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return torch.softmax(result.model.eval()(x).double(), dim=-1).numpy()
+
+
+def _test_rows(y: np.ndarray, cfg: RunConfig) -> np.ndarray:
+    return train_val_test_indices(
+        len(y), val_fraction=cfg.data.val_fraction, test_fraction=cfg.data.test_fraction, seed=cfg.seed, labels=y
+    )[2].numpy()
+
+
+# ---------------------------------------------------------------------------- table with a one-hot column
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    from sklearn.datasets import load_breast_cancer
+
+    d = tmp_path_factory.mktemp("table")
+    frame = load_breast_cancer(as_frame=True).frame.iloc[:, list(range(8)) + [30]]
+    frame["target"] = frame["target"].map({0: "malignant", 1: "benign"})
+    frame["site"] = np.where(np.arange(len(frame)) % 3 == 0, "left", "right")
+    frame["visits"] = np.arange(len(frame)) % 7  # an integer column: long in the signature
+    frame.to_csv(d / "patients.csv", index=False)
+    cfg, data, result = _train(
+        {
+            "data": {
+                "name": "table",
+                "path": str(d / "patients.csv"),
+                "label_column": "target",
+                "categorical": "onehot",
+            },
+            "model": {"name": "mlp"},
+        }
+    )
+    model, mv = _register(d, cfg, data, result, MODEL + "-table")
+    raw = pd.read_csv(d / "patients.csv")
+    y = np.unique(raw["target"].astype(str).to_numpy(), return_inverse=True)[1]
+    rows = raw.iloc[_test_rows(y, cfg)].reset_index(drop=True)
+    return model, mv, rows, _trainer_probs(result, data.test.x), data
+
+
+def test_table_raw_rows_give_the_trainers_probabilities(table):
+    model, _, rows, expected, _ = table
+    got = np.asarray(model.predict(rows))  # the label column rides along: ignored
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+    # raw rows used to be read as standardised inputs: a confident [1, 0] for every row
+    assert not np.all(got[:, 0] > 0.99) and not np.all(got[:, 1] > 0.99)
+    # the columns in another order, and the rows as JSON would carry them
+    np.testing.assert_allclose(np.asarray(model.predict(rows[rows.columns[::-1]])), expected, atol=1e-6, rtol=0)
+
+
+def test_table_standardised_path_and_signature(table):
+    model, mv, rows, expected, data = table
+    py = model.unwrap_python_model()
+    std = py.predict(None, data.test.x.numpy(), params={"inputs": "standardised"})
+    np.testing.assert_allclose(std, expected, atol=1e-6, rtol=0)
+    sig = model.metadata.get_input_schema()
+    cols = {c.name: str(c.type) for c in sig.inputs}
+    assert cols["site"] == "DataType.string" and cols["visits"] == "DataType.long"
+    assert cols["mean radius"] == "DataType.double" and "target" not in cols
+    assert "raw data as on disk: a table" in mv.description
+
+
+def test_table_missing_and_unknown_columns_named_in_one_error(table):
+    from mlflow.exceptions import MlflowException
+
+    from calib_core.export import InvalidInputError
+
+    model, _, rows, _, _ = table
+    bad = rows.drop(columns=["site"]).rename(columns={"visits": "visitz"})
+    with pytest.raises(InvalidInputError) as e:
+        model.unwrap_python_model().model_inputs(bad)
+    msg = str(e.value)
+    assert "\n" not in msg and "missing column(s) site, visits" in msg and "unknown column(s) visitz" in msg
+    with pytest.raises(MlflowException, match=r"missing inputs \['site', 'visits'\]"):
+        model.predict(bad)
+    with pytest.raises(MlflowException, match="column 'visits' holds values that are not numbers"):
+        model.unwrap_python_model().predict(None, rows.assign(visits="many"))
+
+
+# ---------------------------------------------------------------------------- image folder
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    from PIL import Image
+
+    d = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for k, cls in enumerate(["circle", "square"]):
+        (d / "img" / cls).mkdir(parents=True)
+        for i in range(30):
+            a = rng.integers(0, 80, (10, 12, 3)) + 120 * k
+            Image.fromarray(a.astype(np.uint8)).save(d / "img" / cls / f"{i}.png")
+    cfg, data, result = _train(
+        {"data": {"name": "image_folder", "path": str(d / "img"), "image_size": 8}, "model": {"name": "cnn2d"}}
+    )
+    model, mv = _register(d, cfg, data, result, MODEL + "-images")
+    from calib_core.data.image_folder import find_images
+
+    _, samples = find_images(d / "img")
+    y = np.asarray([k for _, k in samples])
+    files = [samples[i][0] for i in _test_rows(y, cfg)]
+    pixels = np.stack([np.asarray(Image.open(f)) for f in files])  # (N, 10, 12, 3) uint8, as on disk
+    return model, mv, pixels, _trainer_probs(result, data.test.x)
+
+
+def test_image_folder_raw_pixels_give_the_trainers_probabilities(images):
+    model, mv, pixels, expected = images
+    assert pixels.dtype == np.uint8 and pixels.shape[1:] == (10, 12, 3)
+    np.testing.assert_allclose(np.asarray(model.predict(pixels)), expected, atol=1e-6, rtol=0)
+    chw = np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))
+    np.testing.assert_allclose(np.asarray(model.predict(chw)), expected, atol=1e-6, rtol=0)
+    assert "uint8 pixel arrays" in mv.description
+
+
+def test_image_folder_bad_inputs_one_line(images):
+    from mlflow.exceptions import MlflowException
+
+    model, _, pixels, _ = images
+    with pytest.raises(MlflowException, match="expected pixel values as integers 0..255"):
+        model.unwrap_python_model().predict(None, pixels.astype(np.float32))
+    with pytest.raises(MlflowException, match="cannot tell the channels"):
+        model.predict(np.zeros((2, 5, 6, 7), dtype=np.uint8))
+
+
+# ---------------------------------------------------------------------------- the embedded mnist1d demo
+def test_mnist1d_raw_signals_give_the_trainers_probabilities(tmp_path):
+    from calib_core.data.mnist1d import generate_mnist1d
+
+    cfg, data, result = _train({"data": {"name": "mnist1d", "num_samples": 300}, "model": {"name": "cnn1d"}})
+    model, mv = _register(tmp_path, cfg, data, result, MODEL + "-mnist1d")
+    x, y = generate_mnist1d(300, cfg.seed)
+    raw = x[_test_rows(y, cfg)]
+    expected = _trainer_probs(result, data.test.x)
+    np.testing.assert_allclose(np.asarray(model.predict(raw)), expected, atol=1e-6, rtol=0)
+    std = model.predict(data.test.x.numpy(), params={"inputs": "standardised"})
+    np.testing.assert_allclose(np.asarray(std), expected, atol=1e-6, rtol=0)
+    assert "raw data as on disk: raw feature arrays (N, 40) or (N, 1, 40)" in mv.description
+
+
+# ---------------------------------------------------------------------------- the champion gate
+def test_the_gate_feeds_a_raw_input_champion_its_standardised_rows(tmp_path, monkeypatch):
+    """The gate scores the current champion on model inputs (standardised with its own statistics): a champion
+    that takes raw inputs by default is asked for the standardised path, and gives its trainer's probabilities."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    import sweeps.integrations.mlflow.champion_gate as gate
+    from sweeps.integrations.mlflow.model_export import log_and_register
+    from sweeps.integrations.mlflow.store import MlflowStore
+    from sweeps.integrations.ray.trainable import FINAL_FILE, SUMMARY_FILE, save_model
+
+    uri = f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    name = MODEL + "-gate"
+    trained = {}
+    for which, seed in (("old", 0), ("new", 1)):
+        cfg, data, result = _train(
+            {"data": {"name": "mnist1d", "num_samples": 1000}, "model": {"name": "cnn1d"}, "seed": seed}
+        )
+        ckpt = tmp_path / which
+        ckpt.mkdir()
+        record = input_record(data, cfg.data.model_dump(mode="json"))
+        save_model(ckpt, result.model, cfg.model_dump(mode="json"), tuple(data.input_shape), record)
+        (ckpt / SUMMARY_FILE).write_text(json.dumps({"run_config": cfg.model_dump(mode="json")}))
+        (ckpt / FINAL_FILE).write_text("{}")
+        probs = _trainer_probs(result, data.test.x)
+        np.savez(ckpt / "predictions.npz", test_probs=probs, test_labels=data.test.y.numpy())
+        trained[which] = (cfg, data, result, ckpt)
+    seen = {}
+    real_compare = gate.compare
+
+    def spy(new_probs, old_probs, labels, **kw):
+        seen["old"] = old_probs
+        return real_compare(new_probs, old_probs, labels, **kw)
+
+    monkeypatch.setattr(gate, "compare", spy)
+    store = MlflowStore(uri)
+    with contextlib.chdir(tmp_path):
+        client = MlflowClient(uri)
+        exp = client.create_experiment("gate", artifact_location=(tmp_path / "mlartifacts").as_uri())
+        lines = []
+        for which in ("old", "new"):
+            cfg, data, _, ckpt = trained[which]
+            run = client.create_run(exp)
+            client.set_terminated(run.info.run_id, "FINISHED")
+            version = log_and_register(run.info.run_id, ckpt, tuple(data.input_shape), name, uri, alias=None)
+            lines.append(
+                gate.move_alias(
+                    store,
+                    name,
+                    version,
+                    run.info.run_id,
+                    cfg.model_dump(mode="json"),
+                    ckpt / "predictions.npz",
+                    level=0.95,
+                    num_bins=15,
+                )
+            )
+        mlflow.set_tracking_uri(uri)
+        spec = mlflow.pyfunc.load_model(f"models:/{name}/1").unwrap_python_model().spec
+    assert spec["preprocessing"]["format"] == "arrays"  # the old champion takes raw inputs by default
+    assert "rows held out from both" in lines[1][1], lines[1]
+    # the new sweep's test rows the old champion never saw, as the old trainer scores them
+    old_cfg, old_data, old_result, _ = trained["old"]
+    from sweeps.decide.gate import held_out_mask, model_inputs, raw_inputs, row_hashes
+
+    new_data = trained["new"][1]
+    raw = raw_inputs(new_data.test.x.numpy(), new_data.stats)
+    old_seen = np.concatenate(
+        [row_hashes(raw_inputs(s.x.numpy(), old_data.stats)) for s in (old_data.train, old_data.val)]
+    )
+    keep = held_out_mask(row_hashes(raw), old_seen)
+    expected = _trainer_probs(old_result, torch.from_numpy(model_inputs(raw, old_data.stats)[keep]))
+    np.testing.assert_allclose(seen["old"], expected, atol=1e-6, rtol=0)
