@@ -7,6 +7,7 @@ was already logged is never logged again. Every MLflow call goes through sweeps/
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import tempfile
@@ -23,6 +24,7 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY
     REPORT_DIR,
     ROLE_TRIAL,
     STOPPED_EARLY,
+    SUMMARY_FILE,
     TAG_GIT_COMMIT,
     TAG_LABEL,
     TAG_NODE,
@@ -217,6 +219,10 @@ class MLflowTrackingCallback(tune.Callback):
             self._terminate(rid, "FAILED", f"{status}: {result.get('reason', '')}")
             return
         try:
+            self._log_dataset(rid, trial)
+        except Exception as exc:  # the lineage record must not lose the run's status
+            log.warning("could not log the dataset input of %s: %s", trial.trial_id, exc)
+        try:
             self._log_trial_artifacts(rid, trial)
         except Exception as exc:  # a missing artifact must not lose the run's status
             log.warning("could not log the report artifacts of %s: %s", trial.trial_id, exc)
@@ -243,6 +249,26 @@ class MLflowTrackingCallback(tune.Callback):
             self.store.append_to_note(run_id, note)
         self.store.terminate(run_id, status)
 
+    def _log_dataset(self, run_id: str, trial: Any) -> None:
+        """The trial's data as an MLflow dataset input (the runs page's Dataset column, the model's lineage), from
+        the lineage its checkpoint's summary records (calib_core.preprocess.dataset_lineage); once per run."""
+        ckpt = trial.checkpoint
+        if ckpt is None:
+            return
+        with ckpt.as_directory() as d:
+            path = Path(d) / SUMMARY_FILE
+            lineage = json.loads(path.read_text()).get("dataset") if path.is_file() else None
+        if not lineage:
+            return
+        entity = dataset_entity(lineage)
+        run = self.store.client.get_run(run_id)
+        if any(i.dataset.digest == entity.digest for i in (run.inputs.dataset_inputs if run.inputs else [])):
+            return
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        self.store.client.log_inputs(run_id, [DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, "train")])])
+
     def _log_trial_artifacts(self, run_id: str, trial: Any) -> None:
         """The predictions, then the report files the trial drew (REPORT_DIR: <artifact folder>/<file>); a
         checkpoint from before trials drew their own (a resumed older sweep) gets them drawn here."""
@@ -262,6 +288,29 @@ class MLflowTrackingCallback(tune.Callback):
                 title = describe_params(trial.config)
                 files = trial_report_files(Path(d), Path(out), trial.last_result or {}, self.num_bins, title)
             self.store.log_artifacts(run_id, files)
+
+
+def dataset_entity(lineage: dict[str, Any]) -> Any:
+    """An mlflow.entities.Dataset from a trial's lineage record: name, digest (of the split tensors), source (the
+    file or folder: source type local; a generator's settings: source type code) and the split sizes as its
+    profile."""
+    from mlflow.entities import Dataset
+
+    source = str(lineage["source"])
+    is_path = source.startswith("/")
+    profile = {
+        "splits": lineage.get("sizes"),
+        "num_classes": lineage.get("num_classes"),
+        "input_shape": lineage.get("input_shape"),
+        **({"settings": lineage["settings"]} if lineage.get("settings") else {}),
+    }
+    return Dataset(
+        name=str(lineage["name"])[:500],
+        digest=str(lineage["digest"])[:36],
+        source_type="local" if is_path else "code",
+        source=json.dumps({"uri": source} if is_path else {"generator": source}),
+        profile=json.dumps(profile),
+    )
 
 
 def describe_run(run_config: dict[str, Any]) -> str:
