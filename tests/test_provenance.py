@@ -39,12 +39,21 @@ print(json.dumps({"status": res.status, "val": res.val_metrics, "test": res.test
 """
 
 
-def _child() -> dict:
+def _children(n: int = 2) -> list[dict]:
+    """Run the child in `n` fresh processes side by side (1 thread each); their JSON outputs."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(n)
+    ]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr[-2000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
 
 
 def test_provenance_has_every_field_and_no_host_name():
@@ -70,7 +79,7 @@ def test_mixed_commits_are_refused_unless_allowed():
 
 
 def test_same_seed_in_two_fresh_processes_gives_identical_metrics():
-    a, b = _child(), _child()
+    a, b = _children(2)
     assert a["status"] == "completed" == b["status"]
     assert a["val"] == b["val"] and a["test"] == b["test"]  # exact: every metric
     assert a["probs_sum"] == b["probs_sum"]
