@@ -76,7 +76,7 @@ def main() -> int:
             mlflow.artifacts.load_dict(f"runs:/{result.champion_run_id}/run_config.json")
         )
         x = load_dataset(run_cfg.data, run_cfg.seed).test.x[:5].numpy()
-        probs = model.predict(x)
+        probs = model.predict(x, params={"inputs": "standardised"})  # x is standardised; raw data works as is
         assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-5)
         print(f"calibrated probabilities of 5 test inputs: shape {probs.shape}, rows sum to 1")
     return 0

@@ -4,7 +4,7 @@
 
     result = run_sweep("sweeps/configs/mnist1d_demo.yaml", overrides=["search.num_samples=2"], workdir="/tmp/s")
     result.champion_run_id        # the champion's MLflow run
-    result.model_uri              # models:/calibrated-classifier/<version>: mlflow.pyfunc.load_model(...)
+    result.model_uri              # models:/calibrated-<dataset>/<version>: mlflow.pyfunc.load_model(...)
     result.leaderboard            # pandas.DataFrame (sweep/leaderboard.csv)
     result.selection              # the selection sentence
     result.intervals[result.champion_trial_id]["val_ece"]   # (low, high) paired-bootstrap interval

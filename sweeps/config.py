@@ -243,6 +243,8 @@ class TrackingConfig(_Strict):
 
     uri: str | None = None
     experiment: str = "calib-sweeps"
+    # Left unset, with_defaults names it after the data (default_registered_model: calibrated-mnist1d,
+    # calibrated-table-patients, ...), so a sweep on other data never competes with another dataset's @champion.
     registered_model: str = "calibrated-classifier"
     # How long the sweep waits for an unreachable tracking server (retrying with backoff, one line
     # when it goes and one when it is back) before it stops, resumable with --resume.
@@ -431,11 +433,29 @@ def default_study_storage(tracking_uri: str | None) -> str:
     return "memory"
 
 
+def default_registered_model(data: Any) -> str:
+    """The registered model's name when `tracking.registered_model` is left unset: `calibrated-<dataset>`, with the
+    file's or folder's name for the file formats (`calibrated-table-patients` for run.data.path patients.csv)."""
+    name = str(data.name)
+    path = getattr(data, "path", None)
+    if path:
+        stem = Path(str(path)).name
+        for suffix in (".csv", ".parquet", ".pq", ".npz"):
+            stem = stem.removesuffix(suffix)
+        name = f"{name}-{stem}"
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "data"
+    return f"calibrated-{slug}"[:200]
+
+
 def with_defaults(cfg: SweepConfig, cluster: bool, workdir: str | Path = ".") -> SweepConfig:
     """Fill what the config leaves open, made absolute: locally the MLflow store `workdir/mlflow.db`,
-    Tune's storage `workdir/ray_results`; the Optuna storage (default_study_storage)."""
+    Tune's storage `workdir/ray_results`; the Optuna storage (default_study_storage); the registered model's name
+    after the data (default_registered_model) when tracking.registered_model is not set."""
     updates: dict[str, Any] = {}
     tracking = cfg.tracking
+    if "registered_model" not in tracking.model_fields_set:
+        tracking = tracking.model_copy(update={"registered_model": default_registered_model(cfg.run.data)})
+        updates["tracking"] = tracking
     if tracking.uri is None and not cluster:
         tracking = tracking.model_copy(update={"uri": default_tracking_uri(workdir)})
         updates["tracking"] = tracking

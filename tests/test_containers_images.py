@@ -119,7 +119,7 @@ def test_demo_sweep_runs_in_the_image_as_the_manifest_runs_it(built_images, tmp_
         out = proc.stdout + proc.stderr
         (artifacts_dir("demo") / "in-image.log").write_text(out)
         assert proc.returncode == 0, out[-4000:]
-        assert "Registered: models:/calibrated-classifier@champion" in out
+        assert "Registered: models:/calibrated-mnist1d@champion" in out
         # Nothing was written outside the manifest's volumes: the root filesystem is read-only.
         assert "Read-only file system" not in out
     finally:

@@ -100,7 +100,7 @@ def test_sweep_from_outside_logs_to_the_stack_and_artifacts_land_in_s3(stack, tm
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     (stack.logs / "sweep-from-outside.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    alias = "registered-models/alias?name=calibrated-classifier&alias=champion"
+    alias = "registered-models/alias?name=calibrated-mnist1d&alias=champion"
     status, body = _http(f"{stack.url}/api/2.0/mlflow/{alias}", stack.auth)
     assert status == 200, body
     version = json.loads(body)["model_version"]

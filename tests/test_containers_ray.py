@@ -275,11 +275,11 @@ def test_rayjob_submitter_runs_the_sweep_to_a_champion(ray, stack):
         )
     )
     assert rc == "0", out[-5000:]
-    assert "Registered: models:/calibrated-classifier@champion" in out, out[-3000:]
+    assert "Registered: models:/calibrated-mnist1d@champion" in out, out[-3000:]
     sweep = shlex.split(ray.job["spec"]["entrypoint"])
     sweep_name = sweep[sweep.index("--name") + 1]
     status, body = http(
-        f"{stack.url}/api/2.0/mlflow/registered-models/alias?name=calibrated-classifier&alias=champion", stack.auth
+        f"{stack.url}/api/2.0/mlflow/registered-models/alias?name=calibrated-mnist1d&alias=champion", stack.auth
     )
     assert status == 200, body
     run_id = json.loads(body)["model_version"]["run_id"]

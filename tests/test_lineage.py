@@ -102,3 +102,64 @@ def test_a_file_dataset_names_its_file_and_other_data_another_digest(tracked, tm
     # the same data and seed: the same digest
     cfg = {"name": "arrays", "path": str(tmp_path / "f0.npz")}
     assert dataset_lineage(load_dataset(DataConfig(**cfg), 0), cfg, seed=0)["digest"] == digests[0]
+
+
+# ---------------------------------------------------------------------------- the registered model's default name
+def test_the_registered_models_default_name_follows_the_data():
+    from sweeps.config import default_registered_model, load_sweep_config, with_defaults
+
+    def name(*sets: str) -> str:
+        return with_defaults(load_sweep_config(None, list(sets)), cluster=True).tracking.registered_model
+
+    assert name() == "calibrated-mnist1d"
+    assert name("run.data.name=digits") == "calibrated-digits"
+    table = ["run.data.name=table", "run.data.path=/data/patients.csv", "run.data.label_column=y"]
+    assert name(*table) == "calibrated-table-patients"
+    assert name("run.data.name=image_folder", "run.data.path=/data/my pets/") == "calibrated-image_folder-my-pets"
+    # set explicitly, it stays, even to the old default
+    assert name("tracking.registered_model=calibrated-classifier") == "calibrated-classifier"
+    assert name(*table, "tracking.registered_model=mine") == "mine"
+    cfg = with_defaults(load_sweep_config(Path(__file__).parents[1] / "sweeps/configs/tabular_demo.yaml"), cluster=True)
+    assert cfg.tracking.registered_model == "calibrated-breast_cancer"
+    assert with_defaults(cfg, cluster=True).tracking.registered_model == "calibrated-breast_cancer"
+    assert default_registered_model(cfg.run.data) == "calibrated-breast_cancer"
+
+
+def test_the_sweeps_intro_says_which_registered_model_it_uses():
+    from sweeps.config import load_sweep_config, with_defaults
+    from sweeps.report.summary import intro
+
+    cfg = with_defaults(load_sweep_config(None), cluster=False, workdir="/tmp")
+    assert "the champion registers as 'calibrated-mnist1d'" in intro(cfg, "/tmp/ray_results", "0" * 32, resumed=False)
+
+
+# ---------------------------------------------------------------------------- the runs page (headless Chromium)
+@pytest.mark.slow
+def test_the_runs_page_shows_the_dataset_column(tracked, tmp_path):
+    """MLflow's runs page, served from the SQLite store, in Debian's headless Chromium: the trial's run shows its
+    dataset (name and digest) in the Dataset column. Saves test-artifacts/mlflow_runs_dataset.png."""
+    import time
+
+    from tests.sweep_helpers import ARTIFACTS, chromium_paths, headless_chromium, mlflow_server
+
+    paths = chromium_paths()
+    if paths is None:
+        pytest.skip("Debian chromium + chromium-driver not installed")
+    data = load_dataset(DataConfig(name="mnist1d", num_samples=300), 0)
+    lineage = dataset_lineage(data, {"name": "mnist1d", "num_samples": 300}, seed=0)
+    rid = _complete(tracked, _trial(tmp_path, "ui", lineage))
+    tracked.client.set_tag(rid, "mlflow.runName", "trial-ui")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with mlflow_server(f"sqlite:///{tmp_path.resolve()}/mlflow.db", tmp_path / "mlartifacts") as url:
+        with headless_chromium(paths, "1600,1000") as driver:
+            driver.get(f"{url}/#/experiments/{tracked.exp}/runs")
+            deadline, text = time.time() + 90, ""
+            while time.time() < deadline:
+                text = driver.find_element("tag name", "body").text
+                if "trial-ui" in text and "Dataset" in text and "mnist1d" in text:
+                    break
+                time.sleep(0.5)
+            time.sleep(1)
+            driver.save_screenshot(str(ARTIFACTS / "mlflow_runs_dataset.png"))
+    assert "trial-ui" in text and "Dataset" in text, text[:2000]
+    assert f"mnist1d ({lineage['digest'][:8]}" in text or "mnist1d" in text.split("Dataset", 1)[1], text[:2000]

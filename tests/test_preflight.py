@@ -296,11 +296,11 @@ def _fabricate_sweep(d: Path, name: str, status: str, register: bool) -> None:
     client.set_tag(parent.info.run_id, "calib.champion_trial", "t1")
     client.set_tag(parent.info.run_id, "calib.champion_run", trial.info.run_id)
     if register:
-        client.create_registered_model("calibrated-classifier")
+        client.create_registered_model("calibrated-mnist1d")
         mv = client.create_model_version(
-            "calibrated-classifier", source=f"runs:/{trial.info.run_id}/model", run_id=trial.info.run_id
+            "calibrated-mnist1d", source=f"runs:/{trial.info.run_id}/model", run_id=trial.info.run_id
         )
-        client.set_registered_model_alias("calibrated-classifier", "champion", mv.version)
+        client.set_registered_model_alias("calibrated-mnist1d", "champion", mv.version)
     client.set_terminated(parent.info.run_id, status)
 
 
@@ -310,7 +310,7 @@ def _snapshot(d: Path) -> tuple:
     client = MlflowClient(f"sqlite:///{d}/mlflow.db")
     exp = client.get_experiment_by_name("calib-sweeps")
     runs = client.search_runs([exp.experiment_id])
-    versions = client.search_model_versions("name = 'calibrated-classifier'")
+    versions = client.search_model_versions("name = 'calibrated-mnist1d'")
     return (
         sorted((r.info.run_id, r.info.status, r.info.end_time, tuple(sorted(r.data.tags.items()))) for r in runs),
         sorted((v.version, v.run_id) for v in versions),
@@ -334,7 +334,7 @@ def test_resume_of_a_finished_sweep_changes_nothing(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("sweep 'done' already finished with 1 trial: champion trial t1"), (
         proc.stdout
     )
-    assert "calibrated-classifier version 1 (alias champion)" in lines[0] and "nothing changed" in lines[0]
+    assert "calibrated-mnist1d version 1 (alias champion)" in lines[0] and "nothing changed" in lines[0]
     assert _snapshot(tmp_path) == before
     assert not (tmp_path / "ray_results").exists()
 

@@ -27,7 +27,7 @@ def test_example_runs_a_sweep_and_uses_its_result(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout.split("--- what run_sweep returned ---", 1)[1]
     assert re.search(r"champion: \S+ .*\(MLflow run [0-9a-f]{32}, trial [\w+]+\)", out), out
-    assert re.search(r"model: models:/calibrated-classifier/\d+ \(also models:/calibrated-classifier@champion\)", out)
+    assert re.search(r"model: models:/calibrated-mnist1d/\d+ \(also models:/calibrated-mnist1d@champion\)", out)
     assert "val_ece_ci_low" in out and "selection: " in out
     assert "calibrated probabilities of 5 test inputs: shape (5, 10), rows sum to 1" in out
     # the result's short repr, best config, errors, study; load_result by name, without progress bars

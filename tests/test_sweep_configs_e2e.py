@@ -14,16 +14,16 @@ from tests.sweep_helpers import FAST, ROOT, launch, store, sweep_runs
 
 pytestmark = pytest.mark.slow
 CONFIGS = ROOT / "sweeps" / "configs"
-MODEL = "calibrated-classifier"
+MODEL = "calibrated-mnist1d"  # the default name follows the data (digits: calibrated-digits)
 STOP_REASON = re.compile(r"^stopped early by ASHA at epoch (\d+)$")
 
 
-def _check_sweep(cwd: Path, proc, sweep: str, n: int, epochs: int) -> dict[str, list]:
+def _check_sweep(cwd: Path, proc, sweep: str, n: int, epochs: int, model: str = MODEL) -> dict[str, list]:
     """Exit 0, one FINISHED parent, n children each completed (test metrics, one epoch_time per
     epoch) or stopped early by ASHA (a reason, no test metrics), the champion a completed trial
     registered as `champion`, and the leaderboard saying the same. Returns children by status."""
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert f"Registered: models:/{MODEL}@champion" in proc.stdout
+    assert f"Registered: models:/{model}@champion" in proc.stdout
     client = store(cwd)
     parents, children = sweep_runs(client, sweep)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
@@ -47,7 +47,7 @@ def _check_sweep(cwd: Path, proc, sweep: str, n: int, epochs: int) -> dict[str, 
     champion_trial = parents[0].data.tags["calib.champion_trial"]
     champion = [r for r in children if r.data.tags["calib.trial_id"] == champion_trial][0]
     assert champion.data.tags["calib.status"] == "completed"
-    mv = client.get_model_version_by_alias(MODEL, "champion")
+    mv = client.get_model_version_by_alias(model, "champion")
     assert mv.tags.get("source_run_id") == champion.info.run_id
     path = client.download_artifacts(parents[0].info.run_id, "sweep/leaderboard.csv", str(cwd))
     with open(path) as f:
@@ -70,7 +70,7 @@ def test_readme_digits_command_registers_a_champion(tmp_path):
         "--num-samples",
         "6",
     )
-    by_status = _check_sweep(tmp_path, proc, "digits-demo", n=6, epochs=6)
+    by_status = _check_sweep(tmp_path, proc, "digits-demo", n=6, epochs=6, model="calibrated-digits")
     assert by_status.get("completed")
     assert "stopped early by ASHA at epoch" in proc.stdout or not by_status.get("stopped_early")
 

@@ -27,7 +27,7 @@ from tests.sweep_helpers import (
 # whole sweeps: the e2e tier (make test-slow), not the unit tier (make test)
 pytestmark = pytest.mark.slow
 
-MODEL = "calibrated-classifier"
+MODEL = "calibrated-mnist1d"  # the default name follows the data
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ model = mlflow.pyfunc.load_model("models:/{MODEL}@champion")
 raw = mlflow.artifacts.load_dict("runs:/{mv.tags["source_run_id"]}/run_config.json")
 cfg = RunConfig.model_validate(raw)
 data = load_dataset(cfg.data, cfg.seed)
-probs = model.predict(data.test.x.numpy())
+probs = model.predict(data.test.x.numpy(), params={{"inputs": "standardised"}})
 assert np.allclose(probs.sum(1), 1.0, atol=1e-6)
 print(json.dumps({{"ece": float(ece(probs, data.test.y.numpy(), num_bins=cfg.train.num_bins))}}))
 """

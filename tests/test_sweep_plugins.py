@@ -106,7 +106,7 @@ def test_champion_of_a_plugin_model_loads_in_a_fresh_process(plugin_sweep):
     script = textwrap.dedent(f"""
         import mlflow, numpy as np
         mlflow.set_tracking_uri("sqlite:///{plugin_sweep}/mlflow.db")
-        model = mlflow.pyfunc.load_model("models:/calibrated-classifier@champion")
+        model = mlflow.pyfunc.load_model("models:/calibrated-plugin_blobs@champion")
         probs = model.predict(np.zeros((4, 8), dtype=np.float32))
         assert probs.shape == (4, 3) and np.allclose(probs.sum(1), 1.0, atol=1e-5), probs
         print("ok")

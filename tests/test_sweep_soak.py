@@ -110,9 +110,9 @@ def test_soak_random_worker_kills_exactly_once(tmp_path):
         for key in ("epoch_time", "val_ece", "val_accuracy"):
             steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
             assert sorted(steps) == list(range(1, EPOCHS + 1)), (run.data.tags["calib.trial_id"], key, steps)
-    versions = client.search_model_versions("name = 'calibrated-classifier'")
+    versions = client.search_model_versions("name = 'calibrated-digits'")
     assert len(versions) == 1, [(v.version, v.run_id) for v in versions]
-    champion = client.get_model_version_by_alias("calibrated-classifier", "champion")
+    champion = client.get_model_version_by_alias("calibrated-digits", "champion")
     assert champion.run_id in {r.info.run_id for r in children}
     # Ray Tune can error a trial killed while it restores (one death counted twice); the service
     # resumes such trials in-process (sweeps.integrations.ray.tuner.fit_resuming_lost_workers): how often here.

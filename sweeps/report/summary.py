@@ -168,7 +168,7 @@ def intro(cfg: SweepConfig, exp_path: str, parent_id: str, resumed: bool) -> str
             references_line(cfg),
             f"Optuna study: {cfg.name!r} in {redact(study) if study != MEMORY else 'memory (Ray Tune state only)'}",
             f"MLflow: experiment {cfg.tracking.experiment!r}, parent run {parent_id} in "
-            f"{redact(cfg.tracking.uri or '')}",
+            f"{redact(cfg.tracking.uri or '')}; the champion registers as {cfg.tracking.registered_model!r}",
             f"Ray Tune results and checkpoints: {exp_path}",
         ]
     )
