@@ -283,3 +283,55 @@ def test_the_gate_feeds_a_raw_input_champion_its_standardised_rows(tmp_path, mon
     keep = held_out_mask(row_hashes(raw), old_seen)
     expected = _trainer_probs(old_result, torch.from_numpy(model_inputs(raw, old_data.stats)[keep]))
     np.testing.assert_allclose(seen["old"], expected, atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------- a whole sweep (slow)
+@pytest.mark.slow
+def test_a_csv_sweeps_champion_predicts_on_raw_rows_and_its_runs_name_their_data(tmp_path):
+    """`python sweeps/launch.py` on a CSV with a one-hot column: the champion registers as
+    calibrated-table-patients, its probabilities on the raw test rows of the file equal the ones its trial stored
+    (the + TS candidate's when it won), and every trial's run has the CSV as its dataset input."""
+    import mlflow
+    from sklearn.datasets import load_breast_cancer
+
+    from tests.sweep_helpers import ROOT, launch, store, sweep_runs
+
+    frame = load_breast_cancer(as_frame=True).frame
+    frame["target"] = frame["target"].map({0: "malignant", 1: "benign"})
+    frame["site"] = np.where(np.arange(len(frame)) % 3 == 0, "left", "right")
+    frame.to_csv(tmp_path / "patients.csv", index=False)
+    sets = [
+        "run.data.name=table",
+        "run.data.path=patients.csv",
+        "run.data.label_column=target",
+        "run.data.categorical=onehot",
+        "run.model.name=mlp",
+        "run.model.kwargs={}",
+        "run.train.epochs=2",
+        "resources.max_failures=0",
+    ]
+    args = [a for s in sets for a in ("--set", s)]
+    config = ROOT / "sweeps" / "configs" / "tabular_demo.yaml"
+    proc = launch(tmp_path, "--config", str(config), "--name", "raw-csv", "--num-samples", "2", *args, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "the champion registers as 'calibrated-table-patients'" in proc.stdout
+    assert "Registered: models:/calibrated-table-patients@champion" in proc.stdout
+    client = store(tmp_path)
+    (parent,), children = sweep_runs(client, "raw-csv")
+    for run in children:
+        (inp,) = run.inputs.dataset_inputs
+        assert inp.dataset.name == "table:patients.csv" and inp.dataset.source_type == "local"
+    assert len({r.inputs.dataset_inputs[0].dataset.digest for r in children}) == 1  # one seed, one split
+    mv = client.get_model_version_by_alias("calibrated-table-patients", "champion")
+    with contextlib.chdir(tmp_path):
+        z = np.load(client.download_artifacts(mv.run_id, "predictions/predictions.npz", str(tmp_path)))
+        prefix = "ts_" if parent.data.tags["calib.champion_candidate"].endswith("+ts") else ""
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+        model = mlflow.pyfunc.load_model("models:/calibrated-table-patients@champion")
+    cfg = RunConfig.model_validate(
+        json.loads(Path(client.download_artifacts(mv.run_id, "run_config.json", str(tmp_path))).read_text())
+    )
+    raw = pd.read_csv(tmp_path / "patients.csv")
+    y = np.unique(raw["target"].astype(str).to_numpy(), return_inverse=True)[1]
+    rows = raw.iloc[_test_rows(y, cfg)]
+    np.testing.assert_allclose(np.asarray(model.predict(rows)), z[f"{prefix}test_probs"], atol=1e-6, rtol=0)
