@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from sweeps.contract import FINAL_FILE
 from tests.sweep_helpers import launch, store, sweep_runs
 from tests.test_sweep_stops_group import checkpoints, cleanup, group_members, start, wait_for_checkpoints
 
 pytestmark = pytest.mark.slow
 
 NAME = "corrupt"
-ARGS = ["--num-samples", "2", "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=12"]
+ARGS = ["--num-samples", "2", "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=30"]
 ARGS += ["--set", "run.train.batch_size=64", "--set", "search.references=[]", "--name", NAME]
 
 
@@ -57,6 +58,8 @@ def test_corrupted_checkpoints_fall_back_or_restart(tmp_path: Path) -> None:
     trials = sorted({c.split("/")[0] for c in checkpoints(tmp_path, NAME)})
     assert len(trials) == 2, trials
     exp = tmp_path / "ray_results" / NAME
+    # both trials were mid-training (a finished trial's final checkpoint is not what this test damages)
+    assert not list(exp.glob(f"*/checkpoint_*/{FINAL_FILE}")), "a trial finished before the kill"
     # trial 1: every checkpoint but its first damaged (the one Tune restores included: it falls back to the
     # first); trial 2: every checkpoint damaged (it starts again)
     for p in (exp / trials[0]).glob("checkpoint_*"):
