@@ -109,8 +109,8 @@ def describe_raw_inputs(record: Mapping[str, Any]) -> str:
         return f"a table (pandas DataFrame) with columns {_some(cols, 12)}"
     if fmt in IMAGE_FORMATS:
         h, w = record["image_size"]
-        size = "any size (resized to {h}x{w})" if record.get("resize") else f"{h}x{w}"
-        return f"uint8 pixel arrays (N, H, W, C) or (N, C, H, W), {record['image_mode']}, {size}".format(h=h, w=w)
+        size = f"any size (resized to {h}x{w})" if record.get("resize") else f"{h}x{w}"
+        return f"uint8 pixel arrays (N, H, W, C) or (N, C, H, W), {record['image_mode']}, {size}"
     return f"raw feature arrays {expected_input_text(record['input_shape'])}"
 
 

@@ -67,6 +67,7 @@ def _register(tmp: Path, cfg: RunConfig, data, result, name: str):
         version = log_and_register(run.info.run_id, ckpt, tuple(data.input_shape), name, uri)
         mlflow.set_tracking_uri(uri)
         model = mlflow.pyfunc.load_model(f"models:/{name}/{version}")
+    model.uri = uri  # type: ignore[attr-defined]  # the store, for the served test
     return model, client.get_model_version(name, version)
 
 
@@ -131,6 +132,67 @@ def test_table_standardised_path_and_signature(table):
     assert cols["site"] == "DataType.string" and cols["visits"] == "DataType.long"
     assert cols["mean radius"] == "DataType.double" and "target" not in cols
     assert "raw data as on disk: a table" in mv.description
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_takes_raw_table_rows(table, tmp_path):
+    """`mlflow models serve` (the README's command) on the table model: rows posted with their column names
+    (dataframe_split, as JSON carries them) give the trainer's probabilities; a missing column is an HTTP 400."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from tests.test_model_export import ROOT, _clean_env, _free_port, _post
+
+    model, mv, rows, expected, _ = table
+    port = _free_port()
+    line = next(
+        ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("PATH=") and "models serve" in ln
+    )
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    cmd = line.replace('"sqlite:///$PWD/mlflow.db"', model.uri).replace("-p 5001", f"-p {port}")
+    cmd = re.sub(r"models:/[^@\s]+@champion", f"models:/{mv.name}/{mv.version}", cmd)
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(
+        ["bash", "-c", cmd],
+        cwd=tmp_path,
+        env=_clean_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
+            time.sleep(0.5)
+        split = json.loads(rows.to_json(orient="split", index=False))
+        status, body = _post(f"{url}/invocations", {"dataframe_split": split})
+        assert status == 200, body
+        np.testing.assert_allclose(np.asarray(json.loads(body)["predictions"]), expected, atol=1e-6, rtol=0)
+        bad = json.loads(rows.drop(columns=["site"]).to_json(orient="split", index=False))
+        status, body = _post(f"{url}/invocations", {"dataframe_split": bad})
+        assert 400 <= status < 500 and "site" in body, (status, body[:500])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+        log.close()
 
 
 def test_table_missing_and_unknown_columns_named_in_one_error(table):
@@ -335,3 +397,35 @@ def test_a_csv_sweeps_champion_predicts_on_raw_rows_and_its_runs_name_their_data
     y = np.unique(raw["target"].astype(str).to_numpy(), return_inverse=True)[1]
     rows = raw.iloc[_test_rows(y, cfg)]
     np.testing.assert_allclose(np.asarray(model.predict(rows)), z[f"{prefix}test_probs"], atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------- the records derived for built-ins
+def test_digits_and_torchvision_records_reproduce_the_loaders_inputs():
+    from sklearn.datasets import load_digits
+
+    from calib_core.data.splits import DataSplits, Split, channel_stats, standardize
+    from calib_core.preprocess import apply_record
+
+    cfg = RunConfig.model_validate({"data": {"name": "digits"}})
+    data = load_dataset(cfg.data, cfg.seed)
+    record = input_record(data, cfg.data.model_dump(mode="json"))
+    bunch = load_digits()
+    rows = _test_rows(np.asarray(bunch.target), cfg)
+    got = apply_record(record, bunch.images[rows])  # (N, 8, 8), values 0..16 as sklearn gives them
+    np.testing.assert_array_equal(got, data.test.x.numpy())
+
+    # a CIFAR-like set: uint8 (N, 3, H, W) standardised with its train split's per-channel statistics
+    x = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (20, 3, 5, 6)).astype(np.uint8))
+    mean255, std255 = channel_stats(x[:10])
+    splits = [Split(standardize(x[i : i + 5], mean255, std255), torch.zeros(5, dtype=torch.long)) for i in (0, 5, 10)]
+    fake = DataSplits(
+        *splits,
+        num_classes=10,
+        input_shape=(3, 5, 6),
+        name="cifar10",
+        stats={"mean": (mean255 / 255).tolist(), "std": (std255 / 255).tolist()},
+    )
+    record = input_record(fake, {"name": "cifar10", "root": "/data"})
+    assert record["format"] == "image" and record["image_mode"] == "RGB"
+    hwc = x[10:15].numpy().transpose(0, 2, 3, 1)  # as CIFAR's files hold them
+    np.testing.assert_allclose(apply_record(record, hwc), splits[2].x.numpy(), atol=1e-6, rtol=0)
