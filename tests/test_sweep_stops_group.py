@@ -145,3 +145,17 @@ def test_sigterm_to_every_process_of_the_service_keeps_the_promises(tmp_path: Pa
         assert session_processes(record["session_dir"], record["raylet_pids"]) == []
     finally:
         cleanup(driver, record)
+    # resumable: --resume continues the same two trials from their checkpoints (then Ctrl+C ends it, exit 130)
+    before = checkpoints(tmp_path)
+    driver, record = start(tmp_path, *LONG, "--resume"), None
+    try:
+        record = wait_for_checkpoints(tmp_path, driver, after=len(before))
+        os.killpg(driver.pid, signal.SIGINT)
+        out, _ = driver.communicate(timeout=120)
+        assert driver.returncode == 130, out[-3000:]
+        assert "Resuming " in out and "lost" not in out, out[-3000:]
+        assert {c.split("/")[0] for c in checkpoints(tmp_path)} == {c.split("/")[0] for c in before}
+        parents, children = sweep_runs(store(tmp_path), NAME)
+        assert len(children) == 2 and all(r.info.status == "KILLED" for r in children)
+    finally:
+        cleanup(driver, record)
