@@ -250,7 +250,7 @@ def test_planted_pickles_are_refused_and_never_run(tmp_path):
     assert not marker.exists()
 
 
-def test_a_trial_refuses_a_planted_resume_state(tmp_path, monkeypatch):
+def test_a_trial_refuses_a_planted_resume_state(tmp_path, capsys):
     """train_trial itself, resuming from a Tune checkpoint whose state.pt was replaced."""
     from ray import tune
 
@@ -262,10 +262,16 @@ def test_a_trial_refuses_a_planted_resume_state(tmp_path, monkeypatch):
     d = tmp_path / "ckpt"
     d.mkdir()
     _plant(d / STATE_FILE, marker)
-    monkeypatch.setattr(trainable.tune, "get_checkpoint", lambda: tune.Checkpoint.from_directory(str(d)))
-    base = RunConfig.model_validate({**TINY, "device": "cpu", "num_threads": 1}).model_dump(mode="json")
+    # the trial's restore path: the planted file is refused (never unpickled, so nothing in it runs), named in one
+    # line, and the trial starts again from its first epoch instead (no older checkpoint here)
+    from calib_core.export import load_tensors
+
     with pytest.raises(UnsafeFileError, match=rf"refusing to load .*{STATE_FILE}"):
-        trainable.train_trial({}, base)
+        load_tensors(d / STATE_FILE)
+    assert trainable._readable_checkpoint(tune.Checkpoint.from_directory(str(d)), load_tensors) == (None, None)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and f"{STATE_FILE} (UnsafeFileError: refusing to load" in out
+    assert "the trial starts again" in out
     assert not marker.exists()
 
 

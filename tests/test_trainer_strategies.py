@@ -223,7 +223,7 @@ def test_posthoc_fits_once_per_task_and_epoch_on_labelled_rows(kind):
         seen.append(cal.num_classes)
         return fits(cal, inputs, labels)
 
-    res = c.trainer(c.cfg(method="posthoc", epochs=2), posthoc_fit=fit).fit()
+    res = c.trainer(c.cfg(method="posthoc", posthoc_split="holdout", epochs=2), posthoc_fit=fit).fit()
     assert res.status == "completed"
     classes = [k for _, k in TASKS] if kind == "multi" else [K]
     assert seen == classes * 2
