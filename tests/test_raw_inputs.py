@@ -429,3 +429,18 @@ def test_digits_and_torchvision_records_reproduce_the_loaders_inputs():
     assert record["format"] == "image" and record["image_mode"] == "RGB"
     hwc = x[10:15].numpy().transpose(0, 2, 3, 1)  # as CIFAR's files hold them
     np.testing.assert_allclose(apply_record(record, hwc), splits[2].x.numpy(), atol=1e-6, rtol=0)
+
+
+def test_arrays_records_reproduce_the_loaders_inputs(tmp_path):
+    """An .npz of feature vectors (float64, per-feature statistics) and one of signals (N, C, L: per channel)."""
+    from calib_core.preprocess import apply_record
+
+    rng = np.random.default_rng(0)
+    y = np.arange(150) % 3
+    for name, x in (("vec", rng.normal(3, 2, (150, 6)) + y[:, None]), ("sig", rng.normal(1, 5, (150, 2, 7)))):
+        np.savez(tmp_path / f"{name}.npz", x=x, y=y)
+        cfg = RunConfig.model_validate({"data": {"name": "arrays", "path": str(tmp_path / f"{name}.npz")}})
+        data = load_dataset(cfg.data, cfg.seed)
+        record = input_record(data, cfg.data.model_dump(mode="json"))
+        got = apply_record(record, x[_test_rows(y, cfg)])
+        np.testing.assert_allclose(got, data.test.x.numpy(), atol=1e-6, rtol=0)
