@@ -186,6 +186,13 @@ def selection_v3(results: Path = RESULTS_DIR) -> str:
         L.append(f"- {regime} ({len(reg['seeds'])} sweeps): " + "; ".join(parts))
     d = rec["verdict"]["default"]
     qualifying = [n for n, v in rec["verdict"]["margins"].items() if v["qualifies"]]
+    for name, v in rec["verdict"]["margins"].items():
+        if "better_in_holm" in v:
+            L.append(
+                f"- {name} pt: lower test ECE than the previous default (Holm over the regimes) in "
+                f"{', '.join(v['better_in_holm']) or 'no regime'}; worse in {', '.join(v['worse_in']) or 'none'}; "
+                f"mean test ECE over the regimes {100 * v['mean_test_ece']:.2f} %"
+            )
     L += [
         "",
         (
