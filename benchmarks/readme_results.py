@@ -206,6 +206,39 @@ def selection_v3(results: Path = RESULTS_DIR) -> str:
     return "\n".join(L)
 
 
+def method_study_c_slice(results: Path = RESULTS_DIR) -> str:
+    """The users' question on protocol A's backbones (protocol C's cheap slice): per claim and regime, the paired
+    differences of ECE, NLL and accuracy with their 95 % intervals and the pre-registered verdict."""
+    path = results / "method_study_c_slice.json"
+    if not path.is_file():
+        return "_No slice result yet (`benchmarks/results/method_study_c_slice.json`)._"
+    import yaml
+
+    rec = json.loads(path.read_text())
+    spec = yaml.safe_load((ROOT / "benchmarks" / "protocols" / "method_study_c.yaml").read_text())
+    L = [
+        "Protocol C's cheap slice (`benchmarks/results/method_study_c_slice.md`; pre-registered; protocol A's chosen "
+        "backbones retrained on its 24 seeds, TS fitted on all validation rows stacked on each; paired by seed, "
+        "Holm across regimes). Differences are method minus reference, test split, mean [95 % CI]:",
+        "",
+    ]
+    for name, claim in rec["claims"].items():
+        text = spec["slice"]["claims"][name]["text"]
+        L.append(f"- **{text}**: {claim['overall']}")
+        for regime, v in claim["per_regime"].items():
+            m = v["metrics"]
+
+            def cell(key: str, scale: float, unit: str, m: dict = m) -> str:
+                c = m[key]
+                return f"{scale * c['mean']:+.2f} [{scale * c['ci95'][0]:+.2f}, {scale * c['ci95'][1]:+.2f}]{unit}"
+
+            L.append(
+                f"  - {regime} ({v['seeds']} seeds): ECE {cell('ece', 100, ' pt')}, NLL {cell('nll', 1, '')}, "
+                f"accuracy {cell('accuracy', 100, ' pt')}: {v['verdict']}"
+            )
+    return "\n".join(L)
+
+
 def demo_selection(results: Path = RESULTS_DIR) -> str:
     """The demo's selection sentence as one run printed it (benchmarks/bench_reference_arms.py keeps it)."""
     path = results / "bench_reference_arms.json"
@@ -217,6 +250,7 @@ def demo_selection(results: Path = RESULTS_DIR) -> str:
 
 BLOCKS: dict[str, Callable[[], str]] = {
     "demo_selection": demo_selection,
+    "method_study_c_slice": method_study_c_slice,
     "method_study_v2": method_study_v2,
     "method_study_v2a": method_study_v2a,
     "selection_heldout": selection_heldout,

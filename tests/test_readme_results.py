@@ -76,3 +76,9 @@ def test_selection_v3_block_follows_its_file(tmp_path):
     (tmp_path / "selection_v3.json").write_text(json.dumps(_v3(0.004, False)))
     b = readme_results.selection_v3(tmp_path)
     assert "**no margin qualifies**" in b and "provisional 1 pt stays" in b
+
+
+def test_the_slice_block_reads_its_file(tmp_path):
+    assert "No slice result yet" in readme_results.method_study_c_slice(tmp_path)
+    real = readme_results.method_study_c_slice()
+    assert real.count("seeds):") >= 5 and "matches CE_es + TS" in real
