@@ -1,0 +1,90 @@
+"""Fast checks behind the stop tests (issue #36; the slow ones are tests/test_sweep_stops_*.py): the stop that
+Ray Tune handles itself is seen, a changed search space is named in one line, an unreadable checkpoint falls
+back to the newest readable one or to none."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+import torch
+from ray import tune
+
+from calib_core.export import load_tensors
+from sweeps.checks.preflight import search_space, search_space_problem
+from sweeps.config import load_sweep_config
+from sweeps.contract import FINAL_FILE, STATE_FILE
+from sweeps.integrations.ray.trainable import _readable_checkpoint
+from sweeps.integrations.ray.tuner import StopWatch
+
+
+def test_the_stop_lines_stopwatch_reads_are_ray_tunes_own() -> None:
+    """StopWatch knows an interrupted fit from Ray Tune's log lines: they must still be Tune's wording."""
+    import ray.tune.tune as tune_module
+
+    source = inspect.getsource(tune_module)
+    for line in StopWatch.LINES:
+        assert line in source, line
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_stopwatch_records_the_stop_and_keeps_the_line_out_when_quiet(quiet: bool) -> None:
+    stops = StopWatch(quiet=quiet)
+    other = logging.LogRecord("ray.tune.tune", logging.WARNING, "", 0, "something else", None, None)
+    assert stops.filter(other) and not stops.requested
+    stop = logging.LogRecord(
+        "ray.tune.tune", logging.WARNING, "", 0, "Experiment has been interrupted, but ...", None, None
+    )
+    assert stops.filter(stop) is (not quiet)
+    assert stops.requested
+
+
+def test_a_changed_search_space_is_named_in_one_line() -> None:
+    cfg = load_sweep_config(None, [])
+    recorded = search_space(cfg)
+    assert search_space_problem(cfg, recorded) is None
+    assert search_space_problem(load_sweep_config(None, ["search.num_samples=20"]), recorded) is None  # growth
+    changed = load_sweep_config(None, ["search.calibrators=[temperature]", "search.seed=7"])
+    line = search_space_problem(changed, recorded)
+    assert line is not None and "\n" not in line and len(line) < 400
+    assert line.startswith("search.calibrators: --resume of 'mnist1d-demo' must search what it started with")
+    assert "(and search.seed)" in line
+
+
+def _checkpoints(trial: Path, good: list[int], bad: list[int]) -> tune.Checkpoint:
+    for i in sorted(good + bad):
+        d = trial / f"checkpoint_{i:06d}"
+        d.mkdir(parents=True)
+        if i in good:
+            torch.save({"epoch": i}, d / STATE_FILE)
+        else:
+            (d / STATE_FILE).write_bytes(b"\x80\x02garbage, not a checkpoint")
+    return tune.Checkpoint(str(trial / f"checkpoint_{max(good + bad):06d}"), filesystem=pafs.LocalFileSystem())
+
+
+def test_an_unreadable_checkpoint_falls_back_to_the_newest_readable(tmp_path: Path, capsys) -> None:
+    ckpt = _checkpoints(tmp_path / "trial", good=[0, 1, 2], bad=[3, 4])
+    state, final = _readable_checkpoint(ckpt, load_tensors)
+    assert final is None and state == {"epoch": 2}
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"checkpoint unreadable: {tmp_path}/trial/checkpoint_000004/state.pt (")
+    assert out[0].endswith("; resuming from checkpoint_000002")
+
+
+def test_no_readable_checkpoint_starts_the_trial_again(tmp_path: Path, capsys) -> None:
+    ckpt = _checkpoints(tmp_path / "trial", good=[], bad=[0, 1])
+    assert _readable_checkpoint(ckpt, load_tensors) == (None, None)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].endswith("; no older one readable, the trial starts again")
+
+
+def test_a_readable_checkpoint_is_used_without_a_word(tmp_path: Path, capsys) -> None:
+    ckpt = _checkpoints(tmp_path / "trial", good=[0, 1], bad=[])
+    assert _readable_checkpoint(ckpt, load_tensors) == ({"epoch": 1}, None)
+    (Path(ckpt.path) / FINAL_FILE).write_text('{"val_ece": 0.1}')
+    assert _readable_checkpoint(ckpt, load_tensors) == (None, {"val_ece": 0.1})
+    assert capsys.readouterr().out == ""
+    assert _readable_checkpoint(None, load_tensors) == (None, None)
