@@ -46,6 +46,8 @@ METRIC_NAMES = PER_EPOCH_METRICS + FINAL_ONLY_METRICS
 # validation), its predictions stored as TS_PREFIX + <array> in PREDICTIONS_FILE, its per-task temperatures under
 # TS_SUMMARY_KEY in SUMMARY_FILE (the exported model divides its logits by them).
 TS_PREFIX = "ts_"
+# The Optuna study trial of a reference arm carries its name under this user attribute (no sampled value).
+REFERENCE_ATTR = "reference_arm"
 TS_SUMMARY_KEY = "temperature_on_top"
 # The multi-objective search: validation accuracy up, validation ECE down.
 MULTI_OBJECTIVE = (("val_accuracy", "max"), ("val_ece", "min"))

@@ -169,7 +169,8 @@ def test_a_mismatched_checkpoint_stops_the_sweep_before_anything_is_written(tmp_
     torch.save(_mlp(classes=10, hidden=(64, 64)).state_dict(), tmp_path / "w.pt")
     (tmp_path / "c.yaml").write_text(
         "name: pre\nrun:\n  data: {name: breast_cancer}\n  model: {name: mlp, kwargs: {hidden_dims: [64, 64]}, "
-        "weights: w.pt, freeze: head_only}\n  train: {epochs: 1}\nsearch: {num_samples: 1, calibrators: [temperature]}\n"
+        "weights: w.pt, freeze: head_only}\n  train: {epochs: 1}\n"
+        "search: {num_samples: 1, calibrators: [temperature]}\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     proc = subprocess.run(

@@ -6,6 +6,7 @@ from typing import Any
 
 from calib_core.config import RunConfig, build_model
 from sweeps.config import BASELINE_CHOICES, SearchConfig
+from sweeps.contract import REFERENCE_ATTR
 
 
 class SearchSpace:
@@ -27,7 +28,7 @@ class SearchSpace:
         their choice is a constant of the trial (a user attribute), not a sampled value."""
         if trial.number < len(self.references):
             arm = self.references[trial.number]
-            trial.set_user_attr("reference_arm", arm)
+            trial.set_user_attr(REFERENCE_ATTR, arm)
             self._extra(trial)
             fixed: dict[str, Any] = {"calibrator": arm}
             if arm == "ce_es":

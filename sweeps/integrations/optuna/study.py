@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ray.tune.search.optuna import OptunaSearch
 
-from sweeps.contract import MEMORY  # search.storage: the study only in Ray Tune's state
+from sweeps.contract import MEMORY, REFERENCE_ATTR  # MEMORY: the study only in Ray Tune's state
 from sweeps.integrations.ray.live_hooks import listen_for_runs, noted_run
 
 if TYPE_CHECKING:
@@ -161,10 +161,18 @@ def param_importances(
     import optuna
     from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 
-    study = optuna.load_study(study_name=study_name, storage=make_storage(url))
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    loaded = optuna.load_study(study_name=study_name, storage=make_storage(url))
+    # the reference arms (a constant choice, no sampled value) are not part of the searched space: fANOVA over
+    # the sampled trials only (Optuna's importances read the parameters every trial has)
+    done = [
+        t
+        for t in loaded.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if REFERENCE_ATTR not in t.user_attrs
+    ]
     if len(done) < 4:
-        return None, f"Only {len(done)} completed trials: too few for parameter importances."
+        return None, f"Only {len(done)} completed sampled trials: too few for parameter importances."
+    study = optuna.create_study(directions=loaded.directions)
+    study.add_trials(done)
     out: dict[str, dict[str, float]] = {}
 
     def objective(i: int) -> Any:
@@ -177,6 +185,7 @@ def param_importances(
             return None, f"No parameter importances: {exc}"
         out[name] = {k: float(v) for k, v in imp.items()}
     return out, (
-        f"fANOVA importance (Optuna, seed 0) over the {len(done)} completed trials: the share of each objective's "
+        f"fANOVA importance (Optuna, seed 0) over the {len(done)} completed sampled trials (reference arms left "
+        "out): the share of each objective's "
         "variance over the search space explained by each searched value; with few trials it is a rough guide."
     )
