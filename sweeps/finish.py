@@ -67,9 +67,10 @@ def trial_records(results: Any, store: MlflowStore, experiment_id: str, sweep: s
     return records
 
 
-def candidates(records: list[TrialRecord]) -> list[TrialRecord]:
-    """What selection chooses from: every trial as trained, then every completed trial + TS (when measured)."""
-    on_top = on_top_candidates(records, TS_PREFIX)
+def candidates(records: list[TrialRecord], metric: str = "val_ece") -> list[TrialRecord]:
+    """What selection chooses from: every trial as trained, then every completed trial + TS (when measured, and
+    when its selection `metric` is: shift and OOD metrics are measured for the trained model only)."""
+    on_top = [r for r in on_top_candidates(records, TS_PREFIX) if metric in r.metrics]
     return [*(_trained(r) for r in records), *on_top]
 
 

@@ -258,7 +258,7 @@ def _execute(
     t_closed = time.perf_counter()
     if incomplete:
         raise SweepIncomplete(sum(rec.status == "completed" for rec in records), cfg.search.num_samples)
-    records = candidates(records)  # every trial as trained, and + TS on top where measured
+    records = candidates(records, cfg.selection.metric)  # every trial as trained, and + TS where measured
     with runs_closed_on_failure(store, experiment_id, parent_id, cfg.name):
         try:
             reps = sweep_replicates(records, cfg)

@@ -22,3 +22,19 @@ def test_importances_are_over_the_sampled_trials_only(tmp_path):
     imp, note = param_importances(url, "s", ["val_ece"])
     assert imp is not None and set(imp["val_ece"]) == {"calibrator", "calibrator_lr"}
     assert "over the 6 completed sampled trials (reference arms left out)" in note
+
+
+def test_on_top_candidates_without_the_selection_metric_do_not_compete():
+    from sweeps.decide.selection import TrialRecord
+    from sweeps.finish import candidates
+
+    rec = TrialRecord(
+        "a",
+        "t",
+        "completed",
+        {"val_accuracy": 0.9, "val_ece": 0.05, "val_shift_ece": 0.1, "ts_val_accuracy": 0.9, "ts_val_ece": 0.01},
+        params={"calibrator": "temperature"},
+    )
+    assert [c.trial_id for c in candidates([rec])] == ["a", "a+ts"]
+    assert [c.trial_id for c in candidates([rec], "val_shift_ece")] == ["a"]  # shift is measured as trained only
+    assert "ts_val_ece" not in candidates([rec])[0].metrics

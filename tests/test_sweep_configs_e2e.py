@@ -142,5 +142,9 @@ def test_single_objective_with_asha_completes_some_and_stops_some(tmp_path):
     assert by_status.get("completed") and by_status.get("stopped_early"), {k: len(v) for k, v in by_status.items()}
     assert "stopped early by ASHA at epoch 1" in proc.stdout  # the progress line
     parents, _ = sweep_runs(store(tmp_path), "asha")
-    best = min(by_status["completed"], key=lambda r: r.data.metrics["val_ece"])
+    # the candidates: each completed trial as trained (val_ece) and + TS (ts_val_ece, on the same run)
+    best = min(
+        by_status["completed"],
+        key=lambda r: min(r.data.metrics["val_ece"], r.data.metrics.get("ts_val_ece", float("inf"))),
+    )
     assert parents[0].data.tags["calib.champion_trial"] == best.data.tags["calib.trial_id"]
