@@ -23,7 +23,8 @@ from tests.test_sweep_stops_group import checkpoints, cleanup, group_members, st
 pytestmark = pytest.mark.slow
 
 NAME = "corrupt"
-ARGS = ["--num-samples", "2", "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=30"]
+# epochs enough that no trial can finish before the kill on an idle machine (30 did, at the end of a test run)
+ARGS = ["--num-samples", "2", "--set", "run.data.num_samples=1200", "--set", "run.train.epochs=150"]
 ARGS += ["--set", "run.train.batch_size=64", "--set", "search.references=[]", "--name", NAME]
 
 
