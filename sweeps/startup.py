@@ -68,7 +68,7 @@ def _checks(cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, fit: mode
             check_local_data(cfg)
         check_local_resources(cfg)
     with _fs_errors("search.storage"):
-        check_study_storage(cfg.search.storage or "memory")
+        check_study_storage(cfg.search.storage or "memory", cluster)
     if cfg.storage_path and "://" in cfg.storage_path and not cfg.storage_path.startswith("file://"):
         probe_remote_storage(cfg.storage_path)
     from sweeps.integrations.mlflow.existing import check_store

@@ -402,3 +402,53 @@ def test_study_exists_on_a_database_server_without_optuna_tables(tmp_path):
     optuna.create_study(study_name="sweep", storage=url)
     assert existing._study_exists(url, "sweep") is True
     assert existing._study_exists(url, "other") is False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cluster_waits_for_a_store_that_comes_up_late(capsys):
+    """On a cluster a database that starts listening 1.5 s after the check began is found (a Service whose pod
+    is still starting); locally the same check fails at once; a store that never answers fails after the wait."""
+    import socket
+    import threading
+    import time
+
+    port = _free_port()
+    url = f"postgresql://u:secret@127.0.0.1:{port}/db"
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"search.storage: no database answers at 127.0.0.1:{port} \(Connection"):
+        preflight.check_study_storage(url, cluster=False)
+    assert time.monotonic() - t0 < 1.0
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def listen_late() -> None:
+        time.sleep(1.5)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+
+    threading.Thread(target=listen_late, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        preflight.check_study_storage(url, cluster=True)
+    finally:
+        server.close()
+    waited = time.monotonic() - t0
+    assert 1.4 < waited < 10, waited
+    err = capsys.readouterr().err
+    assert f"waiting up to {preflight.CLUSTER_WAIT_S:g} s for 127.0.0.1:{port} (Connection refused)" in err
+    assert "secret" not in err
+
+    reason = preflight._wait_for(lambda: "cannot resolve host 'mlflow'", "http://mlflow:5000", True, wait_s=1.0)
+    assert reason == "cannot resolve host 'mlflow', still after 1 s"
+    # a reason no wait can change fails at once
+    t0 = time.monotonic()
+    assert preflight._wait_for(lambda: "HTTP 404 for x", "x", True, wait_s=30) == "HTTP 404 for x"
+    assert time.monotonic() - t0 < 0.5

@@ -17,10 +17,12 @@ import math
 import os
 import socket
 import ssl
+import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,11 @@ if TYPE_CHECKING:
 
 # Seconds to wait for a tracking server, a database or a Ray head to answer.
 TIMEOUT_S = float(os.environ.get("CALIB_PREFLIGHT_TIMEOUT_S", "3"))
+# On a cluster a service's DNS name and its server can come up after the job's driver (a Service created with the
+# RayCluster, a pod restarting): a sweep there waits this long for its stores before giving up.
+CLUSTER_WAIT_S = float(os.environ.get("CALIB_PREFLIGHT_CLUSTER_WAIT_S", "90"))
+# Reasons a server may still give a moment later; anything else (a 404, a bad port) fails at once.
+_TRANSIENT = ("cannot resolve host", "no answer within", "Connection refused", "HTTP 502", "HTTP 503", "HTTP 504")
 # Datasets read from files under run.data.root (calib_core.registry's metadata).
 ROOT_DATASETS = tuple(DATASETS.names(needs_root=True))
 # File systems that cannot hold a store (kernel interfaces).
@@ -307,21 +314,38 @@ def check_tracking(uri: str, cluster: bool) -> None:
         if artifacts.exists() and not artifacts.is_dir():
             raise ConfigError(f"tracking.uri: {artifacts} (the artifact folder beside the store) is not a folder")
     elif uri.startswith(("http://", "https://")):
-        reason = _probe_http(uri)
+        reason = _wait_for(lambda: _probe_http(uri), redact(uri), cluster)
         if reason:
             raise ConfigError(
                 f"tracking.uri: no MLflow server answers at {redact(uri)} ({reason}); start it or fix the URI"
             )
     elif uri.startswith(("postgresql", "mysql")):
-        _check_database_server("tracking.uri", uri)
+        _check_database_server("tracking.uri", uri, cluster)
 
 
-def check_study_storage(url: str) -> None:
+def check_study_storage(url: str, cluster: bool = False) -> None:
     """The Optuna storage: a SQLite file whose folder exists and is writable, or a database that answers."""
     if url.startswith("sqlite:///"):
         _check_sqlite_file("search.storage", Path(url.removeprefix("sqlite:///")), "study", "URL")
     elif url.startswith(("postgresql", "mysql")):
-        _check_database_server("search.storage", url)
+        _check_database_server("search.storage", url, cluster)
+
+
+def _wait_for(probe: Callable[[], str | None], what: str, cluster: bool, wait_s: float | None = None) -> str | None:
+    """`probe()`'s reason, retried for up to CLUSTER_WAIT_S on a cluster while the reason is transient (the
+    name does not resolve yet, nothing listens yet, a gateway error), saying once on stderr that it waits."""
+    reason = probe()
+    if not cluster or reason is None or not reason.startswith(_TRANSIENT):
+        return reason
+    wait_s = CLUSTER_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    print(f"waiting up to {wait_s:g} s for {what} ({reason})", file=sys.stderr, flush=True)
+    while reason is not None and reason.startswith(_TRANSIENT) and time.monotonic() < deadline:
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+        reason = probe()
+    if reason is not None and reason.startswith(_TRANSIENT):
+        return f"{reason}, still after {wait_s:g} s"
+    return reason
 
 
 def _check_sqlite_file(field: str, db: Path, what: str, address: str) -> None:
@@ -344,7 +368,7 @@ def _check_sqlite_file(field: str, db: Path, what: str, address: str) -> None:
             raise ConfigError(f"{field}: {db} is not a SQLite database")
 
 
-def _check_database_server(field: str, url: str) -> None:
+def _check_database_server(field: str, url: str, cluster: bool = False) -> None:
     """A PostgreSQL or MySQL URL: its host answers on its port (the default port when none is given)."""
     parts = urllib.parse.urlsplit(url)
     if not parts.hostname:
@@ -354,7 +378,8 @@ def _check_database_server(field: str, url: str) -> None:
         port = parts.port or default
     except ValueError:
         raise ConfigError(f"{field}: {redact(url)!r} has an invalid port") from None
-    reason = _probe_tcp(parts.hostname, port)
+    host = parts.hostname
+    reason = _wait_for(lambda: _probe_tcp(host, port), f"{host}:{port}", cluster)
     if reason:
         raise ConfigError(f"{field}: no database answers at {parts.hostname}:{port} ({reason})")
 
