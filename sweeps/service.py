@@ -28,7 +28,7 @@ from sweeps.contract import (
 )
 from sweeps.decide.selection import select, trial_errors
 from sweeps.finish import add_detail, candidates, log_selection, sweep_replicates, trial_records, write_report
-from sweeps.integrations.mlflow.store import MlflowStore, TrackingUnavailable
+from sweeps.integrations.mlflow.store import MlflowStore
 from sweeps.integrations.mlflow.sweep_runs import (
     close_trials,
     deliver_missed_completions,
@@ -40,7 +40,7 @@ from sweeps.integrations.mlflow.sweep_runs import (
 from sweeps.integrations.mlflow.tracking import (
     source_tags,
 )
-from sweeps.integrations.optuna.study import MEMORY, mark_champion
+from sweeps.integrations.optuna.study import MEMORY, StudyOutageGuard, mark_champion
 from sweeps.integrations.ray.live_hooks import installed
 from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.integrations.ray.tuner import (
@@ -54,6 +54,7 @@ from sweeps.integrations.ray.tuner import (
     result_loggers,
     should_restore,
 )
+from sweeps.outage import Unavailable
 from sweeps.report.summary import intro, print_summary, sweep_note
 
 
@@ -76,7 +77,7 @@ def execute(
             return _execute(
                 cfg, cluster=cluster, resume=resume, verbose=verbose, grow=grow, promote=promote, stops=stops
             )
-        except TrackingUnavailable as exc:
+        except Unavailable as exc:  # MLflow or the study's database away past its limit: resumable
             raise SweepError(str(exc)) from None
 
 
@@ -177,6 +178,7 @@ def _execute(
 ) -> SweepResult:
     stops = stops or StopWatch()
     from sweeps.integrations.ray.resource_wait import PendingTimeout
+    from sweeps.integrations.ray.node_loss import NodeLossCallback
     from sweeps.integrations.ray.session import end as end_session
     from sweeps.integrations.ray.session import reap_stale
     from sweeps.integrations.ray.session import track as track_session
@@ -207,10 +209,14 @@ def _execute(
     r = cfg.resources
     progress = ProgressCallback(max([cfg.search.num_samples, *grown]), cfg.selection)
     tracking = tracking_callback(cfg, store, experiment_id, parent_id, sources)
+    # the study's database away past search.storage_outage_timeout_s ends the fit (integrations/optuna/study.py)
+    study_guard = StudyOutageGuard(cfg.name, cfg.search.storage_outage_timeout_s, lambda: stops.requested)
     callbacks = [
         tracking,
+        study_guard,
         progress,
         PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial),  # ends a hopeless wait
+        NodeLossCallback(r.max_failures),  # one line per Ray node lost while trials ran
         *result_loggers(),
     ]
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
@@ -229,6 +235,7 @@ def _execute(
     with (
         runs_closed_on_failure(store, experiment_id, parent_id, cfg.name, tracking),
         installed(cfg.name, callbacks, reporter),
+        contextlib.closing(study_guard),
     ):
         _route_sigterm(stops)
         print(intro(cfg, exp_path, parent_id, resumed=restoring), flush=True)
@@ -274,7 +281,7 @@ def _execute(
         t_report = time.perf_counter()
         rss["report"] = peak_rss_mb()
         version, alias, gate_line = register_champion(cfg, store, chosen, promote)
-        mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial)
+        mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial, cfg.search.storage_outage_timeout_s)
         report_path = write_report(
             cfg, store, parent_id, experiment_id, exp_path, records, chosen, why, gate_line, reps, board
         )

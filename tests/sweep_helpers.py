@@ -219,3 +219,51 @@ def stop_ray_under(temp_dir: str, grace_s: float = 15.0) -> list[int]:
         while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
             time.sleep(0.2)
     return pids
+
+
+@contextmanager
+def two_node_cluster(worker_cpus: int = 1) -> Iterator[dict]:
+    """A Ray cluster of two nodes on this machine (a head with one CPU and resource `head_node`, a worker with
+    `worker_cpus` CPUs and `worker_node`), token-authenticated, in a short RAY_TMPDIR of its own; yields
+    {"port", "ray_tmp", "env" (for `ray` commands), "launch_env" (for launch.py --cluster)}; stops only its
+    own processes afterwards."""
+    import secrets
+    import tempfile
+
+    ray = str(Path(sys.executable).parent / "ray")
+    port = free_port()
+    token = secrets.token_hex(32)
+    ray_tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # Ray's socket paths must stay under 107 bytes
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token,
+        "RAY_TMPDIR": ray_tmp,
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+
+    def ray_cmd(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([ray, *args], env=env, capture_output=True, text=True, timeout=180)
+
+    common = ["--node-ip-address", "127.0.0.1"]
+    try:
+        head = ray_cmd(
+            "start", "--head", *common, "--port", str(port), "--num-cpus", "1", "--include-dashboard", "false",
+            "--resources", '{"head_node": 1}',
+        )  # fmt: skip
+        assert head.returncode == 0, head.stderr[-2000:]
+        worker = ray_cmd(
+            "start", "--address", f"127.0.0.1:{port}", *common, "--num-cpus", str(worker_cpus),
+            "--resources", '{"worker_node": 1}',
+        )  # fmt: skip
+        assert worker.returncode == 0, worker.stderr[-2000:]
+        yield {
+            "port": port,
+            "ray_tmp": ray_tmp,
+            "env": env,
+            "launch_env": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+            | {"CALIB_SHARED_STORAGE": "1"},
+        }
+    finally:
+        stop_ray_under(ray_tmp)  # only this cluster (never `ray stop --force`)
+        shutil.rmtree(ray_tmp, ignore_errors=True)

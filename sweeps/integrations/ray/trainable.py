@@ -27,6 +27,7 @@ from sweeps.contract import (
     MODEL_FILE,
     MODEL_SPEC_FILE,
     OOD_SCORES,
+    OUT_OF_MEMORY,
     PREDICTIONS_FILE,
     REPORT_DIR,
     SHIFT_FILE,
@@ -36,6 +37,7 @@ from sweeps.contract import (
     TS_SUMMARY_KEY,
     final_only_keys,
     is_number,
+    memory_failure,
     metric_key,
 )
 from sweeps.integrations.optuna.search_space import describe_params, resolve_run_config
@@ -103,6 +105,12 @@ def _finite(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: (v if not isinstance(v, float) or math.isfinite(v) else float("nan")) for k, v in metrics.items()}
 
 
+# A failed trial's objectives: Optuna records NaN objectives as failed trials, so it never ranks.
+FAILED_OBJECTIVES = {"val_ece": float("nan"), "val_accuracy": float("nan")}
+# Why an out-of-memory trial is not retried (its reason ends with this).
+NOT_RETRIED = "not retried, the same config needs the same memory again (use a smaller model or batch, or more memory)"
+
+
 def train_trial(
     config: dict[str, Any],
     base: dict[str, Any],
@@ -110,11 +118,59 @@ def train_trial(
     plugins: list[str] | None = None,
     quiet: bool = False,
 ) -> None:
+    """Run one trial (arguments: _train_trial's). A failed allocation (torch's CPU or CUDA allocator, MemoryError)
+    ends it `out_of_memory` with its reason, reported as a diverged trial's ending is, and it is not retried."""
+    built: list[Any] = []  # the trainer once built: its epoch count outlives the error
+    try:
+        _train_trial(config, base, evaluation, plugins, quiet, built)
+        return
+    except Exception as exc:
+        oom = memory_failure(exc)
+        if oom is None:
+            raise
+    # Out of the except block: the failed frames (and what they allocated) are released before the report.
+    epoch = int(built[0].epoch) if built else 0
+    built.clear()
+    _release_memory()
+    print(f"out of memory: {clip(oom[1], 300)}; {NOT_RETRIED}", flush=True)
+    _report_failed(OUT_OF_MEMORY, f"{clip(oom[1], 300)}; {NOT_RETRIED}", epoch)
+
+
+def _release_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _report_failed(status: str, reason: str, epoch: int) -> None:
+    """The final report of a trial that ended without a result (`status`, `reason`; the driver marks its run FAILED
+    with the reason). Its checkpoint holds FINAL_FILE, so a restored trial reports it again instead of running."""
+    final = _lead_columns(
+        {"epoch": epoch, "done": True, "status": status, "reason": reason, "node_id": _node_id(), **FAILED_OBJECTIVES}
+    )
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / FINAL_FILE).write_text(json.dumps(final))
+        tune.report(final, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def _train_trial(
+    config: dict[str, Any],
+    base: dict[str, Any],
+    evaluation: EvaluationConfig | dict[str, Any] | None,
+    plugins: list[str] | None,
+    quiet: bool,
+    built: list[Any],
+) -> None:
     """Run one trial: resolve its config, resume from Tune's checkpoint if any, report per epoch.
 
     `evaluation`: what is measured after training (a dict is validated into an EvaluationConfig).
     `plugins`: modules that register models, datasets or calibrators (imported here too: a trial
     runs in its own process). `quiet`: Ray Train's per-checkpoint INFO line off (sweeps.integrations.ray.progress).
+    `built`: gets the trainer once it is built.
     """
     import torch
 
@@ -140,6 +196,7 @@ def train_trial(
 
     data = load_dataset(run_cfg.data, run_cfg.seed)
     trainer = make_trainer(run_cfg, data, run_cfg.device)
+    built.append(trainer)
 
     resume_state, final = _readable_checkpoint(tune.get_checkpoint(), load_tensors)
     if final is not None:
@@ -148,6 +205,7 @@ def train_trial(
         return
 
     last_epoch: dict[str, float] = {}
+    node = _node_id()  # in every report: the driver names the trials a lost node held (node_loss.py)
 
     def on_epoch(report: Any) -> None:
         metrics = _finite({k: float(v) for k, v in report.metrics.items()})
@@ -163,7 +221,7 @@ def train_trial(
                 for key in final_only_keys(shift=evaluation.shift, ood=evaluation.ood != "none"):
                     metrics[key] = float("nan")
                 tune.report(
-                    _lead_columns({**metrics, "epoch": report.epoch, "done": False}),
+                    _lead_columns({**metrics, "epoch": report.epoch, "done": False, "node_id": node}),
                     checkpoint=tune.Checkpoint.from_directory(d),
                 )
         _maybe_inject_fault(report.epoch)
@@ -314,9 +372,7 @@ def _report_final(
             scored.arrays.update(on_top[1])
             temperatures = on_top[2]
     else:
-        # Optuna records NaN objectives as failed trials, so a diverged run never ranks.
-        final["val_ece"] = float("nan")
-        final["val_accuracy"] = float("nan")
+        final.update(FAILED_OBJECTIVES)
     for k, v in (result.calibrator_info or {}).items():
         if is_number(v):
             final[f"calibrator_{k}"] = float(v)
