@@ -93,7 +93,7 @@ TAG_METHOD = "calib.method"
 TAG_LABEL = "calib.label"  # the trial's short description (describe_params), also its run name
 TAG_GIT_COMMIT = "calib.git_commit"  # kept beside MLflow's own for old queries
 TAG_NODE = "calib.node_id"  # the Ray node a trial ran on
-TAG_STATUS = "calib.status"  # completed | stopped_early | diverged | errored
+TAG_STATUS = "calib.status"  # completed | stopped_early | diverged | out_of_memory | errored
 TAG_STOP_REASON = "calib.stop_reason"
 TAG_REASON = "calib.failure_reason"  # on a failed trial's run and on a failed sweep's parent
 # The status of a trial the scheduler (ASHA) stopped at a rung: a normal end, not a failure.
@@ -193,3 +193,103 @@ class SweepResult:
             f"SweepResult(name={self.name!r}, champion={self.champion_label!r} (trial {self.champion_trial_id}), "
             f"model_uri={self.model_uri!r}, trials={trials}, errors={len(self.errors)})"
         )
+
+
+# ---------------------------------------------------------------------------- trial failures
+# The status of a trial that ran out of memory (calib.status; the leaderboard's status column). Its run is FAILED with
+# the reason "out of memory: ...". Policy (README "The sweep"): a failed allocation in the trial (torch's CPU or CUDA
+# allocator, Python's MemoryError) ends the trial at once, not retried, since the same config asks for the same memory
+# again; a worker that Ray's memory monitor killed (the node ran low, maybe through other trials) is retried from its
+# checkpoint like any dead worker, at most resources.max_failures times, and then ends out of memory.
+OUT_OF_MEMORY = "out_of_memory"
+MEMORY_MONITOR = "memory_monitor"  # memory_failure's kind: Ray's memory monitor killed the trial's worker
+ALLOCATION = "allocation"  # memory_failure's kind: an allocation in the trial failed
+# How a failed trial's status reads in its reason and in the printed leaderboard (others read as they are).
+_STATUS_WORDS = {OUT_OF_MEMORY: "out of memory"}
+# Ray's words when its memory monitor kills a worker: the worker's exit type, and the kill message of a task or actor.
+_MONITOR_MARKERS = ("node_out_of_memory", "running low on memory")
+# The allocators' words: torch's DefaultCPUAllocator ("can't allocate memory" on Linux and macOS, "not enough memory"
+# on Windows), CUDA and MPS ("CUDA out of memory", "MPS backend out of memory"), and ENOMEM's strerror.
+_ALLOCATION_MARKERS = ("can't allocate memory", "not enough memory", "out of memory", "cannot allocate memory")
+
+
+def status_words(status: str) -> str:
+    """A trial status as people read it: out_of_memory -> 'out of memory'; the others as they are."""
+    return _STATUS_WORDS.get(status, status)
+
+
+def failure_reason(status: str, reason: str) -> str:
+    """The reason a failed trial's run records (calib.failure_reason): its status in words, then what happened."""
+    return f"{status_words(status)}: {reason}" if reason else status_words(status)
+
+
+def _first_line_with(text: str, markers: tuple[str, ...]) -> str | None:
+    for line in text.splitlines():
+        if any(m in line.lower() for m in markers):
+            # torch's CPU allocator opens with its assertion ("[enforce fail at alloc_cpu.cpp:127] err == 0."): cut
+            at = line.find("DefaultCPUAllocator")
+            return " ".join(line[max(at, 0) :].split())
+    return None
+
+
+def memory_failure(error: BaseException | str | None) -> tuple[str, str] | None:
+    """(kind, detail) when `error` (an exception, or the text of Tune's error file) says the trial ran out of memory:
+    kind MEMORY_MONITOR (Ray's memory monitor killed its worker) or ALLOCATION (an allocation in the trial failed),
+    detail the line that says so; None for any other error.
+
+    Classes are matched by name (this module imports neither torch nor Ray): Python's MemoryError, torch's and Ray's
+    OutOfMemoryError, and RuntimeError / OSError / Ray errors whose message has the allocators' or the monitor's
+    words. Ray's wrappers are looked through: RayTaskError's `cause`, and __cause__ / __context__."""
+    if error is None:
+        return None
+    if isinstance(error, str):
+        line = _first_line_with(error, _MONITOR_MARKERS)
+        if line is not None:
+            return MEMORY_MONITOR, line
+        line = _first_line_with(error, _ALLOCATION_MARKERS)
+        return (ALLOCATION, line) if line is not None else None
+    seen: set[int] = set()
+    todo: list[BaseException] = [error]
+    while todo:
+        exc = todo.pop(0)
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        names = {c.__name__ for c in type(exc).__mro__}
+        if "RayTaskError" in names:  # the trial's own exception, wrapped (and subclassed) by Ray: judge the cause
+            cause = getattr(exc, "cause", None)
+            todo += [cause] if isinstance(cause, BaseException) else []
+            continue
+        text = str(exc)
+        is_ray = "RayError" in names
+        if is_ray and (_first_line_with(text, _MONITOR_MARKERS) or "OutOfMemoryError" in names):
+            # Ray's OutOfMemoryError is the monitor's kill of a task; its actors die with exit type NODE_OUT_OF_MEMORY.
+            line = _first_line_with(text, _MONITOR_MARKERS) or _first_line(text)
+            return MEMORY_MONITOR, line
+        own = isinstance(exc, MemoryError) or ("OutOfMemoryError" in names and not is_ray)
+        if own or (isinstance(exc, (RuntimeError, OSError)) and not is_ray):
+            line = _first_line_with(text, _ALLOCATION_MARKERS)
+            if own or line is not None:
+                return ALLOCATION, line or _first_line(text) or type(exc).__name__
+        todo += [
+            e for e in (getattr(exc, "cause", None), exc.__cause__, exc.__context__) if isinstance(e, BaseException)
+        ]
+    return None
+
+
+def _first_line(text: str) -> str:
+    return next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
+
+
+def error_ending(error_text: str, attempts: int = 0) -> tuple[str, str]:
+    """(status, reason) of a trial Tune ended with an error, from the text of its error file and its `attempts` (Tune's
+    failure count): out_of_memory and "out of memory: ..." when the error says so (memory_failure), else errored and
+    the error's last line."""
+    oom = memory_failure(error_text)
+    if oom is None:
+        lines = [ln for ln in error_text.splitlines() if ln.strip()]
+        return "errored", lines[-1][:500] if lines else "trial errored"
+    what = "Ray's memory monitor killed the trial's worker (its node ran low on memory)"
+    what = what if oom[0] == MEMORY_MONITOR else oom[1][:300]
+    tries = f" on each of its {attempts} attempts (resources.max_failures)" if attempts > 1 else ""
+    return OUT_OF_MEMORY, failure_reason(OUT_OF_MEMORY, what + tries)

@@ -11,6 +11,7 @@ from typing import Any
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     MULTI_OBJECTIVE,
+    OUT_OF_MEMORY,
     PREDICTIONS_FILE,
     SPLITS,
     TAG_CHAMPION_CANDIDATE,
@@ -20,6 +21,7 @@ from sweeps.contract import (
     TAG_SELECTION_RULE,
     TS_PREFIX,
     is_number,
+    memory_failure,
 )
 from sweeps.decide.selection import POST_TS, TrialRecord, on_top_candidates
 from sweeps.decide.uncertainty import (
@@ -47,7 +49,8 @@ def trial_records(results: Any, store: MlflowStore, experiment_id: str, sweep: s
         m = dict(res.metrics or {})
         tid = m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1])
         run = runs.get(str(tid)) if tid else None
-        status = m.get("status") or ("errored" if res.error else "stopped")
+        errored = OUT_OF_MEMORY if memory_failure(res.error) else "errored"  # a worker the memory monitor killed
+        status = m.get("status") or (errored if res.error else "stopped")
         # NaN stays: selection and the leaderboard see a diverged trial's metric as NaN
         splits = tuple(f"{p}{s}_" for s in SPLITS for p in ("", TS_PREFIX))
         metrics = {k: float(v) for k, v in m.items() if is_number(v) and k.startswith(splits)}

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweeps.contract import PREDICTIONS_FILE, SHIFT_FILE, SPLITS, SUMMARY_FILE, is_number
+from sweeps.contract import PREDICTIONS_FILE, SHIFT_FILE, SPLITS, SUMMARY_FILE, is_number, status_words
 from sweeps.decide.selection import TrialRecord, not_worse_than, pareto_front
 
 # pandas and matplotlib are imported where used (pyplot()): the sweep's driver imports this module
@@ -201,6 +201,8 @@ def format_leaderboard(board: pd.DataFrame, limit: int = 15) -> str:
     cols = [c for c in ("label", "status") if c in board]
     shown = board.head(limit)
     table = shown[cols].copy()
+    if "status" in table:  # out_of_memory reads "out of memory"
+        table["status"] = [status_words(str(s)) for s in table["status"]]
     for key in BOARD_CI_KEYS:
         if key not in shown:
             continue

@@ -35,6 +35,8 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY
     TAG_SWEEP,
     TAG_TRIAL,
     TS_PREFIX,
+    error_ending,
+    failure_reason,
     is_finite_number,
     is_number,
 )
@@ -192,7 +194,7 @@ class MLflowTrackingCallback(tune.Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """Final metrics, reliability diagrams, and the terminal status: completed -> FINISHED,
         stopped early by the scheduler -> FINISHED with calib.status=stopped_early and its reason,
-        diverged -> FAILED with the reason."""
+        diverged or out of memory -> FAILED with the reason."""
         rid = self.run_id_for(trial)
         if rid in self._finished:
             return
@@ -216,7 +218,7 @@ class MLflowTrackingCallback(tune.Callback):
         }
         self.log_metrics(rid, final, step=step)
         if status != "completed":
-            self._terminate(rid, "FAILED", f"{status}: {result.get('reason', '')}")
+            self._terminate(rid, "FAILED", failure_reason(str(status), str(result.get("reason") or "")))
             return
         try:
             self._log_dataset(rid, trial)
@@ -229,14 +231,11 @@ class MLflowTrackingCallback(tune.Callback):
         self._terminate(rid, "FINISHED", outcome=_outcome(result))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        """A trial that exhausted its retries: FAILED with the error's first line."""
+        """A trial that exhausted its retries: FAILED with the error's last line, or `out_of_memory` with its
+        reason when the error says it ran out of memory (trial_error_reason)."""
         rid = self.run_id_for(trial)
-        self.store.set_tags(rid, {TAG_STATUS: "errored"})
-        reason = "trial errored"
-        err = trial.error_file
-        if err and Path(err).is_file():
-            lines = [ln for ln in Path(err).read_text(errors="replace").splitlines() if ln.strip()]
-            reason = lines[-1][:500] if lines else reason
+        status, reason = trial_error_reason(trial)
+        self.store.set_tags(rid, {TAG_STATUS: status})
         self._terminate(rid, "FAILED", reason)
         # A resumed round may restart this trial: its run is then looked up again and reopened.
         self._runs.pop(trial.trial_id, None)
@@ -288,6 +287,13 @@ class MLflowTrackingCallback(tune.Callback):
                 title = describe_params(trial.config)
                 files = trial_report_files(Path(d), Path(out), trial.last_result or {}, self.num_bins, title)
             self.store.log_artifacts(run_id, files)
+
+
+def trial_error_reason(trial: Any) -> tuple[str, str]:
+    """(status, reason) of a trial Tune ended with an error (contract.error_ending of its error file)."""
+    err = trial.error_file
+    text = Path(err).read_text(errors="replace") if err and Path(err).is_file() else ""
+    return error_ending(text, int(getattr(trial, "num_failures", 0) or 0))
 
 
 def dataset_entity(lineage: dict[str, Any]) -> Any:

@@ -18,13 +18,14 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from ray import tune
 from ray.tune import CLIReporter
 
 from sweeps.config import SelectionConfig
-from sweeps.contract import STOPPED_EARLY, is_number
+from sweeps.contract import OUT_OF_MEMORY, STOPPED_EARLY, error_ending, failure_reason, is_number
 from sweeps.decide.selection import RULES, TrialRecord, select
 from sweeps.integrations.optuna.search_space import describe_params
 
@@ -121,12 +122,15 @@ class ProgressCallback(tune.Callback):
         elif status == STOPPED_EARLY:  # a scheduler decision, not a failure: the reason says it all
             what = r.get("reason") or "stopped early by the scheduler"
         else:
-            what = f"{status} {r.get('reason', '')}".strip()
+            what = failure_reason(str(status), str(r.get("reason") or ""))
         self._line(trials, trial, what)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        """Report a trial that failed after its retries."""
-        self._line(trials, trial, "ERROR (retries exhausted)")
+        """Report a trial that failed after its retries (one that ran out of memory says so)."""
+        err = trial.error_file
+        text = Path(err).read_text(errors="replace") if err and Path(err).is_file() else ""
+        status, reason = error_ending(text, int(getattr(trial, "num_failures", 0) or 0))
+        self._line(trials, trial, reason if status == OUT_OF_MEMORY else "ERROR (retries exhausted)")
 
 
 STATUS_EVERY_ENV = "CALIB_SWEEP_STATUS_S"  # seconds between two status tables (default 30)

@@ -21,6 +21,7 @@ from sweeps.contract import (
     TAG_GROWN_TO,
     SweepError,
     grow_experiment,
+    memory_failure,
 )
 from sweeps.integrations.mlflow.store import MlflowStore
 from sweeps.integrations.optuna.search_space import SearchSpace
@@ -199,7 +200,8 @@ def fit_resuming_lost_workers(
     for _ in range(LOST_WORKER_ROUNDS if max_failures > 0 else 0):
         if stops is not None and stops.requested:
             break  # stopped on purpose: the trials are resumed by --resume
-        lost = [r for r in results if isinstance(r.error, ray.exceptions.RayActorError)]
+        # A worker Ray's memory monitor killed had its max_failures retries already: not resumed again.
+        lost = [r for r in results if isinstance(r.error, ray.exceptions.RayActorError) and not memory_failure(r.error)]
         if not lost:
             break
         print(
