@@ -151,7 +151,7 @@ def tune_stub(monkeypatch, tmp_path) -> list[tuple[dict, Path | None]]:
     return got
 
 
-def test_trial_whose_allocation_fails_reports_out_of_memory_once(tune_stub, monkeypatch, capsys):
+def test_trial_whose_allocation_fails_reports_out_of_memory_once(tune_stub, monkeypatch):
     attempts = []
 
     def too_big(*args, **kwargs):
@@ -169,7 +169,6 @@ def test_trial_whose_allocation_fails_reports_out_of_memory_once(tune_stub, monk
     assert final["val_ece"] != final["val_ece"] and final["val_accuracy"] != final["val_accuracy"]  # NaN: never ranks
     # A restored trial reports this again instead of running (train_trial reads FINAL_FILE first).
     assert json.loads((ckpt / FINAL_FILE).read_text())["status"] == OUT_OF_MEMORY
-    assert "out of memory: DefaultCPUAllocator" in capsys.readouterr().out
 
 
 def test_trial_errors_other_than_memory_propagate(tune_stub, monkeypatch):

@@ -132,7 +132,6 @@ def train_trial(
     epoch = int(built[0].epoch) if built else 0
     built.clear()
     _release_memory()
-    print(f"out of memory: {clip(oom[1], 300)}; {NOT_RETRIED}", flush=True)
     _report_failed(OUT_OF_MEMORY, f"{clip(oom[1], 300)}; {NOT_RETRIED}", epoch)
 
 
