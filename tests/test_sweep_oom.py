@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sweep_helpers import launch, stop_ray_under, store, sweep_runs
+from tests.sweep_helpers import FAST, launch, stop_ray_under, store, sweep_runs
 
 pytestmark = pytest.mark.slow
 
@@ -75,13 +75,24 @@ def _ray_processes(ray_tmp: str) -> list[int]:
     return pids
 
 
+def _no_ray_left(ray_tmp: str) -> list[int]:
+    """Waits up to 30 s for this sweep's Ray processes to end; the ones left (then stopped, only these)."""
+    try:
+        deadline = time.monotonic() + 30
+        while _ray_processes(ray_tmp) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return _ray_processes(ray_tmp)
+    finally:
+        stop_ray_under(ray_tmp)
+
+
 def test_trial_out_of_memory_fails_with_reason_once_while_sweep_completes(tmp_path):
     (tmp_path / "calib_oom_plugin.py").write_text(PLUGIN)
     (tmp_path / "oom.yaml").write_text(CONFIG)
     attempts = tmp_path / "attempts.txt"
     ray_tmp = tempfile.mkdtemp(prefix="ro", dir="/tmp")  # Ray's socket paths must stay short
+    started = time.monotonic()
     try:
-        started = time.monotonic()
         proc = launch(
             tmp_path,
             "--config",
@@ -90,15 +101,11 @@ def test_trial_out_of_memory_fails_with_reason_once_while_sweep_completes(tmp_pa
             "1",
             env={"PYTHONPATH": str(tmp_path), "CALIB_TEST_OOM_ATTEMPTS": str(attempts), "RAY_TMPDIR": ray_tmp},
         )
-        print(f"sweep took {time.monotonic() - started:.0f} s")
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, out[-4000:]
-        deadline = time.monotonic() + 30
-        while _ray_processes(ray_tmp) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = _ray_processes(ray_tmp)
     finally:
-        stop_ray_under(ray_tmp)  # only this sweep's processes, if any were left
+        left = _no_ray_left(ray_tmp)
+    print(f"sweep took {time.monotonic() - started:.0f} s")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
     assert left == [], f"Ray processes left after the sweep: {left}"
 
     client = store(tmp_path)
@@ -139,3 +146,46 @@ def test_trial_out_of_memory_fails_with_reason_once_while_sweep_completes(tmp_pa
     said = [line for line in out.splitlines() if "out of memory" in line]
     assert any("out of memory: DefaultCPUAllocator" in line for line in said), out[-3000:]
     print("\n".join(said))
+
+
+def test_worker_the_memory_monitor_kills_is_retried_max_failures_times_then_fails_out_of_memory(tmp_path):
+    """Ray's memory monitor for real: with its threshold at 0.1 % of the node's memory it kills every trial worker
+    of this sweep's own Ray (never another's) as soon as it runs. Tune retries the trial resources.max_failures
+    times, then it ends FAILED "out of memory"; with no trial left to select from, the sweep ends with its error."""
+    ray_tmp = tempfile.mkdtemp(prefix="rm", dir="/tmp")
+    env = {"RAY_TMPDIR": ray_tmp, "RAY_memory_usage_threshold": "0.001", "RAY_memory_monitor_refresh_ms": "100"}
+    started = time.monotonic()
+    try:
+        proc = launch(
+            tmp_path,
+            "--name",
+            "monitor",
+            "--num-samples",
+            "1",
+            "--no-reference-arms",
+            *FAST,
+            "--set",
+            "search.calibrators=[temperature]",
+            "--set",
+            "resources.max_failures=1",
+            env=env,
+        )
+    finally:
+        left = _no_ray_left(ray_tmp)
+    print(f"sweep took {time.monotonic() - started:.0f} s")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "nothing to select" in out, out[-4000:]
+    assert left == [], f"Ray processes left after the sweep: {left}"
+    parents, children = sweep_runs(store(tmp_path), "monitor")
+    assert len(parents) == 1 and len(children) == 1
+    (run,) = children
+    assert run.info.status == "FAILED" and run.data.tags["calib.status"] == "out_of_memory"
+    reason = run.data.tags["calib.failure_reason"]
+    assert reason == (
+        "out of memory: Ray's memory monitor killed the trial's worker (its node ran low on memory) on each of its "
+        "2 attempts (resources.max_failures)"
+    ), reason
+    assert f"{run.data.tags['calib.label']}: {reason}" in out  # the progress line
+    # Tried 1 + max_failures times and not resumed again by the lost-worker rounds (tuner.fit_resuming_lost_workers).
+    assert "ended when their worker died" not in out
+    assert len(list((tmp_path / "ray_results" / "monitor").glob("train_trial_*"))) == 1
