@@ -41,7 +41,13 @@ from tests.test_sweep_asha import MemoryClient
 # is touched.
 BEYOND_ADDRESS_SPACE = 2**50
 
-# What an actor Ray's memory monitor killed dies with (ray 2.60's GCS and raylet wording).
+# What a call to an actor Ray's memory monitor killed raises in ray 2.60 (seen with the threshold set below the node's
+# use): ray.exceptions.OutOfMemoryError with the raylet's message.
+MONITOR_MESSAGE = (
+    "1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 192.0.2.2, ID: a6080360) "
+    "was 5.80GB used / 23.54GB limit (0.246364)\nOOM kill reason: Memory usage 6244073472B exceeded threshold"
+)
+# The actor's death as the GCS words it (its worker's exit type), for calls made once it is known dead.
 MONITOR_KILL = (
     "The actor is dead because its worker process has died. Worker exit type: NODE_OUT_OF_MEMORY Worker exit "
     "detail: 1 worker(s) were killed due to the node running low on memory."
@@ -80,6 +86,8 @@ def test_memory_error_and_torch_out_of_memory_error_are_allocation_ooms():
 
 
 def test_ray_memory_monitor_kills_are_monitor_ooms():
+    kind, detail = memory_failure(rx.OutOfMemoryError(MONITOR_MESSAGE))
+    assert kind == MEMORY_MONITOR and detail.startswith("1 worker(s) were killed due to the node running low on memory")
     task = rx.OutOfMemoryError("Task was killed due to the node running low on memory.\nMemory on the node ...")
     assert memory_failure(task) == (MEMORY_MONITOR, "Task was killed due to the node running low on memory.")
     kind, detail = memory_failure(_actor_died(MONITOR_KILL))
@@ -120,7 +128,7 @@ def test_other_errors_are_not_out_of_memory(exc):
 
 
 def test_error_file_text_gives_status_and_reason():
-    text = f"Failure # 1 (occurred at 2026-12-02)\nTraceback ...\nray.exceptions.ActorDiedError: {MONITOR_KILL}\n"
+    text = f"Failure # 1 (occurred at 2026-12-02)\nTraceback ...\nray.exceptions.OutOfMemoryError: {MONITOR_MESSAGE}\n"
     status, reason = error_ending(text, attempts=3)
     assert status == OUT_OF_MEMORY
     assert reason == (
