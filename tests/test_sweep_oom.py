@@ -139,6 +139,7 @@ def test_trial_out_of_memory_fails_with_reason_once_while_sweep_completes(tmp_pa
     rows = [line for line in board.splitlines() if f"width={HUGE}" in line]
     assert len(rows) == len(huge) and all("out of memory" in row for row in rows), board[:3000]
     assert out.count("Registered: models:/") == 1
+    assert (tmp_path / "ray_results" / "oom" / "report.html").read_text().count("<td>out of memory</td>") == len(huge)
     champion = parents[0].data.tags["calib.champion_run"]
     assert champion in {r.info.run_id for r in fine}
     versions = client.search_model_versions("name='calibrated-mnist1d'")

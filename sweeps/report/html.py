@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweeps.contract import status_words
 from sweeps.decide.selection import TrialRecord
 
 REPORT_FILE = "report.html"
@@ -158,7 +159,7 @@ def _board_html(board: Any, links: ReportLinks) -> str:
         for key, _title in cols:
             v = row.get(key)
             if key in ("label", "status"):
-                cells.append(f"<td>{_e(v)}</td>")
+                cells.append(f"<td>{_e(status_words(str(v)) if key == 'status' else v)}</td>")  # "out of memory"
                 continue
             lo, hi = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high")
             ci = f" [{_pct(lo)}, {_pct(hi)}]" if lo is not None and lo == lo and v == v else ""
