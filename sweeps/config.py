@@ -139,6 +139,9 @@ class SearchConfig(_Strict):
     # Ray Tune's experiment state). None: $CALIB_OPTUNA_STORAGE, else optuna.db beside a SQLite
     # MLflow store, else memory (default_study_storage).
     storage: str | None = None
+    # How long the sweep waits for the study's database when it cannot be reached (retrying with backoff,
+    # one line when it goes and one when it is back) before it stops, resumable with --resume.
+    storage_outage_timeout_s: float = Field(default=600.0, gt=0.0)
 
     @field_validator("calibrators")
     @classmethod

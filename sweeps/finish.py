@@ -166,7 +166,7 @@ def write_report(
     most_accurate = max(ok, key=lambda r: (r.metrics["val_accuracy"], -r.metrics["val_ece"]))
     study = cfg.search.storage or MEMORY
     objectives = [m for m, _ in MULTI_OBJECTIVE] if cfg.search.objective == "multi" else [cfg.search.metric]
-    importances, note = param_importances(study, cfg.name, objectives)
+    importances, note = param_importances(study, cfg.name, objectives, cfg.search.storage_outage_timeout_s)
     uri = cfg.tracking.uri or ""
     if uri.startswith("sqlite:"):
         root, hint = "http://127.0.0.1:5000/", f"MLflow UI: {tool('mlflow')} ui --backend-store-uri {redact(uri)}"

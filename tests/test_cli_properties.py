@@ -336,6 +336,7 @@ VALID_LEAVES: dict[tuple[str, ...], st.SearchStrategy[Any]] = {
     ("search", "seed"): st.integers(0, 2**32 - 1),
     ("search", "grace_period"): st.integers(1, 100),
     ("search", "storage"): VALID_STUDY,
+    ("search", "storage_outage_timeout_s"): floats(0.001, 1e6),
     ("resources", "cpus_per_trial"): floats(1e-4, 1e4),
     ("resources", "gpus_per_trial"): st.just(0.0) | floats(1e-4, 16.0),
     ("resources", "max_concurrent"): st.integers(1, 10**6),

@@ -15,7 +15,7 @@ THIRD_PARTY_SERVICES = ("ray", "optuna", "mlflow")
 
 # (layer, module prefixes); a module belongs to the first layer whose prefix it starts with
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("sweeps.contract", "sweeps.redaction", "sweeps.sweep_lock")),
+    (0, ("sweeps.contract", "sweeps.redaction", "sweeps.sweep_lock", "sweeps.outage")),
     (1, ("sweeps.config",)),
     (2, ("sweeps.checks", "sweeps.decide")),
     (3, ("sweeps.report",)),

@@ -252,8 +252,9 @@ def _is_loopback(host: str) -> bool:
 
 SEARCH_SPACE_FILE = "calib_search_space.json"  # in Tune's experiment folder: what the sweep searches
 # The search settings a --resume must keep: restored trials, Ray Tune's restored searcher and the Optuna study
-# all hold the space the sweep started with (num_samples may grow it; storage is where the study lives).
-SEARCH_SPACE_EXCLUDES = {"num_samples", "storage"}
+# all hold the space the sweep started with (num_samples may grow it; storage is where the study lives, and
+# storage_outage_timeout_s how long the sweep waits for it).
+SEARCH_SPACE_EXCLUDES = {"num_samples", "storage", "storage_outage_timeout_s"}
 
 
 def search_space(cfg: SweepConfig) -> dict[str, Any]:

@@ -32,6 +32,8 @@ from sweeps.contract import (
     TAG_SWEEP,
     TAG_TRIAL,
 )
+from sweeps.outage import FIRST_WAIT_S, MAX_WAIT_S, Unavailable
+from sweeps.outage import OutageRetry as _OutageRetry
 from sweeps.redaction import has_credentials, redact, redact_text
 
 MAX_METRICS = 900  # MLflow's log_batch takes at most 1000 metrics
@@ -57,11 +59,11 @@ _UNREACHABLE_TEXT = (
     "Connection reset",
     *_UNAVAILABLE_CODES,
 )
-OUTAGE_FIRST_WAIT_S = 1.0  # the first retry after a failed call; doubled each time
-OUTAGE_MAX_WAIT_S = 10.0  # ... up to this (the server is noticed back at most this late)
+OUTAGE_FIRST_WAIT_S = FIRST_WAIT_S  # the first retry after a failed call; doubled each time (sweeps/outage.py)
+OUTAGE_MAX_WAIT_S = MAX_WAIT_S  # ... up to this (the server is noticed back at most this late)
 
 
-class TrackingUnavailable(RuntimeError):
+class TrackingUnavailable(Unavailable):
     """The tracking server stayed unreachable past `tracking.outage_timeout_s`."""
 
 
@@ -82,11 +84,11 @@ def is_outage(exc: BaseException) -> bool:
     return False
 
 
-class OutageRetry:
-    """Retries client calls that fail for an unreachable server, with exponential backoff, up to a limit.
+class OutageRetry(_OutageRetry):
+    """The sweep's outage policy (sweeps/outage.py) for the MLflow tracking server at `uri`.
 
     One line when the server goes away (not one per retry), one when it is back; past `limit_s`
-    since the first failure, TrackingUnavailable with a one-line reason naming the config field.
+    since the first failure, TrackingUnavailable with a one-line reason naming `tracking.outage_timeout_s`.
     MLflow's own HTTP retries are turned off for http(s) stores (MlflowStore.client), so this is the
     one place that decides how long the sweep waits. A retried call sends the same arguments
     (log_batch keeps its metrics' timestamps), so a call that did reach the server before the
@@ -96,49 +98,18 @@ class OutageRetry:
     def __init__(
         self, uri: str, limit_s: float, say: Any = None, sleep: Any = time.sleep, clock: Any = time.monotonic
     ) -> None:
-        self.uri, self.limit_s = uri, limit_s
-        self.say = say if say is not None else _say
-        self.sleep, self.clock = sleep, clock
-        self.down_since: float | None = None  # start of the current outage
-        self.stopped = False  # the limit was passed: the sweep is stopping
-
-    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """fn(*args, **kwargs), retried while the server is unreachable."""
-        wait = OUTAGE_FIRST_WAIT_S
-        while True:
-            try:
-                out = fn(*args, **kwargs)
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                now = self.clock()
-                if self.down_since is None:
-                    self.down_since = now
-                    self.say(
-                        f"MLflow tracking server {redact(self.uri)} unreachable; the sweep waits for it "
-                        f"(retrying with backoff, up to {self.limit_s:g} s: tracking.outage_timeout_s)"
-                    )
-                waited = now - self.down_since
-                if waited >= self.limit_s:
-                    self.stopped = True
-                    raise TrackingUnavailable(
-                        f"MLflow tracking server {redact(self.uri)} unreachable for {waited:.0f} s, past "
-                        f"tracking.outage_timeout_s={self.limit_s:g}; the sweep stopped, continue it with "
-                        "--resume once the server is back"
-                    ) from None
-                self.sleep(min(wait, OUTAGE_MAX_WAIT_S, self.limit_s - waited))
-                wait *= 2
-                continue
-            if self.down_since is not None:
-                self.say(
-                    f"MLflow tracking server is back after {self.clock() - self.down_since:.0f} s; the sweep goes on"
-                )
-                self.down_since = None
-            return out
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)
+        super().__init__(
+            "MLflow tracking server",
+            redact(uri),
+            "tracking.outage_timeout_s",
+            limit_s,
+            is_outage,
+            TrackingUnavailable,
+            say=say,
+            sleep=sleep,
+            clock=clock,
+        )
+        self.uri = uri
 
 
 def quiet_run_links(tracking_uri: str) -> None:

@@ -44,6 +44,7 @@ from sweeps.integrations.mlflow.tracking import (
     flatten,
 )
 from sweeps.integrations.optuna.search_space import describe_params, resolve_run_config
+from sweeps.outage import Unavailable
 from sweeps.redaction import redact_values
 from sweeps.report.summary import sweep_note
 
@@ -289,7 +290,8 @@ def close_trials(
 def runs_closed_on_failure(
     store: MlflowStore, experiment_id: str, parent_id: str, sweep: str, writer: UntilTrackingStops | None = None
 ) -> Iterator[None]:
-    """On Ctrl+C the sweep's open runs and its parent end KILLED (resumable); on any other error FAILED. The
+    """On Ctrl+C, or a server other than MLflow unreachable past its limit (sweeps/outage.py: Unavailable), the
+    sweep's open runs and its parent end KILLED (resumable); on any other error FAILED. The
     tracking `writer`'s queued hooks are given up to FLUSH_ON_FAILURE_S to land first, then it stops."""
     try:
         yield
@@ -303,19 +305,23 @@ def runs_closed_on_failure(
         if outage is not None:
             # the server is unreachable: nothing can be marked now; --resume reattaches the open runs
             raise outage from None
-        if isinstance(exc, KeyboardInterrupt):
+        stopped = outage_behind(exc, Unavailable)  # another server (the study's database) away past its limit
+        if isinstance(exc, KeyboardInterrupt) or stopped is not None:
             store.close_open_runs(experiment_id, sweep, "KILLED")
             store.terminate(parent_id, "KILLED")
         else:
             fail_sweep(store, experiment_id, parent_id, sweep, exc)
+        if stopped is not None:
+            raise stopped from None
         raise
 
 
-def outage_behind(exc: BaseException | None) -> TrackingUnavailable | None:
-    """The TrackingUnavailable behind `exc` (Ray Tune may wrap what a callback raised), or None."""
+def outage_behind(exc: BaseException | None, kind: type[Unavailable] = TrackingUnavailable) -> Any:
+    """The TrackingUnavailable (or other `kind` of Unavailable) behind `exc` (Ray Tune may wrap what a callback
+    raised), or None."""
     seen = 0
     while exc is not None and seen < 10:
-        if isinstance(exc, TrackingUnavailable):
+        if isinstance(exc, kind):
             return exc
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None

@@ -17,6 +17,12 @@ Two gaps between Tune's snapshot and the database are closed here (`SweepSearch`
 
 A diverged or errored trial (NaN objectives) is told as FAIL directly, without Optuna's warning
 about NaN values.
+
+The database may go away while the sweep runs (a restarted PostgreSQL): every storage call waits for it
+(storage.py; Tune's loop waits, the trials wait at their next report) up to `search.storage_outage_timeout_s`.
+Past it, what the searcher could not write is kept in its state (`_owed`, pickled into Tune's experiment state
+and written when `--resume` restores it) and `StudyOutageGuard`, one of the sweep's callbacks, ends Tune's fit
+with StorageUnavailable at its next step: the service stops in one line, resumable.
 """
 
 from __future__ import annotations
@@ -24,12 +30,16 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from ray import tune
 from ray.tune.search.optuna import OptunaSearch
 
 from sweeps.contract import MEMORY, REFERENCE_ATTR  # MEMORY: the study only in Ray Tune's state
+from sweeps.integrations.optuna.storage import RetryingRDBStorage, StorageUnavailable, make_rdb_storage
 from sweeps.integrations.ray.live_hooks import listen_for_runs, noted_run
+from sweeps.outage import OutageWaitStopped
 
 if TYPE_CHECKING:
     import optuna
@@ -37,17 +47,51 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def make_storage(url: str) -> Any:
-    """An Optuna RDBStorage for `url` (None for 'memory')."""
+def make_storage(url: str, outage_timeout_s: float | None = None) -> Any:
+    """An Optuna RDBStorage for `url` (None for 'memory') that waits out an unreachable database up to
+    `outage_timeout_s` (`search.storage_outage_timeout_s`; None: fails at once, as for checks and reports)."""
     if url == MEMORY:
         return None
-    import optuna
-
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:"):
         # The driver is the only writer; wait for a reader (optuna-dashboard) instead of failing.
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
-    return optuna.storages.RDBStorage(url, **kwargs)
+    return make_rdb_storage(url, outage_timeout_s, **kwargs)
+
+
+# sweep name -> the guard of the sweep running in this process (the searcher reports to it; not pickled)
+_GUARDS: dict[str, StudyOutageGuard] = {}
+STORAGE_ERRORS = (StorageUnavailable, OutageWaitStopped)  # a call that gave up waiting for the database
+
+
+class StudyOutageGuard(tune.Callback):
+    """Ends Ray Tune's fit (at its next step) once the study's database stayed unreachable past its limit.
+
+    The searcher's hooks cannot end the fit themselves (Tune fails a trial whose completion raised), so they
+    report the outage here (`noted`). While installed, the sweep's searcher (restored ones too) waits up to
+    `limit_s` and stops waiting at once when `stopping()` says a stop signal came."""
+
+    def __init__(self, sweep: str, limit_s: float, stopping: Callable[[], bool] | None = None) -> None:
+        self.sweep, self.limit_s, self.stopping = sweep, limit_s, stopping
+        self.outage: StorageUnavailable | None = None
+        _GUARDS[sweep] = self
+
+    def noted(self, exc: BaseException) -> None:
+        """A storage call gave up: past the limit the fit ends at the next step (a stop needs nothing more)."""
+        if isinstance(exc, StorageUnavailable) and self.outage is None:
+            self.outage = exc
+
+    def close(self) -> None:
+        """The sweep's fit is over: its searcher no longer reports here."""
+        if _GUARDS.get(self.sweep) is self:
+            del _GUARDS[self.sweep]
+
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if self.outage is not None:
+            raise self.outage
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self.on_step_begin(iteration=iteration, trials=trials, **info)
 
 
 class SweepSearch(OptunaSearch):
@@ -55,7 +99,34 @@ class SweepSearch(OptunaSearch):
 
     def __init__(self, *args: Any, sweep: str = "", **kwargs: Any) -> None:
         self._sweep = sweep
+        # what an outage past the limit kept from the database, written on --resume (restore):
+        # ("attr", Optuna trial id, key, value) and ("complete", Tune trial id, result, error, MLflow run id)
+        self._owed: list[tuple[Any, ...]] = []
         super().__init__(*args, **kwargs)
+        self._watch_storage()
+
+    def _watch_storage(self) -> None:
+        """This process's limit and stop check for the storage (a restored searcher keeps the first run's)."""
+        guard = _GUARDS.get(self._sweep)
+        storage = getattr(self, "_storage", None)
+        if guard is not None and isinstance(storage, RetryingRDBStorage):
+            storage.configure(guard.limit_s, guard.stopping)
+
+    def _gave_up(self, exc: BaseException, owed: tuple[Any, ...] | None = None) -> None:
+        """A storage call gave up waiting: keep what it was writing, and end the fit past the limit."""
+        if owed is not None:
+            self._owed.append(owed)
+        guard = _GUARDS.get(self._sweep)
+        if guard is not None:
+            guard.noted(exc)
+        log.debug("Optuna storage call gave up: %s", exc)
+
+    def _set_attr(self, ot_trial: Any, key: str, value: Any) -> None:
+        """A user attribute on an open study trial; owed when the database stays away past the limit."""
+        try:
+            ot_trial.set_user_attr(key, value)
+        except STORAGE_ERRORS as exc:
+            self._gave_up(exc, ("attr", ot_trial._trial_id, key, value))
 
     def _record_run(self, trial_id: str, run_id: str) -> None:
         """The study trial records its MLflow run as soon as the run exists (the tracking writer's thread)."""
@@ -64,6 +135,8 @@ class SweepSearch(OptunaSearch):
             return
         try:
             ot_trial.set_user_attr("mlflow_run_id", run_id)
+        except STORAGE_ERRORS as exc:  # on_trial_complete records it too (its owed completion on --resume)
+            self._gave_up(exc)
         except Exception:  # noqa: BLE001 - already finished (the writer lagged): on_trial_complete tried first
             log.debug("study trial of %s finished before its MLflow run was noted", trial_id)
 
@@ -82,16 +155,34 @@ class SweepSearch(OptunaSearch):
         """Sample a configuration; the study trial records the Tune trial id (shown in the dashboard)."""
         if self._sweep:  # (again after a restore: the listener is this process's, not pickled)
             listen_for_runs(self._sweep, self._record_run)
-        params = super().suggest(trial_id)
+        try:
+            params = super().suggest(trial_id)
+        except STORAGE_ERRORS as exc:  # no trial now: the fit ends at its next step (or is being stopped)
+            self._gave_up(exc)
+            return None
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is not None and self._storage is not None:
-            ot_trial.set_user_attr("tune_trial_id", trial_id)
+            self._set_attr(ot_trial, "tune_trial_id", trial_id)
             if self._sweep:
-                ot_trial.set_user_attr("sweep", self._sweep)
+                self._set_attr(ot_trial, "sweep", self._sweep)
         return params
 
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        """Optuna's intermediate value (single objective); skipped when the database stays away."""
+        try:
+            super().on_trial_result(trial_id, result)
+        except STORAGE_ERRORS as exc:
+            self._gave_up(exc)
+
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        """Tell the study; skip trials it already finished; NaN objectives (diverged) are FAIL."""
+        """Tell the study; skip trials it already finished; NaN objectives (diverged) are FAIL. Kept for --resume
+        when the database stays away past the limit (Tune would fail the trial if this raised)."""
+        try:
+            self._complete(trial_id, result, error)
+        except STORAGE_ERRORS as exc:
+            self._gave_up(exc, ("complete", trial_id, result, error, noted_run(self._sweep, trial_id)))
+
+    def _complete(self, trial_id: str, result: dict | None, error: bool) -> None:
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is not None and trial_id not in self._completed_trials and self._storage is not None:
             # set by _setup_study (Ray leaves the attribute unannotated, so it reads as always None)
@@ -112,13 +203,53 @@ class SweepSearch(OptunaSearch):
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]
         if result and any(_is_nan(result.get(m)) for m in metrics):
             result, error = None, True
-        super().on_trial_complete(trial_id, result=result, error=error)
+        if ot_trial is None or trial_id in self._completed_trials:
+            super().on_trial_complete(trial_id, result=result, error=error)
+            return
+        self._tell(trial_id, ot_trial, result, error)
+
+    def _tell(self, trial_id: str, ot_trial: Any, result: dict | None, error: bool) -> None:
+        """OptunaSearch.on_trial_complete's tell, except that a storage call that gave up is raised, not logged."""
+        from optuna.trial import TrialState
+
+        val: Any = None
+        if result:
+            val = [result.get(m) for m in self.metric] if isinstance(self.metric, list) else result.get(self.metric)
+        state = TrialState.COMPLETE if val is not None else TrialState.FAIL if error else TrialState.PRUNED
+        try:
+            cast("optuna.Study", self._ot_study).tell(ot_trial, val, state=state)
+        except STORAGE_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as OptunaSearch does (e.g. a missing objective value)
+            log.warning(exc)
+        self._completed_trials.add(trial_id)
+
+    def _pay_owed(self) -> None:
+        """Write what an outage kept from the database: attributes first (a finished trial takes none)."""
+        owed, self._owed = self._owed, []
+        storage = cast("optuna.Study", self._ot_study)._storage
+        for item in sorted(owed, key=lambda o: o[0] != "attr"):
+            if item[0] == "attr":
+                _, ot_trial_id, key, value = item
+                if not storage.get_trial(ot_trial_id).state.is_finished():
+                    storage.set_trial_user_attr(ot_trial_id, key, value)
+            else:
+                _, trial_id, result, error, run_id = item
+                ot_trial = self._ot_trials.get(trial_id)
+                if run_id and ot_trial is not None and not storage.get_trial(ot_trial._trial_id).state.is_finished():
+                    storage.set_trial_user_attr(ot_trial._trial_id, "mlflow_run_id", run_id)
+                self._completed_trials.discard(trial_id)
+                self.on_trial_complete(trial_id, result=result, error=error)
 
     def restore(self, checkpoint_path: str) -> None:
         """Restore Tune's searcher state, then fail the study's trials it no longer knows."""
         super().restore(checkpoint_path)
+        self.__dict__.setdefault("_owed", [])  # (a searcher saved before outages were kept)
+        self._watch_storage()
         if self._storage is None or self._ot_study is None:
             return
+        if self._owed:
+            self._pay_owed()
         from optuna.trial import TrialState
 
         known = {t._trial_id for t in self._ot_trials.values()}
@@ -136,14 +267,14 @@ def _is_nan(v: Any) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
-def mark_champion(url: str, study_name: str, champion_trial: str) -> None:
+def mark_champion(url: str, study_name: str, champion_trial: str, outage_timeout_s: float | None = None) -> None:
     """Name the champion in the study (`champion_tune_trial_id`, `champion_trial_number`; a finished trial's own
-    attributes cannot change, so the study carries it)."""
+    attributes cannot change, so the study carries it); waits out an outage up to `outage_timeout_s`."""
     if url == MEMORY:
         return
     import optuna
 
-    study = optuna.load_study(study_name=study_name, storage=make_storage(url))
+    study = optuna.load_study(study_name=study_name, storage=make_storage(url, outage_timeout_s))
     study.set_user_attr("champion_tune_trial_id", champion_trial)
     for frozen in study.get_trials(deepcopy=False):
         if frozen.user_attrs.get("tune_trial_id") == champion_trial:
@@ -152,16 +283,17 @@ def mark_champion(url: str, study_name: str, champion_trial: str) -> None:
 
 
 def param_importances(
-    url: str, study_name: str, objectives: list[str]
+    url: str, study_name: str, objectives: list[str], outage_timeout_s: float | None = None
 ) -> tuple[dict[str, dict[str, float]] | None, str]:
     """Optuna's fANOVA importance of each searched value for each objective (named), and a note; None when the
-    study is not in a database or has too few completed trials to say anything."""
+    study is not in a database or has too few completed trials to say anything. Waits out an outage up to
+    `outage_timeout_s`."""
     if url == MEMORY:
         return None, "The study was kept in memory (search.storage: memory): no importances."
     import optuna
     from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 
-    loaded = optuna.load_study(study_name=study_name, storage=make_storage(url))
+    loaded = optuna.load_study(study_name=study_name, storage=make_storage(url, outage_timeout_s))
     # the reference arms (a constant choice, no sampled value) are not part of the searched space: fANOVA over
     # the sampled trials only (Optuna's importances read the parameters every trial has)
     done = [

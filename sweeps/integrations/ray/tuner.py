@@ -82,7 +82,7 @@ def make_searcher(cfg: SweepConfig, seed_offset: int = 0) -> SweepSearch:
         mode=mode,
         seed=s.seed + seed_offset,
         study_name=cfg.name,
-        storage=make_storage(s.storage or MEMORY),
+        storage=make_storage(s.storage or MEMORY, s.storage_outage_timeout_s),
         sweep=cfg.name,
     )
 
