@@ -177,8 +177,8 @@ def _execute(
     stops: StopWatch | None = None,
 ) -> SweepResult:
     stops = stops or StopWatch()
-    from sweeps.integrations.ray.resource_wait import PendingTimeout
     from sweeps.integrations.ray.node_loss import NodeLossCallback
+    from sweeps.integrations.ray.resource_wait import PendingTimeout
     from sweeps.integrations.ray.session import end as end_session
     from sweeps.integrations.ray.session import reap_stale
     from sweeps.integrations.ray.session import track as track_session

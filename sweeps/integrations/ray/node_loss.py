@@ -60,7 +60,7 @@ class NodeLossCallback(tune.Callback):
         self.lost: list[str] = []  # node ids announced, in order
         self._next = float("-inf")
 
-    def setup(self, **info: Any) -> None:
+    def setup(self, *args: Any, **info: Any) -> None:
         """The nodes alive when the experiment starts (a node already dead before is nothing this sweep lost)."""
         self._poll([])
 
