@@ -39,6 +39,7 @@ from benchmarks.method_study_v2 import _secondary, chosen_params, run_config, ta
 from benchmarks.method_study_v2 import load_spec as load_spec_v2
 from benchmarks.provenance import FIELDS as PROVENANCE_FIELDS
 from benchmarks.provenance import check_same_commit, provenance
+from benchmarks.study_compact import raw_or_compact
 
 SPEC = ROOT / "benchmarks" / "protocols" / "method_study_c.yaml"
 OUT = RESULTS_DIR / "method_study_c"
@@ -273,7 +274,7 @@ def slice_jobs(
     (`seeds`/`threads` override the slice's seeds and A's one thread: the thread-count check)."""
     sl = spec["slice"]
     spec_a = load_spec_v2(ROOT / sl["source_protocol"])
-    raw_a = ROOT / sl["source_raw"]
+    raw_a = raw_or_compact(ROOT / sl["source_raw"])  # A's raw folder left the tree: rebuilt from its compact form
     seeds = list(seeds) if seeds is not None else (sl["seeds"][:2] if tiny else sl["seeds"])
     jobs = []
     for r in regimes:
@@ -538,7 +539,7 @@ def _label(c: str) -> str:
 
 def a_rows(spec: dict, regime: str, method: str) -> dict[int, dict[str, float]]:
     """Protocol A's stored evaluation rows {seed: test metrics} of one method."""
-    raw = ROOT / spec["slice"]["source_raw"] / regime / "eval" / method
+    raw = raw_or_compact(ROOT / spec["slice"]["source_raw"]) / regime / "eval" / method
     out = {}
     for s in spec["slice"]["seeds"]:
         p = raw / f"seed{s}.json"
