@@ -100,6 +100,10 @@ TAG_REASON = "calib.failure_reason"  # on a failed trial's run and on a failed s
 STOPPED_EARLY = "stopped_early"
 TAG_LOST_FROM_TUNE = "calib.lost_from_tune"  # a finished run of a trial Tune forgot (selection ignores it)
 TAG_LOST_TRIALS = "calib.lost_trials"  # on the parent: trial ids whose runs were dropped on resume
+# on the parent: the tracking writer's longest queue (hooks waiting for MLflow) and the seconds Tune's loop waited
+# on a full queue (sweeps/integrations/mlflow/sweep_runs.py); a slow tracking server shows here
+TAG_QUEUE_MAX = "calib.tracking_queue_max"
+TAG_QUEUE_WAIT = "calib.tracking_queue_wait_s"
 TAG_GROWN_TO = "calib.grown_to"  # on the parent: the trial counts it was grown to (--resume --num-samples), "16,24"
 TAG_CHAMPION_TRIAL = "calib.champion_trial"  # the Tune trial (its run is the champion's run)
 # the candidate: the trial id, or "<trial id>+ts" for the trial with temperature scaling on top

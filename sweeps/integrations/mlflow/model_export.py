@@ -52,7 +52,7 @@ from sweeps.contract import (
     TAG_SOURCE_RUN,
     is_finite_number,
 )
-from sweeps.integrations.mlflow.store import MlflowStore
+from sweeps.integrations.mlflow.store import MlflowStore, fluent_http_retries
 
 LOGGED_MODEL_NAME = "model"
 MODEL_CODE = Path(__file__).with_name("champion_pyfunc.py")
@@ -280,7 +280,7 @@ def _log_portable_model(
         before = store.get_run(run_id).info
         saved_path = list(sys.path)
         try:
-            with mlflow.start_run(run_id=run_id, nested=False):
+            with fluent_http_retries(store), mlflow.start_run(run_id=run_id, nested=False):
                 info = mlflow.pyfunc.log_model(
                     name=LOGGED_MODEL_NAME,
                     python_model=str(MODEL_CODE),
@@ -313,14 +313,17 @@ def log_and_register(
     description: str | None = None,
     alias: str | None = CHAMPION_ALIAS,
     temperatures: list[float] | None = None,
+    store: MlflowStore | None = None,
 ) -> str:
     """Log the champion's portable model on its run, register it, point `alias` at it; return
     the version. Idempotent: a version already registered from `run_id` is reused (only the
     alias, tags and, when given, the description are set), so a resumed sweep never adds a
     second one. `description` replaces the default one built from the run's summary. `alias=None`: no alias
-    is set (the champion gate, sweeps/integrations/mlflow/champion_gate.py, decides which one)."""
+    is set (the champion gate, sweeps/integrations/mlflow/champion_gate.py, decides which one). `store`: the
+    sweep's store on `tracking_uri` (its calls wait out outages and HTTP 500s, so the run's status is restored even
+    when the fluent logging fails and the caller retries the whole call); None: one that fails at once."""
     mlflow.set_tracking_uri(tracking_uri)  # mlflow.pyfunc.log_model logs through the fluent API
-    store = MlflowStore(tracking_uri)
+    store = MlflowStore(tracking_uri) if store is None else store
     ckpt = Path(checkpoint_dir)
     input_shape = tuple(int(s) for s in input_shape)
     # the trial's model and the same model with temperature scaling on top are two exports of one run

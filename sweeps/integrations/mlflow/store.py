@@ -10,8 +10,11 @@ reports are files written elsewhere (sweeps/report/files.py) and logged through 
 from __future__ import annotations
 
 import os
+import re
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,12 @@ QUIET_RUN_LINKS_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 # HTTP statuses that mean "the server is not serving right now", not "the request is wrong"
 _UNAVAILABLE_CODES = ("error code 429", "error code 502", "error code 503", "error code 504")
+# An HTTP 500: the server (or a proxy before it) failed this one call. Transient: it is retried with the same
+# arguments, like an outage, but said only when a call fails twice (a flaky server must not print a line per
+# blip). MLflow reports it as urllib3's "too many 500 error responses" (its HTTP retries off: MlflowStore.client),
+# or "error code 500" from a response it read. 4xx are the request's fault: raised at once (429 and 408 aside).
+_SERVER_ERROR = re.compile(r"too many 500 error responses|error code 500\b|500 Server Error")
+_SERVER_ERROR_CODES = ("INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE")  # a RestException decoded from a 5xx body
 _UNREACHABLE_TEXT = (
     "Max retries exceeded",
     "Connection refused",
@@ -67,8 +76,21 @@ class TrackingUnavailable(Unavailable):
     """The tracking server stayed unreachable past `tracking.outage_timeout_s`."""
 
 
+def is_server_error(exc: BaseException) -> bool:
+    """Whether a client call failed with an HTTP 500 from the server (transient: retried), not a 4xx."""
+    from mlflow.exceptions import RestException
+
+    if isinstance(exc, RestException):
+        return exc.error_code in _SERVER_ERROR_CODES
+    response = getattr(exc, "response", None)  # requests' HTTPError (artifact uploads and downloads)
+    if response is not None and getattr(response, "status_code", None) == 500:
+        return True
+    return isinstance(exc, MlflowException) and bool(_SERVER_ERROR.search(str(exc)))
+
+
 def is_outage(exc: BaseException) -> bool:
-    """Whether a client call failed because the server could not be reached (not because the call was wrong)."""
+    """Whether a client call failed because the server could not be reached or failed (HTTP 500), not because the
+    call was wrong: the calls to retry."""
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     try:
@@ -78,6 +100,8 @@ def is_outage(exc: BaseException) -> bool:
             return True
     except ImportError:  # pragma: no cover - mlflow depends on requests
         pass
+    if is_server_error(exc):
+        return True
     if isinstance(exc, MlflowException):
         text = str(exc)
         return any(t in text for t in _UNREACHABLE_TEXT)
@@ -92,7 +116,12 @@ class OutageRetry(_OutageRetry):
     MLflow's own HTTP retries are turned off for http(s) stores (MlflowStore.client), so this is the
     one place that decides how long the sweep waits. A retried call sends the same arguments
     (log_batch keeps its metrics' timestamps), so a call that did reach the server before the
-    connection dropped is stored once (MLflow's SQL store skips identical metric rows).
+    connection dropped (or before a proxy answered HTTP 500) is stored once (MLflow's SQL store skips identical
+    metric rows; tags, params, statuses and artifacts are overwritten with the same value). Calls that must not
+    take effect twice (creating a run, deleting a tag) go through `call_checked`, which looks before resending.
+
+    An HTTP 500 is retried the same way, but a call's first one is not announced: a failed call that its
+    first retry delivers is a blip of a flaky server or proxy, not an outage worth two lines.
     """
 
     def __init__(
@@ -110,6 +139,81 @@ class OutageRetry(_OutageRetry):
             clock=clock,
         )
         self.uri = uri
+        self._blip = threading.local()  # this thread's failure is its call's first HTTP 500: retried quietly
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs), retried while the server is unreachable or answers HTTP 500."""
+        return self.call_checked(fn, None, *args, **kwargs)
+
+    def call_checked(self, fn: Any, settled: Any, *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs) retried as `call` does, for a call that must not take effect twice: before each
+        retry `settled()` (None: no check) looks whether the failed attempt took effect all the same (the server
+        stored it, only its answer was lost) and returns its result then, else None (fn is sent again)."""
+        tries = 0
+
+        def attempt() -> Any:
+            nonlocal tries
+            tries += 1
+            self._blip.first = self._blip.server_error = False
+            if tries > 1 and settled is not None:
+                done = settled()
+                if done is not None:
+                    return done
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                self._blip.server_error = is_server_error(exc)
+                self._blip.first = tries == 1 and self._blip.server_error
+                raise
+
+        return super().call(attempt)
+
+    def _failed(self) -> float:
+        if getattr(self._blip, "first", False):
+            # not announced (nor counted as the start of an outage): its retry a second later usually delivers it
+            with self._lock:
+                return 0.0 if self.down_since is None else float(self.clock() - self.down_since)
+        if getattr(self._blip, "server_error", False):
+            with self._lock:  # the line says what is wrong: the server answers, with errors
+                now = self.clock()
+                if self.down_since is None:
+                    self.down_since = now
+                    self.say(
+                        f"{self.what} {self.where} answers HTTP 500; the sweep waits for it "
+                        f"(retrying with backoff, up to {self.limit_s:g} s: {self.field})"
+                    )
+                return float(now - self.down_since)
+        return super()._failed()
+
+
+FLUENT_HTTP_RETRIES = 5  # MLflow's own retries of each request while it logs a model (1 s backoff doubling: ~30 s)
+
+
+@contextmanager
+def fluent_http_retries(store: MlflowStore) -> Iterator[None]:
+    """MLflow's own HTTP retries on, for the requests MLflow makes itself inside (mlflow.pyfunc.log_model: dozens of
+    calls and one upload per file of the model, ~80 for the champion), when `store` waits out outages.
+
+    Our retries (OutageRetry) wrap one client call each, and retrying the whole model logging after any failed
+    request of it would never finish against a server that fails a share of them (P(80 requests all pass) is
+    nil at 5 % failures). So each of those requests is retried where it is sent: uploads are PUTs of the same
+    bytes (urllib3 rewinds the file), a repeated POST at worst leaves a second logged model PENDING, which
+    MlflowStore.completed_export finalizes FAILED. Process-wide (MLflow reads the variables per request): only
+    the driver logs to MLflow at that point, the trials' writer having closed."""
+    if store.retry is None or not store.tracking_uri.startswith(("http://", "https://")):
+        yield
+        return
+    names = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update({names[0]: str(FLUENT_HTTP_RETRIES), names[1]: "1"})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def quiet_run_links(tracking_uri: str) -> None:
@@ -130,6 +234,11 @@ class _RetryingClient:
     def __init__(self, client: Any, retry: OutageRetry) -> None:
         self._client, self._retry = client, retry
 
+    @property
+    def unwrapped(self) -> Any:
+        """The client without the retries (for the look-ups of `OutageRetry.call_checked`, which retries itself)."""
+        return self._client
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._client, name)
         if not callable(attr):
@@ -139,6 +248,18 @@ class _RetryingClient:
             return self._retry.call(attr, *args, **kwargs)
 
         return call
+
+
+def _active(experiment: Any) -> bool | None:
+    return True if experiment is not None and experiment.lifecycle_stage == "active" else None
+
+
+def _version_of(client: Any, model_name: str, run_id: str, model_id: str) -> Any | None:
+    """The version of `model_name` registered from logged model `model_id` of `run_id`, if any."""
+    for v in client.search_model_versions(f"run_id = '{run_id}'"):
+        if v.name == model_name and (getattr(v, "model_id", None) == model_id or v.source == f"models:/{model_id}"):
+            return v
+    return None
 
 
 def find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> Any | None:
@@ -195,6 +316,16 @@ class MlflowStore:
         retry = self.retry
         return fn(*args, **kwargs) if retry is None else retry.call(fn, *args, **kwargs)
 
+    def _once(self, method: str, settled: Any, *args: Any, **kwargs: Any) -> Any:
+        """client.<method>(*args, **kwargs) for a call that must not take effect twice: after a failed attempt it
+        is sent again only when `settled(client)` (a look-up, through the client without retries) finds that the
+        attempt did not reach the store; otherwise what it finds is the result (OutageRetry.call_checked)."""
+        client, retry = self.client, self.retry
+        if retry is None or not isinstance(client, _RetryingClient):
+            return getattr(client, method)(*args, **kwargs)
+        raw = client.unwrapped
+        return retry.call_checked(getattr(raw, method), lambda: settled(raw), *args, **kwargs)
+
     @property
     def client(self) -> MlflowClient:
         """The MLflow client, created on first use; calls wait out an unreachable server (OutageRetry)."""
@@ -220,7 +351,8 @@ class MlflowStore:
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
             if exp.lifecycle_stage == "deleted":
-                self.client.restore_experiment(exp.experiment_id)
+                eid = exp.experiment_id
+                self._once("restore_experiment", lambda c: _active(c.get_experiment(eid)), eid)
             if EXPERIMENT_KIND_TAG not in exp.tags:
                 self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_ML)
             return exp.experiment_id
@@ -228,8 +360,12 @@ class MlflowStore:
         if self.tracking_uri.startswith("sqlite:///"):
             db_path = Path(self.tracking_uri.removeprefix("sqlite:///"))
             artifact_location = (db_path.parent / "mlartifacts").as_uri()
-        return self.client.create_experiment(
-            name, artifact_location=artifact_location, tags={EXPERIMENT_KIND_TAG: CLASSIC_ML}
+        return self._once(
+            "create_experiment",
+            lambda c: getattr(c.get_experiment_by_name(name), "experiment_id", None),
+            name,
+            artifact_location=artifact_location,
+            tags={EXPERIMENT_KIND_TAG: CLASSIC_ML},
         )
 
     # ------------------------------------------------------------------------ finding runs
@@ -271,16 +407,22 @@ class MlflowStore:
         """The sweep's parent run id; reopened (RUNNING) if it exists."""
         run = self.parent_run(experiment_id, sweep)
         if run is None:
-            run = self.client.create_run(
-                experiment_id, run_name=sweep, tags={TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT, **_redacted(tags)}
-            )
+            run = self._create_run(experiment_id, sweep, {TAG_SWEEP: sweep, TAG_ROLE: ROLE_PARENT, **_redacted(tags)})
         elif run.info.status != "RUNNING":
             self.reopen(run.info.run_id)
         return run.info.run_id
 
     def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> str:
         """A new run; its id."""
-        return self.client.create_run(experiment_id, run_name=name, tags=_redacted(tags)).info.run_id
+        return self._create_run(experiment_id, name, _redacted(tags)).info.run_id
+
+    def _create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> Any:
+        # a creation whose answer was lost (HTTP 500 after the server stored it, a dropped connection) is found
+        # by the tags that name the run (a trial's, a sweep's parent) instead of creating a second run
+        names = (TAG_SWEEP, TAG_TRIAL) if TAG_TRIAL in tags else (TAG_SWEEP, TAG_ROLE)
+        key = {k: tags[k] for k in names if k in tags}
+        settled = (lambda c: find_run(c, experiment_id, key)) if len(key) == 2 else (lambda c: None)
+        return self._once("create_run", settled, experiment_id, run_name=name, tags=tags)
 
     def reopen(self, run_id: str) -> None:
         """Mark the run RUNNING again (a retried or resumed trial, a resumed sweep)."""
@@ -291,7 +433,10 @@ class MlflowStore:
         tags = self.client.get_run(run_id).data.tags
         for key in keys:
             if key in tags:
-                self.client.delete_tag(run_id, key)
+                # sent again only while the tag is there (a second delete of a deleted tag is an error)
+                self._once(
+                    "delete_tag", lambda c, k=key: None if k in c.get_run(run_id).data.tags else True, run_id, key
+                )
 
     def terminate(self, run_id: str, status: str, end_time: int | None = None) -> None:
         """End the run with `status` (FINISHED, FAILED, KILLED), at `end_time` (ms) or now."""
@@ -326,7 +471,10 @@ class MlflowStore:
             else:
                 if run.info.status == "RUNNING":
                     self.terminate(run.info.run_id, "KILLED")
-                self.client.delete_run(run.info.run_id)
+                rid = run.info.run_id
+                self._once(
+                    "delete_run", lambda c, r=rid: True if c.get_run(r).info.lifecycle_stage == "deleted" else None, rid
+                )
             lost.append(tid)
         return lost
 
@@ -419,7 +567,9 @@ class MlflowStore:
         except MlflowException as exc:
             if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
                 raise
-        mv = self.client.create_model_version(
+        mv = self._once(
+            "create_model_version",
+            lambda c: _version_of(c, model_name, run_id, model_id),
             model_name,
             source=f"models:/{model_id}",
             run_id=run_id,

@@ -29,6 +29,8 @@ from sweeps.contract import (
     TAG_LABEL,
     TAG_LOST_TRIALS,
     TAG_METHOD,
+    TAG_QUEUE_MAX,
+    TAG_QUEUE_WAIT,
     TAG_REASON,
     TAG_TRIAL,
     TS_PREFIX,
@@ -50,6 +52,11 @@ from sweeps.report.summary import sweep_note
 
 log = logging.getLogger(__name__)
 FLUSH_ON_FAILURE_S = 30.0  # how long a stopping sweep waits for the trials' queued MLflow writes
+# The tracking writer's queue holds at most this many hooks. Full, it makes Tune's loop wait (nothing is dropped:
+# every hook carries a result that must reach its run once); a hook is a few kB (a result dict, a trial handle),
+# so the bound caps the driver's memory when MLflow is slower than the trials for a long time, while a hiccup of
+# seconds to minutes (a few hooks a second at most) fits in it without Tune ever waiting.
+WRITER_QUEUE_BOUND = 2000
 
 
 class TrialParams:
@@ -109,20 +116,24 @@ class UntilTrackingStops(tune.Callback):
     """The tracking callback, run off Ray Tune's event loop, stopping the sweep when the tracking server has been
     unreachable past the limit.
 
-    Every hook is queued (bounded: a full queue makes Tune wait) and one writer thread replays them in order
+    Every hook is queued (bounded, WRITER_QUEUE_BOUND: a full queue makes Tune wait, so nothing is dropped and
+    memory stays bounded) and one writer thread replays them in order
     on the MLflow callback, so a slow or unreachable server never stalls Tune's loop: trials keep training
     and reporting through an outage, and their epochs reach the store, stamped when they were measured, once
     it is back. Only the in-place annotation of a scheduler-stopped result is done at once (other callbacks
     read it). The first TrackingUnavailable (an outage past `tracking.outage_timeout_s`) is kept, the queue
     goes quiet, and it is raised from the next step's hook, which ends `tuner.fit()`; `flush` raises it too.
     A completion missed this way is delivered after the resumed sweep's trials (`deliver_missed_completions`).
+    How far the writer fell behind is recorded on the parent run when it closes (`TAG_QUEUE_MAX`, `TAG_QUEUE_WAIT`).
     """
 
-    def __init__(self, inner: MLflowTrackingCallback, store: MlflowStore, max_queue: int = 2000) -> None:
+    def __init__(self, inner: MLflowTrackingCallback, store: MlflowStore, max_queue: int = WRITER_QUEUE_BOUND) -> None:
         self.inner, self.store = inner, store
         self.outage: TrackingUnavailable | None = None
         self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(maxsize=max_queue)
         self._writer: threading.Thread | None = None
+        self.max_queued = 0  # the longest the queue got (hooks waiting for the writer)
+        self.waited_s = 0.0  # how long Tune's loop waited on a full queue, in all
 
     def _run(self, hook: str, **info: Any) -> None:
         if self.outage is not None:
@@ -130,7 +141,15 @@ class UntilTrackingStops(tune.Callback):
         if self._writer is None or not self._writer.is_alive():
             self._writer = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
             self._writer.start()
-        self._queue.put((hook, info))
+        try:
+            self._queue.put_nowait((hook, info))
+        except queue.Full:
+            # the writer is a whole queue behind: Tune's loop waits for room (trials pause reporting) rather than
+            # drop a result or let the driver's memory grow without end
+            start = time.monotonic()
+            self._queue.put((hook, info))
+            self.waited_s += time.monotonic() - start
+        self.max_queued = max(self.max_queued, self._queue.qsize())
 
     def _drain(self) -> None:
         while True:
@@ -160,11 +179,21 @@ class UntilTrackingStops(tune.Callback):
             raise self.outage
 
     def close(self) -> None:
-        """Stop the writer once the queue is drained (or at once after an outage)."""
+        """Stop the writer once the queue is drained (or at once after an outage); the queue's longest length and
+        Tune's wait on it go on the parent run (not after an outage: the server is away)."""
+        started = self._writer is not None
         if self._writer is not None and self._writer.is_alive():
             self._queue.put(None)
             self._writer.join(timeout=None if self.outage is None else 5)
         self._writer = None
+        if started and self.outage is None:
+            try:
+                self.store.set_tags(
+                    self.inner.parent_run_id,
+                    {TAG_QUEUE_MAX: str(self.max_queued), TAG_QUEUE_WAIT: f"{self.waited_s:.1f}"},
+                )
+            except Exception as exc:  # a statistic: never the reason a sweep fails
+                log.warning("could not record the tracking queue's length: %s", exc)
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
         if self.outage is not None:
@@ -374,6 +403,7 @@ def register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord,
                 cfg.tracking.uri,
                 alias=None,
                 temperatures=temperatures,
+                store=store,
             )
         )
         alias, line = store.call(
