@@ -10,7 +10,7 @@ asserts the promises; this script runs it and keeps the figures:
     python benchmarks/soak.py                      # 200 trials, 4 at a time, 20 kills (about 10 min here)
     python benchmarks/soak.py --trials 40 --kills 5 --out /tmp/soak
 
-writes soak.json (figures and provenance), soak_memory.csv (the curve) and soak_memory.png to
+writes soak.json (figures and provenance), soak.csv (the curve) and soak.png to
 benchmarks/results/ (or --out), and prints a table.
 """
 
@@ -276,13 +276,21 @@ def figures(soak: Soak, trials: int, concurrent: int, epochs: int) -> dict[str, 
 
 
 def write_results(soak: Soak, figs: dict[str, Any], out: Path) -> None:
-    """soak.json (figures + provenance), soak_memory.csv (the curve) and soak_memory.png in `out`."""
+    """soak.json (figures + provenance), soak.csv (the curve) and soak.png in `out`."""
     from benchmarks.provenance import provenance
 
     out.mkdir(parents=True, exist_ok=True)
-    record = {**figs, "kill_log": soak.kills, "provenance": provenance()}
+    from benchmarks.common import command_line, utc_now
+
+    record = {
+        **figs,
+        "command": command_line(__file__, sys.argv[1:]),
+        "date": utc_now(),
+        "kill_log": soak.kills,
+        "provenance": provenance(),
+    }
     (out / "soak.json").write_text(json.dumps(record, indent=1) + "\n")
-    with open(out / "soak_memory.csv", "w", newline="") as f:
+    with open(out / "soak.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["seconds", "trials_done", "driver_rss_mb"])
         w.writerows(soak.curve)
@@ -300,7 +308,7 @@ def write_results(soak: Soak, figs: dict[str, Any], out: Path) -> None:
     ax.set_ylabel("driver RSS (MB)")
     ax.set_title(f"soak: {figs['trials']} trials, {figs['kills']} workers killed", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "soak_memory.png")
+    fig.savefig(out / "soak.png")
     plt.close(fig)
 
 

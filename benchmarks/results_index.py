@@ -1,0 +1,157 @@
+"""benchmarks/results/INDEX.md: each result file with the command that wrote it, its commit and its date, as
+the file itself records them (issue #33 item 4).
+
+    python benchmarks/results_index.py            # rewrite INDEX.md
+    python benchmarks/results_index.py --check    # exit 1 when INDEX.md is not what the files say
+
+Read from the files only (never from git, so the index is the same on any clone): a JSON's `command`, `date`
+(or `utc`, `generated`) and `git_commit` (or `commit`, `provenance.git_commit`) at the top level or one level
+down; a Markdown report's `Command: `...`` line, its first date and the commit(s) it names. What a file does
+not record is shown as "not recorded", so the gaps are visible. A JSON and the Markdown report of the same
+stem are one entry; a folder is one entry (its files, its size, the report that reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+INDEX = RESULTS / "INDEX.md"
+NOT_RECORDED = "not recorded"
+_DATE = re.compile(r"\b(20\d\d-\d\d-\d\d(?:[ T]\d\d:\d\d(?::\d\d)?)?(?: UTC)?)")
+_COMMAND = re.compile(r"Command: `([^`]+)`")
+_COMMIT = re.compile(r"\bcommits?(?:\(s\))? ([0-9a-f]{7,40})\b")
+_KEYS = {"command": ("command",), "date": ("date", "utc", "generated"), "commit": ("git_commit", "commit")}
+
+
+def _from_json(data: Any) -> dict[str, str]:
+    """command / date / commit recorded at the top level of a JSON object or one level down."""
+    found: dict[str, str] = {}
+    levels = [data] if isinstance(data, dict) else []
+    if isinstance(data, dict):
+        levels += [v for v in data.values() if isinstance(v, dict)]
+    for level in levels:
+        for what, keys in _KEYS.items():
+            for k in keys:
+                v = level.get(k)
+                if what not in found and isinstance(v, str) and v.strip():
+                    found[what] = v.strip()
+    return found
+
+
+def _from_markdown(text: str) -> dict[str, str]:
+    """command / date / commit as a Markdown report states them in its opening lines."""
+    head = "\n".join(text.splitlines()[:12])
+    found: dict[str, str] = {}
+    if m := _COMMAND.search(head):
+        found["command"] = m.group(1).strip()
+    if m := _DATE.search(head):
+        found["date"] = m.group(1)
+    commits = list(dict.fromkeys(_COMMIT.findall(head)))
+    if commits:
+        found["commit"] = ", ".join(c[:10] for c in commits)
+    return found
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def _human(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    return f"{n / 1024:.1f} KB" if n < 1024**2 else f"{n / 1024**2:.1f} MB"
+
+
+def _short(commit: str) -> str:
+    return ", ".join(c.strip()[:10] for c in commit.split(",")) if commit != NOT_RECORDED else commit
+
+
+def entries(results: Path = RESULTS) -> list[dict[str, str]]:
+    """One entry per result stem (its .json, .md, .png, ... together) and per folder, sorted by name."""
+    stems: dict[str, list[Path]] = {}
+    for p in sorted(results.iterdir()):
+        if p.name == INDEX.name or p.name.startswith("."):
+            continue
+        key = p.name if p.is_dir() else p.name.split(".")[0]
+        stems.setdefault(key, []).append(p)
+    out = []
+    for stem, paths in sorted(stems.items()):
+        info: dict[str, str] = {}
+        for p in paths:
+            if p.suffix == ".json":
+                try:
+                    found = _from_json(json.loads(p.read_text()))
+                except ValueError:
+                    found = {}
+            elif p.suffix == ".md":
+                found = _from_markdown(p.read_text())
+            else:
+                found = {}
+            for k, v in found.items():
+                info.setdefault(k, v)
+        if paths[0].is_dir():
+            files = sorted(f for f in paths[0].rglob("*") if f.is_file())
+            info.setdefault("what", f"folder: {len(files)} files")
+            raw = stem.removesuffix("_compact")  # a study's compact form is read where its raw folder was named
+            readers = sorted(q.name for q in results.glob("*.md") if f"results/{raw}/" in q.read_text())
+            if readers:
+                info.setdefault("command", "read by " + ", ".join(readers))
+        names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in paths)
+        out.append(
+            {
+                "files": names,
+                "size": _human(sum(_size(p) for p in paths)),
+                "command": info.get("command", NOT_RECORDED),
+                "commit": _short(info.get("commit", NOT_RECORDED)),
+                "date": info.get("date", NOT_RECORDED),
+            }
+        )
+    return out
+
+
+def render(results: Path = RESULTS) -> str:
+    """INDEX.md's text."""
+    rows = entries(results)
+    total = sum(_size(p) for p in results.iterdir() if p.name != INDEX.name)
+    lines = [
+        "# benchmarks/results: what each file is and where it came from",
+        "",
+        "Generated by `python benchmarks/results_index.py` from what each file records (never from git);",
+        f"`{NOT_RECORDED}` marks what a file does not say. {len(rows)} entries, {_human(total)} in all.",
+        "",
+        "| files | size | command | commit | date |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cmd = r["command"].replace("|", "\\|")
+        cmd = f"`{cmd}`" if r["command"] != NOT_RECORDED and not cmd.startswith("read by") else cmd
+        lines.append(f"| {r['files']} | {r['size']} | {cmd} | {r['commit']} | {r['date']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write INDEX.md, or with --check say whether it is current."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="exit 1 when INDEX.md differs from the files")
+    a = p.parse_args(argv)
+    text = render()
+    if a.check:
+        current = INDEX.read_text() if INDEX.is_file() else ""
+        if current != text:
+            print(f"{INDEX.relative_to(ROOT)} is out of date: run python benchmarks/results_index.py", file=sys.stderr)
+            return 1
+        return 0
+    INDEX.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""benchmarks/results/INDEX.md (benchmarks/results_index.py): current with the files, and read from what each file
+records (a hand-made results folder)."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.results_index import INDEX, NOT_RECORDED, entries, render
+
+
+def test_the_committed_index_is_what_the_result_files_say():
+    assert INDEX.read_text() == render(), (
+        "benchmarks/results/INDEX.md is out of date: python benchmarks/results_index.py"
+    )
+
+
+def test_entries_read_command_commit_and_date_from_the_files(tmp_path):
+    (tmp_path / "a.json").write_text(
+        json.dumps({"x": 1, "command": "python benchmarks/a.py --n 3", "provenance": {"git_commit": "f" * 40}})
+    )
+    (tmp_path / "a.md").write_text("# A\n\nCommand: `python benchmarks/a.py --n 3`; 2026-12-01 10:00 UTC.\n")
+    (tmp_path / "b.json").write_text(json.dumps({"rows": [1, 2]}))
+    (tmp_path / "c.md").write_text("# C\n\nRuns made at commit(s) 3ca46f087b (dirty); see results/d/.\n")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "rows.npz").write_bytes(b"\0" * 2048)
+    got = {e["files"]: e for e in entries(tmp_path)}
+    assert got["a.json, a.md"] | {"size": "-"} == {
+        "files": "a.json, a.md",
+        "size": "-",
+        "command": "python benchmarks/a.py --n 3",
+        "commit": "f" * 10,
+        "date": "2026-12-01 10:00 UTC",
+    }
+    assert (got["b.json"]["command"], got["b.json"]["commit"], got["b.json"]["date"]) == (NOT_RECORDED,) * 3
+    assert got["c.md"]["commit"] == "3ca46f087b"
+    assert got["d/"]["size"] == "2.0 KB" and got["d/"]["command"] == "read by c.md"
