@@ -76,6 +76,8 @@ def resolve(
     """The validated config with the CLI's defaults filled in (see run_sweep)."""
     if isinstance(config, SweepConfig):
         raw = config.model_dump(mode="json")
+        if config.tracking.registered_model_is_default:  # left unset: a resumed sweep keeps the name it began with
+            raw["tracking"].pop("registered_model", None)
     elif isinstance(config, Mapping):
         raw = dict(config)
     else:
@@ -105,6 +107,7 @@ def load_result(
     import pandas as pd
 
     from sweeps.contract import TAG_CHAMPION_RUN, TAG_TRIAL
+    from sweeps.integrations.mlflow.existing import started_registered_model
     from sweeps.integrations.mlflow.store import MlflowStore
     from sweeps.integrations.optuna.study import MEMORY
     from sweeps.redaction import redact
@@ -126,7 +129,7 @@ def load_result(
         raise SweepError(f"sweep {cfg.name!r} has no selected champion in {redact(cfg.tracking.uri)}")
     assert experiment_id is not None  # the parent run was found in it
     champion_run = parent.data.tags[TAG_CHAMPION_RUN]
-    model = cfg.tracking.registered_model
+    model = started_registered_model(cfg, parent)  # an older sweep's champion: under the name it began with
     versions = store.versions_of_run(model, champion_run)
     if not versions:
         raise SweepError(f"sweep {cfg.name!r}: its champion run {champion_run} is not registered as {model}")

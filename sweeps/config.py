@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from calib_core.config import ConfigError, RunConfig, _Strict, apply_overrides, build_model, read_yaml
 from calib_core.registry import CALIBRATORS
@@ -249,9 +249,17 @@ class TrackingConfig(_Strict):
     # Left unset, with_defaults names it after the data (default_registered_model: calibrated-mnist1d,
     # calibrated-table-patients, ...), so a sweep on other data never competes with another dataset's @champion.
     registered_model: str = "calibrated-classifier"
+    # True when with_defaults named it after the data (the user left it unset): a resumed sweep then keeps the name
+    # it started with, which may be an older default (sweeps/integrations/mlflow/existing.py, started_registered_model)
+    _named_after_data: bool = PrivateAttr(default=False)
     # How long the sweep waits for an unreachable tracking server (retrying with backoff, one line
     # when it goes and one when it is back) before it stops, resumable with --resume.
     outage_timeout_s: float = Field(default=600.0, gt=0.0)
+
+    @property
+    def registered_model_is_default(self) -> bool:
+        """Whether the registered model's name is the default named after the data (the user did not set it)."""
+        return self._named_after_data
 
     @field_validator("uri")
     @classmethod
@@ -459,6 +467,7 @@ def with_defaults(cfg: SweepConfig, cluster: bool, workdir: str | Path = ".") ->
     tracking = cfg.tracking
     if "registered_model" not in tracking.model_fields_set:
         tracking = tracking.model_copy(update={"registered_model": default_registered_model(cfg.run.data)})
+        tracking._named_after_data = True
         updates["tracking"] = tracking
     if tracking.uri is None and not cluster:
         tracking = tracking.model_copy(update={"uri": default_tracking_uri(workdir)})

@@ -28,6 +28,7 @@ from sweeps.contract import (
 )
 from sweeps.decide.selection import select, trial_errors
 from sweeps.finish import add_detail, candidates, log_selection, sweep_replicates, trial_records, write_report
+from sweeps.integrations.mlflow.existing import started_registered_model
 from sweeps.integrations.mlflow.store import MlflowStore
 from sweeps.integrations.mlflow.sweep_runs import (
     close_trials,
@@ -206,6 +207,11 @@ def _execute(
         opened = opening.result()
     experiment_id, parent_id, restoring, grown = opened.experiment_id, opened.parent_id, opened.restoring, opened.grown
     sources = opened.sources
+    if opened.registered_model != cfg.tracking.registered_model:  # a resumed sweep keeps its model's name
+        cfg = cfg.model_copy(
+            update={"tracking": cfg.tracking.model_copy(update={"registered_model": opened.registered_model})}
+        )
+    assert cfg.tracking.uri and cfg.storage_path  # as above (the copy changed neither; for the type checker)
     r = cfg.resources
     progress = ProgressCallback(max([cfg.search.num_samples, *grown]), cfg.selection)
     tracking = tracking_callback(cfg, store, experiment_id, parent_id, sources)
@@ -345,6 +351,7 @@ class _Opened:
     restoring: bool
     grown: list[int]
     sources: dict[str, str]
+    registered_model: str  # the name the sweep began registering under, kept on --resume (existing.py)
 
 
 def _open_tracking(cfg: SweepConfig, store: MlflowStore, exp_path: str, resume: bool) -> _Opened:
@@ -354,7 +361,8 @@ def _open_tracking(cfg: SweepConfig, store: MlflowStore, exp_path: str, resume: 
     restoring = should_restore(cfg, exp_path, resume, exists=existing is not None)
     sources = source_tags()
     parent_id = open_parent(cfg, store, experiment_id, sources, new=existing is None)
-    return _Opened(experiment_id, parent_id, restoring, grown_to(existing), sources)
+    model = started_registered_model(cfg, existing)
+    return _Opened(experiment_id, parent_id, restoring, grown_to(existing), sources, model)
 
 
 def ray_connected() -> bool:

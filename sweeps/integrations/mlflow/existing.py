@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError
 from sweeps.contract import CHAMPION_ALIAS, TAG_CHAMPION_RUN, TAG_CHAMPION_TRIAL, TAG_LOST_FROM_TUNE
@@ -58,6 +58,21 @@ def _study_exists(url: str, name: str) -> bool:
     return row is not None
 
 
+# The parent run's param holding the name the sweep registers under (its config as params, flattened, when it began).
+PARAM_REGISTERED_MODEL = "tracking.registered_model"
+
+
+def started_registered_model(cfg: SweepConfig, parent: Any | None) -> str:
+    """The name a sweep's champion registers under: `tracking.registered_model` when the user set it, else the name
+    the sweep's parent run recorded when it began (`parent`: None for a new sweep). The default name follows the data
+    now (calibrated-<dataset>); a sweep begun under the old default, calibrated-classifier, keeps it on --resume
+    instead of putting its champion into a second registered model."""
+    if parent is None or not cfg.tracking.registered_model_is_default:
+        return cfg.tracking.registered_model
+    started = str(parent.data.params.get(PARAM_REGISTERED_MODEL) or "").strip()
+    return started or cfg.tracking.registered_model
+
+
 def check_store(cfg: SweepConfig, resume: bool, grow: bool = False) -> str | None:
     """Refuse to start a sweep whose name is taken (unless --resume); on --resume of a sweep that
     finished and registered its champion, return the line saying there is nothing to do, unless
@@ -108,7 +123,7 @@ def check_store(cfg: SweepConfig, resume: bool, grow: bool = False) -> str | Non
     champion_run = tags.get(TAG_CHAMPION_RUN)
     if run.info.status != "FINISHED" or TAG_CHAMPION_TRIAL not in tags or not champion_run:
         return None
-    model = cfg.tracking.registered_model
+    model = started_registered_model(cfg, run)
     try:  # as sweeps.integrations.mlflow.model_export finds the versions registered from a run
         versions = store.versions_of_run(model, champion_run)
     except MlflowException:
