@@ -3,6 +3,11 @@
     python benchmarks/method_study_c.py slice                      # run what is missing (resumable), then report
     python benchmarks/method_study_c.py slice --regimes overconf   # one regime
     python benchmarks/method_study_c.py slice --report-only        # rebuild the report from the compact files
+    python benchmarks/method_study_c.py full --regimes overconf [--workers 2]   # the full factorial (resumable)
+    python benchmarks/method_study_c.py full --report-only                      # its report
+
+The full factorial (tuning replicated per cell, pigeonhole bootstrap) is `benchmarks/method_study_c_full.py`,
+built on this module's run, storage and verdict functions.
 
 The protocol is `benchmarks/protocols/method_study_c.md` (committed before any run); the numbers are in
 `method_study_c.yaml`. Each run retrains one of protocol A's chosen configurations (A's harness builds the
@@ -100,19 +105,26 @@ def rows_path(out: Path, regime: str, study: str = "slice") -> Path:
     return out / f"{study}_rows_{regime}.npz"
 
 
-def read_table(path: Path) -> list[dict[str, Any]]:
-    """The per-run table's rows, numbers parsed (empty strings -> None)."""
+INT_COLUMNS = ("seed", "epochs_run", "best_epoch", "threads")
+
+
+def read_table(path: Path, ints: Sequence[str] = INT_COLUMNS) -> list[dict[str, Any]]:
+    """The per-run table's rows, numbers parsed (empty strings -> None; `ints` are integer columns)."""
     if not path.is_file():
         return []
     with gzip.open(path, "rt", newline="") as f:
-        rows = list(csv.DictReader(f))
+        return parse_rows(csv.DictReader(f), ints)
+
+
+def parse_rows(rows: Any, ints: Sequence[str] = INT_COLUMNS) -> list[dict[str, Any]]:
+    """CSV rows (dicts of strings) with numbers parsed (empty strings -> None; `ints` are integer columns)."""
     out = []
     for r in rows:
         x: dict[str, Any] = {}
         for k, v in r.items():
             if v == "":
                 x[k] = None
-            elif k in ("seed", "epochs_run", "best_epoch", "threads"):
+            elif k in ints:
                 x[k] = int(float(v))
             elif k in ("wall_s", "ts_wall_s") or k.startswith(("test_", "val_")):
                 x[k] = float(v)
@@ -131,14 +143,20 @@ def _atomic_write(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-def write_table(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    """Rewrite the table (sorted by regime, method, seed, post), gzip with a fixed mtime (reproducible bytes)."""
+def _slice_order(r: dict[str, Any]) -> tuple:
+    return (r["regime"], r["method"], int(r["seed"]), r["post"])
+
+
+def write_table(
+    path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS, order: Any = _slice_order
+) -> None:
+    """Rewrite the table (sorted by `order`: the slice's regime, method, seed, post), gzip with a fixed mtime
+    (reproducible bytes)."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
-    order = sorted(rows, key=lambda r: (r["regime"], r["method"], int(r["seed"]), r["post"]))
-    for r in order:
-        w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
+    for r in sorted(rows, key=order):
+        w.writerow({k: ("" if r.get(k) is None else r[k]) for k in columns})
     _atomic_write(path, gzip.compress(buf.getvalue().encode(), mtime=0))
 
 
@@ -190,8 +208,15 @@ def source_sha256() -> str:
     return h.hexdigest()
 
 
-def stacked_run(config: dict[str, Any], folds: int = 5) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
-    """Train one run; return (row without TS, row with TS, compact test arrays keyed 'none/...', 'ts/...')."""
+def stacked_run(
+    config: dict[str, Any], folds: int = 5, test: bool = True
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
+    """Train one run; return (row without TS, row with TS, compact test arrays keyed 'none/...', 'ts/...').
+    `test=False` (tuning runs): the trainer gets the validation split in place of the test split (it evaluates
+    its "test" split at the end of every run), so the test split is never read; the rows carry validation
+    metrics only and there are no arrays."""
+    import dataclasses
+
     import torch
 
     torch.set_num_threads(int(config["num_threads"]))
@@ -203,6 +228,8 @@ def stacked_run(config: dict[str, Any], folds: int = 5) -> tuple[dict[str, Any],
 
     cfg = RunConfig.model_validate(config)
     data = load_dataset(cfg.data, cfg.seed)
+    if not test:
+        data = dataclasses.replace(data, test=data.val)
     t0 = time.perf_counter()
     trainer = make_trainer(cfg, data, "cpu")
     res = trainer.fit()
@@ -213,11 +240,11 @@ def stacked_run(config: dict[str, Any], folds: int = 5) -> tuple[dict[str, Any],
     if res.status != "completed":
         return {**base, "post": "none"}, {**base, "post": "ts"}, {}
     t1 = time.perf_counter()
-    st, val, test = trainer.strategy, trainer.val_split, trainer.test_split
+    st, val, test_split = trainer.strategy, trainer.val_split, trainer.test_split
     nb = trainer.tc.num_bins
     with torch.no_grad():
         zv = [z.float() for z in st.predict_logits(trainer.model, trainer.calibrator, val.x)]
-        zt = [z.float() for z in st.predict_logits(trainer.model, trainer.calibrator, test.x)]
+        zt = [z.float() for z in st.predict_logits(trainer.model, trainer.calibrator, test_split.x)] if test else zv
     cals = [create_calibrator("temperature", z.shape[1]) for z in zv]
     # cross-fitted validation logits (folds seeded by the run seed); the calibrators end fitted on all val rows
     z_cv = st.crossfit_posthoc(cals, zv, val.y, st.labelled_tasks(val.y), folds, cfg.seed)
@@ -227,11 +254,25 @@ def stacked_run(config: dict[str, Any], folds: int = 5) -> tuple[dict[str, Any],
     temps = [float(c.temperature.detach()) for c in cals]
     val_ts_in = st.metrics(zv_ts, val.y, nb)["nll"]
     val_ts_cv = st.metrics([z.float() for z in z_cv], val.y, nb)["nll"]
-    labels = test.y.cpu().numpy()
+    if not test:
+        rows = [
+            {
+                **base,
+                "post": post,
+                "temperature": json.dumps(temps) if post == "ts" else None,
+                "val_nll": res.val_metrics.get("nll") if post == "none" else val_ts_cv,
+                "val_nll_ts_insample": val_ts_in,
+                "val_nll_ts_crossfit": val_ts_cv,
+                "ts_wall_s": time.perf_counter() - t1,
+            }
+            for post in ("none", "ts")
+        ]
+        return rows[0], rows[1], {}
+    labels = test_split.y.cpu().numpy()
     rows, arrays = [], {}
     for post, logits, test_metrics in (("none", zt, dict(res.test_metrics)), ("ts", zt_ts, None)):
         if test_metrics is None:
-            test_metrics = st.metrics(logits, test.y, nb)
+            test_metrics = st.metrics(logits, test_split.y, nb)
         probs = [torch.softmax(z, dim=1).cpu().numpy() for z in logits]
         if labels.ndim == 2:
             test_metrics.update(task_secondary(probs, labels))
@@ -421,33 +462,48 @@ def _p(s: dict[str, float], test: tuple[str, float]) -> float:
     return p_below(s, test[1]) if test[0] == "below" else p_above(s, test[1])
 
 
+class PairedT:
+    """The slice's statistics of paired differences over seeds: t summary, t p-values, t intervals."""
+
+    summary = staticmethod(t_summary)
+    p = staticmethod(_p)
+    interval = staticmethod(t_interval)
+
+
 def evaluate_claim(
-    diffs: dict[str, dict[str, list[float]]], kind: str, spec: dict, metrics: Sequence[str]
+    diffs: dict[str, Any], kind: str, spec: dict, metrics: Sequence[str], tester: Any = PairedT
 ) -> dict[str, Any]:
-    """Per regime and metric: t summary, 95 % and Bonferroni intervals, Holm-adjusted p-values of the establishing
-    and refuting tests (family: the regimes of this claim and metric); per regime the verdict."""
+    """Per regime and metric: summary, 95 % and Bonferroni intervals, Holm-adjusted p-values of the establishing
+    and refuting tests (family: the regimes of this claim and metric); per regime the verdict. `tester` gives the
+    summary, one-sided p-values and intervals (`PairedT`: the slice's paired t; the full study passes its
+    pigeonhole bootstrap, whose `tost` p-values are reported beside, as `p_tost_holm`). Summary keys starting
+    with '_' (the bootstrap's draws) stay out of the result."""
     alpha, margins = spec["alpha"], spec["margins"]
     regimes = list(diffs)
     m = len(regimes)
     out: dict[str, Any] = {r: {"metrics": {}} for r in regimes}
     for metric in metrics:
         est, ref = claim_tests(kind, metric, margins)
-        summ = {r: t_summary(diffs[r][metric]) for r in regimes}
-        p_est = holm([_p(summ[r], est) for r in regimes])
-        p_ref = holm([_p(summ[r], ref) for r in regimes])
+        summ = {r: tester.summary(diffs[r][metric]) for r in regimes}
+        p_est = holm([tester.p(summ[r], est) for r in regimes])
+        p_ref = holm([tester.p(summ[r], ref) for r in regimes])
+        tost = kind == "matches" and metric != "accuracy" and hasattr(tester, "tost")
+        p_tost = holm([tester.tost(summ[r], margins[metric]) for r in regimes]) if tost else []
         level_adj = 1.0 - (2.0 if kind == "matches" and metric != "accuracy" else 1.0) * alpha / max(m, 1)
         for i, r in enumerate(regimes):
             s = summ[r]
             out[r]["metrics"][metric] = {
-                **s,
-                "ci95": t_interval(s, 0.95),
-                "ci_adj": t_interval(s, level_adj),
+                **{k: v for k, v in s.items() if not k.startswith("_")},
+                "ci95": tester.interval(s, 0.95),
+                "ci_adj": tester.interval(s, level_adj),
                 "level_adj": level_adj,
                 "p_establish_holm": p_est[i],
                 "p_refute_holm": p_ref[i],
                 "establishes": bool(p_est[i] < alpha),
                 "refutes": bool(p_ref[i] < alpha),
             }
+            if tost:
+                out[r]["metrics"][metric]["p_tost_holm"] = p_tost[i]
     for r in regimes:
         ms = out[r]["metrics"]
         if any(ms[x]["refutes"] for x in metrics):
@@ -854,26 +910,38 @@ def _deviations() -> str:
 # ------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=["slice"])
+    p.add_argument("stage", choices=["slice", "full"], help="slice: the cheap slice; full: the full factorial")
     p.add_argument("--protocol", default=str(SPEC))
     p.add_argument("--out", default=str(OUT), help="the compact results' folder")
-    p.add_argument("--report-dir", default=str(RESULTS_DIR))
+    p.add_argument(
+        "--report-dir", default=None, help="where the report goes (default benchmarks/results; --tiny: --out)"
+    )
     p.add_argument("--regimes", default=None)
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--no-bootstrap", action="store_true", help="skip the per-seed bootstrap half-widths")
     p.add_argument(
-        "--tiny", action="store_true", help="smoke test: 600 samples, 2 epochs, 2 seeds (numbers mean nothing)"
+        "--tiny",
+        action="store_true",
+        help="smoke test: 600 samples, 2 epochs, 2 seeds; full: 4 trials, 2 random (numbers mean nothing)",
     )
     p.add_argument("--limit", type=int, default=None, help="run at most this many runs")
     p.add_argument("--allow-mixed-commits", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="the thread-count check: run at this many threads")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the slice's)")
     p.add_argument("--study", default="slice", help="table name: slice, or threads2 for the thread-count check")
+    p.add_argument("--workers", type=int, default=1, help="full: worker processes (lanes)")
+    p.add_argument("--retune", default=None, help="full: re-tune these cells (objective/post, comma-separated)")
     args = p.parse_args(argv)
     spec = load_spec(Path(args.protocol))
     out = Path(args.out).resolve()
     if args.tiny and out == OUT.resolve():
         raise SystemExit("--tiny writes smoke numbers: give --out a scratch folder, not the study's results")
+    if args.report_dir is None:
+        args.report_dir = str(out if args.tiny else RESULTS_DIR)
+    if args.stage == "full":
+        from benchmarks.method_study_c_full import main_full
+
+        return main_full(args, spec, command_line(__file__, argv))
     regimes = args.regimes.split(",") if args.regimes else list(spec["regimes"])
     if not args.report_only:
         seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None

@@ -244,38 +244,68 @@ def _trial_jobs(spec: dict, regime: str, method: str, i: int, params: dict, raw:
     ]
 
 
-def tune_study(task: dict[str, Any]) -> dict[str, Any]:
-    """Tune one (regime, method) to the end, trials in order, each trial's seeds in this process."""
+def tpe_search(
+    ranges: dict[str, Sequence[float]],
+    trials: int,
+    startup_trials: int,
+    sampler_seed: int,
+    evaluate: Any,
+    replay: Any = None,
+) -> list[dict[str, Any]]:
+    """Optuna's seeded TPE over log-uniform `ranges` ({name: (lo, hi)}), `trials` trials in order, the first
+    `startup_trials` random. `evaluate(i, params) -> value` (inf = failed: told as FAIL); `replay(i)` may return
+    stored parameters to enqueue for trial i (protocol A's resumption). Returns [{trial, params, value}]."""
     import optuna
 
-    spec, regime, method, raw = task["spec"], task["regime"], task["method"], Path(task["raw"])
-    tu, ranges = spec["tuning"], spec["methods"][method]["tune"]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=int(tu["seeds"][0]), n_startup_trials=int(tu["startup_trials"]))
+    sampler = optuna.samplers.TPESampler(seed=int(sampler_seed), n_startup_trials=int(startup_trials))
     study = optuna.create_study(direction="minimize", sampler=sampler)
     dists = {k: optuna.distributions.FloatDistribution(lo, hi, log=True) for k, (lo, hi) in ranges.items()}
-    trials = []
-    for i in range(int(tu["trials"])):
-        tfile = raw / regime / "tune" / method / f"trial{i:02d}.json"
-        if tfile.is_file():  # resume: the trial's parameters were drawn before it ran; replay them
-            study.enqueue_trial(json.loads(tfile.read_text())["params"])
+    out = []
+    for i in range(int(trials)):
+        fixed = replay(i) if replay is not None else None
+        if fixed is not None:
+            study.enqueue_trial(fixed)
         study_trial = study.ask(dists)
-        ot_params = {k: float(v) for k, v in study_trial.params.items()}
-        if not tfile.is_file():
-            write_json(tfile, {"trial": i, "params": ot_params, "startup": i < int(tu["startup_trials"])})
-        recs = [j["path"] for j in _trial_jobs(spec, regime, method, i, ot_params, raw)]
-        out = []
-        for job in _trial_jobs(spec, regime, method, i, ot_params, raw):
-            out.append(_load(Path(job["path"])) or execute(job))
-        ok = [r for r in out if r["status"] == "completed"]
-        value = statistics.fmean(r["val"][tu["metric"]] for r in ok) if len(ok) == len(out) else math.inf
+        params = {k: float(v) for k, v in study_trial.params.items()}
+        value = float(evaluate(i, params))
         study.tell(
             study_trial,
             value if math.isfinite(value) else None,
             state=None if math.isfinite(value) else optuna.trial.TrialState.FAIL,
         )
-        trials.append({"trial": i, "params": ot_params, "value": value, "runs": recs})
+        out.append({"trial": i, "params": params, "value": value})
+    return out
+
+
+def tune_study(task: dict[str, Any]) -> dict[str, Any]:
+    """Tune one (regime, method) to the end, trials in order, each trial's seeds in this process."""
+    spec, regime, method, raw = task["spec"], task["regime"], task["method"], Path(task["raw"])
+    tu, ranges = spec["tuning"], spec["methods"][method]["tune"]
+
+    def tfile(i: int) -> Path:
+        return raw / regime / "tune" / method / f"trial{i:02d}.json"
+
+    def replay(i: int) -> dict[str, float] | None:
+        # resume: the trial's parameters were drawn before it ran; replay them
+        return json.loads(tfile(i).read_text())["params"] if tfile(i).is_file() else None
+
+    def evaluate(i: int, ot_params: dict[str, float]) -> float:
+        if not tfile(i).is_file():
+            write_json(tfile(i), {"trial": i, "params": ot_params, "startup": i < int(tu["startup_trials"])})
+        out = []
+        for job in _trial_jobs(spec, regime, method, i, ot_params, raw):
+            out.append(_load(Path(job["path"])) or execute(job))
+        ok = [r for r in out if r["status"] == "completed"]
+        value = statistics.fmean(r["val"][tu["metric"]] for r in ok) if len(ok) == len(out) else math.inf
         print(f"[tune] {regime} {method} trial {i}: {ot_params} val {tu['metric']} {value:.4f}", flush=True)
+        return value
+
+    found = tpe_search(ranges, tu["trials"], tu["startup_trials"], tu["seeds"][0], evaluate, replay)
+    trials = [
+        {**t, "runs": [j["path"] for j in _trial_jobs(spec, regime, method, t["trial"], t["params"], raw)]}
+        for t in found
+    ]
     done = [t for t in trials if math.isfinite(t["value"])]
     best = min(done, key=lambda t: t["value"])
     chosen = {"regime": regime, "method": method, "params": best["params"], "value": best["value"], "trials": trials}
