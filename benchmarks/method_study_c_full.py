@@ -833,6 +833,8 @@ def build_full_report(
     spec: dict, out: Path, command: str, tiny: bool = False, bootstrap: bool = True
 ) -> tuple[str, dict[str, Any]]:
     rec = full_record(spec, out, tiny, bootstrap)
+    commits = sorted({c.split()[0] for c in rec["provenance"]["commits"]})
+    rec = {"command": command, "generated": utc_now(), "git_commit": ", ".join(commits) or None, **rec}
     pl = rec["plan"]
     reps = list(pl["replicates"])
     margins = spec["margins"]
@@ -849,7 +851,7 @@ def build_full_report(
         ]
     L += [
         "Protocol (committed before any run): `benchmarks/protocols/method_study_c.md` / `.yaml`. "
-        f"Command: `{command}`. Compact results: `{os.path.relpath(out, ROOT)}/` (`{STUDY}_runs.csv.gz`, "
+        f"Command: `{command}`, generated {rec['generated']}. Compact results: `{os.path.relpath(out, ROOT)}/` (`{STUDY}_runs.csv.gz`, "
         f"`{STUDY}_rows_<regime>.npz`); this report is generated from them alone. Runs made at commit(s) "
         f"{', '.join(c[:10] + c[40:] for c in pv['commits']) or 'n/a'}; {'; '.join(pv['cpus']) or 'n/a'}; "
         f"{'; '.join(pv['versions']) or 'n/a'}. Dirty means tracked files differed from the commit (other work in "
