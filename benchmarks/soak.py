@@ -37,6 +37,7 @@ LAUNCH = ROOT / "sweeps" / "launch.py"
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = "soak"
 DONE_LINE = re.compile(r"^\[(\d+)/(\d+) trials done")
+LOST_LINE = re.compile(r"(\d+) trial\(s\) ended when their worker died")
 
 
 MARK_ENV = "CALIB_SOAK_RUN"  # set in the driver's environment; Ray's processes and its trial workers inherit it
@@ -107,6 +108,7 @@ class Soak:
     kills: list[dict[str, Any]]  # attribute_kills: when, which worker, which trial, whether it was over
     retries: int  # Tune's num_failures summed over the trials (its newest experiment state)
     lost_worker_rounds: int  # in-process resumes of trials Tune errored for a worker death (tuner.py)
+    lost_worker_trials: int  # the trials those resumes took up: Tune counted each one's death twice
     curve: list[tuple[float, int, float]] = field(default_factory=list)  # (s since start, trials done, RSS MB)
     trial_phase_end_s: float | None = None  # when the last trial finished (selection follows)
 
@@ -217,6 +219,7 @@ def run_soak(
         kills=attribute_kills(workdir / "ray_results" / NAME, killer.kills),
         retries=sum(trial_failures(workdir / "ray_results" / NAME).values()),
         lost_worker_rounds=out.count("ended when their worker died"),
+        lost_worker_trials=sum(int(n) for n in LOST_LINE.findall(out)),
         curve=curve,
         trial_phase_end_s=phase_end[0] if phase_end else None,
     )
@@ -265,6 +268,7 @@ def figures(soak: Soak, trials: int, concurrent: int, epochs: int) -> dict[str, 
         "kills_before_first_report": sum(k["trial"] is None for k in soak.kills),
         "retries": soak.retries,
         "lost_worker_rounds": soak.lost_worker_rounds,
+        "lost_worker_trials": soak.lost_worker_trials,
         "elapsed_s": soak.elapsed_s,
         "trial_phase_s": soak.trial_phase_end_s,
         "rss_first_trial_mb": phase[0][2] if phase else None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,22 @@ def load_plugins(modules: Iterable[str] = ()) -> list[str]:
             ) from None
         _loaded.append(name)
     return names
+
+
+_EPOCH_HOOKS: list[Callable[[int], None]] = []
+
+
+def on_epoch_end(fn: Callable[[int], None]) -> Callable[[int], None]:
+    """Register `fn(epoch)` to run in a sweep's trial process after each epoch's report and checkpoint (a
+    plugin's monitoring; the fault-injection tests kill a trial there). Returns `fn` (a decorator)."""
+    if fn not in _EPOCH_HOOKS:
+        _EPOCH_HOOKS.append(fn)
+    return fn
+
+
+def epoch_hooks() -> list[Callable[[int], None]]:
+    """The functions registered with on_epoch_end, in registration order."""
+    return list(_EPOCH_HOOKS)
 
 
 def registered(kind: str) -> list[str]:

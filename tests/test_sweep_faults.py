@@ -8,12 +8,14 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.sweep_helpers import LAUNCH, launch, store, store_ready, sweep_runs
 
 pytestmark = pytest.mark.slow
+PLUGINS_DIR = Path(__file__).parent / "plugins"
 
 
 def _steps(client, run_id, key="epoch_time"):
@@ -36,7 +38,12 @@ def test_killed_trial_retries_from_checkpoint_into_the_same_run(tmp_path):
         "run.train.epochs=4",
         "--set",
         "search.calibrators=[temperature]",
-        env={"CALIB_SWEEP_FAULT_KILL_EPOCH": "2", "CALIB_SWEEP_FAULT_MARKER": str(marker)},
+        env={
+            "CALIB_SWEEP_FAULT_KILL_EPOCH": "2",
+            "CALIB_SWEEP_FAULT_MARKER": str(marker),
+            "CALIB_PLUGINS": "fault_kill",  # tests/plugins/fault_kill.py, behind calib_core.plugins.on_epoch_end
+            "PYTHONPATH": str(PLUGINS_DIR),
+        },
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert marker.exists(), "the fault was never injected"

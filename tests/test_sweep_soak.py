@@ -29,9 +29,11 @@ def test_soak_random_worker_kills_exactly_once(tmp_path):
     print("soak:\n" + table(figs))
     assert soak.returncode == 0, soak.output[-5000:]
     assert len(soak.kills) == KILLS, f"the killer found too few trial processes to kill: {soak.kills}"
-    # Every kill costs its trial one retry; a worker killed after its trial's final result may cost none.
+    # Every kill costs its trial one retry; a worker killed after its trial's final result may cost none; Ray Tune
+    # counts a death twice when it kills a trial while it restores (the service then resumes that trial itself:
+    # sweeps/integrations/ray/tuner.py fit_resuming_lost_workers), one more failure each.
     after_final = sum(k["after_final"] for k in soak.kills)
-    assert KILLS - after_final <= soak.retries <= KILLS, (soak.retries, soak.kills)
+    assert KILLS - after_final <= soak.retries <= KILLS + soak.lost_worker_trials, (soak.retries, figs, soak.kills)
     # The driver's memory over the trial phase: no growth beyond Tune's per-trial records (about 0.5 MB per
     # trial without kills, benchmarks/results/scale.md); a leak per kill or per retry would show here.
     assert figs["rss_slope_mb_per_100_trials"] < 100, figs

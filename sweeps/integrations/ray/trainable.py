@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import os
-import signal
 import tempfile
 import warnings
 from pathlib import Path
@@ -49,8 +48,6 @@ if TYPE_CHECKING:
 
 # Test hooks for fault injection (see tests/test_sweep_faults.py): kill the trial process once,
 # at the given epoch, leaving a marker file so the retry does not kill itself again.
-FAULT_KILL_EPOCH_ENV = "CALIB_SWEEP_FAULT_KILL_EPOCH"
-FAULT_MARKER_ENV = "CALIB_SWEEP_FAULT_MARKER"
 
 
 def _trial_resources() -> tuple[float, float]:
@@ -79,20 +76,6 @@ def _node_id() -> str:
         return ray.get_runtime_context().get_node_id()
     except Exception:
         return "local"
-
-
-def _maybe_inject_fault(epoch: int) -> None:
-    kill_at = os.environ.get(FAULT_KILL_EPOCH_ENV)
-    marker = os.environ.get(FAULT_MARKER_ENV)
-    if not kill_at or not marker or int(kill_at) != epoch:
-        return
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _lead_columns(result: dict[str, Any]) -> dict[str, Any]:
@@ -183,10 +166,9 @@ def _train_trial(
 
         for name in QUIET_WORKER_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
-    if plugins:
-        from calib_core.plugins import load_plugins
+    from calib_core.plugins import epoch_hooks, load_plugins
 
-        load_plugins(plugins)
+    load_plugins(plugins or [])  # the config's and $CALIB_PLUGINS' modules (each imported once per process)
     cpus, gpus = _trial_resources()
     run_cfg = resolve_run_config(RunConfig.model_validate(base), config)
     threads = max(1, int(cpus))
@@ -223,7 +205,8 @@ def _train_trial(
                     _lead_columns({**metrics, "epoch": report.epoch, "done": False, "node_id": node}),
                     checkpoint=tune.Checkpoint.from_directory(d),
                 )
-        _maybe_inject_fault(report.epoch)
+        for hook in epoch_hooks():  # plugins' hooks (calib_core.plugins.on_epoch_end)
+            hook(report.epoch)
 
     result = trainer.fit(on_epoch=on_epoch, resume_state=resume_state)
     _report_final(trainer, result, run_cfg, data, evaluation, last_epoch, title=describe_params(config))
