@@ -86,14 +86,14 @@ class OutageRetry:
             self._succeeded()
             return out
 
-    def _failed(self) -> float:
-        """Seconds since the outage began, announcing it when this failure is its first."""
+    def _failed(self, how: str = "unreachable") -> float:
+        """Seconds since the outage began, announcing it (`how` the server fails) when this failure is its first."""
         with self._lock:
             now = self.clock()
             if self.down_since is None:
                 self.down_since = now
                 self.say(
-                    f"{self.what} {self.where} unreachable; the sweep waits for it "
+                    f"{self.what} {self.where} {how}; the sweep waits for it "
                     f"(retrying with backoff, up to {self.limit_s:g} s: {self.field})"
                 )
             return float(now - self.down_since)

@@ -168,22 +168,14 @@ class OutageRetry(_OutageRetry):
 
         return super().call(attempt)
 
-    def _failed(self) -> float:
+    def _failed(self, how: str = "unreachable") -> float:
         if getattr(self._blip, "first", False):
             # not announced (nor counted as the start of an outage): its retry a second later usually delivers it
             with self._lock:
                 return 0.0 if self.down_since is None else float(self.clock() - self.down_since)
-        if getattr(self._blip, "server_error", False):
-            with self._lock:  # the line says what is wrong: the server answers, with errors
-                now = self.clock()
-                if self.down_since is None:
-                    self.down_since = now
-                    self.say(
-                        f"{self.what} {self.where} answers HTTP 500; the sweep waits for it "
-                        f"(retrying with backoff, up to {self.limit_s:g} s: {self.field})"
-                    )
-                return float(now - self.down_since)
-        return super()._failed()
+        if getattr(self._blip, "server_error", False):  # the line says what is wrong: the server answers, with errors
+            return super()._failed("answers HTTP 500")
+        return super()._failed(how)
 
 
 FLUENT_HTTP_RETRIES = 5  # MLflow's own retries of each request while it logs a model (1 s backoff doubling: ~30 s)
