@@ -274,3 +274,56 @@ def test_storage_outage_timeout_is_validated_in_one_line(value):
         load_sweep_config(None, [f"search.storage_outage_timeout_s={value}"])
     assert "search.storage_outage_timeout_s" in str(info.value) and "\n" not in str(info.value)
     assert load_sweep_config(None, []).search.storage_outage_timeout_s == 600
+
+
+def test_a_run_noted_while_the_database_is_away_still_reaches_its_study_trial(tmp_path, monkeypatch):
+    """The tracking writer notes trial runs; the study trial's write of one may wait out an outage. That wait
+    must not hold up the noting of later runs: a trial completing after the database is back finds its run
+    (the container test once lost `mlflow_run_id` this way, the writer queued behind the waiting write)."""
+    import threading
+    import time
+
+    from ray import tune
+
+    from sweeps.integrations.optuna.study import SweepSearch
+    from sweeps.integrations.ray import live_hooks
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    searcher = SweepSearch(
+        space={"lr": tune.loguniform(1e-3, 1e-1)},
+        metric=["val_accuracy", "val_ece"],
+        mode=["max", "min"],
+        seed=0,
+        study_name="late-runs",
+        storage=make_rdb_storage(url, 600),
+        sweep="late-runs",
+    )
+    try:
+        assert searcher.suggest("t1") is not None and searcher.suggest("t2") is not None
+        back = threading.Event()
+        real = RetryingRDBStorage.set_trial_user_attr
+
+        def away_until_back(self, *args, **kwargs):
+            assert back.wait(30), "the database never came back"
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(RetryingRDBStorage, "set_trial_user_attr", away_until_back)
+        start = time.monotonic()
+        live_hooks.note_run("late-runs", "t1", "run-1")  # its study write waits for the database
+        live_hooks.note_run("late-runs", "t2", "run-2")
+        assert time.monotonic() - start < 1.0, "noting a run waited on the study database"
+        assert live_hooks.noted_run("late-runs", "t2") == "run-2"
+        back.set()
+        searcher.on_trial_complete("t2", result={"val_accuracy": 0.9, "val_ece": 0.05})
+        searcher.on_trial_complete("t1", result={"val_accuracy": 0.8, "val_ece": 0.07})
+        assert live_hooks.listeners_told(10)
+    finally:
+        live_hooks._RUN_LISTENERS.pop("late-runs", None)
+        for key in [k for k in live_hooks._RUN_IDS if k[0] == "late-runs"]:
+            live_hooks._RUN_IDS.pop(key)
+    trials = optuna.load_study(study_name="late-runs", storage=url).trials
+    assert {t.user_attrs["tune_trial_id"]: t.user_attrs.get("mlflow_run_id") for t in trials} == {
+        "t1": "run-1",
+        "t2": "run-2",
+    }
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
