@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from calib_core.export import InvalidInputError, accepted_input_shapes, expected_input_text
+from calib_core.export import InvalidInputError, accepted_input_shapes
 
 RAW = "raw"
 STANDARDISED = "standardised"
@@ -111,7 +111,20 @@ def describe_raw_inputs(record: Mapping[str, Any]) -> str:
         h, w = record["image_size"]
         size = f"any size (resized to {h}x{w})" if record.get("resize") else f"{h}x{w}"
         return f"uint8 pixel arrays (N, H, W, C) or (N, C, H, W), {record['image_mode']}, {size}"
-    return f"raw feature arrays {expected_input_text(record['input_shape'])}"
+    return f"raw feature arrays {_shapes_text(_raw_array_shapes(record['input_shape']))}, real numbers"
+
+
+def _shapes_text(shapes: list[tuple[int, ...]]) -> str:
+    return " or ".join("(N, " + ", ".join(str(d) for d in s) + ")" for s in shapes)
+
+
+def _raw_array_shapes(input_shape: Any) -> list[tuple[int, ...]]:
+    """Per-example shapes raw arrays may come in: the model's, the flat one, and (H, W) for one-channel images."""
+    shape = tuple(int(s) for s in input_shape)
+    accepted = accepted_input_shapes(shape)
+    if len(shape) == 3 and shape[0] == 1:
+        accepted.append(shape[1:])  # one-channel images (digits) as (N, H, W)
+    return accepted
 
 
 # ---------------------------------------------------------------------------- applying it
@@ -268,12 +281,9 @@ def _arrays(record: Mapping[str, Any], raw: Any) -> np.ndarray:
     arr = raw.detach().cpu().numpy() if isinstance(raw, torch.Tensor) else np.asarray(raw)
     shape = tuple(int(s) for s in record["input_shape"])
     got = tuple(int(s) for s in arr.shape)
-    accepted = accepted_input_shapes(shape)
-    if len(shape) == 3 and shape[0] == 1:
-        accepted.append(shape[1:])  # one-channel images (digits) as (N, H, W)
+    accepted = _raw_array_shapes(shape)
     if len(got) < 1 or not any(got[1:] == s for s in accepted):
-        extra = f" or (N, {', '.join(str(s) for s in shape[1:])})" if len(shape) == 3 and shape[0] == 1 else ""
-        raise InvalidInputError(f"expected raw inputs of shape {expected_input_text(shape)}{extra}; got {got}")
+        raise InvalidInputError(f"expected raw inputs of shape {_shapes_text(accepted)}; got {got}")
     if arr.dtype == np.bool_ or not (
         np.issubdtype(arr.dtype, np.number) and not np.issubdtype(arr.dtype, np.complexfloating)
     ):

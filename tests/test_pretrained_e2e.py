@@ -100,15 +100,14 @@ def _predicts_on_raw_digits(model) -> None:
         len(bunch.target), val_fraction=0.15, test_fraction=0.15, seed=0, labels=torch.as_tensor(bunch.target)
     )[2].numpy()
     np.testing.assert_array_equal(bunch.target[rows], data.test.y.numpy())  # the same rows, in the same order
-    raw = bunch.images[rows].astype(np.float32)[:, None]  # (N, 1, 8, 8): the signature's four dimensions
+    raw = bunch.images[rows].astype(np.float32)[:, None]  # (N, 1, 8, 8): the model's own shape
     got = np.asarray(model.predict(raw))
     py = model.unwrap_python_model()
     with torch.no_grad():
         want = torch.softmax(py.module.eval()(data.test.x).double(), dim=-1).numpy()
     np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
-    # sklearn's flat rows (N, 64), the other layout the model's description names, reach the model around MLflow's
-    # four-dimensional signature check only
-    np.testing.assert_allclose(py.predict(None, bunch.data[rows].astype(np.float32)), want, atol=1e-6, rtol=0)
+    # sklearn's flat float64 rows (N, 64), the other layout the model's description names, through MLflow's predict
+    np.testing.assert_allclose(np.asarray(model.predict(bunch.data[rows])), want, atol=1e-6, rtol=0)
     np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-9)
     assert (got.argmax(axis=1) == data.test.y.numpy()).mean() > 0.3  # chance is 0.1
 

@@ -268,7 +268,8 @@ def test_mnist1d_raw_signals_give_the_trainers_probabilities(tmp_path):
     np.testing.assert_allclose(np.asarray(model.predict(raw)), expected, atol=1e-6, rtol=0)
     std = model.predict(data.test.x.numpy(), params={"inputs": "standardised"})
     np.testing.assert_allclose(np.asarray(std), expected, atol=1e-6, rtol=0)
-    assert "raw data as on disk: raw feature arrays (N, 40) or (N, 1, 40)" in mv.description
+    assert "raw data as on disk: raw feature arrays (N, 40) or (N, 1, 40), real numbers" in mv.description
+    np.testing.assert_allclose(np.asarray(model.predict(raw.reshape(len(raw), 1, 40))), expected, atol=1e-6, rtol=0)
 
 
 # ---------------------------------------------------------------------------- the champion gate
@@ -444,3 +445,53 @@ def test_arrays_records_reproduce_the_loaders_inputs(tmp_path):
         record = input_record(data, cfg.data.model_dump(mode="json"))
         got = apply_record(record, x[_test_rows(y, cfg)])
         np.testing.assert_allclose(got, data.test.x.numpy(), atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------- arrays as the user has them
+@pytest.mark.parametrize("form", ["images (N, 8, 8)", "rows (N, 64)"])
+def test_digits_raw_arrays_as_sklearn_gives_them_pass_mlflows_predict(tmp_path, form):
+    """The description offers the digits champion's raw inputs as sklearn holds them (float64, (N, 8, 8) or the
+    flat (N, 64)); MLflow's own `predict` must take both (its signature must not refuse a rank or a dtype the
+    model takes), with the trainer's probabilities."""
+    from sklearn.datasets import load_digits
+
+    cfg, data, result = _train({"data": {"name": "digits"}, "model": {"name": "mlp"}})
+    model, mv = _register(tmp_path, cfg, data, result, MODEL + "-digits")
+    bunch = load_digits()
+    rows = _test_rows(np.asarray(bunch.target), cfg)
+    raw = bunch.images[rows] if form.startswith("images") else bunch.data[rows]
+    assert raw.dtype == np.float64
+    expected = _trainer_probs(result, data.test.x)
+    np.testing.assert_allclose(np.asarray(model.predict(raw)), expected, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(np.asarray(model.predict(raw.astype(np.float32))), expected, atol=1e-6, rtol=0)
+    assert "(N, 64)" in mv.description and "(N, 8, 8)" in mv.description
+
+
+def test_npz_float64_features_pass_mlflows_predict(tmp_path):
+    """An .npz of float64 features, as numpy saves them: the champion's MLflow `predict` takes the file's rows."""
+    rng = np.random.default_rng(0)
+    y = np.arange(300) % 3
+    x = rng.normal(3, 2, (300, 6)) + y[:, None]
+    np.savez(tmp_path / "features.npz", x=x, y=y)
+    cfg, data, result = _train(
+        {"data": {"name": "arrays", "path": str(tmp_path / "features.npz")}, "model": {"name": "mlp"}}
+    )
+    model, _ = _register(tmp_path, cfg, data, result, MODEL + "-npz")
+    raw = x[_test_rows(y, cfg)]
+    np.testing.assert_allclose(np.asarray(model.predict(raw)), _trainer_probs(result, data.test.x), atol=1e-6, rtol=0)
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException, match=r"expected raw inputs of shape \(N, 6\)"):
+        model.predict(raw[:, :5])
+    # the scoring server's own request path (`mlflow models serve`): the rows as JSON lists
+    from mlflow.pyfunc import scoring_server
+
+    reply = scoring_server.invocations(
+        json.dumps({"inputs": raw.tolist()}), "application/json", model, model.metadata.get_input_schema()
+    )
+    assert reply.status == 200, reply.response
+    served = np.asarray(json.loads(reply.response)["predictions"])
+    np.testing.assert_allclose(served, _trainer_probs(result, data.test.x), atol=1e-6, rtol=0)
+    with pytest.raises(MlflowException, match=r"expected raw inputs of shape \(N, 6\)") as info:  # the server's 400
+        scoring_server.invocations(json.dumps({"inputs": raw[:, :5].tolist()}), "application/json", model, None)
+    assert info.value.error_code == "INVALID_PARAMETER_VALUE"

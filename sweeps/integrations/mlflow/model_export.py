@@ -113,12 +113,12 @@ def pip_requirements() -> list[str]:
 
 def model_signature(spec: dict[str, Any]) -> ModelSignature:
     """The raw inputs when the spec has a preprocessing record (calib_core.preprocess): a table's columns by name
-    with their types (as pandas reads the source file), uint8 pixel arrays (-1, -1, -1, -1) for images, float32
-    arrays with the data's number of dimensions otherwise; without a record, float32 model inputs with the
-    data's number of dimensions. Sizes are -1 (the model checks them itself: MLflow's own shape check answers
-    with the whole input array in its message). Params: `inputs` ("raw" or "standardised") and `layout` ("HWC"
-    or "CHW", images). Output float64 (-1, K), or one named (-1, K_t) per task. The exact input shape is the
-    model's metadata (`calib_core_spec.input_shape`)."""
+    with their types (as pandas reads the source file), uint8 pixel arrays (-1, -1, -1, -1) for images, none for raw
+    arrays (any real dtype, the flat or the per-example shape: the model checks them); without a record, float32
+    model inputs with the data's number of dimensions. Sizes are -1 (the model checks them itself: MLflow's own
+    shape check answers with the whole input array in its message). Params: `inputs` ("raw" or "standardised")
+    and `layout` ("HWC" or "CHW", images). Output float64 (-1, K), or one named (-1, K_t) per task. The exact
+    input shape is the model's metadata (`calib_core_spec.input_shape`)."""
     from mlflow.types import ColSpec, ParamSchema, ParamSpec
 
     from calib_core.export import output_classes
@@ -126,11 +126,16 @@ def model_signature(spec: dict[str, Any]) -> ModelSignature:
 
     record = spec.get("preprocessing")
     dims = (-1, *(-1 for _ in spec["input_shape"]))
+    inputs: Schema | None
     if record and record.get("format") == "table":
         types = table_column_types(record)
         inputs = Schema([ColSpec(types[str(c["name"])], str(c["name"])) for c in record["columns"]])
     elif record and record.get("format") in IMAGE_FORMATS:
         inputs = Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1, -1))])
+    elif record:
+        # raw arrays come as the user holds them: float64 or float32, (N, 64) or (N, 8, 8) for (1, 8, 8); a tensor
+        # spec fixes one dtype and one rank and MLflow would refuse the rest, so the model checks them itself
+        inputs = None
     else:
         inputs = Schema([TensorSpec(np.dtype(np.float32), dims)])
     params = ParamSchema(
