@@ -8,12 +8,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup sweep test test-slow test-containers lint bench clean distclean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt tests/tools/install_kustomize.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=25"
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
 	# Reference library for the metric parity tests (its PyPI metadata needs pip < 24.1).
 	-$(BIN)/python tests/reference/fetch_uncertainty_metrics.py --quiet
+	# kustomize 5.6.0 for the deploy tests' rendering: Debian's package, pinned by hash, to $(BIN)/kustomize.
+	$(BIN)/python tests/tools/install_kustomize.py
 	touch $(STAMP)
 
 setup: $(STAMP)

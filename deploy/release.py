@@ -22,13 +22,17 @@ kubectl apply -f -` (`kubectl apply -k` would apply placeholders as well, which 
 `skopeo inspect` or `docker buildx imagetools inspect`, whichever is installed) and reports every
 pin that differs: run it where the registries are reachable, when bumping a tag, and before a
 release. The pins' sources are cited beside them in the manifests.
-Renders with `kubectl kustomize` (kustomize v5) or `kustomize build`. Standard library and PyYAML.
+Renders with kustomize >= v5 (`find_kustomize`): the one beside this Python (the project's pinned
+kustomize 5.6.0, which `make setup` installs into .venv/bin), else `kustomize` on PATH, else
+`kubectl kustomize`. Standard library and PyYAML.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -47,13 +51,60 @@ class ReleaseError(RuntimeError):
     pass
 
 
+KUSTOMIZE_MIN = (5, 0)  # deploy/ uses `labels` with includeTemplates and `patches` with targets
+INSTALL_HINT = "run `make setup` or `python tests/tools/install_kustomize.py` (kustomize 5.6.0, pinned by hash)"
+
+
+def _output(cmd: list[str]) -> str | None:
+    """CMD's stdout, None when it does not run or fails."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _v5(version: str) -> bool:
+    """kustomize >= v5, or a version it does not print (Debian's build says `(devel)`)."""
+    m = re.search(r"v(\d+)\.(\d+)", version)
+    return m is None or (int(m[1]), int(m[2])) >= KUSTOMIZE_MIN
+
+
+@functools.cache
+def find_kustomize(
+    python: str = sys.executable, path: str | None = None, only_kubectl: bool = False
+) -> tuple[list[str], str]:
+    """(the command that renders a kustomization with the directory appended, which one it is in
+    words): the kustomize beside PYTHON (the pinned one in .venv/bin), else `kustomize` on PATH,
+    else `kubectl kustomize` with kustomize >= v5 (ONLY_KUBECTL: that one or none).
+    ReleaseError saying how to install the pinned one when there is none."""
+    tried: list[str] = []
+    pinned = Path(python).parent / "kustomize"  # not resolved: the venv's bin/
+    candidates: list[str | None] = []
+    if not only_kubectl:
+        candidates = [str(pinned) if os.access(pinned, os.X_OK) else None, shutil.which("kustomize", path=path)]
+    for exe in dict.fromkeys(c for c in candidates if c):
+        version = _output([exe, "version"])
+        if version is not None and _v5(version):
+            return [exe, "build"], f"kustomize {version or '(version unknown)'} ({exe})"
+        tried.append(f"{exe} does not run" if version is None else f"{exe} is kustomize {version}")
+    kubectl = shutil.which("kubectl", path=path)
+    if kubectl:
+        try:
+            embedded = str(
+                json.loads(_output([kubectl, "version", "--client", "-o", "json"]) or "")["kustomizeVersion"]
+            )
+        except (ValueError, KeyError, TypeError):
+            embedded = ""
+        if embedded and _v5(embedded):
+            return [kubectl, "kustomize"], f"kubectl kustomize ({kubectl}, kustomize {embedded})"
+        tried.append(f"{kubectl} embeds kustomize {embedded or '(version unknown)'}")
+    wanted = "kubectl with kustomize >= v5" if only_kubectl else "kustomize >= v5"
+    raise ReleaseError(f"no {wanted} ({'; '.join(tried) or 'none found'}): {INSTALL_HINT}")
+
+
 def render(overlay: Path) -> list[dict]:
-    if shutil.which("kubectl"):
-        cmd = ["kubectl", "kustomize", str(overlay)]
-    elif shutil.which("kustomize"):
-        cmd = ["kustomize", "build", str(overlay)]
-    else:
-        raise ReleaseError("neither kubectl (with kustomize v5) nor kustomize is installed")
+    cmd = [*find_kustomize()[0], str(overlay)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise ReleaseError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")

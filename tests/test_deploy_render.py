@@ -1,332 +1,165 @@
-"""Kustomize rendering (tests/deploy_render.py): the deploy tests render through `render`, which
-prefers the real `kubectl kustomize` and falls back to the small Python renderer. Every case here
-runs through both renderers (the kubectl one where kubectl is installed) with the same expectations,
-and the fallback must render every overlay exactly as kubectl does: where they disagree, kubectl
-is right."""
+"""Kustomize rendering (tests/deploy_render.py, issue #37 item 6): the deploy tests render with the real
+kustomize, the pinned 5.6.0 from Debian's package (tests/tools/install_kustomize.py, run by `make setup`),
+found before a kustomize or kubectl on PATH (deploy/release.py's `find_kustomize`, which the release tool
+renders with too). The installer refuses a package or binary whose hash is not the pinned one and leaves
+nothing behind; the fabricated packages and tools here need no network."""
 
 from __future__ import annotations
 
-import textwrap
+import hashlib
+import io
+import lzma
+import platform
+import stat
+import tarfile
 from pathlib import Path
 
 import pytest
-import yaml
 
+from deploy import release
 from tests import deploy_render as dr
+from tests.tools import install_kustomize as ik
 
-RENDERERS = {"python": dr.build, "kubectl": dr.kubectl_build}
-
-
-def _need_kubectl() -> None:
-    exe, why = dr.find_kubectl()
-    if exe is None:
-        pytest.skip(f"no usable kubectl ({why}): only the Python renderer is checked")
-
-
-@pytest.fixture(params=sorted(RENDERERS))
-def build(request):
-    """The renderer under test: each case runs with the Python renderer and with kubectl kustomize."""
-    if request.param == "kubectl":
-        _need_kubectl()
-    return RENDERERS[request.param]
+PINNED = ik.DEFAULT_DEST
+# kinds each rendering holds at least (the overlays add their own: the dev stack's StatefulSets, an Ingress)
+KINDS = {
+    "ConfigMap",
+    "CronJob",
+    "Deployment",
+    "NetworkPolicy",
+    "PodDisruptionBudget",
+    "RayCluster",
+    "RayJob",
+    "Service",
+}
 
 
-def _write(root: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
+def _tool(path: Path, stdout: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{stdout}\nEOF\n")
+    path.chmod(stat.S_IRWXU)
+    return path
 
 
-DEPLOYMENT = """\
-    apiVersion: apps/v1
-    kind: Deployment
-    metadata:
-      name: web
-    spec:
-      selector:
-        matchLabels: {app: web}
-      template:
-        metadata:
-          labels: {app: web}
-        spec:
-          containers:
-            - name: web
-              image: example/web:1.0
-              env:
-                - {name: A, value: "1"}
-                - {name: B, value: "2"}
-              envFrom:
-                - configMapRef: {name: settings}
-            - name: sidecar
-              image: example/sidecar
-    """
-
-RAYJOB = """\
-    apiVersion: ray.io/v1
-    kind: RayJob
-    metadata:
-      name: job
-    spec:
-      entrypoint: python main.py
-      rayClusterSpec:
-        headGroupSpec:
-          template:
-            spec:
-              containers:
-                - name: head
-                  image: example/web:1.0
-                  env: [{name: A, value: "1"}, {name: B, value: "2"}]
-    """
+def _deb(binary: bytes) -> bytes:
+    """A .deb as Debian lays it out (ar: debian-binary, control.tar.xz, data.tar.xz) holding BINARY."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        info = tarfile.TarInfo(ik.MEMBER)
+        info.size, info.mode = len(binary), 0o755
+        tar.addfile(info, io.BytesIO(binary))
+    out = b"!<arch>\n"
+    for name, body in [("debian-binary", b"2.0\n"), ("control.tar.xz", lzma.compress(b"")), ("data.tar.xz", None)]:
+        body = lzma.compress(data.getvalue()) if body is None else body
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{'100644':<8}{len(body):<10}`\n".encode() + body + b"\n" * (len(body) % 2)
+    return out
 
 
-def test_strategic_merge_lists_by_name_and_deletes(tmp_path, build):
-    _write(
-        tmp_path,
-        {
-            "base/kustomization.yaml": "resources: [deploy.yaml]\n",
-            "base/deploy.yaml": DEPLOYMENT,
-            "over/kustomization.yaml": """\
-            resources: [../base]
-            namespace: team
-            patches:
-              - path: patch.yaml
-            """,
-            "over/patch.yaml": """\
-            apiVersion: apps/v1
-            kind: Deployment
-            metadata: {name: web}
-            spec:
-              template:
-                spec:
-                  containers:
-                    - name: web
-                      env:
-                        - {name: B, value: "20"}
-                        - {name: C, value: "3"}
-                    - name: sidecar
-                      $patch: delete
-            """,
-        },
-    )
-    (dep,) = build(tmp_path / "over")
-    assert dep["metadata"]["namespace"] == "team"
-    containers = dep["spec"]["template"]["spec"]["containers"]
-    assert [c["name"] for c in containers] == ["web"]
-    # kustomize's order: the patch's items first (in the patch's order), then the base's others.
-    assert containers[0]["env"] == [
-        {"name": "B", "value": "20"},
-        {"name": "C", "value": "3"},
-        {"name": "A", "value": "1"},
-    ]
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the pinned package is Debian's amd64 build")
+def test_the_tests_render_with_the_pinned_kustomize():
+    assert ik.is_installed(PINNED), f"{PINNED} is not the pinned kustomize: {release.INSTALL_HINT}"
+    assert dr.renderer() == f"kustomize {ik.VERSION} ({PINNED}, Debian's package pinned by sha256)"
+    # installed already: the installer returns at once (this session refuses network access)
+    assert ik.main(["--dest", str(PINNED)]) == 0
 
 
-def test_custom_resources_get_json_merge_patch_and_json6902(tmp_path, build):
-    _write(
-        tmp_path,
-        {
-            "kustomization.yaml": """\
-            resources: [job.yaml]
-            patches:
-              - patch: |
-                  apiVersion: ray.io/v1
-                  kind: RayJob
-                  metadata: {name: job}
-                  spec:
-                    rayClusterSpec:
-                      headGroupSpec:
-                        template:
-                          spec:
-                            containers:
-                              - name: head
-                                env: [{name: C, value: "3"}]
-              - target: {group: ray.io, version: v1, kind: RayJob, name: job}
-                patch: |
-                  - op: replace
-                    path: /spec/entrypoint
-                    value: python other.py
-                  - op: add
-                    path: /spec/shutdownAfterJobFinishes
-                    value: true
-            """,
-            "job.yaml": RAYJOB,
-        },
-    )
-    (job,) = build(tmp_path)
-    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    # RFC 7386 for kinds kustomize has no schema for: the list is replaced, not merged.
-    assert head == {"name": "head", "env": [{"name": "C", "value": "3"}]}
-    assert job["spec"]["entrypoint"] == "python other.py"
-    assert job["spec"]["shutdownAfterJobFinishes"] is True
+@pytest.mark.parametrize("target", [dr.DEPLOY / "base", *dr.overlay_dirs()], ids=lambda p: p.name)
+def test_every_overlay_renders_into_the_expected_kinds(target):
+    resources = dr.render(target)
+    assert KINDS <= {r["kind"] for r in resources}
+    assert all(r["apiVersion"] and r["metadata"]["name"] for r in resources)
+    if target.name != "base":
+        assert dr.namespace_of(resources)
+        assert any(r["kind"] == "StatefulSet" for r in resources) == (target.name == "dev")
 
 
-def test_json6902_errors_on_missing_path():
-    with pytest.raises(KeyError):
-        dr.json6902({"spec": {}}, [{"op": "replace", "path": "/spec/missing", "value": 1}])
-    with pytest.raises(KeyError):
-        dr.json6902({"spec": {}}, [{"op": "remove", "path": "/spec/missing"}])
-    assert dr.json6902({"a": [1, 2]}, [{"op": "add", "path": "/a/-", "value": 3}]) == {"a": [1, 2, 3]}
-
-
-def test_images_labels_and_hashed_generator_references(tmp_path, build):
-    _write(
-        tmp_path,
-        {
-            "kustomization.yaml": """\
-            resources: [deploy.yaml, job.yaml]
-            labels:
-              - pairs: {team: ml}
-                includeTemplates: true
-            configMapGenerator:
-              - name: settings
-                literals: [X=1]
-            images:
-              - name: example/web
-                newName: registry.local/web
-                newTag: "2.0"
-            """,
-            "deploy.yaml": DEPLOYMENT,
-            "job.yaml": RAYJOB,
-        },
-    )
-    out = {r["kind"]: r for r in build(tmp_path)}
-    dep, job, cm = out["Deployment"], out["RayJob"], out["ConfigMap"]
-    assert dep["metadata"]["labels"] == {"team": "ml"}
-    assert dep["spec"]["template"]["metadata"]["labels"] == {"app": "web", "team": "ml"}
-    assert dep["spec"]["selector"]["matchLabels"] == {"app": "web"}  # includeSelectors: false
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/web:2.0"
-    assert dep["spec"]["template"]["spec"]["containers"][1]["image"] == "example/sidecar"
-    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    assert head["image"] == "registry.local/web:2.0"  # images reach containers of custom resources
-    assert cm["metadata"]["name"].startswith("settings-") and len(cm["metadata"]["name"]) == len("settings-") + 10
-    web = dep["spec"]["template"]["spec"]["containers"][0]
-    assert web["envFrom"][0]["configMapRef"]["name"] == cm["metadata"]["name"]
-    assert "annotations" not in cm["metadata"]
-
-
-def test_generator_merge(tmp_path, build):
-    _write(
-        tmp_path,
-        {
-            "base/kustomization.yaml": """\
-            configMapGenerator:
-              - name: env
-                options: {disableNameSuffixHash: true}
-                literals: [A=1, B=2]
-            """,
-            "over/kustomization.yaml": """\
-            resources: [../base]
-            configMapGenerator:
-              - name: env
-                behavior: merge
-                options: {disableNameSuffixHash: true}
-                literals: [B=20, C=3]
-            """,
-        },
-    )
-    (cm,) = build(tmp_path / "over")
-    assert cm["metadata"]["name"] == "env"
-    assert cm["data"] == {"A": "1", "B": "20", "C": "3"}
-
-
-def test_python_renderer_refuses_fields_it_does_not_implement(tmp_path):
-    _write(tmp_path, {"bad/kustomization.yaml": "resources: []\nreplicas: [{name: x, count: 2}]\n"})
-    with pytest.raises(dr.UnsupportedKustomization):
-        dr.build(tmp_path / "bad")
-
-
-def test_cli_prints_a_yaml_stream(tmp_path, capsys):
-    _write(tmp_path, {"kustomization.yaml": "resources: [deploy.yaml]\n", "deploy.yaml": DEPLOYMENT})
-    assert dr.main([str(tmp_path)]) == 0
-    docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [d["kind"] for d in docs] == ["Deployment"]
-
-
-def _cases(root: Path) -> None:
-    """The features of the cases above in one kustomization, for the whole-output comparison."""
-    _write(
-        root,
-        {
-            "web/kustomization.yaml": """\
-            resources: [deploy.yaml, job.yaml, cron.yaml]
-            namespace: team
-            labels:
-              - pairs: {team: ml}
-                includeTemplates: true
-            commonAnnotations: {owner: ml}
-            configMapGenerator:
-              - name: settings
-                literals: [X=1]
-            secretGenerator:
-              - name: creds
-                literals: [token=placeholder]
-            images:
-              - name: example/web
-                newName: registry.local/web
-                newTag: "2.0"
-            patches:
-              - patch: |
-                  apiVersion: apps/v1
-                  kind: Deployment
-                  metadata: {name: web}
-                  spec:
-                    template:
-                      spec:
-                        containers:
-                          - name: web
-                            env: [{name: B, value: "20"}, {name: C, value: "3"}]
-            """,
-            "web/deploy.yaml": DEPLOYMENT,
-            "web/job.yaml": RAYJOB,
-            "web/cron.yaml": """\
-            apiVersion: batch/v1
-            kind: CronJob
-            metadata: {name: nightly}
-            spec:
-              schedule: "0 3 * * *"
-              jobTemplate:
-                spec:
-                  template:
-                    spec:
-                      restartPolicy: Never
-                      containers: [{name: run, image: example/web:1.0, envFrom: [{secretRef: {name: creds}}]}]
-            """,
-        },
-    )
-
-
-def test_both_renderers_agree_on_a_mixed_kustomization(tmp_path):
-    """Generators with hash suffixes and the references to them, labels and annotations on pod and
-    job templates, images, a strategic-merge patch, namespace, sort order: object for object."""
-    _need_kubectl()
-    _cases(tmp_path)
-    assert dr.build(tmp_path / "web") == dr.kubectl_build(tmp_path / "web")
-
-
-@pytest.mark.parametrize("overlay", [dr.DEPLOY / "base", *dr.overlay_dirs()], ids=lambda p: p.name)
-def test_fallback_renders_every_overlay_exactly_as_kubectl(overlay):
-    """Same objects, same order, same content: the fallback may stand in for kubectl."""
-    _need_kubectl()
-    assert dr.build(overlay) == dr.kubectl_build(overlay)
-
-
-def test_render_prefers_kubectl_and_falls_back(monkeypatch, tmp_path):
-    _write(tmp_path, {"kustomization.yaml": "resources: [deploy.yaml]\n", "deploy.yaml": DEPLOYMENT})
-    monkeypatch.setenv(dr.KUSTOMIZE_ENV, "python")
-    assert dr.renderer().startswith("tests/deploy_render.py") and dr.render(tmp_path) == dr.build(tmp_path)
-    monkeypatch.delenv(dr.KUSTOMIZE_ENV)
-    exe, _ = dr.find_kubectl()
-    assert dr.renderer().startswith("kubectl" if exe else "tests/deploy_render.py")
-    monkeypatch.setattr(dr, "find_kubectl", lambda: (None, "kubectl not found on PATH"))
-    assert "Python fallback: kubectl not found" in dr.renderer()
-    assert dr.render(tmp_path)[0]["kind"] == "Deployment"
-    monkeypatch.setenv(dr.KUSTOMIZE_ENV, "kubectl")
-    with pytest.raises(dr.KustomizeError, match="not found"):
+def test_render_returns_fresh_copies_and_carries_kustomize_errors(tmp_path):
+    overlay = dr.overlay_dirs()[0]
+    first = dr.render(overlay)
+    first[0]["kind"] = "Changed"
+    assert dr.render(overlay)[0]["kind"] != "Changed"
+    (tmp_path / "kustomization.yaml").write_text("resources: [missing.yaml]\n")
+    with pytest.raises(dr.KustomizeError, match="missing.yaml"):
         dr.render(tmp_path)
 
 
-def test_kubectl_errors_carry_its_message(tmp_path):
-    _need_kubectl()
-    _write(tmp_path, {"kustomization.yaml": "resources: [missing.yaml]\n"})
-    with pytest.raises(dr.KustomizeError, match="missing.yaml"):
-        dr.kubectl_build(tmp_path)
+def test_kubectl_kustomize_renders_the_overlays_as_the_pinned_kustomize(monkeypatch):
+    """kubectl's embedded kustomize (CALIB_KUSTOMIZE=kubectl) and the pinned one agree, object for object."""
+    try:
+        release.find_kustomize(only_kubectl=True)
+    except release.ReleaseError as exc:
+        pytest.skip(str(exc))
+    pinned = {o: dr.render(o) for o in dr.overlay_dirs()}
+    monkeypatch.setenv(dr.KUSTOMIZE_ENV, "kubectl")
+    assert dr.renderer().startswith("kubectl kustomize")
+    assert {o: dr.render(o) for o in dr.overlay_dirs()} == pinned
+
+
+def test_find_kustomize_prefers_the_pinned_then_path_then_kubectl(tmp_path):
+    python = tmp_path / "venv" / "bin" / "python"
+    pinned = _tool(python.parent / "kustomize", "(devel)")  # Debian's build prints no version
+    on_path = _tool(tmp_path / "path" / "kustomize", "v5.7.1")
+    kubectl = _tool(tmp_path / "path" / "kubectl", '{"kustomizeVersion": "v5.5.0"}')
+    path = str(on_path.parent)
+    find = release.find_kustomize.__wrapped__
+    assert find(str(python), path) == ([str(pinned), "build"], f"kustomize (devel) ({pinned})")
+    assert find(str(python), path, only_kubectl=True)[0] == [str(kubectl), "kustomize"]
+    pinned.unlink()
+    assert find(str(python), path)[0] == [str(on_path), "build"]
+    _tool(on_path, "{Version:kustomize/v4.5.4 GitCommit:cf3a452}")  # too old: kubectl's is taken
+    assert find(str(python), path)[0] == [str(kubectl), "kustomize"]
+    _tool(kubectl, '{"kustomizeVersion": "v4.5.7"}')
+    with pytest.raises(release.ReleaseError, match="make setup") as refused:
+        find(str(python), path)
+    assert "v4.5.4" in str(refused.value) and "v4.5.7" in str(refused.value)
+
+
+def test_without_a_kustomize_rendering_fails_saying_how_to_install_it(monkeypatch, tmp_path):
+    def none(**_):
+        raise release.ReleaseError(f"no kustomize >= v5 (none found): {release.INSTALL_HINT}")
+
+    monkeypatch.setattr(release, "find_kustomize", none)
+    with pytest.raises(dr.KustomizeError, match=r"make setup.*install_kustomize\.py"):
+        dr.render(tmp_path)
+    monkeypatch.setenv(dr.KUSTOMIZE_ENV, "python")  # the Python stand-in is gone
+    with pytest.raises(dr.KustomizeError, match="only 'kubectl'"):
+        dr.renderer()
+
+
+def test_installer_refuses_a_package_whose_hash_is_not_pinned(tmp_path, capsys):
+    bad = tmp_path / "kustomize_5.6.0+ds-1+b2_amd64.deb"
+    bad.write_bytes(_deb(b"#!/bin/sh\necho not kustomize\n"))
+    dest = tmp_path / "bin" / "kustomize"
+    assert ik.main(["--dest", str(dest), "--deb", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"expected {ik.DEB_SHA256} (pinned): refusing" in err
+    assert not dest.parent.exists()
+    dest.parent.mkdir()
+    dest.write_bytes(b"an older kustomize")  # what was there stays as it was
+    assert ik.main(["--dest", str(dest), "--deb", str(bad)]) == 1
+    assert dest.read_bytes() == b"an older kustomize" and [p.name for p in dest.parent.iterdir()] == ["kustomize"]
+
+
+def test_installer_extracts_the_binary_only_when_both_hashes_match(tmp_path):
+    binary = b"#!/bin/sh\necho v5.6.0\n"
+    deb = tmp_path / "k.deb"
+    deb.write_bytes(_deb(binary))
+    deb_sha, bin_sha = hashlib.sha256(deb.read_bytes()).hexdigest(), hashlib.sha256(binary).hexdigest()
+    dest = tmp_path / "bin" / "kustomize"
+    with pytest.raises(ik.InstallError, match="not the pinned binary"):
+        ik.install(deb, dest, deb_sha256=deb_sha, binary_sha256="0" * 64)
+    assert not dest.parent.exists()
+    ik.install(deb, dest, deb_sha256=deb_sha, binary_sha256=bin_sha)
+    assert dest.read_bytes() == binary and ik.is_installed(dest, bin_sha)
+    assert [p.name for p in dest.parent.iterdir()] == ["kustomize"]
+    assert release._output([str(dest), "version"]) == "v5.6.0"
+    with pytest.raises(ik.InstallError, match="not a .deb"):
+        ik.install(dest, tmp_path / "other", deb_sha256=bin_sha, binary_sha256=bin_sha)
+
+
+def test_installer_pin_is_recorded_in_one_place():
+    """URL, version and both hashes in tests/tools/install_kustomize.py; the Makefile runs it in setup."""
+    assert ik.DEB_URL.startswith("http://deb.debian.org/debian/pool/main/k/kustomize/kustomize_" + ik.VERSION)
+    assert len(ik.DEB_SHA256) == len(ik.BINARY_SHA256) == 64
+    makefile = (dr.REPO_ROOT / "Makefile").read_text()
+    assert "$(BIN)/python tests/tools/install_kustomize.py" in makefile

@@ -17,10 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploy import release
 from tests import deploy_render as dr
-
-sys.path.insert(0, str(dr.DEPLOY))
-import release  # noqa: E402  (deploy/release.py)
 
 OVERLAYS = dr.overlay_dirs()
 IDS = [p.name for p in OVERLAYS]
@@ -38,8 +36,10 @@ PINNED = {
 
 
 def _need_renderer():
-    if shutil.which("kubectl") is None and shutil.which("kustomize") is None:
-        pytest.skip("deploy/release.py renders with kubectl or kustomize; neither is installed")
+    try:
+        release.find_kustomize()
+    except release.ReleaseError as exc:
+        pytest.skip(f"deploy/release.py renders with kustomize: {exc}")
 
 
 @pytest.mark.parametrize("target", [*OVERLAYS, *EXAMPLES], ids=[*IDS, *(f"examples/{p.name}" for p in EXAMPLES)])
@@ -139,9 +139,15 @@ def _fake_tools(bin_dir: Path, log: Path, digest_hex: str) -> None:
         "fi\n"
     )
     (bin_dir / "docker").chmod(stat.S_IRWXU)
-    kubectl = shutil.which("kubectl")
-    if kubectl:
-        (bin_dir / "kubectl").symlink_to(kubectl)
+    _link_renderer(bin_dir)
+
+
+def _link_renderer(bin_dir: Path) -> None:
+    """The CLI run with PATH=BIN_DIR finds the pinned kustomize beside sys.executable (.venv/bin) as
+    always; a kustomize or kubectl it would find on PATH instead is linked into BIN_DIR."""
+    exe = release.find_kustomize()[0][0]
+    if Path(exe) != Path(sys.executable).parent / "kustomize":
+        (bin_dir / Path(exe).name).symlink_to(exe)
 
 
 def _copy_deploy(tmp: Path) -> Path:
@@ -242,10 +248,7 @@ def test_digests_rereads_every_third_party_pin(tmp_path):
     script = '#!/bin/sh\ncase "$2" in\n' + "".join(f"  *{k}) echo {v};;\n" for k, v in answers.items()) + "esac\n"
     (bin_dir / "crane").write_text(script)
     (bin_dir / "crane").chmod(stat.S_IRWXU)
-    os.symlink(
-        shutil.which("kubectl") or shutil.which("kustomize"),
-        bin_dir / Path(shutil.which("kubectl") or shutil.which("kustomize")).name,
-    )
+    _link_renderer(bin_dir)
     env = {**os.environ, "PATH": str(bin_dir)}
     ok = _cli("digests", str(dr.DEPLOY / "overlays" / "dev"), env=env)
     assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -278,9 +278,3 @@ def test_kueue_example_queues_the_rayjob_at_a_fixed_size():
     assert problems == {}, problems
     base = {dr.resource_id(r) for r in dr.render(dr.DEPLOY / "overlays" / "gpu-cluster")}
     assert {dr.resource_id(r) for r in resources} == base
-
-
-def test_kueue_component_renders_the_same_with_the_python_fallback():
-    if dr.find_kubectl()[0] is None:
-        pytest.skip("no kubectl with kustomize v5 here")
-    assert dr.build(EXAMPLES / "gpu-cluster-kueue") == dr.kubectl_build(EXAMPLES / "gpu-cluster-kueue")

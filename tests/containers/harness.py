@@ -1,6 +1,6 @@
 """Run pods of the rendered manifests as podman containers, the way the kubelet would run them.
 
-From a pod template (rendered by `kubectl kustomize`) the harness takes: the image (our images
+From a pod template (rendered by kustomize: tests/deploy_render.py) the harness takes: the image (our images
 mapped to the locally built test tags), command and args (with Kubernetes' $(VAR) expansion), env
 (values, Secret and ConfigMap references, envFrom, fieldRef), the security context (runAsUser /
 runAsGroup / fsGroup, readOnlyRootFilesystem -- and nothing else writable: podman's default tmpfs
