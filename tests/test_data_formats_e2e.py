@@ -1,5 +1,7 @@
 """The file formats and the shipped tabular demo through `python sweeps/launch.py`, end to end: exit 0, every trial
-completed, a registered champion. The demo's --dry-run is fast; the sweeps are marked slow."""
+completed, a registered champion, and that champion, loaded from the registry, gives on the raw test rows as they
+are in the fabricated files (table rows with their column names, the .npz's float64 arrays, the images' pixels
+at their own size) the probabilities its trial stored. The demo's --dry-run is fast; the sweeps are marked slow."""
 
 from __future__ import annotations
 
@@ -81,3 +83,63 @@ def test_each_format_runs_a_sweep_to_a_champion(tmp_path, fmt, make, model):
     args = [a for s in sets for a in ("--set", s)]
     proc = launch(tmp_path, "--config", str(TABULAR_DEMO), "--name", f"e2e-{fmt}", *SHORT, *args)
     _finished(tmp_path, proc, f"e2e-{fmt}", 2)
+    _champion_predicts_on_raw_rows(tmp_path, proc.stdout, f"e2e-{fmt}", fmt)
+
+
+def _raw_test_rows(cwd: Path, cfg, fmt: str):
+    """The champion's test rows as they are in the fabricated file, in the loader's split order."""
+    import pandas as pd
+
+    from calib_core.data.splits import train_val_test_indices
+
+    data = cfg.data
+    if fmt == "table":
+        path = cwd / data.path
+        raw = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+        labels = np.unique(raw[data.label_column].astype(str).to_numpy(), return_inverse=True)[1]
+    elif fmt == "arrays":
+        with np.load(cwd / data.path) as z:
+            raw, labels = z["x"], z["y"]
+    else:
+        from PIL import Image
+
+        from calib_core.data.image_folder import find_images
+
+        _, samples = find_images(cwd / data.path)
+        labels = np.asarray([k for _, k in samples])
+        raw = samples
+    rows = train_val_test_indices(
+        len(labels), val_fraction=data.val_fraction, test_fraction=data.test_fraction, seed=cfg.seed, labels=labels
+    )[2].numpy()
+    if fmt == "table":
+        return raw.iloc[rows]
+    if fmt == "arrays":
+        return raw[rows]
+    return np.stack(
+        [np.asarray(Image.open(raw[i][0])) for i in rows]
+    )  # uint8 (N, 10, 12, 3): not the 8x8 it trained on
+
+
+def _champion_predicts_on_raw_rows(cwd: Path, stdout: str, sweep: str, fmt: str) -> None:
+    import contextlib
+    import json
+    import re
+
+    import mlflow
+
+    from calib_core.config import RunConfig
+
+    name = re.search(r"Registered: models:/([\w.-]+)@champion", stdout)[1]
+    client = store(cwd)
+    (parent,), _ = sweep_runs(client, sweep)
+    mv = client.get_model_version_by_alias(name, "champion")
+    with contextlib.chdir(cwd):
+        z = np.load(client.download_artifacts(mv.run_id, "predictions/predictions.npz", str(cwd)))
+        cfg = RunConfig.model_validate(
+            json.loads(Path(client.download_artifacts(mv.run_id, "run_config.json", str(cwd))).read_text())
+        )
+        mlflow.set_tracking_uri(f"sqlite:///{cwd}/mlflow.db")
+        model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    prefix = "ts_" if parent.data.tags["calib.champion_candidate"].endswith("+ts") else ""
+    got = np.asarray(model.predict(_raw_test_rows(cwd, cfg, fmt)))
+    np.testing.assert_allclose(got, z[f"{prefix}test_probs"], atol=1e-6, rtol=0)
