@@ -240,7 +240,7 @@ def method_study_c_slice(results: Path = RESULTS_DIR) -> str:
 
 
 def demo_selection(results: Path = RESULTS_DIR) -> str:
-    """The demo's selection sentence as one run printed it (benchmarks/bench_reference_arms.py keeps it)."""
+    """The demo's selection sentence as one run printed it (benchmarks/perf/bench_reference_arms.py keeps it)."""
     path = results / "bench_reference_arms.json"
     if not path.is_file():
         return "_No demo run recorded yet (`benchmarks/results/bench_reference_arms.json`)._"

@@ -1,6 +1,6 @@
 """Soak (issue #36, fault 5): 200 tiny trials, 4 at a time, on the local Ray cluster while a seeded chaos thread
 SIGKILLs a random trial worker every 4-10 s (20 kills), the driver's memory sampled every second
-(benchmarks/soak.py, which also keeps the figures in benchmarks/results/soak.json and soak.{csv,png}).
+(benchmarks/perf/soak.py, which also keeps the figures in benchmarks/results/soak.json and soak.{csv,png}).
 
 Every trial must end with exactly one MLflow run, every epoch logged exactly once on it (no step lost, none
 repeated by a retry), the parent run FINISHED, the champion registered as exactly one model version, Ray
@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.soak import figures, run_soak, table
+from benchmarks.perf.soak import figures, run_soak, table
 from tests.sweep_helpers import store, sweep_runs
 
 pytestmark = pytest.mark.slow

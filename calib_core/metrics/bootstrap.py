@@ -331,7 +331,7 @@ def centered_interval(replicates: Tensor, point: float, level: float = 0.95) -> 
     Binned calibration errors are biased upwards, and more so on resamples (duplicated rows),
     so plain percentile intervals of a well-calibrated model's ECE can lie entirely above its
     estimate. Removing the bootstrap's bias keeps the spread and centres it on the estimate;
-    by simulation (benchmarks/bench_bootstrap.py --coverage) it covers a known ECE at least as
+    by simulation (`python -m benchmarks.perf.bench_bootstrap --coverage`) it covers a known ECE at least as
     often as the plain interval, and identically for unbiased metrics such as accuracy.
     """
     r = replicates.double()

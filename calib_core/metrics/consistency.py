@@ -12,7 +12,7 @@ hypothesis that the model is calibrated.
 data cannot reject "calibrated" at the interval's level, 0 is a value the data support, and the
 interval's lower end becomes 0 (test inversion at the boundary of the parameter space). Elsewhere
 the interval is :func:`~calib_core.metrics.bootstrap.centered_interval`. By simulation
-(benchmarks/bench_bootstrap.py --coverage) this covers a calibrated model's ECE of 0 at about the
+(`python -m benchmarks.perf.bench_bootstrap --coverage`) this covers a calibrated model's ECE of 0 at about the
 nominal rate, where the bootstrap interval alone almost never does.
 
 The null draws reuse the bootstrap machinery exactly: each example is expanded into K rows, one

@@ -1,7 +1,7 @@
 """Service overhead and concurrency speed-up: the same N trials through the sweep service and as a
 plain sequential loop calling the trainer, on the same cores, measured side by side.
 
-    python benchmarks/bench_sweep.py [--trials 6] [--repeats 3] [--epochs 4] [--samples 3000]
+    python -m benchmarks.perf.bench_sweep [--trials 6] [--repeats 3] [--epochs 4] [--samples 3000]
 
 (a) the service (`sweeps/launch.py`, a subprocess, wall time from start to exit: Python start,
 Ray start, Tune, MLflow logging, selection, model registration) with 1 and with 2 trials at a
@@ -11,7 +11,7 @@ The service prints its own timing (Ray start, trials, selection and registration
 table separates the fixed cost of a sweep from the marginal cost of each trial:
 marginal overhead per trial = (service's trial phase with 1 at a time - plain loop) / N.
 
-    python benchmarks/bench_sweep.py --startup [--repeats 3] [--before /tmp/old]
+    python -m benchmarks.perf.bench_sweep --startup [--repeats 3] [--before /tmp/old]
 
 times the demo's start-up instead (process start -> first trial running, phase by phase: imports,
 config and preflight, MLflow store, ray.init, Optuna storage, Tune setup, the first trial's process,

@@ -1,9 +1,9 @@
 """How the service's own costs grow with the number of trials (issue #26): sweeps of tiny trials at M = 10,
 100, 1,000 (and more with --trials), measured phase by phase, with the growth of each phase fitted.
 
-    python benchmarks/bench_scale.py                      # M = 10, 100, 1000
-    python benchmarks/bench_scale.py --trials 10,100      # a quick look
-    python benchmarks/bench_scale.py --report-only        # the table and plot from the stored raw file
+    python -m benchmarks.perf.bench_scale                   # M = 10, 100, 1000
+    python -m benchmarks.perf.bench_scale --trials 10,100   # a quick look
+    python -m benchmarks.perf.bench_scale --report-only     # the table and plot from the stored raw file
 
 Each sweep is `sweeps/launch.py` in a fresh folder (the demo's defaults: local Ray, SQLite MLflow and Optuna
 stores) with trials of one epoch of cnn1d on 1,200 MNIST-1D rows, 2 at a time. Measured per sweep:
@@ -243,7 +243,7 @@ def report(raw: dict[str, Any], command: str) -> str:
         "load average (1 min) at the end": [r.get("load_avg_1min_at_end", math.nan) for r in runs],
     }
     L = [
-        "# Scale: the service's costs against the number of trials (benchmarks/bench_scale.py)",
+        "# Scale: the service's costs against the number of trials (benchmarks/perf/bench_scale.py)",
         "",
         f"Command: `{command}`; {utc_now()} UTC on {host_line()}. Trials: one epoch of cnn1d on 1,200 MNIST-1D "
         f"rows, {CONCURRENT} at a time, 1 CPU each; one trial's own compute (plain trainer, in-process) "
@@ -351,7 +351,7 @@ def _findings(
                 "load, that is 5 ms per trial for accuracy and ECE against 359 ms for every metric (without the "
                 "calibrated null; 41 against 545 ms with it), so the bootstrap at M = 1000 should fall well under the "
                 "30 s aim; (2) the model/data check runs in a child process, so the driver holds no torch (~670 MB "
-                "resident) until selection. `python benchmarks/bench_scale.py --trials 10,100,1000 --redo` measures "
+                "resident) until selection. `python -m benchmarks.perf.bench_scale --trials 10,100,1000 --redo` measures "
                 "them.",
                 "",
             ]

@@ -1,8 +1,8 @@
 """Cost of the paired bootstrap: B resamples of N x K for every metric of compute_all.
 
-    python benchmarks/bench_bootstrap.py            # B=1000, N=10^4, K=10, 8 trials, 5 repeats
-    python benchmarks/bench_bootstrap.py --coverage # plus interval coverage by simulation
-    python benchmarks/bench_bootstrap.py --baseline none   # without the earlier implementation
+    python -m benchmarks.perf.bench_bootstrap                   # B=1000, N=10^4, K=10, 8 trials, 5 repeats
+    python -m benchmarks.perf.bench_bootstrap --coverage        # plus interval coverage by simulation
+    python -m benchmarks.perf.bench_bootstrap --baseline none   # without the earlier implementation
 
 Prints a table and writes benchmarks/results/bench_bootstrap.json: seconds per trial per metric
 group and for all metrics in one call (what sweeps/decide/uncertainty.py makes), medians of the

@@ -7,8 +7,8 @@ Tune made against how many workers were killed, and the driver's resident memory
 (the curve, and its slope in MB per 100 trials over the trial phase). tests/test_sweep_soak.py runs it and
 asserts the promises; this script runs it and keeps the figures:
 
-    python benchmarks/soak.py                      # 200 trials, 4 at a time, 20 kills (about 10 min here)
-    python benchmarks/soak.py --trials 40 --kills 5 --out /tmp/soak
+    python -m benchmarks.perf.soak   # 200 trials, 4 at a time, 20 kills (about 10 min here)
+    python -m benchmarks.perf.soak --trials 40 --kills 5 --out /tmp/soak
 
 writes soak.json (figures and provenance), soak.csv (the curve) and soak.png to
 benchmarks/results/ (or --out), and prints a table.
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "sweeps" / "launch.py"
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = "soak"

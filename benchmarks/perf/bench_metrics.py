@@ -1,7 +1,7 @@
 """Benchmark calib_core.metrics against torchmetrics and netcal (measured side by side).
 
-    python benchmarks/bench_metrics.py            # full run, writes benchmarks/results/bench_metrics.json
-    python benchmarks/bench_metrics.py --quick    # sizes / 100, smoke test, writes nothing unless --out
+    python -m benchmarks.perf.bench_metrics           # full run, writes benchmarks/results/bench_metrics.json
+    python -m benchmarks.perf.bench_metrics --quick   # sizes / 100, smoke test, writes nothing unless --out
 
 What is measured, on the same float32 inputs in one process (timings interleaved round-robin,
 so a noisy shared machine slows every contender alike):
@@ -365,7 +365,7 @@ def main(argv=None) -> int:
 
     report = {
         "meta": {
-            "command": "python benchmarks/bench_metrics.py"
+            "command": "python -m benchmarks.perf.bench_metrics"
             + (" --quick" if args.quick else "")
             + (f" --threads {args.threads}" if args.threads is not None else ""),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),

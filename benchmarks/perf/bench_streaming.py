@@ -1,6 +1,6 @@
 """Streaming accumulator vs one-shot metrics on the same data, side by side.
 
-    python benchmarks/bench_streaming.py             # N=10^6, K=100, chunks of 10^4 rows, 3 repeats
+    python -m benchmarks.perf.bench_streaming   # N=10^6, K=100, chunks of 10^4 rows, 3 repeats
 
 Both compute the accumulator's metrics (accuracy, NLL, Brier, ECE, MCE, SCE, classwise-ECE)
 from float32 probabilities and from logits; the one-shot side calls the metric functions on

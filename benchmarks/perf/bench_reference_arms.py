@@ -1,6 +1,6 @@
 """What the reference arms and temperature scaling on top cost: the demo sweep with and without them, side by side.
 
-    python benchmarks/bench_reference_arms.py [--repeats 2] [--num-samples 8]
+    python -m benchmarks.perf.bench_reference_arms [--repeats 2] [--num-samples 8]
 
 Runs `sweeps/launch.py` (the default demo config) alternately as it is (the CE-with-early-stopping arm as the first
 trial, temperature scaling on top of every trial, 16 candidates) and with `--no-reference-arms` (8 one-go trials,
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     fit_s = fit_alone()
     share = (on["select_s"] - off["select_s"] + args.num_samples * fit_s / 2) / off["wall_s"]
     lines = [
-        "# What the reference arms and TS on top cost (benchmarks/bench_reference_arms.py)",
+        "# What the reference arms and TS on top cost (benchmarks/perf/bench_reference_arms.py)",
         "",
         f"Command: `{command_line(__file__, argv)}`; {utc_now()}; {host_line()}. Medians of {args.repeats} runs per "
         "setting, alternating; one machine, loaded by other work: read the differences, not the absolute times.",
