@@ -108,7 +108,7 @@ def selection_heldout(results: Path = RESULTS_DIR) -> str:
             f"({verdict}); regret {100 * g[0]:.2f} pt [{100 * g[1]:.2f}, {100 * g[2]:.2f}]; accuracy "
             f"{100 * a[0]:.2f} pt below the sweep's best [{100 * a[1]:.2f}, {100 * a[2]:.2f}]"
         )
-    from benchmarks.bench_selection import heldout_criteria
+    from benchmarks.studies.bench_selection import heldout_criteria
 
     crit = heldout_criteria(rec["summary"])
     d = crit[default]

@@ -1,4 +1,4 @@
-"""The replay logic of benchmarks/bench_search.py on synthetic tables with known answers (no training)."""
+"""The replay logic of benchmarks/studies/bench_search.py on synthetic tables with known answers (no training)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks.bench_search import (
+from benchmarks.studies.bench_search import (
     RANDOM,
     TPE_SWEEP,
     Table,

@@ -1,9 +1,9 @@
 """Selection v3 (benchmarks/protocols/selection_v3.md, pre-registered): the margin rule over every trial and every
 trial + TS, with the CE-early-stopping reference arm, judged on new seeds against the previous default.
 
-    python benchmarks/bench_selection.py --v3                     # 12 sweeps x 5 regimes (seeds 2200-2211)
-    python benchmarks/bench_selection.py --v3 --regimes digits    # one regime (resumable: sweeps are cached)
-    python benchmarks/bench_selection.py --v3 --report-only       # the report from the cached sweeps
+    python -m benchmarks.studies.bench_selection --v3                    # 12 sweeps x 5 regimes (seeds 2200-2211)
+    python -m benchmarks.studies.bench_selection --v3 --regimes digits   # one regime (resumable: sweeps are cached)
+    python -m benchmarks.studies.bench_selection --v3 --report-only      # the report from the cached sweeps
 
 Each sweep is trained as the service now trains it (bench_selection.run_sweep_offline's loop, with the study's first
 trial the reference arm and temperature scaling on top of every completed trial, calib_core.posthoc_on_top); the
@@ -40,7 +40,7 @@ MARGINS = {"margin 0.5": 0.005, "margin 1": 0.01, "margin 2": 0.02}
 
 def regimes() -> dict[str, tuple[str, list[str]]]:
     """The protocol's five regimes: bench_selection's four and mnist1d_imbalance10."""
-    from benchmarks.bench_selection import REGIMES
+    from benchmarks.studies.bench_selection import REGIMES
 
     overconf = REGIMES["mnist1d_overconf"]
     return {**REGIMES, "mnist1d_imbalance10": (overconf[0], [*overconf[1], "run.data.imbalance_ratio=10"])}
@@ -200,7 +200,7 @@ def _ratio(num: list[float], den: list[float]) -> dict[str, float]:
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per regime and rule: means with CIs over sweeps, the test ECE ratio to the reference, family counts."""
-    from benchmarks.bench_selection import _ci_mean
+    from benchmarks.studies.bench_selection import _ci_mean
 
     out: dict[str, Any] = {}
     for regime in dict.fromkeys(r["dataset"] for r in results):
@@ -266,7 +266,7 @@ def markdown(summary: dict[str, Any], verdict: dict[str, Any], meta: dict[str, A
     """The report: one table per regime, the decision."""
     pct = lambda t: f"{100 * t[0]:.2f} [{100 * t[1]:.2f}, {100 * t[2]:.2f}]"  # noqa: E731
     L = [
-        "# Selection v3: the margin rule with reference arms and TS on top (benchmarks/bench_selection.py --v3)",
+        "# Selection v3: the margin rule with reference arms and TS on top (benchmarks/studies/bench_selection.py --v3)",
         "",
         "Protocol: `benchmarks/protocols/selection_v3.md`, committed before any of these sweeps ran. "
         f"Seeds {meta['seeds'][0]}-{meta['seeds'][-1]} (new); command `{meta['command']}`; generated {meta['date']} "

@@ -1,7 +1,7 @@
 """How far one seed's result moves: repeated runs, thread counts, and the study's stored files (issue #21 item 8).
 
-    python benchmarks/reproducibility.py            # 3 seeds x 3 methods of the v2 `overconf` regime
-    python benchmarks/reproducibility.py --quick    # 1 seed, 2 epochs
+    python -m benchmarks.studies.reproducibility           # 3 seeds x 3 methods of the v2 `overconf` regime
+    python -m benchmarks.studies.reproducibility --quick   # 1 seed, 2 epochs
 
 For each (method, seed) of benchmarks/protocols/method_study_v2.yaml's `overconf` regime (protocol B, so
 the one-go calibrator lr is the tuned one when benchmarks/results/method_study_v2/ has it), the run is
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     pt = lambda v: "n/a" if v is None else ("0 (identical)" if v == 0 else f"{100 * v:.3f}")  # noqa: E731
     mx = lambda rs, key, k: max((r[key][k] for r in rs if r[key] is not None), default=None)  # noqa: E731
     L = [
-        "# Reproducibility of one seed's result (benchmarks/reproducibility.py)",
+        "# Reproducibility of one seed's result (benchmarks/studies/reproducibility.py)",
         "",
         f"Command: `{command_line(__file__, argv)}`; {utc_now()} UTC on {host_line()}.",
         "",

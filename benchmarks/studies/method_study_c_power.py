@@ -1,6 +1,6 @@
 """Protocol C's power calculation, from protocol A's measured spread (issue #31).
 
-    python benchmarks/method_study_c_power.py   # prints the table quoted in benchmarks/protocols/method_study_c.md
+    python -m benchmarks.studies.method_study_c_power   # prints the table quoted in benchmarks/protocols/method_study_c.md
 
 Reads only `benchmarks/results/method_study_v2a.json` (A's per-seed test metrics). For each primary
 contrast of protocol C it takes the standard deviation over A's 24 evaluation seeds of the paired
@@ -22,7 +22,7 @@ import math
 import statistics
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 A_JSON = ROOT / "benchmarks" / "results" / "method_study_v2a.json"
 REGIMES = ("overconf", "noise20", "imbalance10", "mtl")
 METRICS = {"ece": 0.01, "debiased_l2_ce": 0.01, "nll": 0.03, "accuracy": 0.01}  # protocol C's margins

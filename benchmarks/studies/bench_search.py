@@ -1,8 +1,8 @@
 """Search efficiency: does Optuna's TPE find good calibrator / calibrator-lr pairs faster than random?
 
-    python benchmarks/bench_search.py                # grid (cached, resumable) + replay + report
-    python benchmarks/bench_search.py --grid-only    # only train the missing grid cells
-    python benchmarks/bench_search.py --replay-only  # only replay against the cached grid
+    python -m benchmarks.studies.bench_search                 # grid (cached, resumable) + replay + report
+    python -m benchmarks.studies.bench_search --grid-only     # only train the missing grid cells
+    python -m benchmarks.studies.bench_search --replay-only   # only replay against the cached grid
 
 Phase 1 (cached, resumable, the slow part): a tabulated objective. For each demo sweep
 (sweeps/configs/mnist1d_demo.yaml, digits_demo.yaml) every cell of the grid
@@ -645,7 +645,7 @@ def verdict(results: dict[str, dict[str, Any]]) -> list[str]:
 def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dict[str, Any]) -> str:
     cap = meta["cap"]
     lines = [
-        "# Search efficiency: TPE vs random vs grid on a tabulated objective (benchmarks/bench_search.py)",
+        "# Search efficiency: TPE vs random vs grid on a tabulated objective (benchmarks/studies/bench_search.py)",
         "",
         f"Command: `{meta['command']}`  ",
         f"Generated {meta['date']} on {meta['host']}; replay {meta['replay_seconds']:.0f} s, no training.",

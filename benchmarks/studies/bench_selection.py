@@ -1,7 +1,7 @@
 """Which champion rule picks models that are well calibrated *on test*?
 
-    python benchmarks/bench_selection.py                 # 20 sweeps x (mnist1d, digits), 8 trials each
-    python benchmarks/bench_selection.py --quick         # smoke run: 2 tiny sweeps per dataset
+    python -m benchmarks.studies.bench_selection           # 20 sweeps x (mnist1d, digits), 8 trials each
+    python -m benchmarks.studies.bench_selection --quick   # smoke run: 2 tiny sweeps per dataset
 
 Phase 1 (cached, resumable): for each dataset and seed, a sweep as the service runs it but
 without Ray or MLflow: the demo config of sweeps/configs/ (mnist1d_demo.yaml; digits_demo.yaml
@@ -271,7 +271,7 @@ def markdown(summary: dict[str, Any], results: list[dict[str, Any]], meta: dict[
     counts = ", ".join(f"{d}: {sum(r['dataset'] == d for r in results)}" for d in DATASETS)
     pct = lambda t: f"{100 * t[0]:.2f} [{100 * t[1]:.2f}, {100 * t[2]:.2f}]"  # noqa: E731
     lines = [
-        "# Champion rules compared on test (benchmarks/bench_selection.py)",
+        "# Champion rules compared on test (benchmarks/studies/bench_selection.py)",
         "",
         f"Command: `{meta['command']}`  ",
         f"Generated {meta['date']} in {meta['seconds']:.0f} s "
@@ -350,7 +350,7 @@ def heldout_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     """The held-out report: one table per regime."""
     pct = lambda t: f"{100 * t[0]:.2f} [{100 * t[1]:.2f}, {100 * t[2]:.2f}]"  # noqa: E731
     L = [
-        "# The selection rule judged out of sample (benchmarks/bench_selection.py --heldout)",
+        "# The selection rule judged out of sample (benchmarks/studies/bench_selection.py --heldout)",
         "",
         "Protocol: `benchmarks/protocols/selection_heldout.md` (committed before these sweeps ran; the rule's settings "
         "were frozen there). The default rule's settings were designed on the 40 sweeps of `selection.md` "
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main_v3(args: argparse.Namespace, argv: list[str] | None) -> int:
     """Selection v3: train (or reuse) the protocol's sweeps, apply its rules, write its report."""
-    from benchmarks import selection_v3 as v3
+    from benchmarks.studies import selection_v3 as v3
 
     t0 = time.perf_counter()
     cache = Path(args.cache) / ("v3_quick" if args.quick else "v3")

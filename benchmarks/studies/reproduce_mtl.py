@@ -1,10 +1,10 @@
 """Multi-task one-go calibration vs plain CE and per-task post-hoc TS on mnist1d_mtl.
 
-    python benchmarks/reproduce_mtl.py                     # 5 seeds, 25 epochs, calibrator-lr grid 1e-4,1e-3,1e-2
-    python benchmarks/reproduce_mtl.py --seeds 3 --epochs 15
-    python benchmarks/reproduce_mtl.py --quick             # ~1-minute smoke run, writes to a temp dir
+    python -m benchmarks.studies.reproduce_mtl           # 5 seeds, 25 epochs, calibrator-lr grid 1e-4,1e-3,1e-2
+    python -m benchmarks.studies.reproduce_mtl --seeds 3 --epochs 15
+    python -m benchmarks.studies.reproduce_mtl --quick   # ~1-minute smoke run, writes to a temp dir
 
-Data, model and training settings are those of benchmarks/reproduce.py on MNIST-1D (3000
+Data, model and training settings are those of benchmarks/studies/reproduce.py on MNIST-1D (3000
 samples, val 0.2 / test 0.4, cnn1d, Adam lr 1e-2 constant, batch 64, 25 epochs), with the
 labels of `mnist1d_mtl`: digit (10 classes), parity, ge5, prime (2 each), one head per task on
 a shared backbone (`calib_core.trainer.make_trainer` -> MultiTaskTrainer). Every run is one
@@ -232,7 +232,7 @@ def build_tables(raw: dict[str, Any]) -> str:
     L += [
         "",
         f"Setting: data {json.dumps(raw['settings']['data'])}, model {json.dumps(raw['settings']['model'])}, "
-        f"train {json.dumps(raw['settings']['train'])} (the MNIST-1D settings of benchmarks/reproduce.py, multi-task labels). "
+        f"train {json.dumps(raw['settings']['train'])} (the MNIST-1D settings of benchmarks/studies/reproduce.py, multi-task labels). "
         f"Tasks: digit (10 classes), parity, ge5, prime (2 classes each); one head per task on a shared cnn1d backbone. "
         f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}): each seed fixes the split, the holdout and the initialisation. "
         f"Final-epoch model; ECE = 15 even bins, top-label; 'mean' = mean over the 4 tasks.",

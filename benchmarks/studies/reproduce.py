@@ -1,8 +1,8 @@
 """Method comparison: one-go calibration vs plain CE, post-hoc TS, label smoothing and focal loss.
 
-    python benchmarks/reproduce.py                       # full matrix, both datasets, 5 seeds
-    python benchmarks/reproduce.py --dataset mnist1d --seeds 5 --epochs 40
-    python benchmarks/reproduce.py --quick               # ~1-minute smoke run, writes to a temp dir
+    python -m benchmarks.studies.reproduce           # full matrix, both datasets, 5 seeds
+    python -m benchmarks.studies.reproduce --dataset mnist1d --seeds 5 --epochs 40
+    python -m benchmarks.studies.reproduce --quick   # ~1-minute smoke run, writes to a temp dir
 
 Every run is the real `calib_core.trainer.Trainer` (one process per run, `torch.set_num_threads(1)`,
 a pool of `--workers` processes). The matrix per dataset and seed:

@@ -1,0 +1,68 @@
+"""The study runner: every method and selection study behind one command (issue #33 item 4).
+
+    python -m benchmarks.studies                          # list the studies
+    python -m benchmarks.studies STUDY [ARGS...]          # run one with its own arguments
+    python -m benchmarks.studies STUDY --help             # its options
+
+`python -m benchmarks.studies method_study_c full --regimes overconf` is `python -m benchmarks.studies.method_study_c
+full --regimes overconf`: the study runs as the main module (its worker processes too), with the arguments as given.
+Run from the repository root; the protocols the studies follow are in benchmarks/studies/protocols/, their results in
+benchmarks/results/ (INDEX.md names the command of each).
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from collections.abc import Sequence
+
+# name -> (module, what it studies); the name is the module's own, so both command forms read alike
+STUDIES: dict[str, tuple[str, str]] = {
+    "method_study_c": (
+        "benchmarks.method_study_c",
+        "protocol C (issue #31): `slice` (TS stacked on protocol A's backbones), `full` (the factorial, resumable)",
+    ),
+    "method_study_c_power": ("benchmarks.studies.method_study_c_power", "protocol C's power table, from A's spread"),
+    "method_study_v2": (
+        "benchmarks.method_study_v2",
+        "protocols B and A (issue #21): one-go vs TS where calibration matters (--protocol picks A)",
+    ),
+    "method_study": ("benchmarks.method_study", "the v1 study (issue #11), well-calibrated regimes: a control"),
+    "reproducibility": ("benchmarks.studies.reproducibility", "how far one seed's result moves (threads, machines)"),
+    "reproduce": (
+        "benchmarks.studies.reproduce",
+        "the untuned method matrix; `--no-matrix`: the one-go overhead per epoch (overhead.md)",
+    ),
+    "reproduce_mtl": ("benchmarks.studies.reproduce_mtl", "the untuned multi-task matrix (mnist1d_mtl)"),
+    "bench_selection": (
+        "benchmarks.studies.bench_selection",
+        "champion rules judged on test; `--heldout`, `--v3`: the pre-registered follow-ups",
+    ),
+    "bench_search": ("benchmarks.studies.bench_search", "TPE vs random vs grid on a tabulated objective"),
+    "study_compact": ("benchmarks.study_compact", "a study's raw folder to its compact form (a tool of the above)"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, STUDIES))
+    lines = ["usage: python -m benchmarks.studies STUDY [ARGS...]   (STUDY --help for its options)", "", "studies:"]
+    lines += [f"  {name.ljust(width)}  {what}" for name, (_, what) in STUDIES.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "list"):
+        print(usage())
+        return 0
+    if args[0] not in STUDIES:
+        print(f"unknown study {args[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = STUDIES[args[0]][0]
+    sys.argv = [module, *args[1:]]  # run_module sets argv[0] to the module's file
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
