@@ -1,7 +1,7 @@
 """The README's result blocks, generated from the result files (issue #21 item 7).
 
-    python benchmarks/readme_results.py           # rewrite the blocks in README.md
-    python benchmarks/readme_results.py --check   # exit 1 if README.md differs from the result files
+    python -m benchmarks.readme_results           # rewrite the blocks in README.md
+    python -m benchmarks.readme_results --check   # exit 1 if README.md differs from the result files
 
 A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` in README.md; its text is
 made here from benchmarks/results/*.json only, with the verdict words of the study's own rules, so
@@ -266,7 +266,7 @@ def tabular_demo(results: Path = RESULTS_DIR) -> str:
     (benchmarks/tabular_demo.py writes the file; validation decided, test is quoted for reference only)."""
     path = results / "tabular_demo.json"
     if not path.is_file():
-        return "_No tabular demo run recorded yet (`python benchmarks/tabular_demo.py`)._"
+        return "_No tabular demo run recorded yet (`python -m benchmarks.tabular_demo`)._"
     rec = json.loads(path.read_text())
     champ, sizes = rec["champion"], rec["splits"]
     by_id = {r["trial_id"]: r for r in rec["candidates"]}
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     new = render(old)
     if args.check:
         if new != old:
-            print("README.md's generated blocks differ from the result files: run python benchmarks/readme_results.py")
+            print("README.md's generated blocks differ from the result files: run python -m benchmarks.readme_results")
             return 1
         return 0
     README.write_text(new)

@@ -1,6 +1,6 @@
 """The shipped tabular demo as a user runs it, recorded for the README (issue #34: its numbers from a result file).
 
-    python benchmarks/tabular_demo.py [--out benchmarks/results/tabular_demo.json]
+    python -m benchmarks.tabular_demo [--out benchmarks/results/tabular_demo.json]
 
 Runs `python sweeps/launch.py --config sweeps/configs/tabular_demo.yaml` unchanged in a fresh folder (scikit-learn's
 bundled Wisconsin breast-cancer table, seed 0), then reads the sweep back from its MLflow store

@@ -8,7 +8,7 @@ from benchmarks.common import ROOT
 
 def test_readme_result_blocks_match_the_result_files():
     text = (ROOT / "README.md").read_text()
-    assert readme_results.render(text) == text, "run: python benchmarks/readme_results.py"
+    assert readme_results.render(text) == text, "run: python -m benchmarks.readme_results"
 
 
 def _heldout(ratio_lo: float) -> dict:

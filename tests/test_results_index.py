@@ -10,7 +10,7 @@ from benchmarks.results_index import INDEX, NOT_RECORDED, entries, render
 
 def test_the_committed_index_is_what_the_result_files_say():
     assert INDEX.read_text() == render(), (
-        "benchmarks/results/INDEX.md is out of date: python benchmarks/results_index.py"
+        "benchmarks/results/INDEX.md is out of date: python -m benchmarks.results_index"
     )
 
 
@@ -34,3 +34,12 @@ def test_entries_read_command_commit_and_date_from_the_files(tmp_path):
     assert (got["b.json"]["command"], got["b.json"]["commit"], got["b.json"]["date"]) == (NOT_RECORDED,) * 3
     assert got["c.md"]["commit"] == "3ca46f087b"
     assert got["d/"]["size"] == "2.0 KB" and got["d/"]["command"] == "read by c.md"
+
+
+def test_a_running_studys_journal_is_not_a_result(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "rows.npz").write_bytes(b"\0" * 2048)
+    before = render(tmp_path)
+    (tmp_path / "d" / "full_runs.journal.csv").write_text("regime,seed\nnoise20,1\n" * 100)
+    (tmp_path / "e_runs.journal.csv").write_text("regime,seed\n")
+    assert render(tmp_path) == before and [e["files"] for e in entries(tmp_path)] == ["d/"]

@@ -20,7 +20,7 @@ def test_the_readme_block_is_the_result_file_rendered():
     text = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- generated:tabular_demo -->\n(.*?)\n<!-- /generated:tabular_demo -->", text, re.S)
     assert block is not None
-    assert block.group(1) == readme_results.tabular_demo(), "run: python benchmarks/readme_results.py"
+    assert block.group(1) == readme_results.tabular_demo(), "run: python -m benchmarks.readme_results"
 
 
 def test_the_result_file_records_its_run_and_the_sweeps_own_choice():
