@@ -34,11 +34,11 @@ from sweeps.decide.uncertainty import (
 )
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore
 from sweeps.integrations.mlflow.sweep_runs import log_intervals
-from sweeps.integrations.optuna.search_space import describe_params
 from sweeps.integrations.optuna.study import MEMORY
 from sweeps.redaction import redact
 from sweeps.report.files import SWEEP_FOLDER, sweep_report_files
 from sweeps.report.summary import tool
+from sweeps.trial_params import describe_params
 
 
 def trial_records(results: Any, store: MlflowStore, experiment_id: str, sweep: str) -> list[TrialRecord]:

@@ -239,9 +239,9 @@ def test_searcher_keeps_what_it_could_not_write_and_writes_it_on_resume(tmp_path
         clock, lines = Clock(), []
         retry.say, retry.sleep, retry.clock = lines.append, clock.sleep, clock
         assert searcher.suggest("t1") is not None
-        from sweeps.integrations.ray import live_hooks
+        from sweeps import run_notes
 
-        live_hooks._RUN_IDS[("outage-sweep", "t1")] = "run-1"
+        run_notes._RUN_IDS[("outage-sweep", "t1")] = "run-1"
         flaky(monkeypatch, "get_trial", 10**6, refused)
         searcher.on_trial_complete("t1", result={"val_accuracy": 0.9, "val_ece": 0.05})
         assert isinstance(guard.outage, StorageUnavailable)
@@ -250,7 +250,7 @@ def test_searcher_keeps_what_it_could_not_write_and_writes_it_on_resume(tmp_path
             guard.on_step_begin(iteration=1, trials=[])
         searcher.save(str(tmp_path / "searcher.pkl"))
         monkeypatch.undo()
-        live_hooks._RUN_IDS.clear()  # a new driver process: the run is not noted there
+        run_notes._RUN_IDS.clear()  # a new driver process: the run is not noted there
     finally:
         guard.close()
     guard = StudyOutageGuard("outage-sweep", 600)
@@ -285,8 +285,8 @@ def test_a_run_noted_while_the_database_is_away_still_reaches_its_study_trial(tm
 
     from ray import tune
 
+    from sweeps import run_notes
     from sweeps.integrations.optuna.study import SweepSearch
-    from sweeps.integrations.ray import live_hooks
 
     url = f"sqlite:///{tmp_path}/optuna.db"
     searcher = SweepSearch(
@@ -309,18 +309,18 @@ def test_a_run_noted_while_the_database_is_away_still_reaches_its_study_trial(tm
 
         monkeypatch.setattr(RetryingRDBStorage, "set_trial_user_attr", away_until_back)
         start = time.monotonic()
-        live_hooks.note_run("late-runs", "t1", "run-1")  # its study write waits for the database
-        live_hooks.note_run("late-runs", "t2", "run-2")
+        run_notes.note_run("late-runs", "t1", "run-1")  # its study write waits for the database
+        run_notes.note_run("late-runs", "t2", "run-2")
         assert time.monotonic() - start < 1.0, "noting a run waited on the study database"
-        assert live_hooks.noted_run("late-runs", "t2") == "run-2"
+        assert run_notes.noted_run("late-runs", "t2") == "run-2"
         back.set()
         searcher.on_trial_complete("t2", result={"val_accuracy": 0.9, "val_ece": 0.05})
         searcher.on_trial_complete("t1", result={"val_accuracy": 0.8, "val_ece": 0.07})
-        assert live_hooks.listeners_told(10)
+        assert run_notes.listeners_told(10)
     finally:
-        live_hooks._RUN_LISTENERS.pop("late-runs", None)
-        for key in [k for k in live_hooks._RUN_IDS if k[0] == "late-runs"]:
-            live_hooks._RUN_IDS.pop(key)
+        run_notes._RUN_LISTENERS.pop("late-runs", None)
+        for key in [k for k in run_notes._RUN_IDS if k[0] == "late-runs"]:
+            run_notes._RUN_IDS.pop(key)
     trials = optuna.load_study(study_name="late-runs", storage=url).trials
     assert {t.user_attrs["tune_trial_id"]: t.user_attrs.get("mlflow_run_id") for t in trials} == {
         "t1": "run-1",

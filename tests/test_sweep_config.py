@@ -12,7 +12,8 @@ import pytest
 from calib_core.config import ConfigError
 from sweeps.cli import build_parser, main
 from sweeps.config import load_sweep_config
-from sweeps.integrations.optuna.search_space import SearchSpace, resolve_run_config
+from sweeps.integrations.optuna.search_space import SearchSpace
+from sweeps.trial_params import resolve_run_config
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ROOT / "sweeps" / "launch.py"

@@ -100,7 +100,7 @@ def _write_json(path: Path, obj: Any) -> None:
 def train_cell(cfg: Any, data: Any, calibrator: str, lr: float | None) -> dict[str, Any]:
     """One grid cell trained like a sweep trial (resolve_run_config -> trainer.fit), on one CPU thread."""
     from calib_core.trainer import make_trainer
-    from sweeps.integrations.optuna.search_space import resolve_run_config
+    from sweeps.trial_params import resolve_run_config
 
     params: dict[str, Any] = {"calibrator": calibrator}
     if lr is not None:

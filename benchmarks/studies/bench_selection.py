@@ -114,7 +114,8 @@ def run_sweep_offline(dataset: str, seed: int, quick: bool, threads: int) -> dic
 
     from calib_core.data import load_dataset
     from calib_core.trainer import make_trainer
-    from sweeps.integrations.optuna.search_space import SearchSpace, resolve_run_config
+    from sweeps.integrations.optuna.search_space import SearchSpace
+    from sweeps.trial_params import resolve_run_config
 
     torch.set_num_threads(threads)
     cfg = _sweep_config(dataset, seed, quick)
@@ -180,7 +181,7 @@ def evaluate_sweep(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
     from sweeps.config import DEBIASED_METRICS, SelectionConfig
     from sweeps.decide.selection import TrialRecord, select
     from sweeps.decide.uncertainty import compute_replicates
-    from sweeps.integrations.optuna.search_space import describe_params
+    from sweeps.trial_params import describe_params
 
     records, preds = [], {}
     for i, t in enumerate(sweep["trials"]):

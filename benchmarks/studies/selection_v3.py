@@ -77,7 +77,8 @@ def run_sweep(regime: str, seed: int, quick: bool, threads: int) -> dict[str, An
     from calib_core.data import load_dataset
     from calib_core.posthoc_on_top import temperature_on_top_scores
     from calib_core.trainer import make_trainer
-    from sweeps.integrations.optuna.search_space import SearchSpace, resolve_run_config
+    from sweeps.integrations.optuna.search_space import SearchSpace
+    from sweeps.trial_params import resolve_run_config
 
     torch.set_num_threads(threads)
     cfg = sweep_config(regime, seed, quick)
@@ -133,7 +134,7 @@ def evaluate(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
     from sweeps.config import SelectionConfig
     from sweeps.decide.selection import POST_TS, TrialRecord, select
     from sweeps.decide.uncertainty import compute_replicates
-    from sweeps.integrations.optuna.search_space import describe_params
+    from sweeps.trial_params import describe_params
 
     records, preds = [], {}
     for i, t in enumerate(sweep["trials"]):

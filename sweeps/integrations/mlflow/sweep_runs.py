@@ -45,10 +45,10 @@ from sweeps.integrations.mlflow.tracking import (
     MLflowTrackingCallback,
     flatten,
 )
-from sweeps.integrations.optuna.search_space import describe_params, resolve_run_config
 from sweeps.outage import Unavailable
 from sweeps.redaction import redact_values
 from sweeps.report.summary import sweep_note
+from sweeps.trial_params import describe_params, resolve_run_config
 
 log = logging.getLogger(__name__)
 FLUSH_ON_FAILURE_S = 30.0  # how long a stopping sweep waits for the trials' queued MLflow writes

@@ -41,9 +41,9 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY
     is_number,
 )
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, find_run  # noqa: F401  (find_run: benchmarks/method_study.py)
-from sweeps.integrations.optuna.search_space import describe_params
-from sweeps.integrations.ray.live_hooks import note_run
 from sweeps.report.summary import run_link
+from sweeps.run_notes import note_run
+from sweeps.trial_params import describe_params
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,9 @@
-"""The Optuna search space (define-by-run) and the mapping from sampled params to a RunConfig."""
+"""The Optuna search space (define-by-run); what sampled params mean for a run is sweeps/trial_params.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from calib_core.config import RunConfig, build_model
 from sweeps.config import BASELINE_CHOICES, SearchConfig
 from sweeps.contract import REFERENCE_ATTR
 
@@ -50,45 +49,3 @@ class SearchSpace:
                 trial.suggest_int(key, int(p["low"]), int(p["high"]))
             else:
                 trial.suggest_categorical(key, p["values"])
-
-
-def resolve_run_config(base: RunConfig, params: dict[str, Any]) -> RunConfig:
-    """Apply sampled params to the base run config (validated again, so bad combos fail early)."""
-    raw = base.model_dump()
-    choice = params.get("calibrator")
-    train = raw["train"]
-    if choice in ("none", "ce_es"):  # ce_es: its patience comes as train.early_stopping_patience (SearchSpace)
-        train["method"] = "ce"
-    elif isinstance(choice, str) and choice.startswith("posthoc_"):
-        train["method"] = "posthoc"
-        train["posthoc_calibrator"] = choice.removeprefix("posthoc_")
-    elif choice is not None:
-        train["method"] = "onego"
-        train["calibrator"] = choice
-        if "calibrator_lr" in params:
-            train["calibrator_lr"] = float(params["calibrator_lr"])
-    for key, value in params.items():
-        if "." not in key:
-            continue
-        node = raw
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return build_model(RunConfig, raw)
-
-
-def describe_params(params: dict[str, Any]) -> str:
-    """A short human label for a trial, e.g. 'last_layer lr=3.2e-03'."""
-    label = str(params.get("calibrator", "?"))
-    if label == "ce_es":
-        label = "CE early stopping"
-        params = {k: v for k, v in params.items() if k != "train.early_stopping_patience"}
-    if "calibrator_lr" in params:
-        label += f" lr={params['calibrator_lr']:.1e}"
-    extras = [
-        f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
-        for k, v in params.items()
-        if "." in k
-    ]
-    return " ".join([label, *extras])

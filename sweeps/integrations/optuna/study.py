@@ -38,8 +38,8 @@ from ray.tune.search.optuna import OptunaSearch
 
 from sweeps.contract import MEMORY, REFERENCE_ATTR  # MEMORY: the study only in Ray Tune's state
 from sweeps.integrations.optuna.storage import RetryingRDBStorage, StorageUnavailable, make_rdb_storage
-from sweeps.integrations.ray.live_hooks import listen_for_runs, noted_run
 from sweeps.outage import OutageWaitStopped
+from sweeps.run_notes import listen_for_runs, noted_run
 
 if TYPE_CHECKING:
     import optuna

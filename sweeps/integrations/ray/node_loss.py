@@ -15,7 +15,7 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.integrations.optuna.search_space import describe_params
+from sweeps.trial_params import describe_params
 
 NODE_TABLE_EVERY_S = 2.0  # how often the node table is read; a loss is announced at most this late after Ray knows
 

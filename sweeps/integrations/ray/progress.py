@@ -27,7 +27,7 @@ from ray.tune import CLIReporter
 from sweeps.config import SelectionConfig
 from sweeps.contract import OUT_OF_MEMORY, STOPPED_EARLY, error_ending, failure_reason, is_number
 from sweeps.decide.selection import RULES, TrialRecord, select
-from sweeps.integrations.optuna.search_space import describe_params
+from sweeps.trial_params import describe_params
 
 
 def _clock(seconds: float) -> str:

@@ -39,7 +39,7 @@ from sweeps.contract import (
     memory_failure,
     metric_key,
 )
-from sweeps.integrations.optuna.search_space import describe_params, resolve_run_config
+from sweeps.trial_params import describe_params, resolve_run_config
 
 # torch and calib_core's data and trainer are imported where used: the sweep's driver imports this
 # module for `train_trial` and never trains; a trial process imports them when it starts.
