@@ -106,7 +106,7 @@ def load_result(
 
     import pandas as pd
 
-    from sweeps.contract import TAG_CHAMPION_RUN, TAG_TRIAL
+    from sweeps.contract import TAG_CHAMPION_RUN, TAG_TRIAL, TrackingStore
     from sweeps.integrations.mlflow.existing import started_registered_model
     from sweeps.integrations.mlflow.store import MlflowStore
     from sweeps.integrations.optuna.study import MEMORY
@@ -122,7 +122,7 @@ def load_result(
         cfg = resolve(None, sets, workdir=workdir)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     assert cfg.tracking.uri
-    store = MlflowStore(cfg.tracking.uri)
+    store: TrackingStore = MlflowStore(cfg.tracking.uri)  # the one implementation; only the protocol used
     experiment_id = store.experiment_id(cfg.tracking.experiment)
     parent = store.parent_run(experiment_id, cfg.name) if experiment_id is not None else None
     if parent is None or TAG_CHAMPION_RUN not in parent.data.tags:

@@ -8,8 +8,10 @@ Ray nor MLflow: validating a config must stay fast (tests/test_cli_malformed.py)
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from pathlib import Path
+from typing import Any, Protocol, TypeGuard
 
 # ---------------------------------------------------------------------------- checkpoint layout
 # Every epoch checkpoint holds STATE_FILE; the final one (the trial's last report) holds all of them.
@@ -130,6 +132,67 @@ GATE_DIR = "gate"
 GATE_ROWS_FILE = "rows.npz"  # hashes of the raw rows of the training and validation splits
 GATE_DATA_FILE = "data.json"  # dataset, input shape, class count, standardisation
 TAG_GATE = "calib.gate"  # on a model version: the gate's one-line decision
+
+
+# ---------------------------------------------------------------------------- the tracking store
+class TrackingStore(Protocol):
+    """What the service, finish, the API and the tuner ask of the tracking store (its one implementation:
+    sweeps/integrations/mlflow/store.MlflowStore, built by the service and by load_result). Runs are found by the
+    sweep's tags; a run is the store's record of it (`.info.run_id`, `.data.metrics` / `.params` / `.tags`)."""
+
+    def experiment_id(self, name: str) -> str | None:
+        """The id of experiment `name`, or None when there is none."""
+        ...
+
+    def ensure_experiment(self, name: str) -> str:
+        """The experiment's id, created if needed."""
+        ...
+
+    def parent_run(self, experiment_id: str, sweep: str) -> Any | None:
+        """The sweep's parent run, or None."""
+        ...
+
+    def trial_runs(self, experiment_id: str, sweep: str) -> list[Any]:
+        """Every trial run of the sweep."""
+        ...
+
+    def trial_runs_by_id(self, experiment_id: str, sweep: str) -> dict[str, Any]:
+        """{trial id: run} of the sweep's trial runs."""
+        ...
+
+    def get_run(self, run_id: str) -> Any:
+        """The run (info, data: metrics, params, tags)."""
+        ...
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        """Set tags on the run, in order (secrets in URIs masked)."""
+        ...
+
+    def log_metrics(
+        self, run_id: str, metrics: dict[str, float], step: int = 0, timestamp_ms: int | None = None
+    ) -> None:
+        """Log every metric as given at `step`, stamped `timestamp_ms` or now."""
+        ...
+
+    def log_artifacts(self, run_id: str, files: Iterable[tuple[str | Path, str | None]]) -> None:
+        """Log each (file, artifact folder) pair; folder None = the run's artifact root."""
+        ...
+
+    def download_artifact(self, run_id: str, path: str, dst: str | Path) -> str:
+        """Download the run's artifact `path` into `dst`; the local path."""
+        ...
+
+    def versions_of_run(self, model_name: str, run_id: str) -> list[Any]:
+        """The registered model's versions created from `run_id`, oldest first."""
+        ...
+
+    def close_open_runs(self, experiment_id: str, sweep: str, status: str) -> int:
+        """Mark every still-running trial run of the sweep with `status`; the count."""
+        ...
+
+    def terminate(self, run_id: str, status: str, end_time: int | None = None) -> None:
+        """End the run with `status` (FINISHED, FAILED, KILLED), at `end_time` (ms) or now."""
+        ...
 
 
 class ResourcesUnavailable(RuntimeError):

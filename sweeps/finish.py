@@ -20,6 +20,7 @@ from sweeps.contract import (
     TAG_REASON,
     TAG_SELECTION_RULE,
     TS_PREFIX,
+    TrackingStore,
     is_number,
     memory_failure,
 )
@@ -32,7 +33,7 @@ from sweeps.decide.uncertainty import (
     detail_ids,
     load_predictions,
 )
-from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore
+from sweeps.integrations.mlflow.store import MAX_TAG_CHARS
 from sweeps.integrations.mlflow.sweep_runs import log_intervals
 from sweeps.integrations.optuna.study import MEMORY
 from sweeps.redaction import redact
@@ -41,7 +42,7 @@ from sweeps.report.summary import tool
 from sweeps.trial_params import describe_params
 
 
-def trial_records(results: Any, store: MlflowStore, experiment_id: str, sweep: str) -> list[TrialRecord]:
+def trial_records(results: Any, store: TrackingStore, experiment_id: str, sweep: str) -> list[TrialRecord]:
     """Every trial Tune knows, as selection sees it, with its MLflow run."""
     records = []
     runs = store.trial_runs_by_id(experiment_id, sweep)  # one query, not one per trial (1,000 trials: seconds)
@@ -118,7 +119,7 @@ def add_detail(reps: Replicates, records: list[TrialRecord], cfg: SweepConfig, t
 
 
 def log_selection(
-    store: MlflowStore,
+    store: TrackingStore,
     parent_id: str,
     records: list[TrialRecord],
     chosen: TrialRecord,
@@ -142,7 +143,7 @@ def log_selection(
 
 def write_report(
     cfg: SweepConfig,
-    store: MlflowStore,
+    store: TrackingStore,
     parent_id: str,
     experiment_id: str,
     exp_path: str,

@@ -35,6 +35,7 @@ from sweeps.contract import (
     TAG_TRIAL,
     TS_PREFIX,
     TS_SUMMARY_KEY,
+    TrackingStore,
     is_finite_number,
     is_number,
 )
@@ -363,7 +364,7 @@ def fail_sweep(store: MlflowStore, experiment_id: str, parent_id: str, sweep: st
     store.terminate(parent_id, "FAILED")
 
 
-def log_intervals(store: MlflowStore, records: list[TrialRecord], reps: Replicates) -> None:
+def log_intervals(store: TrackingStore, records: list[TrialRecord], reps: Replicates) -> None:
     """`<metric>_ci_low/high` on each trial's run (once: a resumed sweep finds them there)."""
     for rec in records:
         if rec.run_id is None or rec.trial_id not in reps.values:
