@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import resource
@@ -41,7 +42,7 @@ from sweeps.integrations.mlflow.sweep_runs import (
 from sweeps.integrations.mlflow.tracking import (
     source_tags,
 )
-from sweeps.integrations.optuna.study import MEMORY, StudyOutageGuard, mark_champion
+from sweeps.integrations.optuna.study import MEMORY, StudyOutageGuard, make_searcher, mark_champion
 from sweeps.integrations.ray.live_hooks import installed
 from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.integrations.ray.tuner import (
@@ -227,6 +228,7 @@ def _execute(
     ]
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
     trainable = make_trainable(cfg, verbose)
+    searcher = functools.partial(make_searcher, cfg)  # the tuner's search algorithm, by seed offset (a grown sweep)
     if session is not None:
 
         def close_runs(writer: Any = tracking) -> None:
@@ -248,13 +250,13 @@ def _execute(
         tuner = (
             tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
             if restoring
-            else build_tuner(cfg, trainable)
+            else build_tuner(cfg, trainable, searcher)
         )
         t_fit = time.perf_counter()
         rss["fit"] = peak_rss_mb()
         grids = [fit_resuming_lost_workers(tuner, exp_path, trainable, cfg.resources.max_failures, stops)]
         if not stops.requested:  # an interrupted sweep (a resume too) stops here; it grows only when it finished
-            grids += grow_sweep(cfg, store, parent_id, grids[0], grown, trainable, progress, grow, stops)
+            grids += grow_sweep(cfg, store, parent_id, grids[0], grown, trainable, searcher, progress, grow, stops)
         tracking.flush()  # what the trials reported reaches MLflow (raises the outage that stopped it)
         tracking.close()
         for results in grids:

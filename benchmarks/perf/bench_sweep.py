@@ -172,7 +172,8 @@ WRAP = {
     "sweeps.startup": ["preflight"],
     # before the split of service.py (an older checkout with --before) these lived in sweeps.service
     "sweeps.service": ["execute", "_connect_ray", "make_storage", "_build_tuner", "_searcher", "connect_ray", "build_tuner"],
-    "sweeps.integrations.ray.tuner": ["make_storage", "make_searcher"],
+    "sweeps.integrations.ray.tuner": ["make_storage", "make_searcher"],  # before issue #33: the searcher was built here
+    "sweeps.integrations.optuna.study": ["make_storage", "make_searcher"],
     "sweeps.integrations.mlflow.store": [],
 }
 CANONICAL = {"_connect_ray": "connect_ray", "_build_tuner": "build_tuner", "_searcher": "make_searcher"}

@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any, cast
 from ray import tune
 from ray.tune.search.optuna import OptunaSearch
 
-from sweeps.contract import MEMORY, REFERENCE_ATTR  # MEMORY: the study only in Ray Tune's state
+from sweeps.config import SweepConfig
+from sweeps.contract import MEMORY, MULTI_OBJECTIVE, REFERENCE_ATTR  # MEMORY: the study only in Ray Tune's state
+from sweeps.integrations.optuna.search_space import SearchSpace
 from sweeps.integrations.optuna.storage import RetryingRDBStorage, StorageUnavailable, make_rdb_storage
 from sweeps.outage import OutageWaitStopped
 from sweeps.run_notes import listen_for_runs, noted_run
@@ -261,6 +263,30 @@ class SweepSearch(OptunaSearch):
                 )
                 storage.set_trial_state_values(frozen._trial_id, TrialState.FAIL)
                 log.info("Optuna trial %d was lost with the driver; marked FAIL", frozen.number)
+
+
+def make_searcher(cfg: SweepConfig, seed_offset: int = 0) -> SweepSearch:
+    """Optuna's TPE through Ray Tune, the study named after the sweep in `search.storage` (the service hands it to
+    the tuner, integrations/ray/tuner.build_tuner, as its `make_searcher`).
+
+    A sweep grown past `seed_offset` trials seeds its new sampler with `search.seed + seed_offset`: the same
+    seed would draw the start-up trials' parameters again."""
+    s = cfg.search
+    metric: str | list[str]
+    mode: str | list[str]
+    if s.objective == "multi":
+        metric, mode = [m for m, _ in MULTI_OBJECTIVE], [d for _, d in MULTI_OBJECTIVE]
+    else:
+        metric, mode = s.metric, s.mode
+    return SweepSearch(
+        space=SearchSpace(s),
+        metric=metric,
+        mode=mode,
+        seed=s.seed + seed_offset,
+        study_name=cfg.name,
+        storage=make_storage(s.storage or MEMORY, s.storage_outage_timeout_s),
+        sweep=cfg.name,
+    )
 
 
 def _is_nan(v: Any) -> bool:

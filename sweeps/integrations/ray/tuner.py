@@ -1,12 +1,15 @@
-"""The sweep's Ray Tune side: the Ray connection, the Optuna searcher and ASHA scheduler, the Tuner (new,
-restored, or grown), the trainable with its resources, and the in-process resume of trials lost with a worker."""
+"""The sweep's Ray Tune side: the Ray connection, the ASHA scheduler, the Tuner (new, restored, or grown), the
+trainable with its resources, and the in-process resume of trials lost with a worker.
+
+The searcher comes from the caller (the service binds integrations/optuna/study.make_searcher to the config) and
+the tracking store as the contract's TrackingStore: no other integration is imported here."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray import tune
@@ -17,18 +20,18 @@ from calib_core.plugins import plugin_modules
 from sweeps.checks.preflight import SEARCH_SPACE_FILE, search_space, search_space_problem
 from sweeps.config import SweepConfig
 from sweeps.contract import (
-    MULTI_OBJECTIVE,
     TAG_GROWN_TO,
     SweepError,
+    TrackingStore,
     grow_experiment,
     memory_failure,
 )
-from sweeps.integrations.mlflow.store import MlflowStore
-from sweeps.integrations.optuna.search_space import SearchSpace
-from sweeps.integrations.optuna.study import MEMORY, SweepSearch, make_storage
 from sweeps.integrations.ray.live_hooks import LiveCallbacks, LiveReporter
 from sweeps.integrations.ray.progress import ProgressCallback
 from sweeps.integrations.ray.trainable import train_trial
+
+if TYPE_CHECKING:
+    from ray.tune.search import Searcher
 
 
 def connect_ray(cluster: bool, plugins: list[str]) -> str | None:
@@ -64,29 +67,6 @@ def result_loggers() -> list[tune.Callback]:
     return [JsonLoggerCallback(), CSVLoggerCallback()]
 
 
-def make_searcher(cfg: SweepConfig, seed_offset: int = 0) -> SweepSearch:
-    """Optuna's TPE through Ray Tune, the study named after the sweep in `search.storage` (optuna/study.py).
-
-    A sweep grown past `seed_offset` trials seeds its new sampler with `search.seed + seed_offset`: the same
-    seed would draw the start-up trials' parameters again."""
-    s = cfg.search
-    metric: str | list[str]
-    mode: str | list[str]
-    if s.objective == "multi":
-        metric, mode = [m for m, _ in MULTI_OBJECTIVE], [d for _, d in MULTI_OBJECTIVE]
-    else:
-        metric, mode = s.metric, s.mode
-    return SweepSearch(
-        space=SearchSpace(s),
-        metric=metric,
-        mode=mode,
-        seed=s.seed + seed_offset,
-        study_name=cfg.name,
-        storage=make_storage(s.storage or MEMORY, s.storage_outage_timeout_s),
-        sweep=cfg.name,
-    )
-
-
 def make_scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
     """ASHA over epochs for a single objective with `search.scheduler: asha`, else None.
 
@@ -105,9 +85,13 @@ def make_scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
     )
 
 
-def build_tuner(cfg: SweepConfig, trainable: Any, grow_from: int = 0) -> tune.Tuner:
+def build_tuner(
+    cfg: SweepConfig, trainable: Any, make_searcher: Callable[[int], Searcher], grow_from: int = 0
+) -> tune.Tuner:
     """A new Tuner; its callbacks and reporter are stand-ins for the installed ones (integrations/ray/live_hooks.py).
 
+    `make_searcher(seed_offset)`: the sweep's search algorithm, called with `grow_from` (the service passes
+    integrations/optuna/study.make_searcher bound to the config).
     `grow_from` > 0: the Tuner of the trials that grow a finished sweep of that many trials to
     `search.num_samples`, an experiment of its own (`contract.grow_experiment`) in the same Optuna study."""
     s, r = cfg.search, cfg.resources
@@ -120,7 +104,7 @@ def build_tuner(cfg: SweepConfig, trainable: Any, grow_from: int = 0) -> tune.Tu
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=make_searcher(cfg, seed_offset=grow_from),
+            search_alg=make_searcher(grow_from),
             scheduler=scheduler,
             metric=metric,
             mode=mode,
@@ -264,11 +248,12 @@ def grown_to(parent: Any | None) -> list[int]:
 
 def grow_sweep(
     cfg: SweepConfig,
-    store: MlflowStore,
+    store: TrackingStore,
     parent_id: str,
     base: Any,
     grown: list[int],
     trainable: Any,
+    make_searcher: Callable[[int], Searcher],
     progress: ProgressCallback,
     grow: bool,
     stops: StopWatch | None = None,
@@ -277,8 +262,9 @@ def grow_sweep(
 
     Earlier growths are restored (an interrupted one resumes); when `grow` (a trial count given with
     --resume) asks for more trials than all of them hold, one more experiment runs the difference in the
-    same Optuna study and MLflow parent run. Nothing grows while an earlier experiment has unfinished trials, nor
-    after a stop signal (`stops`: Tune reports the trials it stopped as TERMINATED, which is not finished)."""
+    same Optuna study (`make_searcher`, as for build_tuner) and MLflow parent run (`store`). Nothing grows while an
+    earlier experiment has unfinished trials, nor after a stop signal (`stops`: Tune reports the trials it stopped
+    as TERMINATED, which is not finished)."""
     stopped: Callable[[], bool] = (lambda: stops.requested) if stops is not None else (lambda: False)
     grids: list[Any] = []
     done = len(base)
@@ -303,7 +289,7 @@ def grow_sweep(
         store.set_tags(parent_id, {TAG_GROWN_TO: ",".join(str(n) for n in [*grown, target])})
     print(f"Growing {cfg.name!r} from {done} to {target} trials (same Optuna study and MLflow parent run)", flush=True)
     progress.continue_from(done)
-    tuner = build_tuner(cfg, trainable, grow_from=done)
+    tuner = build_tuner(cfg, trainable, make_searcher, grow_from=done)
     grids.append(
         fit_resuming_lost_workers(
             tuner,
