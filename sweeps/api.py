@@ -109,7 +109,7 @@ def load_result(
     from sweeps.contract import TAG_CHAMPION_RUN, TAG_TRIAL, TrackingStore
     from sweeps.integrations.mlflow.existing import started_registered_model
     from sweeps.integrations.mlflow.store import MlflowStore
-    from sweeps.integrations.optuna.study import MEMORY
+    from sweeps.integrations.optuna.study import MEMORY, load_study
     from sweeps.redaction import redact
 
     if isinstance(sweep, SweepConfig):
@@ -170,4 +170,5 @@ def load_result(
             for r in board.to_dict("records")
             if r.get("status") not in ("completed", "stopped_early")
         ],
+        study_loader=load_study,
     )

@@ -2,13 +2,14 @@
 
 One place for the names the trials (sweeps/integrations/ray/trainable.py), the driver (service, tracking, selection,
 model_export) and the config checks (sweeps/config.py) must agree on. It imports neither torch,
-Ray nor MLflow: validating a config must stay fast (tests/test_cli_malformed.py).
+Ray nor MLflow: validating a config must stay fast (tests/test_cli_malformed.py). It imports the standard library
+only (tests/test_import_contracts.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard
@@ -235,6 +236,9 @@ class SweepResult:
     errors: list[dict[str, str]] = field(default_factory=list, repr=False)  # trials that did not complete
     alias: str = "champion"  # the alias this sweep's version got: "champion", or "challenger" (the champion gate)
     gate: str = field(default="", repr=False)  # the champion gate's line ("" when there was nothing to compare)
+    # (name, study_storage) -> the Optuna study: integrations/optuna/study.load_study, set by run_sweep and
+    # load_result (this module imports no third-party library)
+    study_loader: Callable[[str, str], Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def champion_uri(self) -> str:
@@ -243,12 +247,11 @@ class SweepResult:
 
     @property
     def study(self) -> Any:
-        """The sweep's Optuna study (loaded from `study_storage`), or None for an in-memory study."""
-        if self.study_storage == "memory":
+        """The sweep's Optuna study (loaded from `study_storage` by `study_loader`), or None for an in-memory study
+        (or a result made without a loader)."""
+        if self.study_storage == MEMORY or self.study_loader is None:
             return None
-        import optuna
-
-        return optuna.load_study(study_name=self.name, storage=self.study_storage)
+        return self.study_loader(self.name, self.study_storage)
 
     def __repr__(self) -> str:
         trials = 0

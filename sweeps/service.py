@@ -42,7 +42,7 @@ from sweeps.integrations.mlflow.sweep_runs import (
 from sweeps.integrations.mlflow.tracking import (
     source_tags,
 )
-from sweeps.integrations.optuna.study import MEMORY, StudyOutageGuard, make_searcher, mark_champion
+from sweeps.integrations.optuna.study import MEMORY, StudyOutageGuard, load_study, make_searcher, mark_champion
 from sweeps.integrations.ray.live_hooks import installed
 from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.integrations.ray.tuner import (
@@ -343,6 +343,7 @@ def _execute(
         errors=trial_errors(records),
         alias=alias,
         gate=gate_line,
+        study_loader=load_study,
     )
 
 

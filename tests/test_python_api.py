@@ -58,3 +58,39 @@ def test_resolve_fills_the_cli_defaults_in_workdir(tmp_path):
     assert cfg.tracking.uri == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
     assert cfg.search.storage == f"sqlite:///{tmp_path.resolve()}/optuna.db"
     assert cfg.storage_path == str(tmp_path.resolve() / "ray_results")
+
+
+def test_result_study_is_loaded_by_the_optuna_integration(tmp_path):
+    """`result.study` loads the study through the loader run_sweep / load_result set (sweeps.contract imports no
+    third-party library, optuna included); an in-memory study, or a result made without a loader, gives None."""
+    import pickle
+
+    import optuna
+
+    from sweeps.contract import SweepResult
+    from sweeps.integrations.optuna.study import load_study
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(study_name="api-study", storage=url).optimize(lambda t: t.suggest_float("x", 0, 1), 3)
+    fields = dict(
+        name="api-study",
+        champion_run_id="0" * 32,
+        champion_trial_id="1",
+        champion_label="l",
+        model_uri="models:/m/1",
+        model_version="1",
+        leaderboard=None,
+        selection="s",
+        intervals={},
+        confidence=0.95,
+        parent_run_id="1" * 32,
+        experiment_id="1",
+        tracking_uri="sqlite:////tmp/x.db",
+    )
+    result = SweepResult(**fields, study_storage=url, study_loader=load_study)
+    assert result.study.study_name == "api-study" and len(result.study.trials) == 3
+    assert pickle.loads(pickle.dumps(result)).study.study_name == "api-study"  # the loader pickles by reference
+    assert result == SweepResult(**fields, study_storage=url)  # the loader is not part of the result's value
+    assert SweepResult(**fields, study_storage=url).study is None
+    assert SweepResult(**fields, study_storage="memory", study_loader=load_study).study is None

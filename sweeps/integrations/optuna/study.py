@@ -293,6 +293,15 @@ def _is_nan(v: Any) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
+def load_study(study_name: str, url: str) -> Any:
+    """The sweep's Optuna study loaded from its storage URL (`SweepResult.study`'s loader); None for 'memory'."""
+    if url == MEMORY:
+        return None
+    import optuna
+
+    return optuna.load_study(study_name=study_name, storage=url)
+
+
 def mark_champion(url: str, study_name: str, champion_trial: str, outage_timeout_s: float | None = None) -> None:
     """Name the champion in the study (`champion_tune_trial_id`, `champion_trial_number`; a finished trial's own
     attributes cannot change, so the study carries it); waits out an outage up to `outage_timeout_s`."""
