@@ -11,9 +11,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from sweeps.checks.preflight import (
-    _fs_errors,
-    _host,
-    _is_loopback,
     check_disk_fits,
     check_local_data,
     check_local_resources,
@@ -21,7 +18,10 @@ from sweeps.checks.preflight import (
     check_study_storage,
     check_tracking,
     check_uri_syntax,
+    fs_errors,
+    is_loopback,
     probe_remote_storage,
+    uri_host,
 )
 
 if TYPE_CHECKING:
@@ -51,23 +51,23 @@ def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False, grow: bool 
 
 
 def _checks(cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, fit: model_fit.ModelFitCheck) -> str | None:
-    loopback_tracking = bool(cfg.tracking.uri) and _is_loopback(_host(cfg.tracking.uri or ""))
-    with _fs_errors("storage_path"):
+    loopback_tracking = bool(cfg.tracking.uri) and is_loopback(uri_host(cfg.tracking.uri or ""))
+    with fs_errors("storage_path"):
         check_storage(cfg.storage_path or "", cluster)
     if cluster:
         from sweeps.integrations.ray.cluster import check_cluster, connect_cluster, plugin_runtime_env
 
         connect_cluster(plugin_runtime_env(cfg.plugins))
-        with _fs_errors("tracking.uri"):
+        with fs_errors("tracking.uri"):
             check_tracking(cfg.tracking.uri or "", cluster)
         check_cluster(cfg, loopback_tracking)
     else:
-        with _fs_errors("tracking.uri"):
+        with fs_errors("tracking.uri"):
             check_tracking(cfg.tracking.uri or "", cluster)
-        with _fs_errors("run.data.root"):
+        with fs_errors("run.data.root"):
             check_local_data(cfg)
         check_local_resources(cfg)
-    with _fs_errors("search.storage"):
+    with fs_errors("search.storage"):
         check_study_storage(cfg.search.storage or "memory", cluster)
     if cfg.storage_path and "://" in cfg.storage_path and not cfg.storage_path.startswith("file://"):
         probe_remote_storage(cfg.storage_path)
@@ -75,7 +75,7 @@ def _checks(cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, fit: mode
     from sweeps.sweep_lock import refused_while_running
 
     # a launch of this name that is running now is named (reads its lock file only)
-    with _fs_errors("tracking.uri"), refused_while_running(cfg.storage_path, cfg.name):
+    with fs_errors("tracking.uri"), refused_while_running(cfg.storage_path, cfg.name):
         nothing_to_do = check_store(cfg, resume, grow)
     if nothing_to_do:
         return nothing_to_do

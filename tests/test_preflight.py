@@ -43,7 +43,7 @@ def _cfg(*overrides: str):
     ],
 )
 def test_loopback_hosts(host, loop):
-    assert preflight._is_loopback(host) is loop
+    assert preflight.is_loopback(host) is loop
 
 
 def test_redact_hides_the_password():

@@ -12,7 +12,7 @@ from sweeps.integrations.ray import cluster
 @pytest.fixture
 def open_port(monkeypatch):
     """A head whose port answers (the TCP probe passes) but whose ray.init fails as the test says."""
-    monkeypatch.setattr(cluster, "_probe_tcp", lambda host, port: None)
+    monkeypatch.setattr(cluster, "probe_tcp", lambda host, port: None)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         yield s.getsockname()[1]

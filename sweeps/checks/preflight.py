@@ -193,7 +193,7 @@ def _cluster_store_problems(cfg: SweepConfig) -> list[str]:
             f"tracking.uri: {uri!r} is a local store; with --cluster use an MLflow server URL "
             "(http://...) reachable from every node"
         )
-    elif _is_loopback(_host(uri)) and not _is_loopback(_address_host(ray_address())):
+    elif is_loopback(uri_host(uri)) and not is_loopback(address_host(ray_address())):
         problems.append(
             f"tracking.uri: {redact(uri)!r} is a loopback address, which is each node's own "
             "machine; with --cluster use a host name or address every node can reach"
@@ -220,24 +220,26 @@ def is_local_store(uri: str) -> bool:
     return uri.startswith(("sqlite:", "file:", "/", ".")) or "://" not in uri
 
 
-def _host(uri: str) -> str:
+def uri_host(uri: str) -> str:
+    """The host of a URI ("" when it has none or does not parse)."""
     try:
         return urllib.parse.urlsplit(uri).hostname or ""
     except ValueError:
         return ""
 
 
-def _address_host(address: str) -> str:
+def address_host(address: str) -> str:
     """The host of a Ray address (host:port, ray://host:port, or 'auto')."""
     if address == "auto":
         return ""
     if "://" in address:
-        return _host(address)
+        return uri_host(address)
     host = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
     return host.strip("[]")
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 in brackets or not) is this machine's loopback."""
     if not host:
         return False
     if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost") or host.lower().endswith(".localhost"):
@@ -297,7 +299,7 @@ def check_resume_search_space(cfg: SweepConfig) -> None:
 
 
 @contextmanager
-def _fs_errors(field: str) -> Iterator[None]:
+def fs_errors(field: str) -> Iterator[None]:
     """A file-system error while checking (e.g. a folder on the way this user may not enter) as one line."""
     try:
         yield
@@ -380,7 +382,7 @@ def _check_database_server(field: str, url: str, cluster: bool = False) -> None:
     except ValueError:
         raise ConfigError(f"{field}: {redact(url)!r} has an invalid port") from None
     host = parts.hostname
-    reason = _wait_for(lambda: _probe_tcp(host, port), f"{host}:{port}", cluster)
+    reason = _wait_for(lambda: probe_tcp(host, port), f"{host}:{port}", cluster)
     if reason:
         raise ConfigError(f"{field}: no database answers at {parts.hostname}:{port} ({reason})")
 
@@ -508,7 +510,7 @@ def _mount_of(path: Path) -> tuple[str, str, set[str]] | None:
     return best
 
 
-def _probe_tcp(host: str, port: int, timeout: float = TIMEOUT_S) -> str | None:
+def probe_tcp(host: str, port: int, timeout: float = TIMEOUT_S) -> str | None:
     """None when something accepts a TCP connection at host:port within `timeout`, else why not."""
     try:
         with socket.create_connection((host, port), timeout=timeout):

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError
-from sweeps.checks.preflight import _address_host, _is_loopback, _probe_tcp, ray_address
+from sweeps.checks.preflight import address_host, is_loopback, probe_tcp, ray_address
 from sweeps.redaction import redact
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def connect_cluster(runtime_env: dict[str, Any] | None = None) -> None:
     if ray.is_initialized():
         return
     if address.startswith("ray://"):
-        host, port = _address_host(address), urllib.parse.urlsplit(address).port or 10001
+        host, port = address_host(address), urllib.parse.urlsplit(address).port or 10001
         where = address
     else:
         from ray._private import services
@@ -83,7 +83,7 @@ def connect_cluster(runtime_env: dict[str, Any] | None = None) -> None:
             raise ConfigError(f"--cluster: RAY_ADDRESS={address!r} is not host:port ({exc})") from None
         host, _, port_s = where.rpartition(":")
         port = int(port_s) if port_s.isdigit() else 6379
-    reason = _probe_tcp(host.strip("[]"), port)
+    reason = probe_tcp(host.strip("[]"), port)
     if reason:
         raise ConfigError(f"--cluster: no Ray cluster answers at {address} ({reason}); start it or fix RAY_ADDRESS")
     try:
@@ -192,7 +192,7 @@ def check_cluster(cfg: SweepConfig, loopback_tracking: bool) -> None:
     if loopback_tracking:
         here = _this_machine()
         far = sorted({n.get("NodeManagerAddress", "") for n in nodes} - {""})
-        far = [a for a in far if not _is_loopback(a) and a not in here]
+        far = [a for a in far if not is_loopback(a) and a not in here]
         if far or not nodes:
             raise ConfigError(
                 f"tracking.uri: {redact(cfg.tracking.uri or '')!r} is a loopback address but the "
