@@ -3,11 +3,16 @@
 Layers of sweeps/, lowest first (docs/design.md section 2): a module imports only from its own layer or
 lower ones. calib_core imports nothing of sweeps, ray, optuna or mlflow; checks/, decide/ and report/ import
 none of ray, optuna or mlflow (nor the integrations); and no module is part of an import cycle.
+Issue #33: each integration (integrations/ray, mlflow, optuna) imports no other one, what they share lives
+below them; sweeps/contract.py, the bottom of layer 0, imports the standard library only; and no module
+imports an underscore name from another package of sweeps/. Each of these three rules is shown failing on a
+planted import.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,20 +43,23 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _from_module(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module name of a `from ... import` node in module `name` (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = name.split(".")
+    base = base[: len(base) - node.level + (1 if path.name == "__init__.py" else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(name: str, path: Path) -> set[str]:
     """Every module name an import node in `path` refers to (`from pkg import sub` resolves to pkg.sub)."""
     out: set[str] = set()
-    is_pkg = path.name == "__init__.py"
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".")
-                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
+            mod = _from_module(name, path, node)
             subs = [f"{mod}.{a.name}" for a in node.names]
             known = [s for s in subs if s in MODULES]
             out.update(known)
@@ -113,6 +121,108 @@ def test_every_sweeps_module_has_a_layer_and_imports_only_down():
         if d.startswith("sweeps") and (_layer(d) or 0) > (_layer(n) or 0)
     ]
     assert not up, "\n".join(sorted(up))
+
+
+def _integration(module: str) -> str | None:
+    """The integration a module name belongs to (sweeps.integrations.ray.tuner -> "ray"), else None."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["sweeps", "integrations"] and len(parts) > 2 else None
+
+
+def _cross_integration_imports(modules: dict[str, Path]) -> list[str]:
+    """Each import of a module of one integration (sweeps.integrations.X) from another (sweeps.integrations.Y)."""
+    return sorted(
+        f"{n} imports {i}"
+        for n, p in modules.items()
+        if _integration(n) is not None
+        for i in _imports(n, p)
+        if _integration(i) not in (None, _integration(n))
+    )
+
+
+# what sweeps.contract may import: the standard library, nothing else (no layer lies below it, and its own
+# layer's other modules may import calib_core)
+STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
+
+
+def _contract_imports_beyond_stdlib(modules: dict[str, Path]) -> list[str]:
+    """Each import of sweeps.contract not of the standard library (a third-party library, sweeps, calib_core)."""
+    name = "sweeps.contract"
+    return sorted(f"{name} imports {i}" for i in _imports(name, modules[name]) if i.split(".")[0] not in STDLIB)
+
+
+def _package(module: str) -> str:
+    """The package a module lives in (a package is its own)."""
+    path = MODULES.get(module)
+    return module if path is not None and path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _private_imports_across_packages(modules: dict[str, Path]) -> list[str]:
+    """Each `from sweeps.<package>.m import _name` in a module of sweeps/ outside that package."""
+    bad = []
+    for n, p in modules.items():
+        if not n.startswith("sweeps"):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            mod = _from_module(n, p, node)
+            if not mod.startswith("sweeps") or _package(mod) == _package(n):
+                continue
+            bad += [
+                f"{n} imports {mod}.{a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__") and f"{mod}.{a.name}" not in MODULES
+            ]
+    return sorted(bad)
+
+
+def test_no_integration_imports_another():
+    """integrations/ray, mlflow and optuna stand apart (issue #33): what two of them share lives below layer 4."""
+    bad = _cross_integration_imports(MODULES)
+    assert not bad, "\n".join(bad)
+
+
+def test_contract_imports_the_standard_library_only():
+    bad = _contract_imports_beyond_stdlib(MODULES)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_private_helper_is_imported_across_packages():
+    bad = _private_imports_across_packages(MODULES)
+    assert not bad, "\n".join(bad)
+
+
+def _planted(tmp_path: Path, module: str, lines: str) -> dict[str, Path]:
+    """MODULES with `module` replaced by a copy of its source that has `lines` appended."""
+    copy = tmp_path / (module.replace(".", "_") + ".py")
+    copy.write_text(MODULES[module].read_text() + "\n\n" + lines)
+    return {**MODULES, module: copy}
+
+
+def test_the_rules_fail_on_planted_imports(tmp_path):
+    """Each issue #33 rule finds an import planted in a copy of a real module, in a function too."""
+    ray_to_mlflow = _planted(
+        tmp_path,
+        "sweeps.integrations.ray.tuner",
+        "def _planted():\n    from sweeps.integrations.mlflow.store import MlflowStore\n\n\n"
+        "from ..mlflow import tracking\n",
+    )
+    assert _cross_integration_imports(ray_to_mlflow) == [
+        "sweeps.integrations.ray.tuner imports sweeps.integrations.mlflow.store",
+        "sweeps.integrations.ray.tuner imports sweeps.integrations.mlflow.tracking",
+    ]
+    contract = _planted(
+        tmp_path, "sweeps.contract", "def _planted():\n    import optuna\n    from sweeps.config import SweepConfig\n"
+    )
+    assert _contract_imports_beyond_stdlib(contract) == [
+        "sweeps.contract imports optuna",
+        "sweeps.contract imports sweeps.config",
+    ]
+    private = _planted(tmp_path, "sweeps.integrations.ray.cluster", "from sweeps.checks.preflight import _wait_for\n")
+    assert _private_imports_across_packages(private) == [
+        "sweeps.integrations.ray.cluster imports sweeps.checks.preflight._wait_for"
+    ]
 
 
 def test_no_import_cycles():
