@@ -178,7 +178,8 @@ def evaluate_sweep(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
     """Apply every rule to one sweep; return each rule's champion and its test numbers."""
     from calib_core import metrics as calib_metrics
     from calib_core.metrics import compute_all
-    from sweeps.config import DEBIASED_METRICS, SelectionConfig
+    from sweeps.config import SelectionConfig
+    from sweeps.contract import DEBIASED_METRICS
     from sweeps.decide.selection import TrialRecord, select
     from sweeps.decide.uncertainty import compute_replicates
     from sweeps.trial_params import describe_params
