@@ -1,6 +1,7 @@
 """Benchmark scripts that print Markdown tables into benchmarks/results/.
 
-The package is part of the editable install (pyproject.toml's package list), so a script runs as
-``python benchmarks/<name>.py`` or ``python -m benchmarks.<name>`` alike, and imports what the
-scripts share from ``benchmarks.common``.
+Layers: ``perf/`` (speed and scale), ``studies/`` (method and selection studies, one runner, their protocols in
+``studies/protocols/``), ``results/`` (the output; ``results/INDEX.md`` names each file's command, commit and date),
+and what the scripts share here (``common``, ``provenance``). Not an installed package: the scripts run from the
+repository root as modules, ``python -m benchmarks.perf.<name>`` or ``python -m benchmarks.studies <study>``.
 """

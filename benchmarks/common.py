@@ -2,9 +2,9 @@
 host description, mean ± std formatting, timing, result-file writing, the reproduction settings
 and the one-trainer run of a worker process.
 
-Scripts import it as ``from benchmarks.common import ...``: the ``benchmarks`` package is part of
-the editable install (pyproject.toml), so this works for ``python benchmarks/<name>.py`` (which puts
-benchmarks/, not the repository root, on sys.path) as well as for ``python -m benchmarks.<name>``.
+Scripts import it as ``from benchmarks.common import ...`` and run from the repository root as modules
+(``python -m benchmarks.perf.<name>``, ``python -m benchmarks.studies <study>``), which puts the root on
+sys.path: ``benchmarks`` is not an installed package (the wheel ships calib_core and sweeps only).
 Nothing here imports torch or calib_core at module level, so importing it is cheap.
 """
 
@@ -27,10 +27,20 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
+# the pre-registered protocols, beside the studies that follow them
+PROTOCOLS = ROOT / "benchmarks" / "studies" / "protocols"
+
+
+def protocol_path(recorded: str | Path) -> Path:
+    """A protocol file named as a result file or another protocol records it (relative to the repository root).
+    Records made before issue #33 item 4 name benchmarks/protocols/, where the protocols were: found by file name."""
+    path = ROOT / recorded
+    return path if path.is_file() else PROTOCOLS / Path(recorded).name
+
 
 # ------------------------------------------------------------------------------------------
-# the reproduction settings (benchmarks/reproduce.py; reproduce_mtl.py and ablation_head_lr.py
-# reuse the MNIST-1D ones so that their numbers are comparable)
+# the reproduction settings (benchmarks/studies/reproduce.py; reproduce_mtl.py reuses the MNIST-1D
+# ones so that their numbers are comparable)
 # ------------------------------------------------------------------------------------------
 # Settings chosen so that plain CE is over-confident at the end of training (see the table
 # headers for the numbers that check it): small training splits, large val/test splits (so the
@@ -89,9 +99,13 @@ def float_list(text: str) -> list[float]:
 
 
 def command_line(script: str | Path, argv: Sequence[str] | None = None) -> str:
-    """The command that reruns `script` (pass `__file__`) with `argv` (default: sys.argv[1:]), for report headers."""
-    args = list(argv) if argv is not None else sys.argv[1:]
-    return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(Path(script).resolve(), ROOT), *args])
+    """The command that reruns `script` (pass `__file__`) with `argv` (default: sys.argv[1:]), for report headers:
+    `python -m benchmarks.<...>` for a module of this package (run from the repository root), else `python <path>`."""
+    args = [shlex.quote(a) for a in (list(argv) if argv is not None else sys.argv[1:])]
+    rel = Path(os.path.relpath(Path(script).resolve(), ROOT))
+    if rel.parts[0] == "benchmarks" and rel.suffix == ".py":
+        return " ".join(["python -m", ".".join(rel.with_suffix("").parts), *args])
+    return " ".join(["python", shlex.quote(str(rel)), *args])
 
 
 def out_dir(given: Path | None, quick: bool = False, prefix: str = "bench_quick_") -> Path:

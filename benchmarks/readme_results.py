@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, ROOT
+from benchmarks.common import PROTOCOLS, RESULTS_DIR, ROOT, protocol_path
 
 README = ROOT / "README.md"
 
@@ -30,7 +30,7 @@ def _ci(c: dict[str, float]) -> str:
 
 
 def _paired(d: list[float]) -> dict[str, float]:
-    from benchmarks.method_study import paired_ci
+    from benchmarks.studies.method_study import paired_ci
 
     return paired_ci(d)
 
@@ -41,7 +41,7 @@ def _study_block(results: Path, stem: str, heading: str) -> str:
     if not path.is_file():
         return f"_No result file yet (`benchmarks/results/{stem}.json`)._"
     rec = json.loads(path.read_text())
-    spec_text = (ROOT / rec["protocol"]).read_text()
+    spec_text = protocol_path(rec["protocol"]).read_text()
     import yaml
 
     spec = yaml.safe_load(spec_text)
@@ -162,7 +162,7 @@ def selection_v3(results: Path = RESULTS_DIR) -> str:
     path = results / "selection_v3.json"
     if not path.is_file():
         return (
-            "_Pre-registered (`benchmarks/protocols/selection_v3.md`, committed before any of its runs); no result "
+            "_Pre-registered (`benchmarks/studies/protocols/selection_v3.md`, committed before any of its runs); no result "
             "file yet (`benchmarks/results/selection_v3.json`): the 1 pt default margin is provisional._"
         )
     rec = json.loads(path.read_text())
@@ -215,7 +215,7 @@ def method_study_c_slice(results: Path = RESULTS_DIR) -> str:
     import yaml
 
     rec = json.loads(path.read_text())
-    spec = yaml.safe_load((ROOT / "benchmarks" / "protocols" / "method_study_c.yaml").read_text())
+    spec = yaml.safe_load((PROTOCOLS / "method_study_c.yaml").read_text())
     L = [
         "Protocol C's cheap slice (`benchmarks/results/method_study_c_slice.md`; pre-registered; protocol A's chosen "
         "backbones retrained on its 24 seeds, TS fitted on all validation rows stacked on each; paired by seed, "

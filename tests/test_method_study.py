@@ -1,4 +1,4 @@
-"""The method study's statistics on hand-computed cases (benchmarks/method_study.py).
+"""The method study's statistics on hand-computed cases (benchmarks/studies/method_study.py).
 
 With n = 3 seeds the t distribution has 2 degrees of freedom, whose CDF and quantile have
 closed forms: F(t) = 1/2 + t / (2 sqrt(2 + t^2)) and F^-1(p) = (2p - 1) / sqrt(2 p (1 - p)).
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from benchmarks.method_study import matches_verdict, overall_verdict, paired_ci, tost
+from benchmarks.studies.method_study import matches_verdict, overall_verdict, paired_ci, tost
 
 
 def cdf2(t: float) -> float:
@@ -106,7 +106,7 @@ def test_overall_verdict():
 @pytest.mark.parametrize("name", ["cpu", "cifar10_resnet18", "cifar100_wrn28_10"])
 def test_study_configs_generate_valid_sweep_configs(name, tmp_path):
     """Every (regime, method) of every study config becomes a sweep config the service accepts."""
-    from benchmarks.method_study import CONFIG_DIR, load_spec, sweep_config
+    from benchmarks.studies.method_study import CONFIG_DIR, load_spec, sweep_config
     from sweeps.config import SweepConfig
 
     spec = load_spec(CONFIG_DIR / f"{name}.yaml")

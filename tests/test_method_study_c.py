@@ -1,4 +1,4 @@
-"""Protocol C's harness (benchmarks/method_study_c.py): compact storage, resumption, provenance, statistics."""
+"""Protocol C's harness (benchmarks/studies/method_study_c.py): compact storage, resumption, provenance, statistics."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import method_study_c as msc
 from benchmarks.provenance import FIELDS
+from benchmarks.studies import method_study_c as msc
 
 
 def test_holm_matches_the_step_down_rule():

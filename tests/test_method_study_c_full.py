@@ -1,4 +1,4 @@
-"""Protocol C's full factorial (benchmarks/method_study_c_full.py): the pigeonhole bootstrap, Holm and the verdict
+"""Protocol C's full factorial (benchmarks/studies/method_study_c_full.py): the pigeonhole bootstrap, Holm, the verdict
 rules against hand computations, the edge rule, and a --tiny study end to end (provenance in every row,
 resumption reruns nothing, an interrupted study draws what an uninterrupted one draws, the re-tune path, the
 report's numbers recomputed from the gzip CSV)."""
@@ -14,9 +14,9 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import method_study_c as msc
-from benchmarks import method_study_c_full as full
 from benchmarks.provenance import FIELDS
+from benchmarks.studies import method_study_c as msc
+from benchmarks.studies import method_study_c_full as full
 
 
 def test_pigeonhole_bootstrap_recovers_a_known_mean_difference():

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import method_study_c as msc
 from benchmarks.common import RESULTS_DIR
+from benchmarks.studies import method_study_c as msc
 
 REPORT_JSON = RESULTS_DIR / "method_study_c_slice.json"
 REPORT_MD = RESULTS_DIR / "method_study_c_slice.md"

@@ -1,4 +1,4 @@
-"""Protocols B and A in compact form (benchmarks/study_compact.py, issue #31 item 5): every run record reads back
+"""Protocols B and A in compact form (benchmarks/studies/study_compact.py, issue #31 item 5): each run record reads back
 bit for bit, and the study's own report code, run on a raw folder rebuilt from the compact form alone, gives the
 published verdicts, claims' paired differences, check results, method tables and tuning choices exactly
 (benchmarks/results/method_study_v2.json and method_study_v2a.json); the per-seed bootstrap half-widths from the
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import benchmarks.method_study_v2 as v2
+import benchmarks.studies.method_study_v2 as v2
 from benchmarks.common import RESULTS_DIR, ROOT
-from benchmarks.study_compact import compact_dir, convert, materialize, records
+from benchmarks.studies.study_compact import compact_dir, convert, materialize, records
 
 STUDIES = {"v2": "method_study_v2.yaml", "v2a": "method_study_v2a.yaml"}
 
@@ -62,7 +62,7 @@ def _same(a, b):
 @pytest.mark.parametrize("name", list(STUDIES))
 def test_published_verdicts_recomputed_from_the_compact_form(name, tmp_path, monkeypatch):
     raw = _rebuilt(name, tmp_path)
-    spec = v2.load_spec(ROOT / "benchmarks" / "protocols" / STUDIES[name])
+    spec = v2.load_spec(ROOT / "benchmarks" / "studies" / "protocols" / STUDIES[name])
     pub = _published(name)
     monkeypatch.setattr(v2, "per_seed_bootstrap", lambda *a, **k: [])  # the half-widths: next test, on a sample
     _, rec = v2.build_report(spec, raw, pub["command"])
@@ -83,7 +83,7 @@ def test_published_verdicts_recomputed_from_the_compact_form(name, tmp_path, mon
 
 def test_bootstrap_half_widths_from_the_compact_arrays(tmp_path):
     raw = _rebuilt("v2", tmp_path)
-    spec = v2.load_spec(ROOT / "benchmarks" / "protocols" / STUDIES["v2"])
+    spec = v2.load_spec(ROOT / "benchmarks" / "studies" / "protocols" / STUDIES["v2"])
     pub = _published("v2")
     row = pub["claims"]["a_equal"][0]  # overconf: one-go temperature vs TS on the holdout, 24 seeds
     claim = spec["claims"]["a_equal"]

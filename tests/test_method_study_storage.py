@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.method_study import per_seed_bootstrap, top_label_arrays
-from benchmarks.method_study_v2 import eval_path
+from benchmarks.studies.method_study import per_seed_bootstrap, top_label_arrays
+from benchmarks.studies.method_study_v2 import eval_path
 
 
 def _probs(rng: np.random.Generator, n: int, k: int) -> np.ndarray:

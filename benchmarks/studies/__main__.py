@@ -19,15 +19,15 @@ from collections.abc import Sequence
 # name -> (module, what it studies); the name is the module's own, so both command forms read alike
 STUDIES: dict[str, tuple[str, str]] = {
     "method_study_c": (
-        "benchmarks.method_study_c",
+        "benchmarks.studies.method_study_c",
         "protocol C (issue #31): `slice` (TS stacked on protocol A's backbones), `full` (the factorial, resumable)",
     ),
     "method_study_c_power": ("benchmarks.studies.method_study_c_power", "protocol C's power table, from A's spread"),
     "method_study_v2": (
-        "benchmarks.method_study_v2",
+        "benchmarks.studies.method_study_v2",
         "protocols B and A (issue #21): one-go vs TS where calibration matters (--protocol picks A)",
     ),
-    "method_study": ("benchmarks.method_study", "the v1 study (issue #11), well-calibrated regimes: a control"),
+    "method_study": ("benchmarks.studies.method_study", "the v1 study (issue #11), well-calibrated regimes: a control"),
     "reproducibility": ("benchmarks.studies.reproducibility", "how far one seed's result moves (threads, machines)"),
     "reproduce": (
         "benchmarks.studies.reproduce",
@@ -39,7 +39,10 @@ STUDIES: dict[str, tuple[str, str]] = {
         "champion rules judged on test; `--heldout`, `--v3`: the pre-registered follow-ups",
     ),
     "bench_search": ("benchmarks.studies.bench_search", "TPE vs random vs grid on a tabulated objective"),
-    "study_compact": ("benchmarks.study_compact", "a study's raw folder to its compact form (a tool of the above)"),
+    "study_compact": (
+        "benchmarks.studies.study_compact",
+        "a study's raw folder to its compact form (a tool of the above)",
+    ),
 }
 
 

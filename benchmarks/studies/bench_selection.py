@@ -30,7 +30,7 @@ import numpy as np
 from benchmarks.common import RESULTS_DIR, ROOT, command_line, write_json, write_text
 
 DATASETS = {"mnist1d": "mnist1d_demo.yaml", "digits": "digits_demo.yaml"}
-# Held-out regimes (benchmarks/protocols/selection_heldout.md): a demo config plus overrides.
+# Held-out regimes (benchmarks/studies/protocols/selection_heldout.md): a demo config plus overrides.
 REGIMES: dict[str, tuple[str, list[str]]] = {
     "mnist1d": ("mnist1d_demo.yaml", []),
     "digits": ("digits_demo.yaml", []),
@@ -64,7 +64,7 @@ REGIMES: dict[str, tuple[str, list[str]]] = {
     ),
 }
 RULES = {
-    # the default's settings written out, frozen by benchmarks/protocols/selection_heldout.md
+    # the default's settings written out, frozen by benchmarks/studies/protocols/selection_heldout.md
     "noise_aware (default: Bonferroni, half-ECE dominance)": {
         "rule": "noise_aware",
         "metric": "val_ece",
@@ -354,7 +354,7 @@ def heldout_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     L = [
         "# The selection rule judged out of sample (benchmarks/studies/bench_selection.py --heldout)",
         "",
-        "Protocol: `benchmarks/protocols/selection_heldout.md` (committed before these sweeps ran; the rule's settings "
+        "Protocol: `benchmarks/studies/protocols/selection_heldout.md` (committed before these sweeps ran; the rule's settings "
         "were frozen there). The default rule's settings were designed on the 40 sweeps of `selection.md` "
         "(seeds 0-19, mnist1d and digits demos); every sweep here is new (seeds "
         f"{meta['first_seed']}-{meta['first_seed'] + meta['seeds'] - 1}), and two regimes were never used in its design.",
@@ -426,7 +426,7 @@ def heldout_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
 
 def heldout_criteria(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per rule: the regimes where it helps / hurts against the old rule, its mean accuracy gaps, whether it meets
-    the decision rule of benchmarks/protocols/selection_heldout.md."""
+    the decision rule of benchmarks/studies/protocols/selection_heldout.md."""
     out: dict[str, dict[str, Any]] = {}
     for name in next(iter(summary.values()))["rules"]:
         helps, hurts, gaps = [], [], {}
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--heldout",
         action="store_true",
-        help="the held-out evaluation of benchmarks/protocols/selection_heldout.md: 12 new sweeps (seeds 2000-2011) "
+        help="the held-out evaluation of benchmarks/studies/protocols/selection_heldout.md: 12 new sweeps (seeds 2000-2011) "
         "per regime, all regimes, written to selection_heldout.md/json",
     )
     p.add_argument(
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--v3",
         action="store_true",
-        help="benchmarks/protocols/selection_v3.md: the margin rule with reference arms and TS on top, seeds "
+        help="benchmarks/studies/protocols/selection_v3.md: the margin rule with reference arms and TS on top, seeds "
         "2200-2211, five regimes, written to selection_v3.md/json",
     )
     p.add_argument("--regimes", default=None, help="--v3: a comma-separated subset of the regimes (resumable)")

@@ -1,6 +1,6 @@
 """Protocol C's power calculation, from protocol A's measured spread (issue #31).
 
-    python -m benchmarks.studies.method_study_c_power   # prints the table quoted in benchmarks/protocols/method_study_c.md
+    python -m benchmarks.studies.method_study_c_power   # prints the table quoted in benchmarks/studies/protocols/method_study_c.md
 
 Reads only `benchmarks/results/method_study_v2a.json` (A's per-seed test metrics). For each primary
 contrast of protocol C it takes the standard deviation over A's 24 evaluation seeds of the paired

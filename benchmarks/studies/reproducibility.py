@@ -3,7 +3,7 @@
     python -m benchmarks.studies.reproducibility           # 3 seeds x 3 methods of the v2 `overconf` regime
     python -m benchmarks.studies.reproducibility --quick   # 1 seed, 2 epochs
 
-For each (method, seed) of benchmarks/protocols/method_study_v2.yaml's `overconf` regime (protocol B, so
+For each (method, seed) of benchmarks/studies/protocols/method_study_v2.yaml's `overconf` regime (protocol B, so
 the one-go calibrator lr is the tuned one when benchmarks/results/method_study_v2/ has it), the run is
 trained, in fresh processes:
 - twice with 1 torch thread and deterministic algorithms (what the study does): bit-identical?
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR, command_line, host_line, utc_now, write_json, write_text
-from benchmarks.method_study_v2 import chosen_params, eval_path, execute, load_spec, run_config
-from benchmarks.study_compact import raw_or_compact
+from benchmarks.studies.method_study_v2 import chosen_params, eval_path, execute, load_spec, run_config
+from benchmarks.studies.study_compact import raw_or_compact
 
 # the protocol-B runs this script re-runs (their compact form, rebuilt, once the raw folder has left the tree)
 RAW = raw_or_compact(RESULTS_DIR / "method_study_v2")

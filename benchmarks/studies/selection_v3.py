@@ -1,4 +1,4 @@
-"""Selection v3 (benchmarks/protocols/selection_v3.md, pre-registered): the margin rule over every trial and every
+"""Selection v3 (benchmarks/studies/protocols/selection_v3.md, pre-registered): the margin rule over every trial and every
 trial + TS, with the CE-early-stopping reference arm, judged on new seeds against the previous default.
 
     python -m benchmarks.studies.bench_selection --v3                    # 12 sweeps x 5 regimes (seeds 2200-2211)
@@ -269,7 +269,7 @@ def markdown(summary: dict[str, Any], verdict: dict[str, Any], meta: dict[str, A
     L = [
         "# Selection v3: the margin rule with reference arms and TS on top (benchmarks/studies/bench_selection.py --v3)",
         "",
-        "Protocol: `benchmarks/protocols/selection_v3.md`, committed before any of these sweeps ran. "
+        "Protocol: `benchmarks/studies/protocols/selection_v3.md`, committed before any of these sweeps ran. "
         f"Seeds {meta['seeds'][0]}-{meta['seeds'][-1]} (new); command `{meta['command']}`; generated {meta['date']} "
         f"in {meta['seconds']:.0f} s (trial training {meta['train_seconds']:.0f} s).",
         "",

@@ -1,9 +1,9 @@
 """A fair method study, run by the sweep service itself (issue #11).
 
-    python benchmarks/method_study.py                 # the CPU study (budget in the config's header / the report)
-    python benchmarks/method_study.py --quick         # smoke run of the whole pipeline in a temp dir (~5-10 min)
-    python benchmarks/method_study.py --report-only   # rebuild the report from the cache
-    python benchmarks/method_study.py --config benchmarks/method_study_configs/cifar10_resnet18.yaml   # GPU
+    python -m benchmarks.studies.method_study                 # the CPU study (budget in the config's header / the report)
+    python -m benchmarks.studies.method_study --quick         # smoke run of the whole pipeline in a temp dir (~5-10 min)
+    python -m benchmarks.studies.method_study --report-only   # rebuild the report from the cache
+    python -m benchmarks.studies.method_study --config benchmarks/studies/method_study_configs/cifar10_resnet18.yaml   # GPU
 
 Two phases per regime (dataset and training budget) and method:
 
@@ -62,7 +62,7 @@ from benchmarks.common import (
     write_json,
 )
 
-CONFIG_DIR = ROOT / "benchmarks" / "method_study_configs"
+CONFIG_DIR = ROOT / "benchmarks" / "studies" / "method_study_configs"
 DEFAULT_CONFIG = CONFIG_DIR / "cpu.yaml"
 DEFAULT_CACHE = ROOT / "benchmarks" / ".cache" / "method_study"
 DEFAULT_OUT = RESULTS_DIR
@@ -343,7 +343,8 @@ def _champion(cfg: dict[str, Any]) -> dict[str, Any]:
     import pandas as pd
     from mlflow import MlflowClient
 
-    from sweeps.integrations.mlflow.tracking import TAG_ROLE, TAG_SWEEP, find_run
+    from sweeps.contract import TAG_ROLE, TAG_SWEEP
+    from sweeps.integrations.mlflow.store import find_run
 
     client = MlflowClient(cfg["tracking"]["uri"])
     exp = client.get_experiment_by_name(cfg["tracking"]["experiment"])
@@ -688,7 +689,7 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
     if quick:
         L += ["**QUICK SMOKE RUN: tiny data, 3 epochs, 2 tuning trials, 3 seeds; the numbers mean nothing.**", ""]
     cfg_rel = os.path.relpath(spec["_path"], ROOT)
-    one = "python benchmarks/method_study.py" + (
+    one = "python -m benchmarks.studies.method_study" + (
         "" if Path(spec["_path"]).resolve() == DEFAULT_CONFIG.resolve() else f" --config {cfg_rel}"
     )
     L += [
@@ -1061,7 +1062,7 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
         f"equivalence margin of {100 * margin:g} pt, so equivalence can only be shown through the average over seeds, "
         "and only where the test split is large.",
         "- Selection is by validation NLL for every method; a study selecting by validation ECE could rank the methods differently.",
-        "- The GPU configs (benchmarks/method_study_configs/cifar10_resnet18.yaml, cifar100_wrn28_10.yaml) were not run here.",
+        "- The GPU configs (benchmarks/studies/method_study_configs/cifar10_resnet18.yaml, cifar100_wrn28_10.yaml) were not run here.",
         "",
     ]
 

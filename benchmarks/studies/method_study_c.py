@@ -1,15 +1,15 @@
 """Method study, protocol C (issue #31): the cheap slice, TS stacked on protocol A's chosen backbones.
 
-    python benchmarks/method_study_c.py slice                      # run what is missing (resumable), then report
-    python benchmarks/method_study_c.py slice --regimes overconf   # one regime
-    python benchmarks/method_study_c.py slice --report-only        # rebuild the report from the compact files
-    python benchmarks/method_study_c.py full --regimes overconf [--workers 2]   # the full factorial (resumable)
-    python benchmarks/method_study_c.py full --report-only                      # its report
+    python -m benchmarks.studies.method_study_c slice                      # run what is missing (resumable), then report
+    python -m benchmarks.studies.method_study_c slice --regimes overconf   # one regime
+    python -m benchmarks.studies.method_study_c slice --report-only        # rebuild the report from the compact files
+    python -m benchmarks.studies.method_study_c full --regimes overconf [--workers 2]   # the full factorial (resumable)
+    python -m benchmarks.studies.method_study_c full --report-only                      # its report
 
-The full factorial (tuning replicated per cell, pigeonhole bootstrap) is `benchmarks/method_study_c_full.py`,
+The full factorial (tuning replicated per cell, pigeonhole bootstrap) is `benchmarks/studies/method_study_c_full.py`,
 built on this module's run, storage and verdict functions.
 
-The protocol is `benchmarks/protocols/method_study_c.md` (committed before any run); the numbers are in
+The protocol is `benchmarks/studies/protocols/method_study_c.md` (committed before any run); the numbers are in
 `method_study_c.yaml`. Each run retrains one of protocol A's chosen configurations (A's harness builds the
 run config: `method_study_v2.run_config` with A's `chosen.json` parameters) on one of A's evaluation seeds,
 then fits one temperature per task on all validation rows (`calib_core.calibrators.fit_posthoc` via the
@@ -39,14 +39,14 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, ROOT, command_line, utc_now, write_json, write_text
-from benchmarks.method_study_v2 import _secondary, chosen_params, run_config, task_secondary
-from benchmarks.method_study_v2 import load_spec as load_spec_v2
+from benchmarks.common import PROTOCOLS, RESULTS_DIR, ROOT, command_line, protocol_path, utc_now, write_json, write_text
 from benchmarks.provenance import FIELDS as PROVENANCE_FIELDS
 from benchmarks.provenance import check_same_commit, provenance
-from benchmarks.study_compact import raw_or_compact
+from benchmarks.studies.method_study_v2 import _secondary, chosen_params, run_config, task_secondary
+from benchmarks.studies.method_study_v2 import load_spec as load_spec_v2
+from benchmarks.studies.study_compact import raw_or_compact
 
-SPEC = ROOT / "benchmarks" / "protocols" / "method_study_c.yaml"
+SPEC = PROTOCOLS / "method_study_c.yaml"
 OUT = RESULTS_DIR / "method_study_c"
 METRICS = (
     "accuracy",
@@ -314,7 +314,7 @@ def slice_jobs(
     """Seed-major (a seed's data is generated once per process): A's chosen configuration of each slice method
     (`seeds`/`threads` override the slice's seeds and A's one thread: the thread-count check)."""
     sl = spec["slice"]
-    spec_a = load_spec_v2(ROOT / sl["source_protocol"])
+    spec_a = load_spec_v2(protocol_path(sl["source_protocol"]))
     raw_a = raw_or_compact(ROOT / sl["source_raw"])  # A's raw folder left the tree: rebuilt from its compact form
     seeds = list(seeds) if seeds is not None else (sl["seeds"][:2] if tiny else sl["seeds"])
     jobs = []
@@ -718,7 +718,7 @@ def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = Tr
     L = [
         "# Method study, protocol C: the cheap slice (TS stacked on protocol A's chosen backbones)",
         "",
-        "Protocol (committed before any run): `benchmarks/protocols/method_study_c.md` / `.yaml`, section "
+        "Protocol (committed before any run): `benchmarks/studies/protocols/method_study_c.md` / `.yaml`, section "
         f'"The cheap slice". Command: `{command}`. Compact results: `{os.path.relpath(out, ROOT)}/` '
         f"(`slice_runs.csv.gz`, `slice_rows_<regime>.npz`); this report is generated from them alone "
         "(and protocol A's stored rows for the comparison). "
@@ -939,7 +939,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_dir is None:
         args.report_dir = str(out if args.tiny else RESULTS_DIR)
     if args.stage == "full":
-        from benchmarks.method_study_c_full import main_full
+        from benchmarks.studies.method_study_c_full import main_full
 
         return main_full(args, spec, command_line(__file__, argv))
     regimes = args.regimes.split(",") if args.regimes else list(spec["regimes"])

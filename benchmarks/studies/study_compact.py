@@ -1,6 +1,6 @@
 """Compact form of a method study's raw folder (issue #31 item 5): one per-run table + compact row arrays.
 
-    python benchmarks/study_compact.py benchmarks/results/method_study_v2a OUT_DIR   # convert
+    python -m benchmarks.studies.study_compact benchmarks/results/method_study_v2a OUT_DIR   # convert
 
 A raw folder (`benchmarks/results/method_study_<name>/<regime>/<stage>/<method>/<file>`) holds one JSON per
 run, the tuning's `chosen.json` per method, `trialNN.json` (a trial's parameters, stored before it ran: a

@@ -1,11 +1,11 @@
 """Method study v2: calibration methods where calibration matters (issue #21, protocol B).
 
-    python benchmarks/method_study_v2.py                    # check, tune, evaluate, report (resumable)
-    python benchmarks/method_study_v2.py --regimes overconf # one regime
-    python benchmarks/method_study_v2.py --report-only      # rebuild the report from the raw files
+    python -m benchmarks.studies.method_study_v2                    # check, tune, evaluate, report (resumable)
+    python -m benchmarks.studies.method_study_v2 --regimes overconf # one regime
+    python -m benchmarks.studies.method_study_v2 --report-only      # rebuild the report from the raw files
 
-The protocol is `benchmarks/protocols/method_study_v2.md` (committed before any result); the
-numbers it fixes are in `benchmarks/protocols/method_study_v2.yaml`, the only input here.
+The protocol is `benchmarks/studies/protocols/method_study_v2.md` (committed before any result); the
+numbers it fixes are in `benchmarks/studies/protocols/method_study_v2.yaml`, the only input here.
 
 Three stages, each run by `--workers` processes side by side (one torch thread each, deterministic
 algorithms on):
@@ -21,7 +21,7 @@ Every run is one JSON file under benchmarks/results/method_study_<name>/<regime>
 each row's top-label confidence and correctness, all the per-seed ECE bootstrap reads); finished files are never rerun, so the
 same command resumes the study, across sessions too (the raw files are committed). The report
 (`benchmarks/results/method_study_v2.md` and `.json`) is rebuilt from those files alone, with the
-verdict rules of the protocol (`benchmarks/method_study.py`: `matches_verdict`, `overall_verdict`).
+verdict rules of the protocol (`benchmarks/studies/method_study.py`: `matches_verdict`, `overall_verdict`).
 """
 
 from __future__ import annotations
@@ -40,11 +40,17 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_line, utc_now, write_json, write_text
-from benchmarks.method_study import matches_verdict, overall_verdict, paired_ci, per_seed_bootstrap, top_label_arrays
-from benchmarks.study_compact import compact_dir, raw_or_compact
+from benchmarks.common import PROTOCOLS, RESULTS_DIR, ROOT, command_line, host_line, utc_now, write_json, write_text
+from benchmarks.studies.method_study import (
+    matches_verdict,
+    overall_verdict,
+    paired_ci,
+    per_seed_bootstrap,
+    top_label_arrays,
+)
+from benchmarks.studies.study_compact import compact_dir, raw_or_compact
 
-PROTOCOL = ROOT / "benchmarks" / "protocols" / "method_study_v2.yaml"
+PROTOCOL = PROTOCOLS / "method_study_v2.yaml"
 CHECK_METHODS = ("ce", "ts_val")
 
 

@@ -1,10 +1,10 @@
-"""Method study, protocol C (issue #31): the full factorial, run by `python benchmarks/method_study_c.py full`.
+"""Method study, protocol C (issue #31): the full factorial, run by `python -m benchmarks.studies.method_study_c full`.
 
-    python benchmarks/method_study_c.py full --regimes overconf --workers 2   # tune + evaluate what is missing
-    python benchmarks/method_study_c.py full --report-only                     # the report from the compact files
-    python benchmarks/method_study_c.py full --regimes overconf --retune onego_ts/none   # the edge rule's re-tune
+    python -m benchmarks.studies.method_study_c full --regimes overconf --workers 2   # tune + evaluate what is missing
+    python -m benchmarks.studies.method_study_c full --report-only                     # the report from the compact files
+    python -m benchmarks.studies.method_study_c full --regimes overconf --retune onego_ts/none   # the edge rule's re-tune
 
-Protocol: `benchmarks/protocols/method_study_c.md` / `.yaml` (4 objectives x 2 posts per regime; R = 3 tuning
+Protocol: `benchmarks/studies/protocols/method_study_c.md` / `.yaml` (4 objectives x 2 posts per regime; R = 3 tuning
 replicates of 32 TPE trials each; evaluation of each replicate's chosen configuration on seeds 301-324). Built by
 composition: a run is the slice's `stacked_run` (train, then TS on all validation rows with 5-fold cross-fitted
 validation NLL), its configuration protocol A's `run_config`, the search protocol A's `tpe_search` (seeded
@@ -45,11 +45,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import method_study_c as msc
 from benchmarks.common import ROOT, utc_now
-from benchmarks.method_study_v2 import run_config, tpe_search
 from benchmarks.provenance import FIELDS as PROVENANCE_FIELDS
 from benchmarks.provenance import check_same_commit, provenance
+from benchmarks.studies import method_study_c as msc
+from benchmarks.studies.method_study_v2 import run_config, tpe_search
 
 STUDY = "full"
 KEY = ("regime", "stage", "objective", "cell_post", "round", "replicate", "trial", "seed", "post")
@@ -850,7 +850,7 @@ def build_full_report(
             "",
         ]
     L += [
-        "Protocol (committed before any run): `benchmarks/protocols/method_study_c.md` / `.yaml`. "
+        "Protocol (committed before any run): `benchmarks/studies/protocols/method_study_c.md` / `.yaml`. "
         f"Command: `{command}`, generated {rec['generated']}. Compact results: `{os.path.relpath(out, ROOT)}/` (`{STUDY}_runs.csv.gz`, "
         f"`{STUDY}_rows_<regime>.npz`); this report is generated from them alone. Runs made at commit(s) "
         f"{', '.join(c[:10] + c[40:] for c in pv['commits']) or 'n/a'}; {'; '.join(pv['cpus']) or 'n/a'}; "
@@ -995,7 +995,7 @@ def build_full_report(
             "**Edge hits**: under the protocol these cells are re-tuned (a deviation, to be listed before its result "
             "is used): "
             + "; ".join(
-                f"`python benchmarks/method_study_c.py full --regimes {r} --retune {','.join(sorted(set(cs)))}`"
+                f"`python -m benchmarks.studies.method_study_c full --regimes {r} --retune {','.join(sorted(set(cs)))}`"
                 for r, cs in todo.items()
             )
             + ".",
@@ -1064,7 +1064,7 @@ def build_full_report(
 
 
 def main_full(args: Any, spec: dict, command: str) -> int:
-    """The `full` subcommand of benchmarks/method_study_c.py."""
+    """The `full` subcommand of benchmarks/studies/method_study_c.py."""
     from benchmarks.common import write_json, write_text
 
     out = Path(args.out).resolve()
