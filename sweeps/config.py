@@ -12,7 +12,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 from calib_core.config import ConfigError, RunConfig, _Strict, apply_overrides, build_model, read_yaml
 from calib_core.registry import CALIBRATORS
 
-# The metric names live in sweeps.contract (what trials report); re-exported for the benchmarks.
+# The metric names live in sweeps.contract (what trials report); the config validates against them.
 from sweeps.contract import (  # noqa: F401
     DEBIASED_METRICS,
     FINAL_ONLY_METRICS,
@@ -284,7 +284,7 @@ class SelectionConfig(_Strict):
     # `max_accuracy_loss` points (one-sided paired bootstrap lower bound at `confidence`), the best `metric`;
     # ties broken by val NLL. noise_aware: the same with "not significantly less accurate" instead of a margin.
     rule: Literal["margin", "noise_aware", "pareto_min_ece_near_best_accuracy", "min_metric"] = "margin"
-    # 2 pt: chosen by benchmarks/protocols/selection_v3.md's pre-registered rule among 0.5, 1 and 2 pt
+    # 2 pt: chosen by benchmarks/studies/protocols/selection_v3.md's pre-registered rule among 0.5, 1 and 2 pt
     # (benchmarks/results/selection_v3.md; a 1 pt default was provisional before it ran).
     max_accuracy_loss: float = Field(
         default=2.0,

@@ -16,7 +16,7 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY, ... re-exported for the benchmarks)
+from sweeps.contract import (
     GIT_COMMIT_TAG,
     NOTE_TAG,
     PARENT_TAG,
@@ -40,7 +40,7 @@ from sweeps.contract import (  # noqa: F401  (TAG_SWEEP, TAG_ROLE, STOPPED_EARLY
     is_finite_number,
     is_number,
 )
-from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, find_run  # noqa: F401  (find_run: benchmarks/method_study.py)
+from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore
 from sweeps.report.summary import run_link
 from sweeps.run_notes import note_run
 from sweeps.trial_params import describe_params
