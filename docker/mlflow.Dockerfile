@@ -10,7 +10,12 @@
 #
 # Versions come from constraints.txt (the one place they are chosen) through the hash lock
 # docker/locks/mlflow-image.txt; tests/test_deploy_consistency.py checks the two agree.
-FROM python:3.11.13-slim-bookworm
+# Base: the Python Official Image, slim Debian bookworm, pinned by its multi-platform index digest (the
+# same image as docker/Dockerfile). Record: docker-library/repo-info,
+# repos/python/remote/3.11.15-slim-bookworm.md at commit 3effc3eac4f65a99767fd721667a1bf157496ba4
+# (python:3.11.15-slim-bookworm, index sha256:d29f48a31a8b408ed19272ca1e7b10ebae13b240a27e862d3d4217c528e2e0c3;
+# linux/amd64 built Wed, 05 Aug 2026, layers last modified 2026-08-05 01:14 GMT).
+FROM python:3.11.15-slim-bookworm@sha256:d29f48a31a8b408ed19272ca1e7b10ebae13b240a27e862d3d4217c528e2e0c3
 
 LABEL org.opencontainers.image.title="calib-sweeps-mlflow" \
       org.opencontainers.image.description="MLflow tracking server (PostgreSQL, S3 artifacts, basic auth)"

@@ -5,6 +5,8 @@ with --pull=never, and the demo sweep runs inside the project image as the manif
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests import deploy_render as dr
@@ -22,29 +24,47 @@ def _sh(image: str, script: str, user: str | None = None) -> str:
 
 
 def test_everything_builds_and_is_measured(built_images):
-    for name in ("base", "ray-base", "python-base", "postgres", "s3", "ray", "mlflow"):
+    for name in ("base", "python-base", "postgres", "s3", "ray", "mlflow"):
         assert built_images[name]["bytes"] > 0, name
     assert built_images["ray"]["image"] == images.RAY_IMAGE
 
 
-def test_ray_stand_in_keeps_the_official_contract(built_images):
+def test_the_builds_strip_only_the_base_digest():
+    """The test builds use a copy of each Dockerfile whose FROM names the stand-in's tag (images.py);
+    the FROM line is the only difference."""
+    for name in ("Dockerfile", "mlflow.Dockerfile"):
+        text = (images.REPO / "docker" / name).read_text()
+        stripped = images.without_digest(text)
+        base = images.from_image(images.REPO / "docker" / name)
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", base), base
+        changed = [(a, b) for a, b in zip(text.splitlines(), stripped.splitlines(), strict=True) if a != b]
+        assert len(changed) == 1 and changed[0][1] == changed[0][0].split("@", 1)[0], changed
+
+
+def test_ray_image_keeps_what_kuberay_and_the_manifests_relied_on_from_rayproject_ray(built_images):
+    """No rayproject/ray base any more: the image itself keeps that image's contract where the manifests and
+    KubeRay use it (user ray 1000:100, HOME /home/ray, bash, python and ray on PATH, Ray's dashboard deps for
+    the head's job API and the agents' health endpoint); the installed packages are root's, read-only to it."""
     out = _sh(
-        built_images["ray-base"]["image"],
-        "id -u; id -g; id -un; echo $HOME; pwd; command -v python; command -v ray; "
-        "python -c 'import ray, sys; print(ray.__version__, sys.version_info[:2] == (3, 11))'; "
-        "test -x /bin/bash && echo bash; sudo -n true && echo sudo",
+        images.RAY_IMAGE,
+        "id -u; id -g; id -un; echo $HOME; command -v python; command -v ray; test -x /bin/bash && echo bash; "
+        "python -c 'import ray, sys, ray.dashboard.optional_deps; "
+        "print(ray.__version__, sys.version_info[:2] == (3, 11))'; "
+        "python -c 'import os, torch; print(os.access(os.path.dirname(torch.__file__), os.W_OK))'; "
+        "stat -c %u:%g /home/ray /home/ray/app",
     )
     assert out.split("\n") == [
         "1000",
         "100",
         "ray",
         "/home/ray",
-        "/home/ray",
-        "/home/ray/anaconda3/bin/python",
-        "/home/ray/anaconda3/bin/ray",
-        "2.60.0 True",
+        "/usr/local/bin/python",
+        "/usr/local/bin/ray",
         "bash",
-        "sudo",
+        "2.60.0 True",
+        "False",
+        "1000:100",
+        "1000:100",
     ]
 
 

@@ -164,7 +164,7 @@ def test_an_older_database_is_backed_up_migrated_before_any_server_and_restorabl
     )
     proc = images.run_in_network(
         stack.cluster.network,
-        images.qualify("python:3.11.13-slim-bookworm"),
+        images.python_base(),
         script,
         env={"DSN": f"postgresql://mlflow:{password}@postgres:5432/mlflow_old"},
     )

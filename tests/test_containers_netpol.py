@@ -55,7 +55,7 @@ def test_network_policies_enforced_on_a_bridge_allow_exactly_what_they_say(built
     by_name = {e.name: e for e in eps}
     tag = uuid.uuid4().hex[:8]
     network, table = f"calib-test-netpol-{tag}", f"calib_netpol_{tag}"
-    image = images.qualify("python:3.11.13-slim-bookworm")
+    image = images.python_base()
     podman("network", "create", network)
     names = []
     try:

@@ -21,9 +21,10 @@ DOCKERFILE = REPO / "docker" / "Dockerfile"
 MLFLOW_DOCKERFILE = REPO / "docker" / "mlflow.Dockerfile"
 OVERLAYS = dr.overlay_dirs()
 OVERLAY_IDS = [p.name for p in OVERLAYS]
-# The CPU flavour of the official Ray image: torch's PyPI wheels bring their own CUDA runtime, so a
-# CUDA base would only add an unused second CUDA (several GB).
-RAY_IMAGE = re.compile(r"^rayproject/ray:(?P<ray>\d+\.\d+\.\d+)-py(?P<py>3\d+)-cpu$")
+# Both images start from the slim Python Official Image, pinned by its index digest (Ray and torch come
+# from the hash lock; torch's PyPI wheels bring their own CUDA runtime, so a CUDA base would only add an
+# unused second CUDA, several GB).
+PYTHON_BASE = re.compile(r"^python:(?P<tag>(?P<py>3\.\d+)\.\d+-slim-bookworm)@sha256:(?P<digest>[0-9a-f]{64})$")
 
 
 def constraint_pins() -> dict[str, str]:
@@ -37,6 +38,7 @@ def constraint_pins() -> dict[str, str]:
 
 
 RAY_LOCK = REPO / "docker" / "locks" / "ray-image.txt"
+RAY_TORCH_LOCK = REPO / "docker" / "locks" / "ray-image-torch.txt"
 MLFLOW_LOCK = REPO / "docker" / "locks" / "mlflow-image.txt"
 
 
@@ -86,11 +88,9 @@ def _from_image(path: Path) -> str:
 
 def test_ray_version_is_the_same_in_constraints_dockerfile_and_manifests():
     ray = constraint_pins()["ray"]
-    m = RAY_IMAGE.match(_from_image(DOCKERFILE))
-    assert m, f"base image must be rayproject/ray:<ray>-py<xy>-cpu, got {_from_image(DOCKERFILE)}"
-    assert m["ray"] == ray
-    # Every Ray version the Dockerfile names (the tag, the build-time checks) is the same one.
-    named = re.findall(r"(?:rayproject/ray:|ray==|ray\.__version__ == '|Ray \()(\d+\.\d+\.\d+)", DOCKERFILE.read_text())
+    assert "rayproject/ray" not in _from_image(DOCKERFILE), "Ray comes from the hash lock, not from a Ray base image"
+    # Every Ray version the Dockerfile names (the comment, the build-time checks) is the same one.
+    named = re.findall(r"(?:ray==|ray\.__version__ == '|Ray )(\d+\.\d+\.\d+)", DOCKERFILE.read_text())
     assert len(named) >= 4 and set(named) == {ray}, named
     pyproject = (REPO / "pyproject.toml").read_text()
     assert f'"ray[tune]=={ray}"' in pyproject
@@ -104,13 +104,30 @@ def test_ray_version_is_the_same_in_constraints_dockerfile_and_manifests():
 
 
 def test_base_image_python_matches_the_project():
-    m = RAY_IMAGE.match(_from_image(DOCKERFILE))
-    image_py = (int(m["py"][0]), int(m["py"][1:]))
+    m = PYTHON_BASE.match(_from_image(DOCKERFILE))
+    assert m, f"base image must be python:3.x.y-slim-bookworm@sha256:<digest>, got {_from_image(DOCKERFILE)}"
+    image_py = tuple(int(x) for x in m["py"].split("."))
     requires = re.search(r'requires-python\s*=\s*">=(\d+)\.(\d+)"', (REPO / "pyproject.toml").read_text())
     assert image_py >= (int(requires[1]), int(requires[2]))
     assert image_py == (3, 11), "the project is developed and locked on Python 3.11"
-    mlflow_base = _from_image(MLFLOW_DOCKERFILE)
-    assert re.match(r"^python:3\.11\.\d+-slim-\w+$", mlflow_base), mlflow_base
+    # the MLflow image starts from the same one
+    assert _from_image(MLFLOW_DOCKERFILE) == _from_image(DOCKERFILE)
+
+
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, MLFLOW_DOCKERFILE], ids=lambda p: p.name)
+def test_base_image_digest_cites_its_public_record(dockerfile):
+    """The digest comes from docker-library/repo-info's record of the tag (repos/python/remote/<tag>.md at a
+    commit), cited in a comment with the image's date, so a reviewer can check it without a registry."""
+    m = PYTHON_BASE.match(_from_image(dockerfile))
+    assert m, _from_image(dockerfile)
+    comments = re.sub(
+        r"\s*\n#\s*", " ", "\n".join(ln for ln in dockerfile.read_text().splitlines() if ln.startswith("#"))
+    )
+    assert "docker-library/repo-info" in comments
+    assert f"repos/python/remote/{m['tag']}.md at commit " in comments
+    assert re.search(rf"repos/python/remote/{re.escape(m['tag'])}\.md at commit [0-9a-f]{{40}}\b", comments)
+    assert f"sha256:{m['digest']}" in comments  # the record's index digest, as pinned
+    assert re.search(r"built \w{3}, \d{2} \w{3} \d{4}", comments), "the record's build date"
 
 
 def test_mlflow_version_in_image_equals_constraints():
@@ -142,7 +159,7 @@ def test_images_are_pinned_and_ray_pods_share_one_image():
         }
         assert len(ray_images) == 1, ray_images
         # the submitter and the autoscaler run our Ray image too, pinned by the same digest (the cluster's Ray
-        # version by construction; rayproject/ray is no Official Image and cannot be pinned from here)
+        # version by construction)
         slim = {images[k] for k in images if k.endswith("/submitter/ray-job-submitter")}
         for r in dr.render(overlay):
             if r["kind"] in ("RayJob", "RayCluster"):
@@ -181,12 +198,13 @@ def test_hadolint_passes(dockerfile):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_ray_image_installs_the_locked_dependencies_then_the_project_without_touching_ray():
+def test_ray_image_installs_torch_then_the_locked_dependencies_then_the_project():
     instructions = dockerfile_instructions(DOCKERFILE)
     runs = " ".join(a for op, a in instructions if op == "RUN")
     installs = re.findall(r"pip install ([^&]*)", runs)
     assert installs == [
-        "--no-cache-dir --require-hashes --no-deps -r ray-image.lock ",
+        "--no-cache-dir --require-hashes --no-deps -r /tmp/locks/ray-image-torch.lock ",
+        "--no-cache-dir --require-hashes --no-deps -r /tmp/locks/ray-image.lock ",
         "--no-cache-dir --no-deps --no-build-isolation . ",
     ], installs
     for forbidden in ("--upgrade", " -U ", "--force-reinstall", "--ignore-installed", "ray=="):
@@ -194,17 +212,62 @@ def test_ray_image_installs_the_locked_dependencies_then_the_project_without_tou
     assert lock_pins(RAY_LOCK)["ray"] == constraint_pins()["ray"]
     assert "setuptools" in lock_pins(RAY_LOCK)  # the project's build backend, verified like the rest
     copied = {src for op, a in instructions if op == "COPY" for src in a.split()[:-1] if not src.startswith("--")}
-    assert {"calib_core/", "sweeps/", "pyproject.toml", "docker/locks/ray-image.txt", "README.md"} <= copied
+    assert {
+        "calib_core/",
+        "sweeps/",
+        "pyproject.toml",
+        "docker/locks/ray-image-torch.txt",
+        "docker/locks/ray-image.txt",
+        "README.md",
+    } <= copied
+    # Each lock is copied right before its install (the torch layer depends on its own lock only).
+    ops = [(op, a) for op, a in instructions if op in ("COPY", "RUN")]
+    for lock, installed in (("ray-image-torch.txt", "ray-image-torch.lock"), ("ray-image.txt", "ray-image.lock")):
+        i = next(i for i, (op, a) in enumerate(ops) if op == "COPY" and f"docker/locks/{lock} " in a)
+        assert ops[i + 1][0] == "RUN" and f"-r /tmp/locks/{installed}" in ops[i + 1][1], ops[i : i + 2]
+    # pip installs as root into the base's /usr/local (the runtime user cannot change the packages); the
+    # image runs as the ray user the manifests and KubeRay expect (uid 1000, gid 100, home /home/ray).
     users = [a for op, a in instructions if op == "USER"]
-    assert users and users[-1].split(":")[0] == "1000", "must run as the image's ray user (uid 1000)"
-    # pip runs after USER 1000: nothing is installed as root.
-    first_user = next(i for i, (op, _) in enumerate(instructions) if op == "USER")
-    first_pip = next(i for i, (op, a) in enumerate(instructions) if op == "RUN" and "pip install" in a)
-    assert first_user < first_pip
-    assert "pip check" in runs
+    assert users == ["1000:100"], users
+    last_pip = max(i for i, (op, a) in enumerate(instructions) if op == "RUN" and "pip install" in a)
+    assert next(i for i, (op, _) in enumerate(instructions) if op == "USER") > last_pip
+    assert "useradd --uid 1000 --gid 100 --home-dir /home/ray --create-home --shell /bin/bash ray" in runs
+    env = " ".join(a for op, a in instructions if op == "ENV")
+    assert "HOME=/home/ray" in env and "APP_HOME=/home/ray/app" in env
+    assert [a for op, a in instructions if op == "WORKDIR"] == ["/home/ray/app"]
+    assert "pip check" in runs and "import ray, ray.dashboard.optional_deps" in runs
 
 
-@pytest.mark.parametrize("lock", [RAY_LOCK, MLFLOW_LOCK], ids=lambda p: p.name)
+def test_the_torch_lock_is_the_ray_lock_torch_and_cuda_part():
+    """docker/locks/ray-image-torch.txt: ray-image.txt's torch/CUDA entries (compile.sh), installed first in
+    a layer of their own; the same versions and hashes, so the second install leaves them as they are."""
+    torch, full = lock_entries(RAY_TORCH_LOCK), lock_entries(RAY_LOCK)
+    cuda = re.compile(r"^(torch|triton|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)$")
+    assert set(torch) == {name for name in full if cuda.match(name)}
+    assert {"torch", "triton", "nvidia-cudnn-cu13", "nvidia-cublas"} <= set(torch)
+    assert all(torch[name] == full[name] for name in torch)
+
+
+def test_the_ray_lock_has_the_dashboard_dependencies():
+    """Ray's `default` extra (docker/locks/ray-image.in): the head's dashboard and job API, without which
+    `ray job submit` (KubeRay's submitter) has nothing to talk to; the ray base image used to bring it."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    assert [ln for ln in (REPO / "docker" / "locks" / "ray-image.in").read_text().splitlines() if ln[:1].isalpha()] == [
+        "ray[default]"
+    ]
+    env = {"python_version": "3.11", "python_full_version": "3.11.15", "sys_platform": "linux", "extra": "default"}
+    wanted = set()
+    for req in map(Requirement, requires("ray") or []):
+        if req.marker is not None and "extra" in str(req.marker) and req.marker.evaluate(env):
+            wanted.add(re.sub(r"[-_.]+", "-", req.name).lower())
+    assert {"aiohttp-cors", "grpcio", "opencensus", "prometheus-client"} <= wanted
+    assert wanted <= set(lock_pins(RAY_LOCK)), wanted - set(lock_pins(RAY_LOCK))
+
+
+@pytest.mark.parametrize("lock", [RAY_LOCK, RAY_TORCH_LOCK, MLFLOW_LOCK], ids=lambda p: p.name)
 def test_image_locks_pin_every_file_by_hash_at_the_constraints_versions(lock):
     """Versions are chosen in one place (constraints.txt); the locks add the files' sha256 (compile.sh)."""
     entries = lock_entries(lock)

@@ -1,5 +1,5 @@
 """deploy/UPGRADING.md's version table is the truth: every place a Ray, MLflow or KubeRay version is
-written (constraints.txt, the hash locks, the Dockerfile's base, rayVersion and the Ray images of the
+written (constraints.txt, the hash locks, the Dockerfile's build checks, rayVersion and the Ray images of the
 rendered overlays, the recorded Ray ports, the KubeRay chart and the vendored CRDs) agrees with it, and
 a planted disagreement in any of them is reported."""
 
@@ -57,11 +57,12 @@ def written_versions() -> dict[str, list[tuple[str, str]]]:
         for lock_name, lock in (("mlflow-image lock", mlflow_lock), ("ray-image lock", ray_lock)):
             if pkg in lock:
                 found["mlflow"].append((f"{lock_name} {pkg}", lock[pkg]))
-    froms = re.findall(r"^FROM\s+(\S+)", (REPO / "docker" / "Dockerfile").read_text(), re.M)
-    for image in froms:
-        m = RAY_TAG.search(image.split("@")[0]) or RAY_TAG.search(image)
-        if m:
-            found["ray"].append(("docker/Dockerfile FROM", m.group(1)))
+    # docker/Dockerfile installs Ray from the lock (no Ray base image) and checks the version it built
+    dockerfile = re.sub(r"\\\n\s*", " ", (REPO / "docker" / "Dockerfile").read_text())
+    for line in dockerfile.splitlines():
+        if line.lstrip().startswith("RUN "):
+            for v in re.findall(r"(?:\^ray==|ray\.__version__ == ')(\d+\.\d+\.\d+)", line):
+                found["ray"].append(("docker/Dockerfile build check", v))
     for overlay in dr.overlay_dirs():
         for r in dr.render(overlay):
             spec = dr.ray_cluster_spec(r)
@@ -111,7 +112,7 @@ def test_every_written_version_agrees_with_upgrading_md():
     for needle in (
         "constraints.txt",
         "ray-image lock",
-        "Dockerfile FROM",
+        "Dockerfile build check",
         "RayJob/calib-sweep rayVersion",
         "RayCluster/calib-interactive rayVersion",
         "ray_ports.json",

@@ -2,12 +2,18 @@
 
 Docker Hub is not reachable here, so the public base images are stand-ins (standins/*.Dockerfile)
 built on a Debian bookworm base bootstrapped with debootstrap (bootstrap_base.sh), and tagged with
-the public names the project's Dockerfiles and manifests use. docker/Dockerfile and
-docker/mlflow.Dockerfile are then built unchanged with `--pull=never`, so they start FROM the
-stand-ins. pip inside the builds reaches PyPI through the host's TLS proxy: the host CA bundle is
-mounted at /run/host-ca.crt and a pip.conf naming it at /etc/pip.conf (build-time mounts, not
-part of any image); local PyPI mirrors of this machine (/opt/pypi*/simple) are offered as extra
-indexes when present.
+the public names the project's Dockerfiles and manifests use (name:tag). docker/Dockerfile and
+docker/mlflow.Dockerfile are then built with `--pull=never`, so they start FROM the stand-ins. Both
+pin their base by digest (`FROM python:3.11.15-slim-bookworm@sha256:...`), which no local build can
+match (a tag@digest reference resolves by the registry's digest, and --pull=never forbids the pull):
+for the tests only, each is built from a temporary copy whose FROM has the digest stripped, the
+rest of the file unchanged (the real builds use the Dockerfiles as they are; the digest and its
+record are checked by tests/test_deploy_consistency.py). Both Dockerfiles start from the same Python
+image, so one stand-in (standins/python.Dockerfile) serves both.
+pip inside the builds reaches PyPI through the host's TLS proxy: the host CA bundle is mounted at
+/run/host-ca.crt and a pip.conf naming it at /etc/pip.conf (build-time mounts, not part of any
+image); local PyPI mirrors of this machine (/opt/pypi*/simple) are offered as extra indexes when
+present.
 
     python -m tests.containers.images            # build everything (cached layers are reused)
     python -m tests.containers.images --json F   # and write sizes and build times to F
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +54,22 @@ def from_image(dockerfile: Path) -> str:
     froms = [line.split()[1] for line in dockerfile.read_text().splitlines() if line.upper().startswith("FROM ")]
     assert len(froms) == 1, froms
     return froms[0]
+
+
+def python_base() -> str:
+    """The stand-in of the Python image both Dockerfiles start from, by its local name (no digest)."""
+    return qualify(from_image(REPO / "docker" / "mlflow.Dockerfile").split("@", 1)[0])
+
+
+def without_digest(text: str) -> str:
+    """A Dockerfile's text with `@sha256:...` dropped from its FROM lines (tests only: the stand-ins are
+    tagged name:tag, and a name:tag@digest reference cannot resolve to a local build)."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        if line.upper().startswith("FROM "):
+            line = re.sub(r"@sha256:[0-9a-f]{64}", "", line)
+        lines.append(line)
+    return "".join(lines)
 
 
 def qualify(name: str) -> str:
@@ -97,7 +120,12 @@ def build(tag: str, dockerfile: Path, context: Path, log, extra_tags=()) -> dict
     with tempfile.TemporaryDirectory(prefix="calib-build-") as tmp:
         # --format docker: OCI images have no HEALTHCHECK; `docker build` keeps it, so the test builds do too
         cmd = ["podman", "build", "--pull=never", "--layers", "--format", "docker", *_pip_mounts(Path(tmp))]
-        cmd += ["-f", str(dockerfile), "-t", tag]
+        text = dockerfile.read_text()
+        used = dockerfile
+        if without_digest(text) != text:  # the base pinned by digest: build a copy FROM the stand-in's tag
+            used = Path(tmp) / dockerfile.name
+            used.write_text(without_digest(text))
+        cmd += ["-f", str(used), "-t", tag]
         for t in extra_tags:
             cmd += ["-t", t]
         print(f"$ {' '.join(cmd)} {context}", file=log, flush=True)
@@ -134,9 +162,11 @@ def build_all(log=None) -> dict:
     run(["bash", str(HERE / "bootstrap_base.sh"), BASE], log=log)
     out = {"base": {"image": BASE, "seconds": round(time.monotonic() - t0, 1), "bytes": image_size(BASE)}}
     public = dev_overlay_images()
+    # docker/Dockerfile (Ray) and docker/mlflow.Dockerfile start from the same Python image.
+    bases = {from_image(REPO / "docker" / f).split("@", 1)[0] for f in ("Dockerfile", "mlflow.Dockerfile")}
+    assert bases == {python_base().removeprefix("docker.io/library/")}, bases
     standins = {
-        "ray-base": (qualify(from_image(REPO / "docker" / "Dockerfile")), "ray.Dockerfile"),
-        "python-base": (qualify(from_image(REPO / "docker" / "mlflow.Dockerfile")), "python.Dockerfile"),
+        "python-base": (python_base(), "python.Dockerfile"),
         "postgres": (qualify(public["postgres"]), "postgres.Dockerfile"),
         "s3": (qualify(public["s3"]), "s3.Dockerfile"),
     }
