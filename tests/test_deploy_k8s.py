@@ -519,7 +519,10 @@ def scan_text(text: str, is_template: bool) -> list[str]:
             key = line[m.end() :].startswith(":")
             # a field path (spec/autoscalerOptions/image): words of letters between slashes, no digits
             path = re.fullmatch(r"[A-Za-z]{2,30}(?:/[A-Za-z]{2,30}){2,}", m.group(0)) is not None
-            if not line[: m.start()].endswith("sha256:") and not m.group(0).startswith("/") and not key and not path:
+            # a git commit cited in a comment ("... at commit <40 hex>", "# <40 hex> (...)") is a public record
+            commit = re.fullmatch(r"[0-9a-f]{40}", m.group(0)) is not None and line.lstrip().startswith("#")
+            cited = line[: m.start()].endswith("sha256:") or commit
+            if not cited and not m.group(0).startswith("/") and not key and not path:
                 findings.append(f"{no}: long random-looking string")
     return findings
 
@@ -576,6 +579,8 @@ def test_env_credentials_are_never_literal_values():
         ("RAY_AUTH_TOKEN: $(RAY_AUTH_TOKEN)", False, False),
         ("export RAY_AUTH_TOKEN=$(kubectl get secret ray-auth-token -o jsonpath=...)", False, False),
         ("image: x@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", False, False),
+        ("# record at commit 3effc3eac4f65a99767fd721667a1bf157496ba4 (built ...)", False, False),  # a cited commit
+        ("token: 3effc3eac4f65a99767fd721667a1bf157496ba4", False, True),  # the same hex as a value is still found
         ("  - path: spec/rayClusterSpec/autoscalerOptions/image", False, False),  # a field path
         ("key: QmFzZTY0L3NlY3JldC92YWx1ZS9oZXJlL2FuZC9tb3Jl", False, True),  # base64 is still found
         ("x = abc/defghijklmnopqrstuvwxyz1234567890/ABCDEFGHIJ", False, True),  # a digit: not a field path
