@@ -89,6 +89,23 @@ def make(tmp_path, limit: float = 600.0) -> tuple[RetryingRDBStorage, Clock, lis
     return storage, clock, lines
 
 
+def study_searcher(url: str, sweep: str):
+    """The sweep's Optuna searcher on a study database at `url` (a waiting storage, 600 s limit)."""
+    from ray import tune
+
+    from sweeps.integrations.optuna.study import SweepSearch
+
+    return SweepSearch(
+        space={"lr": tune.loguniform(1e-3, 1e-1)},
+        metric=["val_accuracy", "val_ece"],
+        mode=["max", "min"],
+        seed=0,
+        study_name=sweep,
+        storage=make_rdb_storage(url, 600),
+        sweep=sweep,
+    )
+
+
 def test_short_outage_waits_says_one_line_each_way_and_returns_the_same(tmp_path, monkeypatch, refused):
     storage, clock, lines = make(tmp_path)
     study = optuna.create_study(study_name="s", storage=storage, directions=["maximize", "minimize"])
@@ -218,22 +235,13 @@ def test_pickles_with_its_limit_and_checks_pooled_connections(tmp_path, monkeypa
 def test_searcher_keeps_what_it_could_not_write_and_writes_it_on_resume(tmp_path, monkeypatch, refused):
     """Past the limit the completion is kept (not lost, the trial not failed), the guard ends the fit; --resume
     writes it: the study trial ends COMPLETE with its values and MLflow run id."""
-    from ray import tune
 
     from sweeps.integrations.optuna.study import StudyOutageGuard, SweepSearch
 
     url = f"sqlite:///{tmp_path}/optuna.db"
     guard = StudyOutageGuard("outage-sweep", 5)
     try:
-        searcher = SweepSearch(
-            space={"lr": tune.loguniform(1e-3, 1e-1)},
-            metric=["val_accuracy", "val_ece"],
-            mode=["max", "min"],
-            seed=0,
-            study_name="outage-sweep",
-            storage=make_rdb_storage(url, 600),
-            sweep="outage-sweep",
-        )
+        searcher = study_searcher(url, "outage-sweep")
         retry = searcher._storage.retry
         assert retry is not None and retry.limit_s == 5  # the guard's limit, this process's setting
         clock, lines = Clock(), []
@@ -283,21 +291,10 @@ def test_a_run_noted_while_the_database_is_away_still_reaches_its_study_trial(tm
     import threading
     import time
 
-    from ray import tune
-
     from sweeps import run_notes
-    from sweeps.integrations.optuna.study import SweepSearch
 
     url = f"sqlite:///{tmp_path}/optuna.db"
-    searcher = SweepSearch(
-        space={"lr": tune.loguniform(1e-3, 1e-1)},
-        metric=["val_accuracy", "val_ece"],
-        mode=["max", "min"],
-        seed=0,
-        study_name="late-runs",
-        storage=make_rdb_storage(url, 600),
-        sweep="late-runs",
-    )
+    searcher = study_searcher(url, "late-runs")
     try:
         assert searcher.suggest("t1") is not None and searcher.suggest("t2") is not None
         back = threading.Event()
