@@ -169,6 +169,12 @@ class StatusReporter(CLIReporter):
         self._last_state, self._next_report = state, now + self._every_s
         return True
 
+    def _current_best_trial(self, trials: list) -> tuple[None, None]:
+        # Tune's "Current best trial" line looks every parameter column up in the best trial's config without a
+        # default, and a reference arm (CE with early stopping) has no calibrator_lr: the lookup raised KeyError
+        # and ended the sweep. The sweep's own progress line names the best so far, by its rule.
+        return None, None
+
     def report(self, trials: list, done: bool, *sys_info: str) -> None:
         """The table and the resources in use; not the scheduler's name, nor Tune's driver staging folder
         ("Result logdir", which is not where results are kept: the sweep names that folder at the start)."""
