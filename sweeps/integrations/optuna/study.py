@@ -294,9 +294,8 @@ def _is_nan(v: Any) -> bool:
 
 
 def load_study(study_name: str, url: str) -> Any:
-    """The sweep's Optuna study loaded from its storage URL (`SweepResult.study`'s loader); None for 'memory'."""
-    if url == MEMORY:
-        return None
+    """The sweep's Optuna study loaded from its storage URL (`SweepResult.study`'s loader, which keeps 'memory'
+    away)."""
     import optuna
 
     return optuna.load_study(study_name=study_name, storage=url)
