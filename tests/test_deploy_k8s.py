@@ -421,7 +421,10 @@ def test_render_secrets_fills_placeholders_consistently():
     pg = docs["postgres-credentials"]["stringData"]["password"]
     assert len(pg) >= 32
     assert docs["mlflow-db"]["stringData"]["backend-store-uri"] == f"postgresql://mlflow:{pg}@postgres:5432/mlflow"
-    assert docs["mlflow-tracking"]["stringData"]["password"] == docs["mlflow-auth"]["stringData"]["admin-password"]
+    # the sweep logs in as its own user (deploy/base/mlflow/sweep-user-job.yaml), never as the admin
+    tracking, admin = docs["mlflow-tracking"]["stringData"], docs["mlflow-auth"]["stringData"]
+    assert tracking["username"] != admin["admin-username"] and tracking["password"] != admin["admin-password"]
+    assert len(tracking["password"]) >= 32
     assert docs["tune-storage-s3"]["stringData"] == docs["mlflow-artifacts-s3"]["stringData"]
     tune_s3 = docs["tune-storage-s3"]["stringData"]
     assert docs["minio-credentials"]["stringData"]["root-password"] == tune_s3["secret-access-key"]

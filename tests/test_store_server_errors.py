@@ -31,6 +31,11 @@ SERVER_500 = MlflowException(
 )
 BAD_REQUEST = RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "bad metric"})
 ALREADY = RestException({"error_code": "RESOURCE_ALREADY_EXISTS", "message": "exists"})
+# what MLflow 3.17's client raises for the basic-auth app's 403 (plain-text body), as measured against a server
+DENIED = MlflowException(
+    "API request to endpoint /api/2.0/mlflow/runs/delete failed with error code 403 != 200. "
+    "Response body: 'Permission denied'"
+)
 
 
 def _http_error(code: int) -> requests.HTTPError:
@@ -88,6 +93,8 @@ class FakeServer:
             raise SERVER_500
         if fate == "bad":
             raise BAD_REQUEST
+        if fate == "denied":
+            raise DENIED
         out = effect()
         if fate == "after":
             raise SERVER_500
@@ -128,6 +135,9 @@ class FakeServer:
             self.runs[run_id].info.lifecycle_stage = "deleted"
 
         return self._do("delete_run", effect)
+
+    def set_tag(self, run_id, key, value):
+        return self._do("set_tag", lambda: self.runs[run_id].data.tags.__setitem__(key, value))
 
     def set_terminated(self, run_id, status=None, end_time=None):
         return self._do("set_terminated", lambda: setattr(self.runs[run_id].info, "status", status))
@@ -226,6 +236,29 @@ def test_a_deleted_tag_or_run_is_not_deleted_again():
     assert "calib.status" not in server.runs[rid].data.tags and server.calls["delete_tag"] == 1
     assert store.drop_orphan_runs("0", "s", set()) == ["t1"]  # its run is deleted, once
     assert server.runs[rid].info.lifecycle_stage == "deleted" and server.calls["delete_run"] == 1
+
+
+def test_an_orphan_run_the_user_may_not_delete_is_killed_and_tagged_lost():
+    """The cluster's sweep user has EDIT on its experiment: deleting a run takes MANAGE (HTTP 403)."""
+    store, server, _, _ = make({"delete_run": ["denied"]})
+    rid = store.create_run("0", "trial", {"calib.sweep": "s", "calib.role": "trial", "calib.trial_id": "t1"})
+    assert store.drop_orphan_runs("0", "s", set()) == ["t1"]
+    run = server.runs[rid]
+    assert run.info.lifecycle_stage == "active" and run.info.status == "KILLED"
+    assert run.data.tags["calib.lost_from_tune"] == "true" and server.calls["delete_run"] == 1
+    # any other refusal is still an error
+    store, server, _, _ = make({"delete_run": ["bad"]})
+    store.create_run("0", "trial", {"calib.sweep": "s", "calib.role": "trial", "calib.trial_id": "t1"})
+    with pytest.raises(RestException):
+        store.drop_orphan_runs("0", "s", set())
+
+
+def test_a_403_is_forbidden_not_an_outage():
+    from sweeps.integrations.mlflow.store import is_forbidden
+
+    assert is_forbidden(DENIED) and not is_outage(DENIED) and not is_server_error(DENIED)
+    assert is_forbidden(RestException({"error_code": "PERMISSION_DENIED", "message": "no"}))
+    assert not is_forbidden(BAD_REQUEST) and not is_forbidden(SERVER_500)
 
 
 def test_the_champion_is_registered_once_after_a_500():

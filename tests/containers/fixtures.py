@@ -106,6 +106,20 @@ def start_mlflow(cluster: Cluster, resources, pod: str, port: int, with_init: bo
     return names["mlflow"], dep["spec"]["containers"][0]
 
 
+def run_job(cluster: Cluster, resources, job_name: str, pod: str, extra_env: list[dict] = ()):
+    """The rendered Job's pod to completion (its first container); the finished podman process."""
+    job = find_template(resources, "Job", job_name)
+    return cluster.run_container(
+        pod,
+        job["spec"],
+        job["spec"]["containers"][0],
+        labels=job["metadata"]["labels"],
+        detach=False,
+        timeout=300,
+        extra_env=extra_env,
+    )
+
+
 @pytest.fixture(scope="session")
 def stack(built_images, tmp_path_factory):
     """The dev overlay's MLflow stack (PostgreSQL, MinIO, bucket and Optuna-database Jobs, MLflow),
@@ -128,21 +142,19 @@ def stack(built_images, tmp_path_factory):
         job_logs = {}
         # The Optuna database Job runs twice: re-applying the overlay must be harmless.
         for job_name, runs in (("minio-buckets", 1), ("optuna-db", 2)):
-            job = find_template(resources, "Job", job_name)
             for i in range(runs):
-                proc = cluster.run_container(
-                    f"{job_name}-{i}",
-                    job["spec"],
-                    job["spec"]["containers"][0],
-                    labels=job["metadata"]["labels"],
-                    detach=False,
-                    timeout=300,
-                )
+                proc = run_job(cluster, resources, job_name, f"{job_name}-{i}")
                 job_logs[f"{job_name}-{i}"] = proc.stdout + proc.stderr
                 assert proc.returncode == 0, proc.stdout + proc.stderr
         port = free_port()
         name, container = start_mlflow(cluster, resources, "mlflow-0", port)
         cluster.wait_ready(name, container, timeout=300)
+        # The sweep's own MLflow user (EDIT on its experiment), as `kubectl apply -k` would start it; twice, since
+        # every apply runs it again. Every container test then logs in as that user, as the Ray pods do.
+        for i in range(2):
+            proc = run_job(cluster, resources, "mlflow-sweep-user", f"mlflow-sweep-user-{i}")
+            job_logs[f"mlflow-sweep-user-{i}"] = proc.stdout + proc.stderr
+            assert proc.returncode == 0, proc.stdout + proc.stderr
         tracking = secrets["mlflow-tracking"]
         # The driver's CALIB_OPTUNA_STORAGE (Secret optuna-storage), pointed at the published port.
         optuna_url = secrets["optuna-storage"]["url"].replace("@postgres:5432/", f"@127.0.0.1:{pg_port}/")

@@ -222,6 +222,7 @@ class Cluster:
     ):
         """`share_network_of`: another container whose network namespace this one joins, as the containers of
         one pod share theirs (a sidecar reaching its pod's processes on the pod's own address)."""
+        fields = fields or {"metadata.name": pod, "metadata.namespace": self.namespace}  # the downward API
         env = self.env_of(c, extra_env, fields)
         cmd = command if command is not None else [*c.get("command", []), *c.get("args", [])]
         cmd = [expand(a, env) for a in cmd]

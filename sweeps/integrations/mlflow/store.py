@@ -88,6 +88,16 @@ def is_server_error(exc: BaseException) -> bool:
     return isinstance(exc, MlflowException) and bool(_SERVER_ERROR.search(str(exc)))
 
 
+def is_forbidden(exc: BaseException) -> bool:
+    """Whether the server refused a call for want of permission (HTTP 403: MLflow's basic-auth app answers it with
+    a plain-text body, so the client reports the status in its message)."""
+    from mlflow.exceptions import RestException
+
+    if isinstance(exc, RestException):
+        return exc.error_code == "PERMISSION_DENIED"
+    return isinstance(exc, MlflowException) and "error code 403" in str(exc)
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether a client call failed because the server could not be reached or failed (HTTP 500), not because the
     call was wrong: the calls to retry."""
@@ -452,21 +462,30 @@ class MlflowStore:
         dies, and on resume Tune samples a replacement. An unfinished run of such a trial would be a
         second, dead run for one slot of the sweep, so it is deleted (soft: `mlflow gc` not run); a
         finished one is real work and stays, tagged `calib.lost_from_tune` (selection ignores it).
+        A user who may not delete runs (the cluster's sweep user has EDIT on its experiment, and deleting
+        takes MANAGE) leaves the unfinished run KILLED and tagged `calib.lost_from_tune` as well.
         """
         lost = []
         for run in self.trial_runs(experiment_id, sweep):
             tid = run.data.tags.get(TAG_TRIAL, "")
             if tid in trial_ids:
                 continue
+            rid = run.info.run_id
             if run.info.status == "FINISHED":
-                self.set_tags(run.info.run_id, {TAG_LOST_FROM_TUNE: "true"})
+                self.set_tags(rid, {TAG_LOST_FROM_TUNE: "true"})
             else:
                 if run.info.status == "RUNNING":
-                    self.terminate(run.info.run_id, "KILLED")
-                rid = run.info.run_id
-                self._once(
-                    "delete_run", lambda c, r=rid: True if c.get_run(r).info.lifecycle_stage == "deleted" else None, rid
-                )
+                    self.terminate(rid, "KILLED")
+                try:
+                    self._once(
+                        "delete_run",
+                        lambda c, r=rid: True if c.get_run(r).info.lifecycle_stage == "deleted" else None,
+                        rid,
+                    )
+                except MlflowException as exc:
+                    if not is_forbidden(exc):
+                        raise
+                    self.set_tags(rid, {TAG_LOST_FROM_TUNE: "true"})
             lost.append(tid)
         return lost
 
