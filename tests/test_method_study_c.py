@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.provenance import FIELDS
 from benchmarks.studies import method_study_c as msc
+from benchmarks.studies.row_encoding import CONF_BINS, CONF_SCALE, SUBBINS, library_bins, quantize_conf
 
 
 def test_holm_matches_the_step_down_rule():
@@ -49,9 +50,14 @@ def test_compact_arrays_round_trip():
     z = msc.compact_task_arrays(probs, labels, "t0_")
     conf, correct, keep, k = msc.unpack_task(z, "t0_")
     assert k == 4 and keep.tolist() == (labels >= 0).tolist()
-    assert np.abs(conf - probs[keep].max(1)).max() <= 0.5 / msc.CONF_SCALE + 1e-12
+    u16 = quantize_conf(probs[keep].max(1))
+    assert z["t0_conf"].dtype == np.uint8  # one byte a row, bin-exact (benchmarks/studies/row_encoding.py)
+    assert library_bins(conf).tolist() == library_bins(u16 / CONF_SCALE).tolist()
+    assert np.abs(conf - u16 / CONF_SCALE).max() <= 1 / (CONF_BINS * SUBBINS) + 1e-12  # one sub-bin at most
     assert correct.tolist() == (probs[keep].argmax(1) == labels[keep]).tolist()
-    assert z["t0_conf"].dtype == np.uint16
+    old = {**z, "t0_conf": u16}  # rows written before the recode (uint16) still read
+    del old["t0_binsum"]
+    assert msc.unpack_task(old, "t0_")[0].tolist() == (u16 / CONF_SCALE).tolist()
 
 
 def test_tiny_slice_writes_rows_with_provenance_resumes_and_refuses_mixed_commits(tmp_path):

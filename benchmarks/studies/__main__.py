@@ -43,6 +43,14 @@ STUDIES: dict[str, tuple[str, str]] = {
         "benchmarks.studies.study_compact",
         "a study's raw folder to its compact form (a tool of the above)",
     ),
+    "row_encoding": (
+        "benchmarks.studies.row_encoding",
+        "recode rows .npz files in place: one-byte bin-exact confidences, `--pack` (a tool of the above)",
+    ),
+    "row_encoding_check": (
+        "benchmarks.studies.row_encoding_check",
+        "A's and B's published bootstrap half-widths recomputed from the stored rows (a tool of the above)",
+    ),
 }
 
 

@@ -15,8 +15,9 @@ run config: `method_study_v2.run_config` with A's `chosen.json` parameters) on o
 then fits one temperature per task on all validation rows (`calib_core.calibrators.fit_posthoc` via the
 trainer strategy's `fit_posthoc`/`crossfit_posthoc`) on the model's calibrated logits and evaluates the test
 split without and with it. A run adds two rows (post `none` and `ts`) to the per-run table
-`benchmarks/results/method_study_c/slice_runs.csv.gz` and its test rows' top-label confidence (uint16) and
-correctness (bit-packed) to `slice_rows_<regime>.npz`; the table row is written last and marks the run done,
+`benchmarks/results/method_study_c/slice_runs.csv.gz` and its test rows' top-label confidence (one byte, bin-exact:
+`row_encoding.py`; the first rows were uint16, which still read) and correctness (bit-packed) to
+`slice_rows_<regime>.npz`; the table row is written last and marks the run done,
 so the same command resumes. Every row records `benchmarks.provenance.provenance()`; rows of another commit
 are refused unless `--allow-mixed-commits`.
 
@@ -44,6 +45,7 @@ from benchmarks.provenance import FIELDS as PROVENANCE_FIELDS
 from benchmarks.provenance import check_same_commit, provenance
 from benchmarks.studies.method_study_v2 import _secondary, chosen_params, run_config, task_secondary
 from benchmarks.studies.method_study_v2 import load_spec as load_spec_v2
+from benchmarks.studies.row_encoding import encode_task, quantize_conf, read_rows, task_conf, write_rows
 from benchmarks.studies.study_compact import raw_or_compact
 
 SPEC = PROTOCOLS / "method_study_c.yaml"
@@ -83,7 +85,6 @@ COLUMNS = (
     *PROVENANCE_FIELDS,
     "source_sha256",
 )
-CONF_SCALE = 65535
 
 
 def load_spec(path: Path = SPEC) -> dict[str, Any]:
@@ -161,15 +162,15 @@ def write_table(
 
 
 def compact_task_arrays(probs: np.ndarray, labels: np.ndarray, prefix: str) -> dict[str, np.ndarray]:
-    """One task's test rows: top-label confidence (uint16, conf x 65535 rounded) and correctness (bit-packed),
-    over the labelled rows (`keep`, bit-packed, over all rows), plus n and K."""
+    """One task's test rows: top-label confidence (one byte, bin-exact, with its per-bin sums:
+    `row_encoding.encode_task` of the uint16 value conf x 65535 rounded) and correctness (bit-packed), over the
+    labelled rows (`keep`, bit-packed, over all rows), plus n and K."""
     labels = np.asarray(labels)
     keep = labels >= 0
     p = np.asarray(probs, dtype=np.float64)[keep]
-    conf = np.rint(p.max(axis=1) * CONF_SCALE).astype(np.uint16)
     correct = p.argmax(axis=1) == labels[keep]
     return {
-        f"{prefix}conf": conf,
+        **{prefix + name: a for name, a in encode_task(quantize_conf(p.max(axis=1)), p.shape[1]).items()},
         f"{prefix}correct": np.packbits(correct),
         f"{prefix}keep": np.packbits(keep),
         f"{prefix}n": np.array([len(labels), int(keep.sum()), p.shape[1]], dtype=np.int64),
@@ -181,9 +182,10 @@ def arrays_key(regime: str, method: str, post: str, seed: int) -> str:
 
 
 def unpack_task(z: Any, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(confidence float64, correct bool, keep bool over all rows, K) of one task's compact arrays."""
+    """(confidence float64, correct bool, keep bool over all rows, K) of one task's compact arrays (either
+    storage of the confidence: `row_encoding.task_conf`)."""
     n_all, n_kept, k = (int(v) for v in z[f"{prefix}n"])
-    conf = z[f"{prefix}conf"].astype(np.float64) / CONF_SCALE
+    conf = task_conf(z, prefix)
     correct = np.unpackbits(z[f"{prefix}correct"], count=n_kept).astype(bool)
     keep = np.unpackbits(z[f"{prefix}keep"], count=n_all).astype(bool)
     return conf, correct, keep, k
@@ -373,14 +375,12 @@ def run_slice(
         stamp = {k: j[k] for k in KEY} | {"params": json.dumps(j["params"]), "finished_utc": utc_now(), **prov}
         if arrays and study == "slice" and j["seed"] in array_seeds(spec, tiny):
             rp = rows_path(out, j["regime"])
-            existing = dict(np.load(rp)) if rp.is_file() else {}
+            existing = dict(read_rows(rp)) if rp.is_file() else {}
             for post in ("none", "ts"):
                 prefix = f"{post}/"
                 key = arrays_key(j["regime"], j["method"], post, j["seed"])
                 existing.update({key + k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)})
-            buf = io.BytesIO()
-            np.savez_compressed(buf, **existing)
-            _atomic_write(rp, buf.getvalue())
+            write_rows(rp, existing)
         rows += [{**none, **stamp}, {**ts, **stamp}]
         write_table(tpath, rows)  # written last: the run is done
         n += 1
@@ -681,7 +681,7 @@ def slice_record(
                 rp = rows_path(out, r)
                 if not rp.is_file():
                     continue
-                with np.load(rp) as z:
+                with read_rows(rp) as z:
                     hw = per_seed_half_widths(
                         z,
                         r,
