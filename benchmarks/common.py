@@ -10,6 +10,7 @@ Nothing here imports torch or calib_core at module level, so importing it is che
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import multiprocessing as mp
@@ -182,17 +183,34 @@ def median_time(fn: Callable[[], Any], repeats: int) -> float:
 # ------------------------------------------------------------------------------------------
 # result files
 # ------------------------------------------------------------------------------------------
+def json_path(path: Path) -> Path:
+    """A result JSON named as `X.json`: that file, or `X.json.gz` beside it when only the gzipped form exists (the
+    large results are stored gzipped, issue #31: `benchmarks/results` under 15 MB)."""
+    path = Path(path)
+    gz = path.with_name(path.name + ".gz")
+    return gz if not path.is_file() and path.suffix == ".json" and gz.is_file() else path
+
+
 def read_json(path: Path) -> Any:
-    """The content of a JSON file (a raw result to resume from or rebuild tables from)."""
-    return json.loads(Path(path).read_text())
+    """The content of a JSON file (a raw result to resume from or rebuild tables from); `X.json` is read from
+    `X.json.gz` when only that exists, and a `.gz` name is read gzipped."""
+    path = json_path(path)
+    data = path.read_bytes()
+    return json.loads(gzip.decompress(data) if path.name.endswith(".gz") else data)
 
 
 def write_json(path: Path, obj: Any, compact: bool = False) -> None:
-    """Write `obj` as JSON (indent 1, or compact); values JSON cannot hold are written as str."""
+    """Write `obj` as JSON (indent 1, or compact); values JSON cannot hold are written as str. A name ending in
+    `.json.gz` is written gzipped (mtime 0, so the same content gives the same bytes), and a plain `.json` of the
+    same name beside it, which `read_json` would read first, is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(obj, separators=(",", ":"), default=str) if compact else json.dumps(obj, indent=1, default=str)
-    path.write_text(text)
+    if path.name.endswith(".json.gz"):
+        path.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+        path.with_name(path.name[: -len(".gz")]).unlink(missing_ok=True)
+    else:
+        path.write_text(text)
 
 
 def write_text(path: Path, text: str) -> None:

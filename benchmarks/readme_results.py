@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import PROTOCOLS, RESULTS_DIR, ROOT, protocol_path
+from benchmarks.common import PROTOCOLS, RESULTS_DIR, ROOT, json_path, protocol_path, read_json
 
 README = ROOT / "README.md"
 
@@ -36,11 +36,11 @@ def _paired(d: list[float]) -> dict[str, float]:
 
 
 def _study_block(results: Path, stem: str, heading: str) -> str:
-    """Regime check and per-claim verdicts of one method study's result file (`<stem>.json`)."""
-    path = results / f"{stem}.json"
+    """Regime check and per-claim verdicts of one method study's result file (`<stem>.json`, or gzipped)."""
+    path = json_path(results / f"{stem}.json")
     if not path.is_file():
         return f"_No result file yet (`benchmarks/results/{stem}.json`)._"
-    rec = json.loads(path.read_text())
+    rec = read_json(path)
     spec_text = protocol_path(rec["protocol"]).read_text()
     import yaml
 
@@ -87,10 +87,10 @@ def method_study_v2a(results: Path = RESULTS_DIR) -> str:
 
 def selection_heldout(results: Path = RESULTS_DIR) -> str:
     """Per held-out regime: the default rule's ECE ratio to the old rule, regret and accuracy gap."""
-    path = results / "selection_heldout.json"
+    path = json_path(results / "selection_heldout.json")
     if not path.is_file():
         return "_No held-out selection result yet (`benchmarks/results/selection_heldout.json`)._"
-    rec = json.loads(path.read_text())
+    rec = read_json(path)
     default = next(k for k in next(iter(rec["summary"].values()))["rules"] if k.startswith("noise_aware (default"))
     L = [
         f"Held out (`benchmarks/results/selection_heldout.md`; rule frozen before the runs; seeds "
@@ -132,9 +132,9 @@ def selection_heldout(results: Path = RESULTS_DIR) -> str:
                 "is kept for now, with this cost stated."
             ),
         ]
-    confirm = results / "selection_confirm.json"
+    confirm = json_path(results / "selection_confirm.json")
     if passing and confirm.is_file():
-        crec = json.loads(confirm.read_text())
+        crec = read_json(confirm)
         ccrit = heldout_criteria(crec["summary"])
         seeds = f"{crec['meta']['first_seed']}-{crec['meta']['first_seed'] + crec['meta']['seeds'] - 1}"
         for name in passing:
@@ -159,13 +159,13 @@ def selection_heldout(results: Path = RESULTS_DIR) -> str:
 
 def selection_v3(results: Path = RESULTS_DIR) -> str:
     """Per regime: each margin's accuracy gap and test ECE ratio to the previous default; the protocol's outcome."""
-    path = results / "selection_v3.json"
+    path = json_path(results / "selection_v3.json")
     if not path.is_file():
         return (
             "_Pre-registered (`benchmarks/studies/protocols/selection_v3.md`, committed before any of its runs); no result "
             "file yet (`benchmarks/results/selection_v3.json`): the 1 pt default margin is provisional._"
         )
-    rec = json.loads(path.read_text())
+    rec = read_json(path)
     seeds = rec["meta"]["seeds"]
     L = [
         f"Selection v3 (`benchmarks/results/selection_v3.md`; pre-registered; seeds {seeds[0]}-{seeds[-1]}, new; 16 "

@@ -14,6 +14,7 @@ stem are one entry; a folder is one entry (its files, its size, the report that 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import sys
@@ -93,10 +94,11 @@ def entries(results: Path = RESULTS) -> list[dict[str, str]]:
     for stem, paths in sorted(stems.items()):
         info: dict[str, str] = {}
         for p in paths:
-            if p.suffix == ".json":
+            if p.suffix == ".json" or p.name.endswith(".json.gz"):  # the large results are stored gzipped
                 try:
-                    found = _from_json(json.loads(p.read_text()))
-                except ValueError:
+                    data = p.read_bytes()
+                    found = _from_json(json.loads(gzip.decompress(data) if p.suffix == ".gz" else data))
+                except (ValueError, OSError):
                     found = {}
             elif p.suffix == ".md":
                 found = _from_markdown(p.read_text())

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+
+from benchmarks.common import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +20,7 @@ def _range(tuning: dict, method: str) -> str:
 
 
 def test_backbone_lr_sentence_matches_protocol_a() -> None:
-    tuning = json.loads((ROOT / "benchmarks" / "results" / "method_study_v2a.json").read_text())["tuning"]
+    tuning = read_json(ROOT / "benchmarks" / "results" / "method_study_v2a.json")["tuning"]  # or .json.gz
     want = (
         f"{_range(tuning, 'onego_ts')} against plain CE's {_range(tuning, 'ce')} and CE with early stopping's "
         f"{_range(tuning, 'ce_es')}"

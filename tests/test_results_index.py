@@ -43,3 +43,21 @@ def test_a_running_studys_journal_is_not_a_result(tmp_path):
     (tmp_path / "d" / "full_runs.journal.csv").write_text("regime,seed\nnoise20,1\n" * 100)
     (tmp_path / "e_runs.journal.csv").write_text("regime,seed\n")
     assert render(tmp_path) == before and [e["files"] for e in entries(tmp_path)] == ["d/"]
+
+
+def test_a_gzipped_result_json_is_read_and_written_by_its_plain_name(tmp_path):
+    """Large results are stored as `X.json.gz` (issue #31: benchmarks/results under 15 MB): the index reads them as
+    one entry with their report, `read_json("X.json")` finds the gzipped form, and writing it removes a stale plain
+    copy that would be read first."""
+    from benchmarks.common import json_path, read_json, write_json
+
+    (tmp_path / "a.json").write_text(json.dumps({"old": True}))
+    write_json(tmp_path / "a.json.gz", {"command": "python -m benchmarks.studies a", "date": "2026-12-01"})
+    (tmp_path / "a.md").write_text("# A\n")
+    assert not (tmp_path / "a.json").exists() and json_path(tmp_path / "a.json") == tmp_path / "a.json.gz"
+    assert read_json(tmp_path / "a.json")["command"] == read_json(tmp_path / "a.json.gz")["command"]
+    (e,) = entries(tmp_path)
+    assert (e["files"], e["command"], e["date"]) == ("a.json.gz, a.md", "python -m benchmarks.studies a", "2026-12-01")
+    before = (tmp_path / "a.json.gz").read_bytes()
+    write_json(tmp_path / "a.json.gz", read_json(tmp_path / "a.json"))
+    assert (tmp_path / "a.json.gz").read_bytes() == before  # mtime 0: the same content, the same bytes

@@ -14,7 +14,7 @@ Phase 2 (seconds): every rule of sweeps.decide.selection picks a champion from v
 with the service's paired bootstrap; we then look at the champion on *test*:
 mean test ECE and accuracy over sweeps, and how often the champion is a "good pick": within 1 pt
 of the best test accuracy of the sweep and with a test ECE inside the 95 % CI of the best test
-ECE among those trials. Writes benchmarks/results/selection.md and selection.json.
+ECE among those trials. Writes benchmarks/results/selection.md and selection.json.gz.
 """
 
 from __future__ import annotations
@@ -520,13 +520,13 @@ def main(argv: list[str] | None = None) -> int:
         meta["criteria"] = heldout_criteria(held)
         stem = "selection_confirm" if args.confirm else "selection_heldout"
         write_text(out / f"{stem}{suffix}.md", text)
-        write_json(out / f"{stem}{suffix}.json", {"meta": meta, "summary": held, "sweeps": results})
+        write_json(out / f"{stem}{suffix}.json.gz", {"meta": meta, "summary": held, "sweeps": results})
         print(text)
         return 0
     summary = summarise(results)
     text = markdown(summary, results, meta)
     write_text(out / f"selection{suffix}.md", text)
-    write_json(out / f"selection{suffix}.json", {"meta": meta, "summary": summary, "sweeps": results})
+    write_json(out / f"selection{suffix}.json.gz", {"meta": meta, "summary": summary, "sweeps": results})
     print(text)
     return 0
 
@@ -571,7 +571,7 @@ def _main_v3(args: argparse.Namespace, argv: list[str] | None) -> int:
         suffix = "_quick" if args.quick else ""
         write_text(Path(args.out_dir) / f"selection_v3{suffix}.md", text)
         write_json(
-            Path(args.out_dir) / f"selection_v3{suffix}.json",
+            Path(args.out_dir) / f"selection_v3{suffix}.json.gz",
             {"meta": meta, "summary": summary, "verdict": verdict, "sweeps": results},
         )
     print(text)

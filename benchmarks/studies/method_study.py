@@ -1070,7 +1070,7 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
     L += ["## Tuning trials (validation, tuning seed)", ""]
     L += [
         f"Every trial the service ran, per regime and method: validation {metric.removeprefix('val_').upper()} of the completed trials "
-        "(sorted), the champion first. Raw leaderboards (all metrics, test included, never used) are in method_study.json.",
+        "(sorted), the champion first. Raw leaderboards (all metrics, test included, never used) are in method_study.json.gz.",
         "",
     ]
     for regime, reg in spec["regimes"].items():
@@ -1186,7 +1186,7 @@ def main(argv: list[str] | None = None) -> int:
     text, raw = build_report(spec, cache, command, args.quick, timing)
     stem = "method_study" if spec["name"] == "cpu" else f"method_study_{spec['name']}"
     (out_dir / f"{stem}.md").write_text(text)
-    write_json(out_dir / f"{stem}.json", raw, compact=True)
+    write_json(out_dir / f"{stem}.json.gz", raw, compact=True)  # gzipped: benchmarks/results under 15 MB (issue #31)
     print(text, flush=True)
     print(f"wrote {out_dir / (stem + '.md')}", flush=True)
     return 0

@@ -2,7 +2,7 @@
 
     python -m benchmarks.studies.method_study_c_power   # prints the table quoted in benchmarks/studies/protocols/method_study_c.md
 
-Reads only `benchmarks/results/method_study_v2a.json` (A's per-seed test metrics). For each primary
+Reads only `benchmarks/results/method_study_v2a.json` (gzipped: `.json.gz`; A's per-seed test metrics). For each primary
 contrast of protocol C it takes the standard deviation over A's 24 evaluation seeds of the paired
 difference of the closest pair of methods A has (proxies, named in the table), and computes with a normal
 approximation:
@@ -17,10 +17,11 @@ is not divided by R: conservative).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
+
+from benchmarks.common import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 A_JSON = ROOT / "benchmarks" / "results" / "method_study_v2a.json"
@@ -61,7 +62,7 @@ def mdd(se: float, alpha: float, power: float = 0.8) -> float:
 
 def table(seeds: int = 24, replicates: int = 3, alpha: float = 0.05, rep_fracs=(0.0, 0.5)) -> list[dict]:
     """One row per contrast, metric, regime and replicate-sd scenario (sigma_rep = frac x margin)."""
-    methods = json.loads(A_JSON.read_text())["methods"]
+    methods = read_json(A_JSON)["methods"]  # or its gzipped form beside it
     a_step = alpha / len(REGIMES)  # Holm's first (strictest) step
     rows = []
     for contrast, (m, ref) in PROXIES.items():

@@ -40,7 +40,18 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import PROTOCOLS, RESULTS_DIR, ROOT, command_line, host_line, utc_now, write_json, write_text
+from benchmarks.common import (
+    PROTOCOLS,
+    RESULTS_DIR,
+    ROOT,
+    command_line,
+    host_line,
+    json_path,
+    read_json,
+    utc_now,
+    write_json,
+    write_text,
+)
 from benchmarks.studies.method_study import (
     matches_verdict,
     overall_verdict,
@@ -584,10 +595,10 @@ COMPARE_WITH = {"v2a": "v2"}
 def _side_by_side(spec: dict, verdicts: dict[str, dict[str, Any]]) -> list[str]:
     """Each claim's overall verdict and per-regime verdicts here and in the study this one is compared with."""
     other = COMPARE_WITH.get(spec["name"])
-    path = RESULTS_DIR / f"method_study_{other}.json" if other else None
+    path = json_path(RESULTS_DIR / f"method_study_{other}.json") if other else None
     if path is None or not path.is_file():
         return []
-    theirs = json.loads(path.read_text())["verdicts"]
+    theirs = read_json(path)["verdicts"]
     L = [
         f"### Beside protocol B (`{path.relative_to(ROOT)}`)",
         "",
@@ -683,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     text, record = build_report(spec, raw, command, args.keep_all, label)
     out = Path(args.out_dir)
     write_text(out / f"{study_name(spec)}.md", text)
-    write_json(out / f"{study_name(spec)}.json", record)
+    write_json(out / f"{study_name(spec)}.json.gz", record)  # gzipped: benchmarks/results under 15 MB (issue #31)
     print(text)
     return 0
 

@@ -26,7 +26,7 @@ one-go epoch time / median CE epoch time. Two timings per epoch: the training lo
 (training loop + scheduler step + validation evaluation).
 
 Outputs (under `--out-dir`, default benchmarks/results): reproduce_<dataset>.md, overhead.md,
-reproduce_raw.json (every run's metrics, the selection, the overhead timings). Raw results are
+reproduce_raw.json.gz (every run's metrics, the selection, the overhead timings). Raw results are
 also written incrementally to reproduce_raw.partial.json while the pool runs.
 """
 
@@ -697,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
         raw["overhead"] = run_overhead(plan, 2 if args.quick else args.overhead_repeats, header_common)
 
     raw["finished_utc"] = utc_now()
-    write_json(plan.out_dir / ("reproduce_raw.json" if not args.no_matrix else "overhead_raw.json"), raw)
+    write_json(plan.out_dir / ("reproduce_raw.json.gz" if not args.no_matrix else "overhead_raw.json.gz"), raw)
     partial = plan.out_dir / "reproduce_raw.partial.json"
     if partial.exists() and not args.no_matrix:
         partial.unlink()

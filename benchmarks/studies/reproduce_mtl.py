@@ -21,7 +21,7 @@ same setup for every method. Methods:
   mean VALIDATION ECE (mean over tasks) over all seeds; the single-task choice is printed next
   to it.
 
-Tables (markdown: reproduce_mtl.md, raw: reproduce_mtl_raw.json, both under --out-dir):
+Tables (markdown: reproduce_mtl.md, raw: reproduce_mtl_raw.json.gz, both under --out-dir):
 1. per task and mean over tasks: test accuracy and ECE (mean ± std over seeds), paired (same
    seed) deltas vs plain CE and vs post-hoc TS; a reading only when |mean delta| > its std.
 2. cost: training + calibration wall time per run (`make_trainer(...).fit()`, median over
@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = run_all(args, command, out)
     text = build_tables(raw)
     write_text(out / "reproduce_mtl.md", text)
-    write_json(out / "reproduce_mtl_raw.json", raw)
+    write_json(out / "reproduce_mtl_raw.json.gz", raw)
     print(text, flush=True)
     print(f"wrote {out}", flush=True)
     return 0

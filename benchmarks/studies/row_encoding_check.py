@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, ROOT
+from benchmarks.common import RESULTS_DIR, ROOT, read_json
 from benchmarks.studies.row_encoding import SUBBINS, read_rows, recode_arrays, rows_bytes, task_conf
 
 STUDIES = {  # name -> (published report, protocol spec, compact rows)
@@ -66,13 +66,11 @@ def ece_replicates(arrays: dict[str, np.ndarray], key: str, seed: int, resamples
 
 def half_widths(study: str, forms: dict[str, tuple[dict[str, np.ndarray], int]]) -> list[dict[str, Any]]:
     """Per claim row of the published report: its half-width, recomputed in each form."""
-    import json
-
     from benchmarks.studies.method_study_v2 import load_spec
     from calib_core.metrics.bootstrap import percentile_interval
 
     report, protocol, _ = STUDIES[study]
-    pub = json.loads((RESULTS_DIR / report).read_text())
+    pub = read_json(RESULTS_DIR / report)
     spec = load_spec(ROOT / "benchmarks" / "studies" / "protocols" / protocol)
     resamples, n_eval = spec["evaluation"]["bootstrap_resamples"], len(spec["evaluation"]["seeds"])
     cache: dict[tuple[str, str, int], Any] = {}
