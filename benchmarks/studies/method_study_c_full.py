@@ -14,8 +14,9 @@ two-way (pigeonhole) bootstrap over replicates x seeds.
 Storage (`benchmarks/results/method_study_c/`): `full_runs.csv.gz`, one row per tuning run and two per evaluation
 run (post `none` and `ts`: an evaluation run of a `none` cell records TS stacked on it, one of a `ts` cell its
 backbone without TS), every row with `benchmarks.provenance` and the source hash; `full_rows_<regime>.npz`, the
-compact test rows (uint16 confidence, bit-packed correctness) of the cells a claim names, replicate 1, the
-first 2 evaluation seeds (protocol deviation 2). New rows are appended to `full_runs.journal.csv` as they finish
+compact test rows (confidence one byte, bin-exact, `row_encoding.py`; the first runs' uint16 still read;
+bit-packed correctness) of the cells a claim names, replicate 1, the first 2 evaluation seeds (protocol
+deviation 2). New rows are appended to `full_runs.journal.csv` as they finish
 (crash-safe: a truncated last line is dropped) and merged into the table when the command ends. A finished run
 is a row and is never rerun; a trial whose rows exist is replayed (the TPE sampler is seeded, so re-asking it
 after the same history draws the same parameters; a mismatch stops the study). A tuning run whose parameters
