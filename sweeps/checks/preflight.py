@@ -523,6 +523,20 @@ def probe_tcp(host: str, port: int, timeout: float = TIMEOUT_S) -> str | None:
         return exc.strerror or str(exc)
 
 
+def _tls_context() -> ssl.SSLContext:
+    """The certificate check the MLflow client makes: MLFLOW_TRACKING_SERVER_CERT_PATH's CA when set (a private
+    CA, e.g. the cluster's: deploy/dev_tls.py), else the system's; none with MLFLOW_TRACKING_INSECURE_TLS=true."""
+    if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() in ("true", "1"):
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        return ctx
+    ca = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or None
+    try:
+        return ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"MLFLOW_TRACKING_SERVER_CERT_PATH: {ca} is not a readable PEM certificate ({exc})") from None
+
+
 def _probe_http(uri: str, timeout: float = TIMEOUT_S) -> str | None:
     """None when an MLflow server answers at `uri` (any status on /health but 404 or a gateway error),
     else why not."""
@@ -534,8 +548,7 @@ def _probe_http(uri: str, timeout: float = TIMEOUT_S) -> str | None:
         return "invalid port"
     netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
     url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # reachability only; nothing is sent
+    ctx = _tls_context()
     req = urllib.request.Request(url, headers={"User-Agent": "calib-sweep-preflight"})
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ctx):
@@ -551,6 +564,10 @@ def _probe_http(uri: str, timeout: float = TIMEOUT_S) -> str | None:
         reason = exc.reason
     except OSError as exc:
         reason = exc
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        ca = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH")
+        fix = f"is {ca} its CA's certificate?" if ca else "set MLFLOW_TRACKING_SERVER_CERT_PATH to its CA's certificate"
+        return f"its TLS certificate is not trusted here ({reason.verify_message}): {fix}"
     if isinstance(reason, socket.gaierror):
         return f"cannot resolve host {host!r}"
     if isinstance(reason, TimeoutError) or "timed out" in str(reason):

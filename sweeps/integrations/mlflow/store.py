@@ -98,9 +98,21 @@ def is_forbidden(exc: BaseException) -> bool:
     return isinstance(exc, MlflowException) and "error code 403" in str(exc)
 
 
+def is_untrusted_tls(exc: BaseException) -> bool:
+    """Whether a call failed because the server's TLS certificate does not verify against the client's CAs
+    (MLFLOW_TRACKING_SERVER_CERT_PATH, else the system's); requests reports it as a ConnectionError."""
+    import ssl
+
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return True
+    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether a client call failed because the server could not be reached or failed (HTTP 500), not because the
     call was wrong: the calls to retry."""
+    if is_untrusted_tls(exc):
+        return False  # a certificate the client does not trust: waiting does not fix it
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     try:
