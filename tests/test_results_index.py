@@ -61,3 +61,23 @@ def test_a_gzipped_result_json_is_read_and_written_by_its_plain_name(tmp_path):
     before = (tmp_path / "a.json.gz").read_bytes()
     write_json(tmp_path / "a.json.gz", read_json(tmp_path / "a.json"))
     assert (tmp_path / "a.json.gz").read_bytes() == before  # mtime 0: the same content, the same bytes
+
+
+def test_the_results_folder_stays_under_its_budget():
+    """Issue #31: `benchmarks/results` under 15 MB in the working tree (the files git tracks: a running study's
+    journal is not a result yet), and no one study's compact folder over 10 MB."""
+    import subprocess
+
+    root = INDEX.parent
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", str(root)], capture_output=True, check=True, cwd=root
+    ).stdout.split(b"\0")
+    files = [root.parents[1] / f.decode() for f in listed if f]
+    sizes = {f: f.stat().st_size for f in files if f.is_file()}
+    total = sum(sizes.values())
+    assert total < 15e6, f"benchmarks/results holds {total / 1e6:.1f} MB of tracked files (budget 15 MB)"
+    per_folder: dict[str, int] = {}
+    for f, n in sizes.items():
+        if f.parent != root:
+            per_folder[f.parent.name] = per_folder.get(f.parent.name, 0) + n
+    assert all(n < 10e6 for n in per_folder.values()), per_folder
