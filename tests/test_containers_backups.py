@@ -108,15 +108,16 @@ def test_the_backup_cronjob_dumps_all_three_databases_and_each_restores(stack, m
         url = f"http://127.0.0.1:{port}"
         timings["mlflow_started_s"] = round(time.monotonic() - t0, 1)
 
-        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", stack.auth[0])
-        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", stack.auth[1])
+        admin = (secrets["mlflow-auth"]["admin-username"], secrets["mlflow-auth"]["admin-password"])
+        # a users database of its own: its one user is the admin (the sweep's user lives in the stack's)
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", admin[0])
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", admin[1])
         client = mlflow.MlflowClient(tracking_uri=url)
         experiment = client.create_experiment(f"backed-up-{tag}")
         run = client.create_run(experiment, run_name=f"run-{tag}")
         client.log_metric(run.info.run_id, "val_ece", 0.0625)
         client.set_terminated(run.info.run_id)
 
-        admin = (secrets["mlflow-auth"]["admin-username"], secrets["mlflow-auth"]["admin-password"])
         user = f"analyst-{tag}"
         status, body = _post(
             f"{url}/api/2.0/mlflow/users/create", admin, {"username": user, "password": uuid.uuid4().hex}

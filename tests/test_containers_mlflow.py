@@ -232,9 +232,10 @@ def test_an_older_database_is_backed_up_migrated_before_any_server_and_restorabl
         port = free_port()
         name, container = start_mlflow(cluster, stack.resources, "mlflow-old", port, with_init=False, service=False)
         cluster.wait_ready(name, container, timeout=300)
+        admin = stack.secrets["mlflow-auth"]  # this database's only user (the sweep's user is the stack's)
         status, body = _http(
             f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=made-by-previous-mlflow",
-            stack.auth,
+            (admin["admin-username"], admin["admin-password"]),
         )
         assert status == 200, body
     finally:

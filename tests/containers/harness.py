@@ -167,6 +167,17 @@ class Cluster:
                 # a projected token (+ the CA and namespace): the cluster's service-account files
                 args += ["-v", f"{self.service_account_token()}:{m['mountPath']}:ro"]
                 continue
+            if "configMap" in v:
+                # the ConfigMap's keys as files (its `items` when given), read-only, as the kubelet projects them
+                data = self.config_maps[v["configMap"]["name"]]
+                items = v["configMap"].get("items") or [{"key": k, "path": k} for k in data]
+                host = self.workdir / "configmaps" / pod / m["name"]
+                host.mkdir(parents=True, exist_ok=True)
+                for item in items:
+                    (host / item["path"]).write_text(data[item["key"]])
+                    (host / item["path"]).chmod(0o444)
+                args += ["-v", f"{host}:{m['mountPath']}:ro"]
+                continue
             if "emptyDir" in v:
                 host = self.workdir / "pods" / pod / m["name"]
             elif "persistentVolumeClaim" in v:

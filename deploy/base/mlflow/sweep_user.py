@@ -50,7 +50,44 @@ def wait_for_server(uri: str, timeout: float) -> None:
     sys.exit(f"sweep-user: MLflow at {uri} did not answer /health within {timeout:g} s ({last})")
 
 
-def grant_edit(auth, user: str, resource_type: str, resource_id: str) -> None:
+class AuthApi:
+    """The basic-auth app's REST API (the endpoints of mlflow.server.auth.client.AuthServiceClient), called through
+    MLflow's own HTTP helpers: importing that client would import the server-side auth app, which reads the
+    server's basic_auth.ini at import."""
+
+    def __init__(self, uri: str) -> None:
+        from mlflow.utils.credentials import get_default_host_creds
+
+        self.creds = get_default_host_creds(uri)
+
+    def _call(self, path: str, method: str, **kwargs):
+        from mlflow.utils.rest_utils import http_request, verify_rest_response
+
+        resp = verify_rest_response(http_request(self.creds, path, method, **kwargs), path)
+        return resp.json() if resp.content else {}
+
+    def get_user(self, user: str) -> dict:
+        return self._call("/api/2.0/mlflow/users/get", "GET", params={"username": user})["user"]
+
+    def create_user(self, user: str, password: str) -> None:
+        self._call("/api/2.0/mlflow/users/create", "POST", json={"username": user, "password": password})
+
+    def update_user_password(self, user: str, password: str) -> None:
+        self._call("/api/2.0/mlflow/users/update-password", "PATCH", json={"username": user, "password": password})
+
+    def update_user_admin(self, user: str, is_admin: bool) -> None:
+        self._call("/api/2.0/mlflow/users/update-admin", "PATCH", json={"username": user, "is_admin": is_admin})
+
+    def grant_user_permission(self, user: str, resource_type: str, resource_id: str, permission: str) -> None:
+        body = {"username": user, "resource_type": resource_type, "resource_id": resource_id, "permission": permission}
+        self._call("/api/3.0/mlflow/users/permissions/grant", "POST", json=body)
+
+    def revoke_user_permission(self, user: str, resource_type: str, resource_id: str) -> None:
+        body = {"username": user, "resource_type": resource_type, "resource_id": resource_id}
+        self._call("/api/3.0/mlflow/users/permissions/revoke", "POST", json=body)
+
+
+def grant_edit(auth: AuthApi, user: str, resource_type: str, resource_id: str) -> None:
     """Give `user` exactly EDIT on the resource (a grant is not an update: an earlier one, perhaps raised to MANAGE
     by hand, is revoked first)."""
     from mlflow.exceptions import RestException
@@ -67,7 +104,6 @@ def grant_edit(auth, user: str, resource_type: str, resource_id: str) -> None:
 def main() -> int:
     from mlflow import MlflowClient
     from mlflow.exceptions import RestException
-    from mlflow.server import get_app_client
 
     uri = os.environ["MLFLOW_TRACKING_URI"]
     user, password = os.environ["SWEEP_USERNAME"], os.environ["SWEEP_PASSWORD"]
@@ -76,7 +112,7 @@ def main() -> int:
     if user == os.environ.get("MLFLOW_TRACKING_USERNAME"):
         sys.exit(f"sweep-user: the sweep's user {user!r} is the admin: give Secret mlflow-tracking a user of its own")
     wait_for_server(uri, float(os.environ.get("WAIT_TIMEOUT", "600")))
-    auth = get_app_client("basic-auth", tracking_uri=uri)
+    auth = AuthApi(uri)
     client = MlflowClient(uri)
     try:
         existing = auth.get_user(user)
@@ -89,7 +125,7 @@ def main() -> int:
         print(f"sweep-user: created user {user!r}")
     else:
         auth.update_user_password(user, password)
-        if existing.is_admin:
+        if existing.get("is_admin"):
             auth.update_user_admin(user, False)
             print(f"sweep-user: took admin rights from {user!r}")
         print(f"sweep-user: user {user!r} exists; password set from the Secret")
