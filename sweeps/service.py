@@ -184,6 +184,7 @@ def _execute(
     from sweeps.integrations.ray.session import end as end_session
     from sweeps.integrations.ray.session import reap_stale
     from sweeps.integrations.ray.session import track as track_session
+    from sweeps.integrations.ray.worker_logs import hide_worker_teardown
 
     assert cfg.tracking.uri and cfg.storage_path
     exp_path = f"{cfg.storage_path.rstrip('/')}/{cfg.name}"
@@ -244,6 +245,7 @@ def _execute(
         runs_closed_on_failure(store, experiment_id, parent_id, cfg.name, tracking),
         installed(cfg.name, callbacks, reporter),
         contextlib.closing(study_guard),
+        contextlib.nullcontext() if verbose else hide_worker_teardown(),
     ):
         _route_sigterm(stops)
         print(intro(cfg, exp_path, parent_id, resumed=restoring), flush=True)

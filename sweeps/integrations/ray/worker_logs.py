@@ -1,0 +1,113 @@
+"""What the Ray workers print, as the driver forwards it: a worker's SIGTERM teardown is not for people.
+
+Ray stops a worker with SIGTERM (an actor Tune has finished with, the idle workers at shutdown), and the
+worker's handler raises SystemExit wherever Python happens to be. When that is a garbage-collection callback,
+Python prints "Exception ignored in ... SystemExit: 1" to the worker's stderr and the driver forwards it: a
+traceback after a sweep that went well. The filter drops exactly such blocks (a traceback through Ray's
+`sigterm_handler` ending in SystemExit) and passes every other line, other tracebacks included, unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_STARTS = re.compile(r"^(Exception ignored in|Traceback \(most recent call last\):)")
+_CHAINS = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
+_TEARDOWN = "sigterm_handler"
+_HANDLER = "ray_print_logs"  # the name ray.init gives the driver's printing handler
+
+
+class TeardownFilter:
+    """Drops SIGTERM teardown tracebacks from workers' stderr; a block split over batches waits for its end."""
+
+    def __init__(self) -> None:
+        self._pending: dict[Any, list[str]] = {}  # per worker stream: an unfinished block's lines
+
+    def lines(self, stream: Any, lines: list[str]) -> list[str]:
+        """The `lines` of one batch from `stream` (a worker's stderr) that people should see."""
+        shown: list[str] = []
+        block = self._pending.pop(stream, None)
+        ended = False  # the block has had an exception line; blank lines or a chained traceback may follow
+        for line in lines:
+            if block is not None and ended and line.strip() and not _CHAINS.match(line):
+                shown.extend(_shown(block))
+                block, ended = None, False
+            if block is None:
+                if _STARTS.match(line):
+                    block = [line]
+                else:
+                    shown.append(line)
+                continue
+            block.append(line)
+            if _CHAINS.match(line):
+                ended = False
+            elif not _continues(line):
+                ended = True
+        if block is not None and ended:  # a finished block is not held for a chain that may never come
+            shown.extend(_shown(block))
+        elif block is not None:
+            self._pending[stream] = block
+        return shown
+
+    def flush(self) -> dict[Any, list[str]]:
+        """The unfinished blocks, by stream (shown as they are: their end never came)."""
+        pending, self._pending = self._pending, {}
+        return pending
+
+
+def _continues(line: str) -> bool:
+    """Whether a line inside a traceback block is not yet its final exception line."""
+    return not line.strip() or line[0].isspace() or bool(_STARTS.match(line) or _CHAINS.match(line))
+
+
+def _shown(block: list[str]) -> list[str]:
+    """A finished block as people see it: nothing if it is a SIGTERM teardown, else whole."""
+    raised = [ln for ln in block if ln.strip() and not _continues(ln)]
+    teardown = all(ln.startswith("SystemExit") for ln in raised) and any(_TEARDOWN in ln for ln in block)
+    return [] if teardown else block
+
+
+@contextlib.contextmanager
+def hide_worker_teardown() -> Iterator[None]:
+    """While the sweep runs, the driver's printing of worker output skips SIGTERM teardown tracebacks."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    with dispatcher._lock:
+        originals = [(name, fn) for name, fn in dispatcher.handlers if name == _HANDLER]
+    if not originals:  # Ray forwards nothing to this driver (log_to_driver=False)
+        yield
+        return
+    print_logs = originals[0][1]
+    teardown = TeardownFilter()
+    last: dict[Any, dict[str, Any]] = {}  # per stream, its last batch (what a flushed block is printed as)
+
+    def filtered(data: dict[str, Any]) -> None:
+        if data.get("is_err") and data.get("lines"):
+            stream = (data.get("ip"), data.get("pid"))
+            last[stream] = data
+            data = {**data, "lines": teardown.lines(stream, list(data["lines"]))}
+            if not data["lines"]:
+                return
+        print_logs(data)
+
+    _swap(dispatcher, print_logs, filtered)
+    try:
+        yield
+    finally:
+        if _swap(dispatcher, filtered, print_logs):  # still connected: what never finished is shown as it is
+            for stream, lines in teardown.flush().items():
+                print_logs({**last[stream], "lines": lines})
+
+
+def _swap(dispatcher: Any, old: Callable[..., Any], new: Callable[..., Any]) -> bool:
+    """Replace the printing handler `old` by `new` in place; False when `old` is gone (Ray shut down)."""
+    with dispatcher._lock:
+        handlers = list(dispatcher.handlers)
+        hit = [i for i, (name, fn) in enumerate(handlers) if name == _HANDLER and fn is old]
+        for i in hit:
+            handlers[i] = (_HANDLER, new)
+        dispatcher.handlers = handlers
+    return bool(hit)

@@ -1,0 +1,108 @@
+"""A worker's SIGTERM teardown traceback is not forwarded to people; every other line, tracebacks included, is."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+from sweeps.integrations.ray.worker_logs import TeardownFilter, hide_worker_teardown
+
+# what a trial actor printed in CI (Ray 2.60, Python 3.11) when SIGTERM came during a garbage-collection callback
+TEARDOWN = [
+    "Exception ignored in: <function WeakSet.__init__.<locals>._remove at 0x7f451d3f25c0>",
+    "Traceback (most recent call last):",
+    '  File "/usr/lib/python3.11/_weakrefset.py", line 39, in _remove',
+    "    def _remove(item, selfref=ref(self)):",
+    "",
+    '  File "/venv/lib/python3.11/site-packages/ray/_private/worker.py", line 1063, in sigterm_handler',
+    "    raise_sys_exit_with_custom_error_message(",
+    '  File "python/ray/_raylet.pyx", line 712, in ray._raylet.raise_sys_exit_with_custom_error_message',
+    "SystemExit: 1",
+]
+REAL = [
+    "Traceback (most recent call last):",
+    '  File "/app/train.py", line 3, in <module>',
+    "    loss.backward()",
+    "RuntimeError: CUDA error: out of memory",
+]
+
+
+def test_teardown_block_is_dropped_and_lines_around_it_kept():
+    f = TeardownFilter()
+    assert f.lines("w", ["epoch 1 done", *TEARDOWN, "bye"]) == ["epoch 1 done", "bye"]
+    assert f.flush() == {}
+
+
+def test_other_tracebacks_pass_whole():
+    f = TeardownFilter()
+    assert f.lines("w", [*REAL, "next"]) == [*REAL, "next"]
+    # a SystemExit raised by the user's own code (not Ray's SIGTERM handler) is shown too
+    own = ["Traceback (most recent call last):", '  File "/app/t.py", line 9, in main', "    sys.exit(1)"]
+    own.append("SystemExit: 1")
+    assert f.lines("w", own) == own
+    # a chained traceback whose first part mentions SIGTERM but ends in another error is a real error
+    chained = [*TEARDOWN[1:-1], "SystemExit: 1", ""]
+    chained += ["During handling of the above exception, another exception occurred:", "", *REAL]
+    assert f.lines("w", chained) == chained
+    # and a teardown with blank lines after it is still one block, dropped
+    assert f.lines("w", [*TEARDOWN, "", "", "next"]) == ["next"]
+
+
+def test_block_split_over_batches_and_streams():
+    f = TeardownFilter()
+    assert f.lines("a", TEARDOWN[:4]) == []  # held: its end has not come
+    assert f.lines("b", ["other worker"]) == ["other worker"]  # another stream is not held back
+    assert f.lines("a", [*TEARDOWN[4:], "after"]) == ["after"]
+    assert f.lines("a", REAL[:2]) == []
+    assert f.flush() == {"a": REAL[:2]}  # never finished: shown as it is
+
+
+def test_driver_printing_skips_teardown_and_is_restored():
+    """Through Ray's own dispatcher as ray.init sets it up: the handler ray_print_logs is wrapped, then put back."""
+    printed: list[dict] = []
+
+    def print_logs(data):
+        printed.append(data)
+
+    dispatcher.add_handler("ray_print_logs", print_logs)
+    try:
+        base = {"ip": "10.0.0.1", "pid": 8087, "actor_name": "train_trial", "job": "01000000"}
+        with hide_worker_teardown():
+            dispatcher.emit({**base, "is_err": True, "lines": TEARDOWN})
+            dispatcher.emit({**base, "is_err": False, "lines": ["Traceback (most recent call last):"]})  # stdout as is
+            dispatcher.emit({**base, "is_err": True, "lines": ["warning: x", *REAL[:2]]})
+        assert [d["lines"] for d in printed] == [["Traceback (most recent call last):"], ["warning: x"], REAL[:2]]
+        assert printed[-1]["actor_name"] == "train_trial"  # the unfinished block keeps its worker's prefix
+        assert [fn for name, fn in dispatcher.handlers if name == "ray_print_logs"] == [print_logs]
+    finally:
+        dispatcher.remove_handler("ray_print_logs")
+
+
+@pytest.mark.slow
+def test_real_ray_worker_output(capfd):
+    """A real Ray worker's stderr, as the driver prints it: the teardown block is gone, a real error is whole."""
+    import ray
+
+    ray.init(include_dashboard=False, num_cpus=1, logging_level="WARNING")
+    try:
+
+        @ray.remote
+        def noisy(lines: list[str]) -> None:
+            sys.stderr.write("\n".join(lines) + "\n")
+            sys.stderr.flush()
+
+        with hide_worker_teardown():
+            ray.get(noisy.remote(["before", *TEARDOWN, "after"]))
+            ray.get(noisy.remote(REAL))
+            deadline = time.monotonic() + 30
+            seen = ""
+            while REAL[-1] not in seen and time.monotonic() < deadline:  # the log monitor forwards within a second
+                time.sleep(0.5)
+                seen += capfd.readouterr().err
+    finally:
+        ray.shutdown()
+    printed = [ln.split(")", 1)[-1].removeprefix("\x1b[0m ").strip() for ln in seen.splitlines() if "noisy pid=" in ln]
+    assert printed == ["before", "after", *[ln.strip() for ln in REAL]], seen
