@@ -107,9 +107,9 @@ def load_result(
     import pandas as pd
 
     from sweeps.contract import TAG_CHAMPION_RUN, TAG_TRIAL, TrackingStore
+    from sweeps.finish import build_result
     from sweeps.integrations.mlflow.existing import started_registered_model
     from sweeps.integrations.mlflow.store import MlflowStore
-    from sweeps.integrations.optuna.study import MEMORY, load_study
     from sweeps.redaction import redact
 
     if isinstance(sweep, SweepConfig):
@@ -148,27 +148,22 @@ def load_result(
         }
         if ci:
             intervals[run.data.tags.get(TAG_TRIAL, "")] = ci
-    return SweepResult(
-        name=cfg.name,
-        champion_run_id=champion_run,
-        champion_trial_id=sel["champion_trial"],
-        champion_label=sel["label"],
-        model_uri=f"models:/{model}/{version}",
-        model_version=version,
-        leaderboard=board,
-        selection=sel["why"],
+    if model != cfg.tracking.registered_model:  # the result names the model the champion is registered as
+        cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"registered_model": model})})
+    return build_result(
+        cfg,
+        champion=(champion_run, sel["champion_trial"], sel["label"]),
+        version=version,
+        board=board,
+        why=sel["why"],
         intervals=intervals,
         confidence=float(sel["confidence"]),
-        parent_run_id=parent.info.run_id,
+        parent_id=parent.info.run_id,
         experiment_id=experiment_id,
-        tracking_uri=cfg.tracking.uri,
-        study_storage=cfg.search.storage or MEMORY,
-        replicates=None,
         best_config={k.removeprefix("search."): v for k, v in champion_params.items() if k.startswith("search.")},
         errors=[
             {"trial_id": str(r["trial_id"]), "label": str(r["label"]), "status": str(r["status"]), "reason": ""}
             for r in board.to_dict("records")
             if r.get("status") not in ("completed", "stopped_early")
         ],
-        study_loader=load_study,
     )

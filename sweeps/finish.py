@@ -20,6 +20,7 @@ from sweeps.contract import (
     TAG_REASON,
     TAG_SELECTION_RULE,
     TS_PREFIX,
+    SweepResult,
     TrackingStore,
     is_number,
     memory_failure,
@@ -35,7 +36,7 @@ from sweeps.decide.uncertainty import (
 )
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS
 from sweeps.integrations.mlflow.sweep_runs import log_intervals
-from sweeps.integrations.optuna.study import MEMORY
+from sweeps.integrations.optuna.study import MEMORY, load_study
 from sweeps.redaction import redact
 from sweeps.report.files import SWEEP_FOLDER, sweep_report_files
 from sweeps.report.summary import tool
@@ -232,3 +233,50 @@ def write_report(
             local.write_text(text, encoding="utf-8")
             return str(local)
     return None
+
+
+def build_result(
+    cfg: SweepConfig,
+    *,
+    champion: tuple[str, str, str],
+    version: str,
+    board: Any,
+    why: str,
+    intervals: dict[str, dict[str, tuple[float, float]]],
+    confidence: float,
+    parent_id: str,
+    experiment_id: str,
+    best_config: dict[str, Any],
+    errors: list[dict[str, str]],
+    replicates: Replicates | None = None,
+    timings: dict[str, float] | None = None,
+    alias: str = "champion",
+    gate: str = "",
+) -> SweepResult:
+    """The one place a SweepResult is made (a sweep that just ran, or one read back from MLflow): what follows
+    from the config (name, model URI, tracking URI, study and its loader) is derived here.
+    `champion`: (run id, trial id, label)."""
+    run_id, trial_id, label = champion
+    return SweepResult(
+        name=cfg.name,
+        champion_run_id=run_id,
+        champion_trial_id=trial_id,
+        champion_label=label,
+        model_uri=f"models:/{cfg.tracking.registered_model}/{version}",
+        model_version=version,
+        leaderboard=board,
+        selection=why,
+        intervals=intervals,
+        confidence=confidence,
+        parent_run_id=parent_id,
+        experiment_id=experiment_id,
+        tracking_uri=cfg.tracking.uri or "",
+        study_storage=cfg.search.storage or MEMORY,
+        replicates=replicates,
+        timings=dict(timings or {}),
+        best_config=best_config,
+        errors=errors,
+        alias=alias,
+        gate=gate,
+        study_loader=load_study,
+    )

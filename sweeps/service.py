@@ -6,7 +6,6 @@ import contextlib
 import functools
 import logging
 import os
-import resource
 import signal
 import sys
 import threading
@@ -27,8 +26,16 @@ from sweeps.contract import (
     SweepIncomplete,
     SweepResult,
 )
-from sweeps.decide.selection import select, trial_errors
-from sweeps.finish import add_detail, candidates, log_selection, sweep_replicates, trial_records, write_report
+from sweeps.decide.selection import TrialRecord, select, trial_errors
+from sweeps.finish import (
+    add_detail,
+    build_result,
+    candidates,
+    log_selection,
+    sweep_replicates,
+    trial_records,
+    write_report,
+)
 from sweeps.integrations.mlflow.existing import started_registered_model
 from sweeps.integrations.mlflow.store import MlflowStore
 from sweeps.integrations.mlflow.sweep_runs import (
@@ -42,7 +49,7 @@ from sweeps.integrations.mlflow.sweep_runs import (
 from sweeps.integrations.mlflow.tracking import (
     source_tags,
 )
-from sweeps.integrations.optuna.study import MEMORY, StudyOutageGuard, load_study, make_searcher, mark_champion
+from sweeps.integrations.optuna.study import MEMORY, StudyOutageGuard, make_searcher, mark_champion
 from sweeps.integrations.ray.live_hooks import installed
 from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.integrations.ray.tuner import (
@@ -58,6 +65,7 @@ from sweeps.integrations.ray.tuner import (
 )
 from sweeps.outage import Unavailable
 from sweeps.report.summary import intro, print_summary, sweep_note
+from sweeps.report.timing import PhaseClock
 
 
 def execute(
@@ -178,23 +186,48 @@ def _execute(
     promote: bool = False,
     stops: StopWatch | None = None,
 ) -> SweepResult:
+    """The sweep's phases in order, on one clock: start (Ray and the parent run), trials, closing, selection
+    (bootstrap, rule, report files), registration."""
     stops = stops or StopWatch()
-    from sweeps.integrations.ray.node_loss import NodeLossCallback
-    from sweeps.integrations.ray.resource_wait import PendingTimeout
-    from sweeps.integrations.ray.session import end as end_session
+    clock = PhaseClock()
+    run = _start(cfg, cluster, resume, verbose)
+    records, incomplete = _run_trials(run, verbose, grow, stops, clock)
+    if run.owned:  # the trials are over: Ray's processes and Tune's records go before selection needs the memory
+        from sweeps.integrations.ray.session import end as end_session
+
+        end_session(run.session)
+        release_memory()
+    clock.end("closing")
+    if incomplete:
+        raise SweepIncomplete(sum(rec.status == "completed" for rec in records), run.cfg.search.num_samples)
+    return _choose_and_register(run, records, promote, verbose, clock)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What start-up made: the sweep's config (with the registered model's name it keeps), its store, Ray
+    experiment path, parent run and the local Ray session's record (None on a cluster)."""
+
+    cfg: SweepConfig
+    store: MlflowStore
+    exp_path: str
+    opened: _Opened
+    session: Path | None
+    owned: bool  # this driver started or joined Ray itself (a Ray the caller started stays up)
+
+
+def _start(cfg: SweepConfig, cluster: bool, resume: bool, verbose: bool) -> _Run:
+    """Ray started (its processes boot on the other core) while the MLflow store is set up and the parent run
+    opened; a failure of either leaves the runs closed."""
     from sweeps.integrations.ray.session import reap_stale
     from sweeps.integrations.ray.session import track as track_session
-    from sweeps.integrations.ray.worker_logs import hide_worker_teardown
 
     assert cfg.tracking.uri and cfg.storage_path
     exp_path = f"{cfg.storage_path.rstrip('/')}/{cfg.name}"
     store = MlflowStore(cfg.tracking.uri, outage_timeout_s=cfg.tracking.outage_timeout_s)
-    t_start = time.perf_counter()
-    rss: dict[str, float] = {}  # the driver's peak RSS so far, MB, at the end of each phase
     if not cluster:  # a SIGKILLed driver's local Ray processes: stopped before this one starts its own
         reap_stale(cfg.storage_path)
-    owned = not ray_connected()  # a Ray the caller started stays up
-    # Ray starts (its processes boot on the other core) while the MLflow store is set up and the parent run opened.
+    owned = not ray_connected()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-setup") as pool:
         opening = pool.submit(_open_tracking, cfg, store, exp_path, resume)
         try:
@@ -207,16 +240,28 @@ def _execute(
             with runs_closed_on_failure(store, opened.experiment_id, opened.parent_id, cfg.name):
                 raise
         opened = opening.result()
-    experiment_id, parent_id, restoring, grown = opened.experiment_id, opened.parent_id, opened.restoring, opened.grown
-    sources = opened.sources
     if opened.registered_model != cfg.tracking.registered_model:  # a resumed sweep keeps its model's name
         cfg = cfg.model_copy(
             update={"tracking": cfg.tracking.model_copy(update={"registered_model": opened.registered_model})}
         )
-    assert cfg.tracking.uri and cfg.storage_path  # as above (the copy changed neither; for the type checker)
+    return _Run(cfg, store, exp_path, opened, session, owned)
+
+
+def _run_trials(
+    run: _Run, verbose: bool, grow: bool, stops: StopWatch, clock: PhaseClock
+) -> tuple[list[TrialRecord], bool]:
+    """Tune's fit (restored, resumed in process after lost workers, grown), its runs delivered and closed: every
+    trial's record, and whether trials were left unfinished."""
+    from sweeps.integrations.ray.node_loss import NodeLossCallback
+    from sweeps.integrations.ray.resource_wait import PendingTimeout
+    from sweeps.integrations.ray.worker_logs import hide_worker_teardown
+
+    cfg, store, opened = run.cfg, run.store, run.opened
+    experiment_id, parent_id = opened.experiment_id, opened.parent_id
+    assert cfg.tracking.uri and cfg.storage_path  # as in _start (for the type checker)
     r = cfg.resources
-    progress = ProgressCallback(max([cfg.search.num_samples, *grown]), cfg.selection)
-    tracking = tracking_callback(cfg, store, experiment_id, parent_id, sources)
+    progress = ProgressCallback(max([cfg.search.num_samples, *opened.grown]), cfg.selection)
+    tracking = tracking_callback(cfg, store, experiment_id, parent_id, opened.sources)
     # the study's database away past search.storage_outage_timeout_s ends the fit (integrations/optuna/study.py)
     study_guard = StudyOutageGuard(cfg.name, cfg.search.storage_outage_timeout_s, lambda: stops.requested)
     callbacks = [
@@ -230,7 +275,7 @@ def _execute(
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
     trainable = make_trainable(cfg, verbose)
     searcher = functools.partial(make_searcher, cfg)  # the tuner's search algorithm, by seed offset (a grown sweep)
-    if session is not None:
+    if run.session is not None:
 
         def close_runs(writer: Any = tracking) -> None:
             with contextlib.suppress(Exception):
@@ -239,7 +284,7 @@ def _execute(
             store.close_open_runs(experiment_id, cfg.name, "KILLED")
             store.terminate(parent_id, "KILLED")
 
-        stops.on_sigterm = _watch_for_lost_ray(session, close_runs)
+        stops.on_sigterm = _watch_for_lost_ray(run.session, close_runs)
 
     with (
         runs_closed_on_failure(store, experiment_id, parent_id, cfg.name, tracking),
@@ -248,104 +293,80 @@ def _execute(
         contextlib.nullcontext() if verbose else hide_worker_teardown(),
     ):
         _route_sigterm(stops)
-        print(intro(cfg, exp_path, parent_id, resumed=restoring), flush=True)
+        print(intro(cfg, run.exp_path, parent_id, resumed=opened.restoring), flush=True)
         tuner = (
-            tune.Tuner.restore(exp_path, trainable, resume_unfinished=True, resume_errored=True)
-            if restoring
+            tune.Tuner.restore(run.exp_path, trainable, resume_unfinished=True, resume_errored=True)
+            if opened.restoring
             else build_tuner(cfg, trainable, searcher)
         )
-        t_fit = time.perf_counter()
-        rss["fit"] = peak_rss_mb()
-        grids = [fit_resuming_lost_workers(tuner, exp_path, trainable, cfg.resources.max_failures, stops)]
+        clock.end("ray_start")
+        grids = [fit_resuming_lost_workers(tuner, run.exp_path, trainable, cfg.resources.max_failures, stops)]
         if not stops.requested:  # an interrupted sweep (a resume too) stops here; it grows only when it finished
-            grids += grow_sweep(cfg, store, parent_id, grids[0], grown, trainable, searcher, progress, grow, stops)
+            grids += grow_sweep(
+                cfg, store, parent_id, grids[0], opened.grown, trainable, searcher, progress, grow, stops
+            )
         tracking.flush()  # what the trials reported reaches MLflow (raises the outage that stopped it)
         tracking.close()
         for results in grids:
-            deliver_missed_completions(results, store, experiment_id, cfg.name, tracking, resumed=restoring)
-        t_trials = time.perf_counter()
-        rss["trials"] = peak_rss_mb()
+            deliver_missed_completions(results, store, experiment_id, cfg.name, tracking, resumed=opened.restoring)
+        clock.end("trials")
         records = [rec for results in grids for rec in trial_records(results, store, experiment_id, cfg.name)]
         incomplete = close_trials(cfg, store, experiment_id, parent_id, grids, records, interrupted=stops.requested)
         # nothing of Tune outlives the trial phase (the loggers' per-trial files, the last grid of the loop above)
         del tuner, grids, results, callbacks, tracking, progress, reporter
-    if owned:  # the trials are over: Ray's processes and Tune's records go before selection needs the memory
-        end_session(session)
-        release_memory()
-    t_closed = time.perf_counter()
-    if incomplete:
-        raise SweepIncomplete(sum(rec.status == "completed" for rec in records), cfg.search.num_samples)
+    return records, incomplete
+
+
+def _choose_and_register(
+    run: _Run, records: list[TrialRecord], promote: bool, verbose: bool, clock: PhaseClock
+) -> SweepResult:
+    """The champion chosen on validation (bootstrap, rule), reported, registered (the champion gate) and
+    summed up; the parent run FINISHED."""
+    cfg, store = run.cfg, run.store
+    experiment_id, parent_id = run.opened.experiment_id, run.opened.parent_id
     records = candidates(records, cfg.selection.metric)  # every trial as trained, and + TS where measured
     with runs_closed_on_failure(store, experiment_id, parent_id, cfg.name):
         try:
             reps = sweep_replicates(records, cfg)
-            t_reps = time.perf_counter()
-            rss["reps"] = peak_rss_mb()
+            clock.end("bootstrap")
             chosen, why = select(records, cfg.selection, reps)
             add_detail(reps, records, cfg, chosen.trial_id)
         except ValueError as exc:
             raise SweepError(str(exc)) from None
-        t_select = time.perf_counter()
-        rss["select"] = peak_rss_mb()
+        clock.end("select")
         board, ranks = log_selection(store, parent_id, records, chosen, why, reps, cfg)
-        t_report = time.perf_counter()
-        rss["report"] = peak_rss_mb()
+        clock.end("report")
         version, alias, gate_line = register_champion(cfg, store, chosen, promote)
         mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial, cfg.search.storage_outage_timeout_s)
         report_path = write_report(
-            cfg, store, parent_id, experiment_id, exp_path, records, chosen, why, gate_line, reps, board
+            cfg, store, parent_id, experiment_id, run.exp_path, records, chosen, why, gate_line, reps, board
         )
         store.set_tags(parent_id, {NOTE_TAG: sweep_note(cfg, experiment_id, chosen, why, version, alias, gate_line)})
         store.terminate(parent_id, "FINISHED")
-        t_end = time.perf_counter()
-        rss["end"] = peak_rss_mb()
+        clock.end("registration")
     print_summary(board, ranks, why, cfg, version, alias, experiment_id, verbose)
     if gate_line:
         print(gate_line)
     if report_path:
         print(f"Report: {report_path}")
-    timings = {
-        "ray_start_s": t_fit - t_start,
-        "trials_s": t_trials - t_fit,
-        "selection_registration_s": t_end - t_trials,
-        "closing_s": t_closed - t_trials,
-        "bootstrap_s": t_reps - t_closed,
-        "select_s": t_select - t_reps,
-        "report_s": t_report - t_select,
-        "registration_s": t_end - t_report,
-        **{f"peak_rss_mb_{phase}": mb for phase, mb in rss.items()},
-    }
-    print(
-        f"Timing: Ray start {t_fit - t_start:.1f}s, trials {t_trials - t_fit:.1f}s, "
-        f"selection and registration {t_end - t_trials:.1f}s (closing the trials {t_closed - t_trials:.1f}s, "
-        f"bootstrap {t_reps - t_closed:.1f}s, "
-        f"rule {t_select - t_reps:.1f}s, report files {t_report - t_select:.1f}s, "
-        f"registration {t_end - t_report:.1f}s); driver peak RSS {rss['end'] / 1e3:.2f} GB "
-        f"({rss['trials'] / 1e3:.2f} GB before selection)"
-    )
+    print(clock.line())
     intervals = {tid: {k: _float_pair(reps.interval(tid, k)) for k in reps.values[tid]} for tid in reps.values}
-    return SweepResult(
-        name=cfg.name,
-        champion_run_id=chosen.run_id or "",
-        champion_trial_id=chosen.trial_id,
-        champion_label=chosen.label,
-        model_uri=f"models:/{cfg.tracking.registered_model}/{version}",
-        model_version=str(version),
-        leaderboard=board,
-        selection=why,
+    return build_result(
+        cfg,
+        champion=(chosen.run_id or "", chosen.trial_id, chosen.label),
+        version=str(version),
+        board=board,
+        why=why,
         intervals=intervals,
         confidence=reps.level,
-        parent_run_id=parent_id,
+        parent_id=parent_id,
         experiment_id=experiment_id,
-        tracking_uri=cfg.tracking.uri,
-        study_storage=cfg.search.storage or MEMORY,
-        replicates=reps,
-        timings=timings,
         best_config=dict(chosen.params),
         errors=trial_errors(records),
+        replicates=reps,
+        timings=clock.timings(),
         alias=alias,
         gate=gate_line,
-        study_loader=load_study,
     )
 
 
@@ -388,11 +409,6 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-def peak_rss_mb() -> float:
-    """The driver process's peak resident memory so far, MB (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 
 
 def _float_pair(interval: tuple[float, float]) -> tuple[float, float]:

@@ -1,0 +1,62 @@
+"""Where a sweep's time and memory went: one clock over its phases, and the timing line it ends with."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+
+def peak_rss_mb() -> float:
+    """The driver process's peak resident memory so far, MB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+
+
+class PhaseClock:
+    """One timer for the sweep's phases: when each ended, and the driver's peak RSS then."""
+
+    # (phase, its key in SweepResult.timings, its peak-RSS key), in the order the phases run
+    PHASES = (
+        ("ray_start", "ray_start_s", "fit"),
+        ("trials", "trials_s", "trials"),
+        ("closing", "closing_s", "closed"),
+        ("bootstrap", "bootstrap_s", "reps"),
+        ("select", "select_s", "select"),
+        ("report", "report_s", "report"),
+        ("registration", "registration_s", "end"),
+    )
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.ends: dict[str, float] = {}
+        self.rss_mb: dict[str, float] = {}
+
+    def end(self, phase: str) -> None:
+        """Phase `phase` (one of PHASES) ends now."""
+        if phase not in {p for p, _, _ in self.PHASES}:
+            raise ValueError(f"unknown phase {phase!r}: one of {', '.join(p for p, _, _ in self.PHASES)}")
+        self.ends[phase] = time.perf_counter()
+        self.rss_mb[phase] = peak_rss_mb()
+
+    def seconds(self, phase: str) -> float:
+        """How long `phase` took (from the end of the phase before it)."""
+        names = [p for p, _, _ in self.PHASES]
+        before = [self.ends[p] for p in names[: names.index(phase)] if p in self.ends]
+        return self.ends[phase] - (before[-1] if before else self.started)
+
+    def timings(self) -> dict[str, float]:
+        """SweepResult.timings: each phase's seconds, selection and registration together, peak RSS by phase."""
+        out = {key: self.seconds(p) for p, key, _ in self.PHASES}
+        out["selection_registration_s"] = self.ends["registration"] - self.ends["trials"]
+        out.update({f"peak_rss_mb_{rss}": self.rss_mb[p] for p, _, rss in self.PHASES})
+        return out
+
+    def line(self) -> str:
+        """The sweep's last line: where the time went, and the driver's memory."""
+        s = self.seconds
+        return (
+            f"Timing: Ray start {s('ray_start'):.1f}s, trials {s('trials'):.1f}s, "
+            f"selection and registration {self.ends['registration'] - self.ends['trials']:.1f}s "
+            f"(closing the trials {s('closing'):.1f}s, bootstrap {s('bootstrap'):.1f}s, rule {s('select'):.1f}s, "
+            f"report files {s('report'):.1f}s, registration {s('registration'):.1f}s); driver peak RSS "
+            f"{self.rss_mb['registration'] / 1e3:.2f} GB ({self.rss_mb['trials'] / 1e3:.2f} GB before selection)"
+        )
