@@ -235,7 +235,7 @@ class ResourcesConfig(_Strict):
     # restored on --resume (it then fails; the sweep goes on). Set it for big models only.
     checkpoints_to_keep: int | None = Field(default=None, ge=1)
     # How long the sweep waits with trials pending and none running (a cluster autoscaling to fit
-    # a trial) before it ends with an error; None waits for ever. See sweeps/checks/preflight.py.
+    # a trial) before it ends with an error; None waits for ever. See sweeps/integrations/ray/resource_wait.py.
     pending_timeout_s: float | None = Field(default=900.0, gt=0.0)
     # Above this many trials the launch says so in one warning line (sizes and time grow with it).
     warn_trials: int = Field(default=1000, ge=1)

@@ -10,19 +10,9 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from sweeps.checks.preflight import (
-    check_disk_fits,
-    check_local_data,
-    check_local_resources,
-    check_storage,
-    check_study_storage,
-    check_tracking,
-    check_uri_syntax,
-    fs_errors,
-    is_loopback,
-    probe_remote_storage,
-    uri_host,
-)
+from sweeps.checks.paths import check_storage, fs_errors, probe_remote_storage
+from sweeps.checks.preflight import check_disk_fits, check_local_data, check_local_resources
+from sweeps.checks.servers import check_study_storage, check_tracking, check_uri_syntax, is_loopback, uri_host
 
 if TYPE_CHECKING:
     from sweeps.checks import model_fit

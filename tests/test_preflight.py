@@ -13,7 +13,7 @@ import pytest
 
 from calib_core.config import ConfigError
 from sweeps import contract
-from sweeps.checks import preflight
+from sweeps.checks import paths, preflight, servers
 from sweeps.config import load_sweep_config
 from sweeps.integrations.mlflow import existing
 from sweeps.integrations.ray import cluster
@@ -43,7 +43,7 @@ def _cfg(*overrides: str):
     ],
 )
 def test_loopback_hosts(host, loop):
-    assert preflight.is_loopback(host) is loop
+    assert servers.is_loopback(host) is loop
 
 
 def test_redact_hides_the_password():
@@ -52,7 +52,7 @@ def test_redact_hides_the_password():
 
 
 def test_mount_table_knows_proc():
-    mount = preflight._mount_of(Path("/proc/sys"))
+    mount = paths._mount_of(Path("/proc/sys"))
     if mount is None:
         pytest.skip("no /proc/self/mountinfo")
     assert mount[1] == "proc"
@@ -423,7 +423,7 @@ def test_cluster_waits_for_a_store_that_comes_up_late(capsys):
     url = f"postgresql://u:secret@127.0.0.1:{port}/db"
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match=rf"search.storage: no database answers at 127.0.0.1:{port} \(Connection"):
-        preflight.check_study_storage(url, cluster=False)
+        servers.check_study_storage(url, cluster=False)
     assert time.monotonic() - t0 < 1.0
 
     server = socket.socket()
@@ -437,18 +437,18 @@ def test_cluster_waits_for_a_store_that_comes_up_late(capsys):
     threading.Thread(target=listen_late, daemon=True).start()
     t0 = time.monotonic()
     try:
-        preflight.check_study_storage(url, cluster=True)
+        servers.check_study_storage(url, cluster=True)
     finally:
         server.close()
     waited = time.monotonic() - t0
     assert 1.4 < waited < 10, waited
     err = capsys.readouterr().err
-    assert f"waiting up to {preflight.CLUSTER_WAIT_S:g} s for 127.0.0.1:{port} (Connection refused)" in err
+    assert f"waiting up to {servers.CLUSTER_WAIT_S:g} s for 127.0.0.1:{port} (Connection refused)" in err
     assert "secret" not in err
 
-    reason = preflight._wait_for(lambda: "cannot resolve host 'mlflow'", "http://mlflow:5000", True, wait_s=1.0)
+    reason = servers._wait_for(lambda: "cannot resolve host 'mlflow'", "http://mlflow:5000", True, wait_s=1.0)
     assert reason == "cannot resolve host 'mlflow', still after 1 s"
     # a reason no wait can change fails at once
     t0 = time.monotonic()
-    assert preflight._wait_for(lambda: "HTTP 404 for x", "x", True, wait_s=30) == "HTTP 404 for x"
+    assert servers._wait_for(lambda: "HTTP 404 for x", "x", True, wait_s=30) == "HTTP 404 for x"
     assert time.monotonic() - t0 < 0.5

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from calib_core.config import ConfigError
-from sweeps.checks import preflight
+from sweeps.checks import servers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,29 +98,29 @@ def _other_ca(certs) -> Path:
 def test_preflight_verifies_the_certificate_as_the_client_will(certs, server, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_INSECURE_TLS", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_SERVER_CERT_PATH", str(certs / "mlflow-tls" / "ca.crt"))
-    assert preflight._probe_http(server) is None
-    preflight.check_tracking(server, cluster=True)
+    assert servers._probe_http(server) is None
+    servers.check_tracking(server, cluster=True)
 
     monkeypatch.delenv("MLFLOW_TRACKING_SERVER_CERT_PATH")
-    reason = preflight._probe_http(server)
+    reason = servers._probe_http(server)
     assert reason.startswith("its TLS certificate is not trusted here") and "MLFLOW_TRACKING_SERVER_CERT_PATH" in reason
     t0 = time.monotonic()
     with pytest.raises(ConfigError) as err:
-        preflight.check_tracking(server, cluster=True)  # a cluster waits for transient reasons: not this one
+        servers.check_tracking(server, cluster=True)  # a cluster waits for transient reasons: not this one
     assert time.monotonic() - t0 < 10
     message = str(err.value)
     assert "\n" not in message and "set MLFLOW_TRACKING_SERVER_CERT_PATH to its CA's certificate" in message
 
     monkeypatch.setenv("MLFLOW_TRACKING_SERVER_CERT_PATH", str(_other_ca(certs)))
-    assert "is " + str(_other_ca(certs)) + " its CA's certificate?" in preflight._probe_http(server)
+    assert "is " + str(_other_ca(certs)) + " its CA's certificate?" in servers._probe_http(server)
 
     monkeypatch.setenv("MLFLOW_TRACKING_SERVER_CERT_PATH", str(certs / "missing.crt"))
     with pytest.raises(ConfigError, match="MLFLOW_TRACKING_SERVER_CERT_PATH: .*missing.crt is not a readable PEM"):
-        preflight._probe_http(server)
+        servers._probe_http(server)
 
     monkeypatch.delenv("MLFLOW_TRACKING_SERVER_CERT_PATH")
     monkeypatch.setenv("MLFLOW_TRACKING_INSECURE_TLS", "true")  # MLflow's own switch: no check
-    assert preflight._probe_http(server) is None
+    assert servers._probe_http(server) is None
 
 
 def test_the_clients_certificate_error_is_not_an_outage(server, monkeypatch):
@@ -136,3 +136,21 @@ def test_the_clients_certificate_error_is_not_an_outage(server, monkeypatch):
         MlflowClient(server).get_experiment_by_name("calib-sweeps")
     assert is_untrusted_tls(err.value) and not is_outage(err.value)
     assert os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") is None
+
+
+def test_image_health_check_answers_for_https_and_http_servers(server):
+    """docker/mlflow-healthcheck (the MLflow image's HEALTHCHECK): 0 for a TLS server (certificate not verified,
+    as the kubelet's HTTPS probes), 0 for a plain HTTP one, 1 when nothing answers."""
+    import subprocess
+    import sys
+
+    script = [sys.executable, str(ROOT / "docker" / "mlflow-healthcheck")]
+    assert subprocess.run([*script, server.rsplit(":", 1)[1]], timeout=30).returncode == 0
+    plain = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+    try:
+        assert subprocess.run([*script, str(plain.server_address[1])], timeout=30).returncode == 0
+    finally:
+        plain.shutdown()
+        plain.server_close()
+    assert subprocess.run([*script, str(plain.server_address[1])], timeout=30).returncode == 1

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError
-from sweeps.checks.preflight import address_host, is_loopback, probe_tcp, ray_address
+from sweeps.checks.servers import address_host, is_loopback, probe_tcp, ray_address
 from sweeps.redaction import redact
 
 if TYPE_CHECKING:
