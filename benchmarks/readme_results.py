@@ -239,6 +239,54 @@ def method_study_c_slice(results: Path = RESULTS_DIR) -> str:
     return "\n".join(L)
 
 
+def method_study_c(results: Path = RESULTS_DIR) -> str:
+    """Protocol C's full factorial (replicated tuning): per claim and finished regime, the paired differences of ECE,
+    debiased L2, NLL and accuracy with their 95 % intervals over replicates x seeds and the pre-registered verdict;
+    regimes not finished yet are named as pending."""
+    path = results / "method_study_c.json"
+    if not path.is_file():
+        return "_No protocol C result yet (`benchmarks/results/method_study_c.json`)._"
+    import yaml
+
+    rec = json.loads(path.read_text())
+    spec = yaml.safe_load((PROTOCOLS / "method_study_c.yaml").read_text())
+    regimes = list(spec["regimes"])
+    done = [r for r in regimes if rec["complete"].get(r)]
+    pending = [r for r in regimes if r not in done]
+    L = [
+        "Protocol C, the full factorial (`benchmarks/results/method_study_c.md`; pre-registered; every cell's backbone "
+        "tuned in 3 independent replicates of 32 TPE trials; 24 evaluation seeds per replicate; intervals over "
+        "replicates x seeds, Holm across the four regimes). Finished: "
+        + ", ".join(done)
+        + (
+            f"; still running: {', '.join(pending)} (their verdicts, and every overall verdict, are pending)."
+            if pending
+            else "."
+        )
+        + " Differences are method minus reference, test split, mean [95 % CI]:",
+        "",
+    ]
+    for name, claim in rec["claims"].items():
+        L.append(f"- **{spec['claims'][name]['text']}**: {claim['overall']}")
+        for regime in done:
+            v = claim["per_regime"].get(regime)
+            if v is None:
+                continue
+            m = v["metrics"]
+
+            def cell(key: str, scale: float, unit: str, m: dict = m, d: int = 2) -> str:
+                c = m[key]
+                lo, hi = c["ci95"]
+                return f"{scale * c['mean']:+.{d}f} [{scale * lo:+.{d}f}, {scale * hi:+.{d}f}]{unit}"
+
+            n = f"{m['ece']['n_replicates']} x {m['ece']['n_seeds']}"
+            L.append(
+                f"  - {regime} ({n}): ECE {cell('ece', 100, ' pt')}, debiased L2 {cell('debiased_l2_ce', 100, ' pt')}, "
+                f"NLL {cell('nll', 1, ' nats', d=3)}, accuracy {cell('accuracy', 100, ' pt')}: {v['verdict']}"
+            )
+    return "\n".join(L)
+
+
 def demo_selection(results: Path = RESULTS_DIR) -> str:
     """The demo's selection sentence as one run printed it (benchmarks/perf/bench_reference_arms.py keeps it)."""
     path = results / "bench_reference_arms.json"
@@ -294,6 +342,7 @@ def tabular_demo(results: Path = RESULTS_DIR) -> str:
 
 BLOCKS: dict[str, Callable[[], str]] = {
     "demo_selection": demo_selection,
+    "method_study_c": method_study_c,
     "method_study_c_slice": method_study_c_slice,
     "method_study_v2": method_study_v2,
     "method_study_v2a": method_study_v2a,
