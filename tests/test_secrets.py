@@ -202,7 +202,7 @@ def test_mlflow_run_links_are_silenced(monkeypatch):
     the store turns that off through MLflow's own switch, and forces it off when the URI has a password."""
     from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
 
-    from sweeps.integrations.mlflow.store import QUIET_RUN_LINKS_ENV, quiet_run_links
+    from sweeps.integrations.mlflow.retry import QUIET_RUN_LINKS_ENV, quiet_run_links
 
     assert QUIET_RUN_LINKS_ENV == MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name
     monkeypatch.setenv(QUIET_RUN_LINKS_ENV, "false")

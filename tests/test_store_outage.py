@@ -7,7 +7,8 @@ import pickle
 import pytest
 from mlflow.exceptions import MlflowException
 
-from sweeps.integrations.mlflow.store import OUTAGE_MAX_WAIT_S, MlflowStore, OutageRetry, TrackingUnavailable, is_outage
+from sweeps.integrations.mlflow.retry import OUTAGE_MAX_WAIT_S, OutageRetry, TrackingUnavailable, is_outage
+from sweeps.integrations.mlflow.store import MlflowStore
 
 REFUSED = MlflowException(
     "API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed with exception "

@@ -20,7 +20,8 @@ import requests
 from mlflow.exceptions import MlflowException, RestException
 
 from sweeps.contract import TAG_QUEUE_MAX, TAG_QUEUE_WAIT
-from sweeps.integrations.mlflow.store import MlflowStore, OutageRetry, is_outage, is_server_error
+from sweeps.integrations.mlflow.retry import OutageRetry, is_outage, is_server_error
+from sweeps.integrations.mlflow.store import MlflowStore
 from sweeps.integrations.mlflow.sweep_runs import WRITER_QUEUE_BOUND, UntilTrackingStops
 
 # what MLflow 3 raises for a 500 with its HTTP retries off (MLFLOW_HTTP_REQUEST_MAX_RETRIES=0), as measured
@@ -254,7 +255,7 @@ def test_an_orphan_run_the_user_may_not_delete_is_killed_and_tagged_lost():
 
 
 def test_a_403_is_forbidden_not_an_outage():
-    from sweeps.integrations.mlflow.store import is_forbidden
+    from sweeps.integrations.mlflow.retry import is_forbidden
 
     assert is_forbidden(DENIED) and not is_outage(DENIED) and not is_server_error(DENIED)
     assert is_forbidden(RestException({"error_code": "PERMISSION_DENIED", "message": "no"}))
@@ -354,16 +355,17 @@ def test_the_writer_queue_is_bounded_blocks_the_producer_when_full_and_loses_not
 
 
 def test_mlflow_retries_its_own_requests_only_while_it_logs_a_model(monkeypatch):
-    from sweeps.integrations.mlflow.store import FLUENT_HTTP_RETRIES, fluent_http_retries
+    from sweeps.integrations.mlflow.retry import FLUENT_HTTP_RETRIES, fluent_http_retries
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", raising=False)
-    with fluent_http_retries(MlflowStore("http://tracking:5000", outage_timeout_s=600)):
+    waiting = MlflowStore("http://tracking:5000", outage_timeout_s=600)
+    with fluent_http_retries(waiting.tracking_uri, waiting.retry is not None):
         assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == str(FLUENT_HTTP_RETRIES)
         assert os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] == "1"
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
     assert "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR" not in os.environ
     # a store that does not wait out outages (checks, reading results) and a SQLite store: MLflow as configured
     for store in (MlflowStore("http://tracking:5000"), MlflowStore("sqlite:///x.db", outage_timeout_s=600)):
-        with fluent_http_retries(store):
+        with fluent_http_retries(store.tracking_uri, store.retry is not None):
             assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"

@@ -127,7 +127,7 @@ def test_the_clients_certificate_error_is_not_an_outage(server, monkeypatch):
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from sweeps.integrations.mlflow.store import is_outage, is_untrusted_tls
+    from sweeps.integrations.mlflow.retry import is_outage, is_untrusted_tls
 
     monkeypatch.delenv("MLFLOW_TRACKING_SERVER_CERT_PATH", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_INSECURE_TLS", raising=False)

@@ -52,7 +52,8 @@ from sweeps.contract import (
     TAG_SOURCE_RUN,
     is_finite_number,
 )
-from sweeps.integrations.mlflow.store import MlflowStore, fluent_http_retries
+from sweeps.integrations.mlflow.retry import fluent_http_retries
+from sweeps.integrations.mlflow.store import MlflowStore
 
 LOGGED_MODEL_NAME = "model"
 MODEL_CODE = Path(__file__).with_name("champion_pyfunc.py")
@@ -285,7 +286,8 @@ def _log_portable_model(
         before = store.get_run(run_id).info
         saved_path = list(sys.path)
         try:
-            with fluent_http_retries(store), mlflow.start_run(run_id=run_id, nested=False):
+            retrying = fluent_http_retries(store.tracking_uri, store.retry is not None)
+            with retrying, mlflow.start_run(run_id=run_id, nested=False):
                 info = mlflow.pyfunc.log_model(
                     name=LOGGED_MODEL_NAME,
                     python_model=str(MODEL_CODE),

@@ -41,7 +41,8 @@ from sweeps.contract import (
 )
 from sweeps.decide.selection import POST_TS, TrialRecord
 from sweeps.decide.uncertainty import Replicates, interval_metrics
-from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore, TrackingUnavailable
+from sweeps.integrations.mlflow.retry import TrackingUnavailable
+from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore
 from sweeps.integrations.mlflow.tracking import (
     MLflowTrackingCallback,
     flatten,
