@@ -5,7 +5,7 @@
     kubectl apply -n calib-sweeps -f deploy/overlays/dev/tls.yaml
 
 One Secret per in-cluster server, `kubernetes.io/tls` with the keys cert-manager writes (`tls.crt`, `tls.key`,
-`ca.crt`), so a cluster with cert-manager can issue them instead (a Certificate per server, same secretName):
+`ca.crt`), so a cluster with cert-manager can issue them instead (deploy/components/cert-manager):
 
 - `mlflow-tls`: MLflow's certificate, for the Service `mlflow` in every DNS form a pod uses (`mlflow`,
   `mlflow.<ns>`, `mlflow.<ns>.svc`, `mlflow.<ns>.svc.cluster.local`) and `localhost` / 127.0.0.1 for

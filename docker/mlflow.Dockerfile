@@ -43,15 +43,15 @@ RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/mlflow-image.l
 COPY --chmod=0755 docker/mlflow-entrypoint.sh /usr/local/bin/mlflow-entrypoint.sh
 # Init containers: wait for the database, then `mlflow db upgrade` (tracking and basic-auth schemas).
 COPY --chmod=0755 docker/mlflow-db-upgrade /usr/local/bin/mlflow-db-upgrade
+COPY --chmod=0755 docker/mlflow-healthcheck /usr/local/bin/mlflow-healthcheck
 
 USER 10001:10001
 WORKDIR /home/mlflow
 EXPOSE 5000
 
 # /health needs neither authentication nor an allowed Host header; Kubernetes uses the same
-# endpoint for its liveness/readiness probes (deploy/base/mlflow/deployment.yaml).
-HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:5000/health', timeout=4)"]
+# endpoint for its liveness/readiness probes (deploy/base/mlflow/deployment.yaml). HTTPS first, then HTTP.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 CMD ["mlflow-healthcheck"]
 
 ENTRYPOINT ["/usr/local/bin/mlflow-entrypoint.sh"]
 CMD ["--host", "0.0.0.0", "--port", "5000", "--app-name", "basic-auth", "--serve-artifacts"]

@@ -313,7 +313,7 @@ def check_tracking_uri(resources: list[dict]) -> list[str]:
         u = urlsplit(uri)
         host = (u.hostname or "").split(".")
         svc = services.get(host[0])
-        if u.scheme != "http" or svc is None or (len(host) > 1 and host[1] != ns):
+        if u.scheme != "https" or svc is None or (len(host) > 1 and host[1] != ns):
             problems.append(f"{where}: {uri} is not a Service of this overlay")
             continue
         if svc["spec"].get("selector", {}).get("app.kubernetes.io/name") != "mlflow":
@@ -322,6 +322,63 @@ def check_tracking_uri(resources: list[dict]) -> list[str]:
             problems.append(f"{where}: {uri}: Service {host[0]} has no port {u.port or 80}")
     if len(set(uris.values())) > 1:
         problems.append(f"tracking URIs differ: {sorted(set(map(str, uris.values())))}")
+    return problems
+
+
+MLFLOW_TLS_SECRET = "mlflow-tls"
+
+
+def _secret_mount(spec: dict, c: dict, path: str) -> dict | None:
+    """The Secret volume mounted at the folder holding `path` in container `c`, or None."""
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    for m in c.get("volumeMounts", []):
+        if path.startswith(m["mountPath"].rstrip("/") + "/") and "secret" in volumes.get(m["name"], {}):
+            return volumes[m["name"]]["secret"]
+    return None
+
+
+def check_mlflow_tls(resources: list[dict]) -> list[str]:
+    """MLflow serves TLS with the certificate and key of Secret mlflow-tls, probed over HTTPS; every MLflow
+    client (a container with MLflow credentials) verifies it: MLFLOW_TRACKING_SERVER_CERT_PATH is a file of a
+    mounted mlflow-tls volume that projects ca.crt alone (never the server's key), and no one turns checks off."""
+    problems = []
+    dep = next((r for r in resources if r["kind"] == "Deployment" and r["metadata"]["name"] == "mlflow"), None)
+    if dep is None:
+        return ["no MLflow Deployment"]
+    spec = dep["spec"]["template"]["spec"]
+    server = next(c for c in spec["containers"] if c["name"] == "mlflow")
+    args = server.get("args", [])
+    opts = args[args.index("--uvicorn-opts") + 1].split() if "--uvicorn-opts" in args else []
+    files = dict(o.removeprefix("--").split("=", 1) for o in opts if o.startswith("--ssl-") and "=" in o)
+    for opt in ("ssl-certfile", "ssl-keyfile"):
+        sec = _secret_mount(spec, server, files.get(opt, ""))
+        if sec is None or sec.get("secretName") != MLFLOW_TLS_SECRET:
+            problems.append(f"Deployment/mlflow: --{opt} is not a file of Secret {MLFLOW_TLS_SECRET} (args {args})")
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        if server.get(probe, {}).get("httpGet", {}).get("scheme") != "HTTPS":
+            problems.append(f"Deployment/mlflow: {probe} is not HTTPS")
+    for r in resources:
+        for where, pod in dr.pod_specs(r):
+            for c in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+                env = container_env(resources, c)
+                if env.get("MLFLOW_TRACKING_INSECURE_TLS", "false").lower() not in ("false", "0", ""):
+                    problems.append(
+                        f"{where}/{c['name']}: MLFLOW_TRACKING_INSECURE_TLS turns the certificate check off"
+                    )
+                if "MLFLOW_TRACKING_USERNAME" not in env:
+                    continue
+                uri, ca = env.get("MLFLOW_TRACKING_URI") or "", env.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or ""
+                if not uri.startswith("https://"):
+                    problems.append(f"{where}/{c['name']}: MLflow client with {uri or 'no URI'}, not HTTPS")
+                sec = _secret_mount(pod, c, ca)
+                if sec is None or sec.get("secretName") != MLFLOW_TLS_SECRET:
+                    problems.append(
+                        f"{where}/{c['name']}: MLFLOW_TRACKING_SERVER_CERT_PATH {ca!r} is not mlflow-tls's CA"
+                    )
+                elif [i.get("key") for i in sec.get("items", [])] != ["ca.crt"]:
+                    problems.append(
+                        f"{where}/{c['name']}: mounts {MLFLOW_TLS_SECRET} beyond ca.crt: {sec.get('items')}"
+                    )
     return problems
 
 
@@ -541,6 +598,7 @@ CHECKS: dict[str, Callable[[list[dict]], list[str]]] = {
         check_ray_network_policy,
         check_services_target_pods,
         check_tracking_uri,
+        check_mlflow_tls,
         check_mlflow_migrates_before_start,
         check_images_pinned_by_digest,
         check_ephemeral_storage,

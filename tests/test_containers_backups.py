@@ -105,7 +105,7 @@ def test_the_backup_cronjob_dumps_all_three_databases_and_each_restores(stack, m
         name, container = start_mlflow(cluster, stack.resources, f"mlflow-users-{tag}", port, service=False)
         cluster.wait_ready(name, container, timeout=300)
         logs.update(cluster.init_logs)
-        url = f"http://127.0.0.1:{port}"
+        url = f"https://127.0.0.1:{port}"
         timings["mlflow_started_s"] = round(time.monotonic() - t0, 1)
 
         admin = (secrets["mlflow-auth"]["admin-username"], secrets["mlflow-auth"]["admin-password"])

@@ -47,6 +47,55 @@ def test_basic_auth_refuses_requests_without_credentials(stack):
     assert _http(api, stack.auth)[0] == 200
 
 
+def test_mlflow_speaks_tls_and_a_client_without_the_ca_is_refused(stack, tmp_path):
+    """MLflow serves TLS with the certificate of Secret mlflow-tls. In the namespace, a pod given the CA (ca.crt of
+    that Secret, as ray-env mounts it) reaches https://mlflow:5000 with verification; one without it is refused,
+    and so is plain HTTP. Outside, the sweep's preflight refuses the server in one line naming the fix."""
+    import certifi
+    import requests
+
+    net, image = stack.cluster.network, images.MLFLOW_IMAGE
+    ca_dir = stack.ca.parent
+    probe = "import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=10); print('verified')"
+    base = ["run", "--rm", "--network", net, "-v", f"{ca_dir}:/ca:ro", "--entrypoint", "python"]
+    with_ca = podman(
+        *base,
+        "-e",
+        "SSL_CERT_FILE=/ca/ca.crt",
+        image,
+        "-c",
+        probe,
+        "https://mlflow:5000/health",
+        check=False,
+        timeout=120,
+    )
+    assert with_ca.returncode == 0 and "verified" in with_ca.stdout, with_ca.stderr[-2000:]
+    base.append(image)
+    without = podman(*base, "-c", probe, "https://mlflow:5000/health", check=False, timeout=120)
+    assert without.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in without.stderr, without.stderr[-2000:]
+    plain = podman(*base, "-c", probe, "http://mlflow:5000/health", check=False, timeout=120)
+    assert plain.returncode != 0, plain.stdout
+    # from outside: the system's CAs do not vouch for the server, the dev CA does
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(f"{stack.url}/health", verify=certifi.where(), timeout=10)
+    assert requests.get(f"{stack.url}/health", verify=str(stack.ca), timeout=10).status_code == 200
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_SERVER_CERT_PATH", "REQUESTS_CA_BUNDLE")}
+    env.update(MLFLOW_TRACKING_USERNAME=stack.auth[0], MLFLOW_TRACKING_PASSWORD=stack.auth[1])
+    cmd = [
+        sys.executable,
+        str(dr.REPO_ROOT / "sweeps" / "launch.py"),
+        "--tracking-uri",
+        stack.url,
+        "--num-samples",
+        "1",
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "TLS certificate is not trusted" in lines[0] and "MLFLOW_TRACKING_SERVER_CERT_PATH" in lines[0], lines
+    assert stack.auth[1] not in proc.stdout + proc.stderr
+
+
 def test_optuna_db_job_creates_the_study_database_idempotently(stack):
     assert "optuna database ready" in stack.job_logs["optuna-db-0"]
     assert "optuna database ready" in stack.job_logs["optuna-db-1"]
@@ -234,7 +283,7 @@ def test_an_older_database_is_backed_up_migrated_before_any_server_and_restorabl
         cluster.wait_ready(name, container, timeout=300)
         admin = stack.secrets["mlflow-auth"]  # this database's only user (the sweep's user is the stack's)
         status, body = _http(
-            f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=made-by-previous-mlflow",
+            f"https://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=made-by-previous-mlflow",
             (admin["admin-username"], admin["admin-password"]),
         )
         assert status == 200, body

@@ -297,7 +297,9 @@ def test_mlflow_image_is_non_root_with_a_health_check():
     users = [a for op, a in instructions if op == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root")
     health = [a for op, a in instructions if op == "HEALTHCHECK"]
-    assert len(health) == 1 and "/health" in health[0]
+    assert len(health) == 1 and "mlflow-healthcheck" in health[0]
+    copied = [a for op, a in instructions if op == "COPY" and a.endswith("/usr/local/bin/mlflow-healthcheck")]
+    assert copied and "/health" in (REPO / "docker" / "mlflow-healthcheck").read_text()
     entry = [a for op, a in instructions if op == "ENTRYPOINT"]
     assert entry and "mlflow-entrypoint.sh" in entry[0]
     cmd = " ".join(a for op, a in instructions if op == "CMD")
@@ -423,7 +425,7 @@ def test_entrypoint_is_a_cluster_sweep_that_resumes(overlay, job):
     (storage,) = opts["--storage-path"]
     assert storage.startswith("s3://"), "Tune results must be on shared storage"
     (tracking,) = opts["--tracking-uri"]
-    assert tracking == "http://mlflow:5000"
+    assert tracking == "https://mlflow:5000"
     resources = dr.render(overlay)
     svc = next(r for r in resources if r["kind"] == "Service" and r["metadata"]["name"] == "mlflow")
     assert any(p["port"] == 5000 for p in svc["spec"]["ports"])

@@ -373,13 +373,29 @@ def secret_refs(resources: list[dict]) -> set[tuple[str, str | None, str]]:
     return refs
 
 
+def _tls_secrets() -> dict[str, dict]:
+    """The TLS Secrets deploy/dev_tls.py prints (cert-manager's key names; deploy/components/cert-manager issues
+    mlflow-tls instead on a cluster that has it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dev_tls", dr.DEPLOY / "dev_tls.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {d["metadata"]["name"]: d for d in yaml.safe_load_all(module.manifest(module.issue("calib-sweeps")))}
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
 def test_every_referenced_secret_has_a_template(overlay):
     resources = dr.render(overlay)
     templates = _secret_templates(overlay)
+    tls = _tls_secrets()
+    assert not set(tls) & set(templates), "a TLS Secret is also in the credentials template"
     refs = secret_refs(resources)
     assert refs, "no Secret references found"
     for name, key, where in sorted(refs, key=str):
+        if name in tls:
+            assert key is None or key in tls[name]["data"], f"{where} refers to {name}/{key}: not a TLS key"
+            continue
         assert name in templates, f"{where} refers to Secret {name!r}, missing in {overlay.name}/{SECRET_TEMPLATE}"
         if key is not None:
             keys = set(templates[name].get("stringData", {})) | set(templates[name].get("data", {}))

@@ -167,6 +167,24 @@ def datasets_in_empty_dir(rs):
             v["emptyDir"] = {"sizeLimit": "100Gi"}
 
 
+def mlflow_served_without_tls(rs):
+    args = _named(rs, "Deployment", "mlflow")["spec"]["template"]["spec"]["containers"][0]["args"]
+    i = args.index("--uvicorn-opts")
+    del args[i : i + 2]
+
+
+def clients_trust_nothing(rs):
+    _named(rs, "ConfigMap", "ray-env")["data"]["MLFLOW_TRACKING_INSECURE_TLS"] = "true"
+
+
+def server_key_mounted_in_ray_pods(rs):
+    for r in _ray(rs):
+        for g in _groups(r):
+            for v in g["template"]["spec"]["volumes"]:
+                if v["name"] == "mlflow-ca":
+                    v["secret"].pop("items")
+
+
 def namespace_in_overlay(rs):
     rs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "calib-sweeps"}})
 
@@ -198,7 +216,8 @@ ISSUE_14 = [
     datasets_in_empty_dir,
     namespace_in_overlay,
 ]
-MUTATIONS = REVIEW + ISSUE_14
+ISSUE_37 = [mlflow_served_without_tls, clients_trust_nothing, server_key_mounted_in_ray_pods]
+MUTATIONS = REVIEW + ISSUE_14 + ISSUE_37
 
 
 def test_the_review_list_has_fifteen_mistakes():

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -52,17 +53,40 @@ def built_images() -> dict:
     return info
 
 
-def dev_secrets() -> dict[str, dict[str, str]]:
-    """The dev overlay's Secrets, filled by deploy/render_secrets.py (random values)."""
+def _deploy_script(name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("render_secrets", dr.DEPLOY / "render_secrets.py")
+    spec = importlib.util.spec_from_file_location(name, dr.DEPLOY / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    text = module.fill((dr.DEPLOY / "overlays" / "dev" / "secrets.example.yaml").read_text(), {})
-    return {
+    return module
+
+
+def dev_tls() -> dict[str, dict[str, str]]:
+    """The TLS Secrets of deploy/dev_tls.py (mlflow-tls, postgres-tls), issued once per session by one CA."""
+    if "tls" not in _SESSION:
+        issued = _deploy_script("dev_tls").issue("calib-sweeps", days=2)
+        _SESSION["tls"] = {name: {k: v.decode() for k, v in files.items()} for name, files in issued.items()}
+    return _SESSION["tls"]
+
+
+def trusted_ca() -> Path:
+    """The dev CA's certificate as a file: what a client outside the cluster is given to trust MLflow."""
+    path = ARTIFACTS / "tls" / "ca.crt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dev_tls()["mlflow-tls"]["ca.crt"])
+    return path
+
+
+def dev_secrets() -> dict[str, dict[str, str]]:
+    """The dev overlay's Secrets, filled by deploy/render_secrets.py (random values), and its TLS Secrets."""
+    text = _deploy_script("render_secrets").fill(
+        (dr.DEPLOY / "overlays" / "dev" / "secrets.example.yaml").read_text(), {}
+    )
+    docs = {
         d["metadata"]["name"]: {k: str(v) for k, v in d["stringData"].items()} for d in yaml.safe_load_all(text) if d
     }
+    return {**docs, **dev_tls()}
 
 
 def free_port() -> int:
@@ -80,12 +104,13 @@ def artifacts_dir(name: str) -> Path:
 
 
 def http(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
-    """(status, body); status 0 while nothing answers yet."""
+    """(status, body); status 0 while nothing answers yet. HTTPS trusts the dev CA only (trusted_ca)."""
     req = urllib.request.Request(url)
     if auth:
         req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    context = ssl.create_default_context(cafile=str(trusted_ca())) if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10, context=context) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -131,6 +156,12 @@ def stack(built_images, tmp_path_factory):
     resources = dr.render(dr.DEPLOY / "overlays" / "dev")
     secrets = dev_secrets()
     cluster = Cluster(resources, secrets, tmp_path_factory.mktemp("mlflow-stack"))
+    # MLflow speaks TLS: this process and the sweeps it starts trust the dev CA, as `kubectl port-forward` users
+    # would be told to (MLflow's client reads MLFLOW_TRACKING_SERVER_CERT_PATH; requests, REQUESTS_CA_BUNDLE)
+    ca = trusted_ca()
+    trust = {"MLFLOW_TRACKING_SERVER_CERT_PATH": str(ca), "REQUESTS_CA_BUNDLE": str(ca)}
+    saved_env = {k: os.environ.get(k) for k in trust}
+    os.environ.update(trust)
     logs = artifacts_dir("mlflow-stack")
     t0 = time.monotonic()
     try:
@@ -164,7 +195,8 @@ def stack(built_images, tmp_path_factory):
             secrets=secrets,
             port=port,
             mlflow=name,
-            url=f"http://127.0.0.1:{port}",
+            url=f"https://127.0.0.1:{port}",
+            ca=ca,
             auth=(tracking["username"], tracking["password"]),
             startup_s=round(time.monotonic() - t0, 1),
             logs=logs,
@@ -174,6 +206,11 @@ def stack(built_images, tmp_path_factory):
         yield _SESSION["stack"]
     finally:
         _SESSION.pop("stack", None)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         for n in list(cluster.containers):
             (logs / f"{n.rsplit('-', 1)[0]}.log").write_text(cluster.logs(n))
         (logs / "init-containers.json").write_text(json.dumps(cluster.init_logs, indent=1))

@@ -7,10 +7,12 @@ runAsGroup / fsGroup, readOnlyRootFilesystem -- and nothing else writable: podma
 mounts are turned off --, capabilities dropped, no-new-privileges, podman's default seccomp
 profile as RuntimeDefault), memory limits, volumes (disk emptyDir: a fresh host directory, 0777
 as the kubelet makes it; memory emptyDir: a tmpfs of sizeLimit; PVC: a host directory kept for
-the test's lifetime), init containers (run to completion first, in order), readiness probes
-(exec, or httpGet run inside the container) and the Services selecting the pod (their names,
-and the cluster-DNS forms, become network aliases on one podman network, so `mlflow:5000` and
-`postgres:5432` resolve as in the cluster; a Service's port must equal its target port).
+the test's lifetime; ConfigMap and Secret: their keys as read-only files, a Secret's with its modes and
+the pod's fsGroup), init containers (run to completion first, in order), readiness probes
+(exec, or httpGet -- HTTP or HTTPS, unverified as the kubelet's -- run inside the container) and the
+Services selecting the pod (their names, and the cluster-DNS forms, become network aliases on one podman
+network, so `mlflow:5000` and `postgres:5432` resolve as in the cluster; a Service's port must equal its
+target port).
 
 Not emulated: NetworkPolicies (the tests record the ports used and check the policies offline),
 CPU limits above this machine's cores, the kubelet's restarts, Service load balancing.
@@ -19,6 +21,7 @@ CPU limits above this machine's cores, the kubelet's restarts, Service load bala
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -178,6 +181,9 @@ class Cluster:
                     (host / item["path"]).chmod(0o444)
                 args += ["-v", f"{host}:{m['mountPath']}:ro"]
                 continue
+            if "secret" in v:
+                args += ["-v", f"{self.secret_files(pod, spec, m['name'], v['secret'])}:{m['mountPath']}:ro"]
+                continue
             if "emptyDir" in v:
                 host = self.workdir / "pods" / pod / m["name"]
             elif "persistentVolumeClaim" in v:
@@ -189,6 +195,23 @@ class Cluster:
                 host.chmod(0o777)
             args += ["-v", f"{host}:{m['mountPath']}{ro}"]
         return args
+
+    def secret_files(self, pod: str, spec: dict, volume: str, src: dict) -> Path:
+        """A Secret volume's files as the kubelet projects them: its `items` (or every key), each with its mode
+        (`mode`, else `defaultMode`, else 0644), group-owned by the pod's fsGroup when it has one."""
+        data = self.secrets[src["secretName"]]
+        items = src.get("items") or [{"key": k, "path": k} for k in data]
+        group = spec.get("securityContext", {}).get("fsGroup")
+        host = self.workdir / "secrets" / pod / volume
+        host.mkdir(parents=True, exist_ok=True)
+        host.chmod(0o755)
+        for item in items:
+            f = host / item["path"]
+            f.write_text(data[item["key"]])
+            if group is not None:
+                os.chown(f, 0, int(group))
+            f.chmod(int(item.get("mode", src.get("defaultMode", 0o644))))
+        return host
 
     def security_args(self, spec: dict, c: dict) -> list[str]:
         pod_sc, sc = spec.get("securityContext", {}), c.get("securityContext", {})
@@ -333,8 +356,12 @@ def probe_passes(name: str, probe: dict | None, ports: list[dict] = ()) -> bool:
         port = probe["httpGet"]["port"]
         if isinstance(port, str):
             port = next(p["containerPort"] for p in ports if p.get("name") == port)
-        url = f"http://127.0.0.1:{port}{probe['httpGet'].get('path', '/')}"
-        cmd = ["python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=4)"]
+        scheme = probe["httpGet"].get("scheme", "HTTP").lower()
+        url = f"{scheme}://127.0.0.1:{port}{probe['httpGet'].get('path', '/')}"
+        # the kubelet does not verify an HTTPS probe's certificate
+        code = f"import ssl, urllib.request; urllib.request.urlopen({url!r}, timeout=4, "
+        code += "context=ssl._create_unverified_context())"
+        cmd = ["python3", "-c", code]
     elif "tcpSocket" in probe:
         port = probe["tcpSocket"]["port"]
         cmd = ["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), 4)"]
