@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from calib_core.config import ConfigError, apply_overrides, build_model, read_yaml
-from sweeps.config import DEFAULT_CONFIG, SweepConfig, with_defaults
+from sweeps.config import DEFAULT_CONFIG, SweepConfig
+from sweeps.config_defaults import with_defaults
 from sweeps.contract import SweepError, SweepIncomplete, SweepResult
 
 __all__ = ["ConfigError", "SweepError", "SweepIncomplete", "SweepResult", "load_result", "run_sweep"]

@@ -111,7 +111,8 @@ def _grows(args: argparse.Namespace) -> bool:
 
 def resolve_config(args: argparse.Namespace) -> SweepConfig:
     """Config file + --set overrides + CLI flags, validated; defaults made absolute."""
-    from sweeps.config import load_sweep_config, with_defaults
+    from sweeps.config import load_sweep_config
+    from sweeps.config_defaults import with_defaults
 
     overrides = list(args.overrides)
     values: dict[str, Any] = {}  # the flags' values as given (no YAML reading: --name 2024 stays a name)

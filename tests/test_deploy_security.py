@@ -217,7 +217,7 @@ def test_only_the_autoscaler_holds_kubernetes_credentials(resources):
 def test_the_driver_gets_the_optuna_study_database_from_a_secret(resources):
     """The sweep driver runs on the head: it alone reads CALIB_OPTUNA_STORAGE (the name the sweep
     reads), from the Secret optuna-storage; the workers never hold the database credentials."""
-    from sweeps.config import STUDY_STORAGE_ENV
+    from sweeps.config_defaults import STUDY_STORAGE_ENV
 
     for r in (r for r in resources if r["kind"] in ("RayJob", "RayCluster")):
         cluster = dr.ray_cluster_spec(r)

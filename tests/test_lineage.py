@@ -106,7 +106,8 @@ def test_a_file_dataset_names_its_file_and_other_data_another_digest(tracked, tm
 
 # ---------------------------------------------------------------------------- the registered model's default name
 def test_the_registered_models_default_name_follows_the_data():
-    from sweeps.config import default_registered_model, load_sweep_config, with_defaults
+    from sweeps.config import load_sweep_config
+    from sweeps.config_defaults import default_registered_model, with_defaults
 
     def name(*sets: str) -> str:
         return with_defaults(load_sweep_config(None, list(sets)), cluster=True).tracking.registered_model
@@ -126,7 +127,8 @@ def test_the_registered_models_default_name_follows_the_data():
 
 
 def test_the_sweeps_intro_says_which_registered_model_it_uses():
-    from sweeps.config import load_sweep_config, with_defaults
+    from sweeps.config import load_sweep_config
+    from sweeps.config_defaults import with_defaults
     from sweeps.report.summary import intro
 
     cfg = with_defaults(load_sweep_config(None), cluster=False, workdir="/tmp")

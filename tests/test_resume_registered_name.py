@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 from mlflow import MlflowClient
 
-from sweeps.config import load_sweep_config, with_defaults
+from sweeps.config import load_sweep_config
+from sweeps.config_defaults import with_defaults
 from sweeps.integrations.mlflow import existing
 
 ROOT = Path(__file__).resolve().parents[1]
