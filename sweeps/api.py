@@ -107,7 +107,7 @@ def load_result(
 
     import pandas as pd
 
-    from sweeps.contract import TAG_CHAMPION_RUN, TAG_TRIAL, TrackingStore
+    from sweeps.contract import TAG_CHAMPION_RUN, TrackingStore
     from sweeps.finish import build_result
     from sweeps.integrations.mlflow.existing import started_registered_model
     from sweeps.integrations.mlflow.store import MlflowStore
@@ -139,16 +139,7 @@ def load_result(
     with tempfile.TemporaryDirectory() as d:
         board = pd.read_csv(store.download_artifact(parent.info.run_id, "sweep/leaderboard.csv", d))
         sel = json.loads(Path(store.download_artifact(parent.info.run_id, "sweep/selection.json", d)).read_text())
-    intervals: dict[str, dict[str, tuple[float, float]]] = {}
-    for run in store.trial_runs(experiment_id, cfg.name):
-        m = run.data.metrics
-        ci = {
-            k.removesuffix("_ci_low"): (m[k], m[k.removesuffix("_low") + "_high"])
-            for k in m
-            if k.endswith("_ci_low") and k.removesuffix("_low") + "_high" in m
-        }
-        if ci:
-            intervals[run.data.tags.get(TAG_TRIAL, "")] = ci
+    intervals = _recorded_intervals(store.trial_runs(experiment_id, cfg.name))
     if model != cfg.tracking.registered_model:  # the result names the model the champion is registered as
         cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"registered_model": model})})
     return build_result(
@@ -168,3 +159,20 @@ def load_result(
             if r.get("status") not in ("completed", "stopped_early")
         ],
     )
+
+
+def _recorded_intervals(runs: list[Any]) -> dict[str, dict[str, tuple[float, float]]]:
+    """trial -> metric -> (low, high), as the sweep logged them on its trial runs (`<metric>_ci_low/_high`)."""
+    from sweeps.contract import TAG_TRIAL
+
+    intervals: dict[str, dict[str, tuple[float, float]]] = {}
+    for run in runs:
+        m = run.data.metrics
+        ci = {
+            k.removesuffix("_ci_low"): (m[k], m[k.removesuffix("_low") + "_high"])
+            for k in m
+            if k.endswith("_ci_low") and k.removesuffix("_low") + "_high" in m
+        }
+        if ci:
+            intervals[run.data.tags.get(TAG_TRIAL, "")] = ci
+    return intervals

@@ -157,32 +157,16 @@ def write_report(
 ) -> str | None:
     """The sweep's HTML report (sweeps/report/html.py), logged on the parent run as sweep/report.html and written
     into Ray Tune's experiment folder when that is local; the local path or None."""
-    import numpy as np
-
-    from calib_core.metrics import reliability_diagram
     from sweeps.integrations.optuna.study import param_importances
     from sweeps.report.files import pareto_plot, pyplot
-    from sweeps.report.html import REPORT_FILE, ReportLinks, render_report
+    from sweeps.report.html import REPORT_FILE, render_report
 
     ok = [r for r in records if r.ok]
     most_accurate = max(ok, key=lambda r: (r.metrics["val_accuracy"], -r.metrics["val_ece"]))
     study = cfg.search.storage or MEMORY
     objectives = [m for m, _ in MULTI_OBJECTIVE] if cfg.search.objective == "multi" else [cfg.search.metric]
     importances, note = param_importances(study, cfg.name, objectives, cfg.search.storage_outage_timeout_s)
-    uri = cfg.tracking.uri or ""
-    if uri.startswith("sqlite:"):
-        root, hint = "http://127.0.0.1:5000/", f"MLflow UI: {tool('mlflow')} ui --backend-store-uri {redact(uri)}"
-    elif uri.startswith(("http://", "https://")):
-        root, hint = redact(uri).rstrip("/") + "/", ""
-    else:
-        root, hint = "", f"MLflow store: {redact(uri)}"
-    links = ReportLinks(
-        mlflow_root=root,
-        experiment_id=experiment_id,
-        dashboard=f"{tool('optuna-dashboard')} {redact(study)}" if study != MEMORY else "",
-        mlflow_hint=hint,
-        tune_folder=exp_path,
-    )
+    links = _report_links(cfg, experiment_id, exp_path)
     s, run = cfg.search, cfg.run
     summary = (
         f"{len(records)} trials ({len(ok)} completed) of {run.model.name} on {run.data.name}, {run.train.epochs} "
@@ -192,21 +176,7 @@ def write_report(
     with tempfile.TemporaryDirectory(prefix="calib-report-") as tmp:
         d = Path(tmp)
         pareto_plot(records, chosen, d / "pareto.png", reps)
-        diagrams: dict[str, str | Path | None] = {}
-        for role, rec in (("champion", chosen), ("most accurate trial", most_accurate)):
-            if role != "champion" and rec.trial_id == chosen.trial_id:
-                continue
-            if rec.checkpoint is None:
-                continue
-            with rec.checkpoint.as_directory() as ck:
-                z = np.load(Path(ck) / PREDICTIONS_FILE)
-                if "test_probs" not in z.files:
-                    continue
-                path = d / f"reliability_{len(diagrams)}.png"
-                reliability_diagram(
-                    z["test_probs"], z["test_labels"], path, num_bins=run.train.num_bins, title=f"{role}: {rec.label}"
-                )
-                diagrams[f"{role}: {rec.label}"] = path
+        diagrams = _reliability_diagrams(chosen, most_accurate, d, run.train.num_bins)
         text = render_report(
             title=f"Sweep {cfg.name}",
             summary=summary,
@@ -233,6 +203,51 @@ def write_report(
             local.write_text(text, encoding="utf-8")
             return str(local)
     return None
+
+
+def _report_links(cfg: SweepConfig, experiment_id: str, exp_path: str) -> Any:
+    """The report's links: the MLflow UI (or how to start it), the Optuna dashboard's command, Tune's folder."""
+    from sweeps.report.html import ReportLinks
+
+    uri, study = cfg.tracking.uri or "", cfg.search.storage or MEMORY
+    if uri.startswith("sqlite:"):
+        root, hint = "http://127.0.0.1:5000/", f"MLflow UI: {tool('mlflow')} ui --backend-store-uri {redact(uri)}"
+    elif uri.startswith(("http://", "https://")):
+        root, hint = redact(uri).rstrip("/") + "/", ""
+    else:
+        root, hint = "", f"MLflow store: {redact(uri)}"
+    return ReportLinks(
+        mlflow_root=root,
+        experiment_id=experiment_id,
+        dashboard=f"{tool('optuna-dashboard')} {redact(study)}" if study != MEMORY else "",
+        mlflow_hint=hint,
+        tune_folder=exp_path,
+    )
+
+
+def _reliability_diagrams(
+    chosen: TrialRecord, most_accurate: TrialRecord, folder: Path, num_bins: int
+) -> dict[str, str | Path | None]:
+    """Test-split reliability diagrams of the champion and (when another) the most accurate trial, as PNGs in
+    `folder`, by caption; a trial without stored test predictions has none."""
+    import numpy as np
+
+    from calib_core.metrics import reliability_diagram
+
+    diagrams: dict[str, str | Path | None] = {}
+    for role, rec in (("champion", chosen), ("most accurate trial", most_accurate)):
+        if (role != "champion" and rec.trial_id == chosen.trial_id) or rec.checkpoint is None:
+            continue
+        with rec.checkpoint.as_directory() as ck:
+            z = np.load(Path(ck) / PREDICTIONS_FILE)
+            if "test_probs" not in z.files:
+                continue
+            path = folder / f"reliability_{len(diagrams)}.png"
+            reliability_diagram(
+                z["test_probs"], z["test_labels"], path, num_bins=num_bins, title=f"{role}: {rec.label}"
+            )
+            diagrams[f"{role}: {rec.label}"] = path
+    return diagrams
 
 
 def build_result(

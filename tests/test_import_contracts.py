@@ -282,3 +282,29 @@ def test_design_module_map_lists_every_sweeps_module():
         if shown not in section:
             missing.append(str(rel))
     assert not missing, missing
+
+
+# Sizes a newcomer can read (issue #33): a module of sweeps/ at most this many lines, a function at most this many.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 80
+
+
+def _oversized(modules: dict[str, Path]) -> list[str]:
+    out = []
+    for name, path in sorted(modules.items()):
+        text = path.read_text()
+        if text.count("\n") > MAX_MODULE_LINES:
+            out.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    out.append(f"{name}.{node.name}: {length} lines")
+    return out
+
+
+def test_sweeps_modules_and_functions_stay_readable(tmp_path):
+    """No module of sweeps/ over 450 lines, no function over 80; a planted long function and module are named."""
+    assert _oversized({n: p for n, p in MODULES.items() if n.startswith("sweeps")}) == []
+    long_fn = tmp_path / "long.py"
+    long_fn.write_text("def f():\n" + "    x = 1\n" * 80 + "\n" * 400)
+    assert _oversized({"sweeps.long": long_fn}) == ["sweeps.long: 481 lines", "sweeps.long.f: 81 lines"]

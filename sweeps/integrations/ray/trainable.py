@@ -309,17 +309,12 @@ def _report_final(
     """
     import torch
 
-    from calib_core.evaluation import final_metrics
-    from calib_core.preprocess import dataset_lineage, input_record
+    from calib_core.preprocess import input_record
 
     input_shape = tuple(data.input_shape)
     data_json = run_cfg.data.model_dump(mode="json")
     preprocessing = input_record(data, data_json)
-    try:
-        lineage: dict[str, Any] | None = dataset_lineage(data, data_json, run_cfg.seed)
-    except Exception as exc:  # noqa: BLE001 - lineage is a record, never a reason to lose the trial
-        logging.getLogger(__name__).warning("no dataset lineage for this trial: %s", exc)
-        lineage = None
+    lineage = _lineage(data, data_json, run_cfg.seed)
     final: dict[str, Any] = {
         **{k: v for k, v in (last_epoch or {}).items() if not k.startswith("val_")},
         "epoch": int(result.epochs_run),
@@ -332,27 +327,8 @@ def _report_final(
     scored = None
     temperatures: list[float] | None = None
     if result.status == "completed":
-        final.update({f"val_{k.removeprefix('val_')}": float(v) for k, v in result.val_metrics.items()})
-        final.update({f"test_{k.removeprefix('test_')}": float(v) for k, v in result.test_metrics.items()})
-        scored = final_metrics(
-            result,
-            data,
-            seed=run_cfg.seed,
-            debiased=DEBIASED_METRICS,
-            num_bins=run_cfg.train.num_bins,
-            shift=evaluation.shift,
-            shift_corruptions=evaluation.shift_corruptions,
-            shift_severities=evaluation.shift_severities,
-            ood=evaluation.ood,
-            ood_scores=OOD_SCORES,
-        )
-        for split, values in scored.metrics.items():
-            final.update({metric_key(split, k): v for k, v in values.items()})
-        if evaluation.temperature_on_top:
-            on_top = _temperature_on_top(trainer, result, run_cfg, data, evaluation)
-            final.update(on_top[0])
-            scored.arrays.update(on_top[1])
-            temperatures = on_top[2]
+        metrics, scored, temperatures = _score(trainer, result, run_cfg, data, evaluation)
+        final.update(metrics)
     else:
         final.update(FAILED_OBJECTIVES)
     for k, v in (result.calibrator_info or {}).items():
@@ -371,29 +347,67 @@ def _report_final(
             np.savez_compressed(Path(d) / PREDICTIONS_FILE, **scored.arrays)  # type: ignore[arg-type]
             if scored.shift:
                 (Path(d) / SHIFT_FILE).write_text(json.dumps(scored.shift))
-        (Path(d) / SUMMARY_FILE).write_text(
-            json.dumps(
-                {
-                    "run_config": run_cfg.model_dump(mode="json"),
-                    "input_shape": list(input_shape),
-                    "tasks": [str(t[0]) for t in data.tasks] if getattr(data, "tasks", None) else None,
-                    "calibrator_info": result.calibrator_info,
-                    "status": result.status,
-                    "reason": result.reason,
-                    "preprocessing": preprocessing,
-                    "dataset": lineage,
-                    **({TS_SUMMARY_KEY: temperatures} if temperatures is not None else {}),
-                    **({"model_export_error": export_error} if export_error else {}),
-                },
-                default=str,
-                indent=1,
-            )
-        )
+        summary = {
+            "run_config": run_cfg.model_dump(mode="json"),
+            "input_shape": list(input_shape),
+            "tasks": [str(t[0]) for t in data.tasks] if getattr(data, "tasks", None) else None,
+            "calibrator_info": result.calibrator_info,
+            "status": result.status,
+            "reason": result.reason,
+            "preprocessing": preprocessing,
+            "dataset": lineage,
+            **({TS_SUMMARY_KEY: temperatures} if temperatures is not None else {}),
+            **({"model_export_error": export_error} if export_error else {}),
+        }
+        (Path(d) / SUMMARY_FILE).write_text(json.dumps(summary, default=str, indent=1))
         final = _lead_columns(_finite(final))
         (Path(d) / FINAL_FILE).write_text(json.dumps(final))
         if result.status == "completed":
             _draw_report(Path(d), final, run_cfg.train.num_bins, title)
         tune.report(final, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def _lineage(data: Any, data_json: dict[str, Any], seed: int) -> dict[str, Any] | None:
+    """The trial's dataset lineage (calib_core.preprocess.dataset_lineage), or None with a warning: it is a
+    record, never a reason to lose the trial."""
+    from calib_core.preprocess import dataset_lineage
+
+    try:
+        return dataset_lineage(data, data_json, seed)
+    except Exception as exc:  # noqa: BLE001 - see above
+        logging.getLogger(__name__).warning("no dataset lineage for this trial: %s", exc)
+        return None
+
+
+def _score(
+    trainer: Trainer, result: Any, run_cfg: RunConfig, data: Any, evaluation: EvaluationConfig
+) -> tuple[dict[str, float], Any, list[float] | None]:
+    """A completed trial's final metrics (the trainer's val/test metrics, every metric of every split, shift and
+    OOD when asked, temperature scaling on top), its scored arrays and the temperatures on top (None when off)."""
+    from calib_core.evaluation import final_metrics
+
+    metrics = {f"val_{k.removeprefix('val_')}": float(v) for k, v in result.val_metrics.items()}
+    metrics.update({f"test_{k.removeprefix('test_')}": float(v) for k, v in result.test_metrics.items()})
+    scored = final_metrics(
+        result,
+        data,
+        seed=run_cfg.seed,
+        debiased=DEBIASED_METRICS,
+        num_bins=run_cfg.train.num_bins,
+        shift=evaluation.shift,
+        shift_corruptions=evaluation.shift_corruptions,
+        shift_severities=evaluation.shift_severities,
+        ood=evaluation.ood,
+        ood_scores=OOD_SCORES,
+    )
+    for split, values in scored.metrics.items():
+        metrics.update({metric_key(split, k): v for k, v in values.items()})
+    temperatures = None
+    if evaluation.temperature_on_top:
+        on_top, arrays, temperatures = _temperature_on_top(trainer, result, run_cfg, data, evaluation)
+        metrics.update(on_top)
+        scored.arrays.update(arrays)
+    return metrics, scored, temperatures
 
 
 def _temperature_on_top(
