@@ -212,3 +212,38 @@ def test_tiny_full_study_end_to_end(tmp_path):
     with pytest.raises(ValueError, match="refusing to mix commits"):
         full.run_full(spec, ["overconf"], out, tiny=True)
     assert full.run_full(spec, ["overconf"], out, tiny=True, allow_mixed=True) == 0
+
+
+def test_a_background_study_stops_on_sigterm_or_an_ignored_sigint_with_its_journal_merged(tmp_path):
+    """Started in the background by a shell (SIGINT ignored, as bash sets it for `&` without job control), the
+    study still stops on SIGINT, and on SIGTERM, the way Ctrl+C stops it: the journal merged into the table."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.common import ROOT
+
+    code = (
+        "import sys; from pathlib import Path; "
+        "from benchmarks.studies import method_study_c as msc, method_study_c_full as full; "
+        "full.stop_on_signals(); full.run_full(msc.load_spec(), ['overconf'], Path(sys.argv[1]), tiny=True)"
+    )
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        out = tmp_path / sig.name
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(out)],
+            cwd=ROOT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 300
+        while not full.journal_path(out).is_file() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert full.journal_path(out).is_file(), "no row was journalled"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]  # stopped, not finished
+        assert not full.journal_path(out).exists() and full.read_rows(out), sig.name  # merged into the table

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import queue
+import signal
 import statistics
 import threading
 import time
@@ -1064,6 +1065,17 @@ def build_full_report(
     return "\n".join(L) + "\n", rec
 
 
+def stop_on_signals() -> None:
+    """SIGTERM, and SIGINT even where the shell that started the study in the background set it to be ignored, end
+    the study as Ctrl+C does: run_full's `finally` merges the journal into the table before the process exits."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main_full(args: Any, spec: dict, command: str) -> int:
     """The `full` subcommand of benchmarks/studies/method_study_c.py."""
     from benchmarks.common import write_json, write_text
@@ -1075,6 +1087,7 @@ def main_full(args: Any, spec: dict, command: str) -> int:
         raise SystemExit(f"unknown regime(s): {', '.join(unknown)}")
     if not args.report_only:
         retune = args.retune.split(",") if args.retune else []
+        stop_on_signals()
         run_full(spec, regimes, out, args.tiny, args.workers, args.allow_mixed_commits, args.limit, retune)
     text, rec = build_full_report(spec, out, command, args.tiny, not args.no_bootstrap)
     report_dir = Path(args.report_dir)
