@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -35,7 +36,7 @@ import pytest
 import yaml
 
 from tests.containers import images
-from tests.containers.fixtures import built_images, free_port, stack, start_mlflow  # noqa: F401
+from tests.containers.fixtures import built_images, free_port, stack, start_mlflow, trusted_ca  # noqa: F401
 from tests.containers.fixtures import http as _http
 from tests.containers.harness import Cluster, find_template, podman
 
@@ -72,8 +73,9 @@ def _post(url: str, auth: tuple[str, str], body: dict) -> tuple[int, bytes]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
     req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    context = ssl.create_default_context(cafile=str(trusted_ca())) if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=30, context=context) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()

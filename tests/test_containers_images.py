@@ -147,11 +147,14 @@ def test_demo_sweep_runs_in_the_image_as_the_manifest_runs_it(built_images, tmp_
 
 
 def test_images_keep_their_healthcheck_pass_pip_check_and_quiet_gitpython(built_images):
-    """The MLflow image's HEALTHCHECK survives the build (docker format, as `docker build` makes it), both images'
-    installed requirements are consistent (`pip check`, also run in the builds), and MLflow's GitPython import
-    (`import git`, as MLflow does for a run's source) prints no warning in an image without git."""
+    """The MLflow image's HEALTHCHECK (docker/mlflow-healthcheck: HTTPS, then HTTP) survives the build (docker
+    format, as `docker build` makes it), both images' installed requirements are consistent (`pip check`, also run
+    in the builds), and MLflow's GitPython import (`import git`, as MLflow does for a run's source) prints no
+    warning in an image without git."""
     health = podman("image", "inspect", "--format", "{{json .Config.Healthcheck}}", images.MLFLOW_IMAGE).stdout
-    assert "/health" in health, health
+    assert "mlflow-healthcheck" in health, health
+    script = podman("run", "--rm", "--entrypoint", "cat", images.MLFLOW_IMAGE, "/usr/local/bin/mlflow-healthcheck")
+    assert "/health" in script.stdout, script.stdout
     for image in (images.RAY_IMAGE, images.MLFLOW_IMAGE):
         proc = podman("run", "--rm", "--entrypoint", "pip", image, "check", check=False)
         assert proc.returncode == 0 and "No broken requirements" in proc.stdout, (image, proc.stdout + proc.stderr)

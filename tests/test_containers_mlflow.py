@@ -75,6 +75,9 @@ def test_mlflow_speaks_tls_and_a_client_without_the_ca_is_refused(stack, tmp_pat
     assert without.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in without.stderr, without.stderr[-2000:]
     plain = podman(*base, "-c", probe, "http://mlflow:5000/health", check=False, timeout=120)
     assert plain.returncode != 0, plain.stdout
+    # the image's HEALTHCHECK answers for the TLS server
+    health = podman("exec", stack.mlflow, "mlflow-healthcheck", check=False)
+    assert health.returncode == 0, health.stdout + health.stderr
     # from outside: the system's CAs do not vouch for the server, the dev CA does
     with pytest.raises(requests.exceptions.SSLError):
         requests.get(f"{stack.url}/health", verify=certifi.where(), timeout=10)
