@@ -72,34 +72,44 @@ def _shown(block: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def hide_worker_teardown() -> Iterator[None]:
-    """While the sweep runs, the driver's printing of worker output skips SIGTERM teardown tracebacks."""
+    """While the sweep runs, the driver's printing of worker output skips SIGTERM teardown tracebacks (every
+    printing handler ray.init installed in this process, each with its own filter)."""
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     with dispatcher._lock:
-        originals = [(name, fn) for name, fn in dispatcher.handlers if name == _HANDLER]
-    if not originals:  # Ray forwards nothing to this driver (log_to_driver=False)
-        yield
-        return
-    print_logs = originals[0][1]
-    teardown = TeardownFilter()
-    last: dict[Any, dict[str, Any]] = {}  # per stream, its last batch (what a flushed block is printed as)
-
-    def filtered(data: dict[str, Any]) -> None:
-        if data.get("is_err") and data.get("lines"):
-            stream = (data.get("ip"), data.get("pid"))
-            last[stream] = data
-            data = {**data, "lines": teardown.lines(stream, list(data["lines"]))}
-            if not data["lines"]:
-                return
-        print_logs(data)
-
-    _swap(dispatcher, print_logs, filtered)
+        originals = [fn for name, fn in dispatcher.handlers if name == _HANDLER]
+    wrapped = [_Filtered(fn) for fn in originals]  # none when Ray forwards nothing here (log_to_driver=False)
+    for w in wrapped:
+        _swap(dispatcher, w.print_logs, w)
     try:
         yield
     finally:
-        if _swap(dispatcher, filtered, print_logs):  # still connected: what never finished is shown as it is
-            for stream, lines in teardown.flush().items():
-                print_logs({**last[stream], "lines": lines})
+        for w in wrapped:
+            if _swap(dispatcher, w, w.print_logs):  # still connected: what never finished is shown as it is
+                w.flush()
+
+
+class _Filtered:
+    """One printing handler of Ray's, behind a TeardownFilter of its own."""
+
+    def __init__(self, print_logs: Callable[[dict[str, Any]], None]) -> None:
+        self.print_logs = print_logs
+        self.teardown = TeardownFilter()
+        self.last: dict[Any, dict[str, Any]] = {}  # per stream, its last batch (what a flushed block is printed as)
+
+    def __call__(self, data: dict[str, Any]) -> None:
+        if data.get("is_err") and data.get("lines"):
+            stream = (data.get("ip"), data.get("pid"))
+            self.last[stream] = data
+            data = {**data, "lines": self.teardown.lines(stream, list(data["lines"]))}
+            if not data["lines"]:
+                return
+        self.print_logs(data)
+
+    def flush(self) -> None:
+        """Print what is held of unfinished blocks, as it is."""
+        for stream, lines in self.teardown.flush().items():
+            self.print_logs({**self.last[stream], "lines": lines})
 
 
 def _swap(dispatcher: Any, old: Callable[..., Any], new: Callable[..., Any]) -> bool:
