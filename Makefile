@@ -28,9 +28,10 @@ sweep: setup
 test: setup
 	$(BIN)/python -m pytest -q $(ARGS)
 
-# Whole sweeps, two test files at a time (each file's fixtures stay in one worker).
+# Whole sweeps, two test files at a time (each file's fixtures stay in one worker); the 25 longest tests are listed
+# (CI's slow tier took 15 min in one run and 40 min in the next: the list says where the time goes).
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile $(ARGS)
+	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile --durations=25 $(ARGS)
 
 # The images built and run with podman (installed and configured by tests/containers/setup_podman.sh,
 # which needs root): stand-in bases, docker/ unchanged, the MLflow stack and a Ray cluster from the
