@@ -145,7 +145,7 @@ def _cluster_store_problems(cfg: SweepConfig) -> list[str]:
     if not uri:
         problems.append(
             "tracking.uri: --cluster needs an MLflow server every node can reach "
-            "(e.g. --tracking-uri http://mlflow:5000); none was given"
+            "(e.g. --tracking-uri https://mlflow:5000); none was given"
         )
     elif is_local_store(uri):
         problems.append(
