@@ -91,6 +91,19 @@ def test_the_rule_list_of_the_config_is_the_registry() -> None:
     assert SelectionConfig().rule == "margin"
 
 
+def test_each_rule_declares_the_settings_it_reads() -> None:
+    """A rule's settings are selection.* fields, and changing one it declares can change its pick: the margin rule
+    reads max_accuracy_loss (recorded in selection.json), the Pareto rule accuracy_tolerance and not the margin."""
+    for rule in RULES.values():
+        assert rule.settings and set(rule.settings) <= set(SelectionConfig.model_fields), rule.name
+    cfg = SelectionConfig(rule="margin", max_accuracy_loss=1.5)
+    assert RULES["margin"].settings_of(cfg)["max_accuracy_loss"] == 1.5
+    assert "max_accuracy_loss" not in RULES["pareto_min_ece_near_best_accuracy"].settings
+    records, reps = _leaderboard([0.90, 0.85, 0.899], [0.05, 0.001, 0.03], [0.001, 0.001, 0.001], 0)
+    picks = {select(records, SelectionConfig(rule="margin", max_accuracy_loss=x), reps)[0].trial_id for x in (1, 10)}
+    assert picks == {"t01", "t02"}
+
+
 def test_temperature_on_top_candidates_share_the_trial_and_have_their_own_metrics() -> None:
     trained = TrialRecord(
         "a",

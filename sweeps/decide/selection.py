@@ -325,12 +325,18 @@ def _select_min_metric(ok: list[TrialRecord], cfg: SelectionConfig, reps: Replic
 @dataclass(frozen=True)
 class SelectionRule:
     """One way to pick the champion: its function, whether it needs the bootstrap replicates (read once every
-    trial finished), and what it does in a line (docs, --help)."""
+    trial finished), what it does in a line (docs, --help), and the selection.* settings it reads (recorded
+    with its choice in selection.json)."""
 
     name: str
     pick: Callable[[list[TrialRecord], SelectionConfig, Replicates | None], tuple[TrialRecord, str]]
     needs_replicates: bool
     summary: str
+    settings: tuple[str, ...] = ()
+
+    def settings_of(self, cfg: SelectionConfig) -> dict[str, Any]:
+        """The values of the settings this rule reads, by name."""
+        return {name: getattr(cfg, name) for name in self.settings}
 
 
 def select(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None = None) -> tuple[TrialRecord, str]:
@@ -364,6 +370,7 @@ RULES: dict[str, SelectionRule] = {
             True,
             "lowest val calibration error among the candidates whose val accuracy is non-inferior to the most "
             "accurate's within selection.max_accuracy_loss points (one-sided paired bootstrap lower bound)",
+            ("max_accuracy_loss", "metric", "mode", "confidence", "num_resamples"),
         ),
         SelectionRule(
             "noise_aware",
@@ -371,14 +378,18 @@ RULES: dict[str, SelectionRule] = {
             True,
             "lowest val calibration error among the trials not significantly less accurate than the most accurate "
             "(one-sided paired bootstrap, Bonferroni), then a dominance step that may leave that set",
+            ("metric", "mode", "confidence", "num_resamples", "multiple_comparisons", "dominance_factor"),
         ),
         SelectionRule(
             "pareto_min_ece_near_best_accuracy",
             _select_pareto,
             False,
             "lowest val ECE on the Pareto front within selection.accuracy_tolerance of the best val accuracy",
+            ("accuracy_tolerance",),
         ),
-        SelectionRule("min_metric", _select_min_metric, False, "the best selection.metric, nothing else"),
+        SelectionRule(
+            "min_metric", _select_min_metric, False, "the best selection.metric, nothing else", ("metric", "mode")
+        ),
     )
 }
 
