@@ -253,6 +253,10 @@ def method_study_c(results: Path = RESULTS_DIR) -> str:
     regimes = list(spec["regimes"])
     done = [r for r in regimes if rec["complete"].get(r)]
     pending = [r for r in regimes if r not in done]
+    # a finished regime whose chosen values hit a search-range edge: the protocol re-tunes those cells first
+    edges: dict[str, set[str]] = {}
+    for hit in rec.get("edge_hits", []):
+        edges.setdefault(hit["regime"], set()).add(hit["cell"])
     L = [
         "Protocol C, the full factorial (`benchmarks/results/method_study_c.md`; pre-registered; every cell's backbone "
         "tuned in 3 independent replicates of 32 TPE trials; 24 evaluation seeds per replicate; intervals over "
@@ -280,6 +284,8 @@ def method_study_c(results: Path = RESULTS_DIR) -> str:
                 return f"{scale * c['mean']:+.{d}f} [{scale * lo:+.{d}f}, {scale * hi:+.{d}f}]{unit}"
 
             n = f"{m['ece']['n_replicates']} x {m['ece']['n_seeds']}"
+            if regime in edges:
+                n += f"; provisional: the edge rule re-tunes {', '.join(sorted(edges[regime]))} first"
             L.append(
                 f"  - {regime} ({n}): ECE {cell('ece', 100, ' pt')}, debiased L2 {cell('debiased_l2_ce', 100, ' pt')}, "
                 f"NLL {cell('nll', 1, ' nats', d=3)}, accuracy {cell('accuracy', 100, ' pt')}: {v['verdict']}"
