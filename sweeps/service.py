@@ -62,6 +62,7 @@ from sweeps.integrations.ray.tuner import (
     make_trainable,
     result_loggers,
     should_restore,
+    tune_sigint_undone,
 )
 from sweeps.outage import Unavailable
 from sweeps.report.summary import intro, print_summary, sweep_note
@@ -291,6 +292,7 @@ def _run_trials(
         installed(cfg.name, callbacks, reporter),
         contextlib.closing(study_guard),
         contextlib.nullcontext() if verbose else hide_worker_teardown(),
+        tune_sigint_undone(),
     ):
         _route_sigterm(stops)
         print(intro(cfg, run.exp_path, parent_id, resumed=opened.restoring), flush=True)

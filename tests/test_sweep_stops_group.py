@@ -160,3 +160,51 @@ def test_sigterm_to_every_process_of_the_service_keeps_the_promises(tmp_path: Pa
         assert len(children) == 2 and all(r.info.status == "KILLED" for r in children)
     finally:
         cleanup(driver, record)
+
+
+def test_a_stop_after_the_trials_keeps_the_promises(tmp_path: Path) -> None:
+    """The group's SIGTERM while the champion is chosen (the trials over, Ray shut down): exit 130 with the hint,
+    the sweep's run KILLED, and --resume finishes the selection. Before the fix Ray's shutdown had put SIGTERM's
+    action back to the default under Python's handler, and the driver died at once (exit 143, run RUNNING);
+    Ctrl+C there was swallowed by Ray Tune's handler of the finished fit."""
+    name = "term-in-selection"
+    # 20,000 bootstrap resamples keep the selection busy for about 20 s after Ray is gone
+    args = ["--num-samples", "2", "--set", "run.train.epochs=2", "--set", "search.references=[]"]
+    args += ["--set", "selection.num_resamples=20000", "--name", name]
+    driver, record = start(tmp_path, *args), None
+    out = ""
+    try:
+        assert driver.stdout is not None
+        for line in driver.stdout:
+            out += line
+            if "[2/2 trials done" in line:
+                break
+        records = list((tmp_path / "ray_results" / SESSIONS_DIR).glob(f"{driver.pid}.json"))
+        record = json.loads(records[0].read_text()) if records else None
+        deadline = time.time() + 60  # the session record goes when Ray is shut down: selection starts
+        while records and records[0].exists() and time.time() < deadline:
+            time.sleep(0.2)
+        assert not (records and records[0].exists()), "Ray was not shut down after the trials"
+        time.sleep(1.0)
+        assert driver.poll() is None, "the sweep ended before the stop; the selection was too fast"
+        os.killpg(driver.pid, signal.SIGTERM)
+        rest, _ = driver.communicate(timeout=60)
+        out += rest
+        print(f"code {driver.returncode}\n{out[-1200:]}")
+        assert driver.returncode == 130, out[-3000:]
+        assert "Traceback" not in out and "Registered" not in out, out[-3000:]
+        assert "--resume" in out.strip().splitlines()[-1], out[-3000:]
+        parents, children = sweep_runs(store(tmp_path), name)
+        assert [p.info.status for p in parents] == ["KILLED"]
+        assert len(children) == 2
+        time.sleep(1)
+        assert group_members(driver.pid) == []
+    finally:
+        cleanup(driver, record)
+    resumed = subprocess.run(
+        [sys.executable, str(LAUNCH), *args, "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert "Registered: models:/" in resumed.stdout, resumed.stdout[-3000:]
+    parents, _ = sweep_runs(store(tmp_path), name)
+    assert [p.info.status for p in parents] == ["FINISHED"]

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import signal
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -18,7 +21,7 @@ from sweeps.checks.preflight import search_space, search_space_problem
 from sweeps.config import load_sweep_config
 from sweeps.contract import FINAL_FILE, STATE_FILE
 from sweeps.integrations.ray.trainable import _readable_checkpoint
-from sweeps.integrations.ray.tuner import StopWatch
+from sweeps.integrations.ray.tuner import StopWatch, tune_sigint_undone
 
 
 def test_the_stop_lines_stopwatch_reads_are_ray_tunes_own() -> None:
@@ -28,6 +31,36 @@ def test_the_stop_lines_stopwatch_reads_are_ray_tunes_own() -> None:
     source = inspect.getsource(tune_module)
     for line in StopWatch.LINES:
         assert line in source, line
+
+
+def test_ray_tune_still_leaves_its_sigint_handler_behind_a_fit() -> None:
+    """What tune_sigint_undone is for: fit() installs its own SIGINT handler and restores the previous one only
+    when a SIGINT came."""
+    import ray.tune.tune as tune_module
+
+    source = inspect.getsource(tune_module)
+    assert "signal.signal(signal.SIGINT, signal_interrupt_tune_run)" in source
+    assert "signal.signal(signal.SIGINT, original_handler)" in source
+
+
+def test_after_the_trials_ctrl_c_interrupts_again() -> None:
+    """A handler put in place during the trial phase (as Ray Tune's) is gone after it: SIGINT raises
+    KeyboardInterrupt again instead of being swallowed."""
+    swallowed: list[int] = []
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with tune_sigint_undone():
+            signal.signal(signal.SIGINT, lambda signum, frame: swallowed.append(signum))
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        assert swallowed == [signal.SIGINT]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.parametrize("quiet", [True, False])

@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -255,24 +256,38 @@ def end(record: Path | None) -> None:
     stop and the record goes; None only drops the driver's connection (a cluster's stays up). Idempotent: the
     service ends its session when the trials are over and the exit handler then finds nothing to do."""
     if record is None:
-        import ray
-
-        ray.shutdown()
+        shutdown()
         return
     if record in _TRACKED:
         _at_exit(record, *_TRACKED.pop(record))
 
 
+def shutdown() -> None:
+    """`ray.shutdown()`, after which the driver's own SIGTERM and SIGINT handlers work again.
+
+    Ray's core worker, shutting down, puts the process's SIGTERM action back to the default (terminate) at the C
+    level while Python still reports the handler the driver installed: a stop during selection and registration
+    then killed the driver outright (exit 143, runs left RUNNING, no --resume hint). Re-installing what Python
+    holds makes the operating system's action match it again."""
+    import ray
+
+    ray.shutdown()
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers are the main thread's; a shutdown elsewhere leaves them as they are
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(signum)
+        if handler is not None:  # None: installed outside Python, nothing of ours to restore
+            signal.signal(signum, handler)
+
+
 def _at_exit(record: Path, session_dir: str, raylets: list[int], quiet: bool = False) -> None:
     try:
-        import ray
-
         if quiet:  # the workers' teardown (SIGTERM tracebacks of idle trial actors) is not for people
             with contextlib.suppress(Exception):
                 from ray._private.worker import global_worker_stdstream_dispatcher
 
                 global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
-        ray.shutdown()
+        shutdown()
     except Exception:  # noqa: BLE001 - still stop what is left
         pass
     left = session_processes(session_dir, raylets)

@@ -6,9 +6,12 @@ the tracking store as the contract's TrackingStore: no other integration is impo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -161,6 +164,25 @@ class StopWatch(logging.Filter):
             self.requested = True
             return not self.quiet
         return True
+
+
+@contextlib.contextmanager
+def tune_sigint_undone() -> Iterator[None]:
+    """Inside, Ray Tune may take SIGINT over; after, the handler from before is back.
+
+    `fit()` installs a handler that, on the first SIGINT, ends the fit and only then puts the previous one back;
+    a fit that ends on its own leaves it installed. Ctrl+C (or a SIGTERM routed to it) during selection and
+    registration would then be swallowed by a fit that is long over; with the previous handler back it raises
+    KeyboardInterrupt there as everywhere else (runs KILLED, exit 130, resumable)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 # Extra in-process resume rounds for trials that died with their worker although retries were left.
