@@ -10,10 +10,12 @@ One Secret per in-cluster server, `kubernetes.io/tls` with the keys cert-manager
 - `mlflow-tls`: MLflow's certificate, for the Service `mlflow` in every DNS form a pod uses (`mlflow`,
   `mlflow.<ns>`, `mlflow.<ns>.svc`, `mlflow.<ns>.svc.cluster.local`) and `localhost` / 127.0.0.1 for
   `kubectl port-forward`;
-- `postgres-tls`: PostgreSQL's, for the Service `postgres` in the same forms.
+- `postgres-tls`: PostgreSQL's, for the Service `postgres` in the same forms (`localhost` / 127.0.0.1 too);
+- `postgres-ca`: the CA alone (`ca.crt`, type Opaque), the Secret every PostgreSQL client mounts. Its name is the
+  same in every overlay: with an external database (gpu-cluster) it holds that database's CA instead.
 
 Clients mount `ca.crt` only and verify the server against it (MLflow: MLFLOW_TRACKING_SERVER_CERT_PATH;
-PostgreSQL: sslmode=verify-full, sslrootcert). The CA's key is not kept: to renew, run this again and re-apply
+PostgreSQL: PGSSLMODE=verify-full, PGSSLROOTCERT). The CA's key is not kept: to renew, run this again and re-apply
 (every Secret is replaced at once). Certificates last `--days` (default 365). Needs `cryptography` (a dependency
 of MLflow: the project's virtualenv has it).
 """
@@ -27,7 +29,7 @@ import ipaddress
 import sys
 
 SERVERS = ("mlflow", "postgres")
-PORT_FORWARD_NAMES = {"mlflow": ("localhost", "127.0.0.1")}
+PORT_FORWARD_NAMES = {"mlflow": ("localhost", "127.0.0.1"), "postgres": ("localhost", "127.0.0.1")}
 
 
 def dns_names(service: str, namespace: str) -> list[str]:
@@ -45,8 +47,11 @@ def _pem(obj) -> bytes:
     )
 
 
-def issue(namespace: str, days: int = 365) -> dict[str, dict[str, bytes]]:
-    """{secret name: {tls.crt, tls.key, ca.crt}} signed by a new CA (ECDSA P-256)."""
+def issue(
+    namespace: str, days: int = 365, extra_names: dict[str, list[str]] | None = None
+) -> dict[str, dict[str, bytes]]:
+    """{secret name: {tls.crt, tls.key, ca.crt}} signed by a new CA (ECDSA P-256); `extra_names` adds DNS names
+    to a server's certificate (a replacement server reached by a name of its own, say)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -75,7 +80,8 @@ def issue(namespace: str, days: int = 365) -> dict[str, dict[str, bytes]]:
     for server in SERVERS:
         key = ec.generate_private_key(ec.SECP256R1())
         extra = PORT_FORWARD_NAMES.get(server, ())
-        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in (*dns_names(server, namespace), *extra[:1])]
+        names = [*dns_names(server, namespace), *extra[:1], *(extra_names or {}).get(server, [])]
+        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra[1:]]
         cert = (
             x509.CertificateBuilder()
@@ -92,6 +98,7 @@ def issue(namespace: str, days: int = 365) -> dict[str, dict[str, bytes]]:
             .sign(ca_key, hashes.SHA256())
         )
         out[f"{server}-tls"] = {"tls.crt": _pem(cert), "tls.key": _pem(key), "ca.crt": _pem(ca)}
+    out["postgres-ca"] = {"ca.crt": _pem(ca)}
     return out
 
 
@@ -99,7 +106,8 @@ def manifest(secrets: dict[str, dict[str, bytes]]) -> str:
     """The Secrets as one YAML stream (base64 `data`)."""
     docs = []
     for name, files in secrets.items():
-        lines = ["apiVersion: v1", "kind: Secret", "metadata:", f"  name: {name}", "type: kubernetes.io/tls", "data:"]
+        kind = "kubernetes.io/tls" if "tls.key" in files else "Opaque"
+        lines = ["apiVersion: v1", "kind: Secret", "metadata:", f"  name: {name}", f"type: {kind}", "data:"]
         lines += [f"  {k}: {base64.b64encode(v).decode()}" for k, v in files.items()]
         docs.append("\n".join(lines) + "\n")
     return "---\n".join(docs)
@@ -109,8 +117,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--namespace", default="calib-sweeps", help="the namespace the overlay renders into")
     p.add_argument("--days", type=int, default=365, help="validity of the CA and the certificates")
+    p.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        metavar="SERVER=DNS",
+        help=f"one more DNS name for a server's certificate (SERVER: {', '.join(SERVERS)}); repeatable",
+    )
     a = p.parse_args(argv)
-    sys.stdout.write(manifest(issue(a.namespace, a.days)))
+    extra: dict[str, list[str]] = {}
+    for item in a.name:
+        server, _, dns = item.partition("=")
+        if server not in SERVERS or not dns:
+            p.error(f"--name {item!r}: expected SERVER=DNS with SERVER one of {', '.join(SERVERS)}")
+        extra.setdefault(server, []).append(dns)
+    sys.stdout.write(manifest(issue(a.namespace, a.days, extra)))
     return 0
 
 

@@ -382,6 +382,70 @@ def check_mlflow_tls(resources: list[dict]) -> list[str]:
     return problems
 
 
+POSTGRES_CA_SECRET, POSTGRES_TLS_SECRET = "postgres-ca", "postgres-tls"
+POSTGRES_DSN_SECRETS = {"mlflow-db", "optuna-storage", "postgres-credentials"}
+
+
+def _server_options(args: list[str]) -> dict[str, str]:
+    """PostgreSQL's `-c name=value` options from a container's args."""
+    return dict(args[i + 1].split("=", 1) for i, a in enumerate(args[:-1]) if a == "-c" and "=" in args[i + 1])
+
+
+def check_postgres_tls(resources: list[dict]) -> list[str]:
+    """An in-cluster PostgreSQL serves TLS with Secret postgres-tls and its pg_hba.conf admits network
+    connections over TLS alone (hostssl); every PostgreSQL client (a container given a DSN or the admin password)
+    connects with PGSSLMODE=verify-full against PGSSLROOTCERT, a file of a mounted postgres-ca volume projecting
+    ca.crt alone."""
+    problems = []
+    server = next((r for r in resources if r["kind"] == "StatefulSet" and r["metadata"]["name"] == "postgres"), None)
+    if server is not None:
+        spec = server["spec"]["template"]["spec"]
+        c = next(c for c in spec["containers"] if c["name"] == "postgres")
+        opts = _server_options(c.get("args", []))
+        if opts.get("ssl") != "on":
+            problems.append(f"StatefulSet/postgres: ssl is not on (args {c.get('args')})")
+        for opt in ("ssl_cert_file", "ssl_key_file"):
+            sec = _secret_mount(spec, c, opts.get(opt, ""))
+            if sec is None or sec.get("secretName") != POSTGRES_TLS_SECRET:
+                problems.append(f"StatefulSet/postgres: {opt} is not a file of Secret {POSTGRES_TLS_SECRET}")
+        hba_path = opts.get("hba_file", "")
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        hba = None
+        for m in c.get("volumeMounts", []):
+            v = volumes.get(m["name"], {})
+            if hba_path.startswith(m["mountPath"].rstrip("/") + "/") and "configMap" in v:
+                hba = config_map(resources, v["configMap"]["name"]).get(hba_path.rsplit("/", 1)[1])
+        if hba is None:
+            problems.append(f"StatefulSet/postgres: hba_file {hba_path!r} is not a file of a mounted ConfigMap")
+        else:
+            rules = [line.split() for line in hba.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+            open_rules = [" ".join(r) for r in rules if r[0] not in ("local", "hostssl")]
+            if open_rules:
+                problems.append(f"StatefulSet/postgres: pg_hba.conf admits connections without TLS: {open_rules}")
+    for r in resources:
+        for where, pod in dr.pod_specs(r):
+            if r["kind"] == "StatefulSet" and r["metadata"]["name"] == "postgres":
+                continue
+            for c in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+                refs = {
+                    e["valueFrom"]["secretKeyRef"]["name"]
+                    for e in c.get("env", [])
+                    if "secretKeyRef" in e.get("valueFrom", {})
+                }
+                if not refs & POSTGRES_DSN_SECRETS:
+                    continue
+                env = container_env(resources, c)
+                if env.get("PGSSLMODE") != "verify-full":
+                    problems.append(f"{where}/{c['name']}: PostgreSQL client with PGSSLMODE={env.get('PGSSLMODE')}")
+                ca = env.get("PGSSLROOTCERT") or ""
+                sec = _secret_mount(pod, c, ca)
+                if sec is None or sec.get("secretName") != POSTGRES_CA_SECRET:
+                    problems.append(f"{where}/{c['name']}: PGSSLROOTCERT {ca!r} is not a file of Secret postgres-ca")
+                elif [i.get("key") for i in sec.get("items", [])] != ["ca.crt"]:
+                    problems.append(f"{where}/{c['name']}: mounts {POSTGRES_CA_SECRET} beyond ca.crt")
+    return problems
+
+
 def check_mlflow_migrates_before_start(resources: list[dict]) -> list[str]:
     """The MLflow pod waits for its database, plans, backs up and runs `mlflow db upgrade`, in that order,
     before the server; the MLflow steps run the server's image (same MLflow version)."""
@@ -599,6 +663,7 @@ CHECKS: dict[str, Callable[[list[dict]], list[str]]] = {
         check_services_target_pods,
         check_tracking_uri,
         check_mlflow_tls,
+        check_postgres_tls,
         check_mlflow_migrates_before_start,
         check_images_pinned_by_digest,
         check_ephemeral_storage,

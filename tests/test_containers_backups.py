@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from tests.containers import images
-from tests.containers.fixtures import built_images, free_port, stack, start_mlflow, trusted_ca  # noqa: F401
+from tests.containers.fixtures import RESTORE_DB, built_images, free_port, stack, start_mlflow, trusted_ca  # noqa: F401
 from tests.containers.fixtures import http as _http
 from tests.containers.harness import Cluster, find_template, podman
 
@@ -186,15 +186,19 @@ def test_the_backup_cronjob_dumps_all_three_databases_and_each_restores(stack, m
         pg_tpl = find_template(stack.resources, "StatefulSet", "postgres")
         pg_tpl["metadata"] = {"labels": {}}  # not the `postgres` Service: a server of its own
         pg_port = free_port()
-        fresh = cluster.run_pod(f"postgres-restore-{tag}", pg_tpl, publish=[f"127.0.0.1:{pg_port}:5432"])["postgres"]
+        # reached as RESTORE_DB, a name its certificate carries (the clients check it: verify-full)
+        fresh = cluster.run_pod(
+            f"postgres-restore-{tag}", pg_tpl, publish=[f"127.0.0.1:{pg_port}:5432"], aliases=[RESTORE_DB]
+        )["postgres"]
         cluster.wait_ready(fresh, pg_tpl["spec"]["containers"][0], timeout=180)
         _psql(fresh, "mlflow", "-c", f"CREATE DATABASE {auth_db}")
         _psql(fresh, "mlflow", "-c", f"CREATE ROLE optuna LOGIN PASSWORD '{optuna_password}'")
         _psql(fresh, "mlflow", "-c", "CREATE DATABASE optuna OWNER optuna")
         # the Secrets as they would be after pointing the service at the new server
-        cluster.secrets["mlflow-db"]["backend-store-uri"] = f"postgresql://mlflow:{password}@{fresh}:5432/mlflow"
-        cluster.secrets["mlflow-db"]["auth-database-uri"] = f"postgresql://mlflow:{password}@{fresh}:5432/{auth_db}"
-        cluster.secrets["optuna-storage"]["url"] = f"postgresql://optuna:{optuna_password}@{fresh}:5432/optuna"
+        db = f"{RESTORE_DB}:5432"
+        cluster.secrets["mlflow-db"]["backend-store-uri"] = f"postgresql://mlflow:{password}@{db}/mlflow"
+        cluster.secrets["mlflow-db"]["auth-database-uri"] = f"postgresql://mlflow:{password}@{db}/{auth_db}"
+        cluster.secrets["optuna-storage"]["url"] = f"postgresql://optuna:{optuna_password}@{db}/optuna"
 
         job = yaml.safe_load((images.REPO / "deploy" / "restore" / "mlflow-db-restore-job.yaml").read_text())
         job_spec = job["spec"]["template"]["spec"]

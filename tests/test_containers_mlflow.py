@@ -22,9 +22,9 @@ import yaml
 
 from tests import deploy_render as dr
 from tests.containers import images
-from tests.containers.fixtures import built_images, free_port, stack, start_mlflow  # noqa: F401
+from tests.containers.fixtures import RESTORE_DB, _deploy_script, built_images, dev_tls, free_port, stack, start_mlflow  # noqa: F401
 from tests.containers.fixtures import http as _http
-from tests.containers.harness import Cluster, find_template, podman
+from tests.containers.harness import Cluster, find_template, local_image, podman
 
 pytestmark = pytest.mark.container
 PREVIOUS_MLFLOW = "3.1.0"
@@ -97,6 +97,40 @@ def test_mlflow_speaks_tls_and_a_client_without_the_ca_is_refused(stack, tmp_pat
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "TLS certificate is not trusted" in lines[0] and "MLFLOW_TRACKING_SERVER_CERT_PATH" in lines[0], lines
     assert stack.auth[1] not in proc.stdout + proc.stderr
+
+
+def test_postgres_speaks_tls_only_and_its_clients_check_the_name(stack, tmp_path):
+    """PostgreSQL serves TLS with Secret postgres-tls and admits network connections over TLS alone. A client with
+    the CA of Secret postgres-ca (as every client pod mounts it) connects with verify-full; without TLS it is
+    refused by the server; trusting another CA, or reaching the server by a name its certificate does not carry,
+    the client refuses the server."""
+    tpl = find_template(stack.resources, "StatefulSet", "postgres")
+    image = local_image(tpl["spec"]["containers"][0]["image"])
+    (tmp_path / "ours.crt").write_text(dev_tls()["postgres-ca"]["ca.crt"])
+    another_ca = _deploy_script("dev_tls").issue("calib-sweeps", days=1)["postgres-ca"]["ca.crt"]
+    (tmp_path / "other.crt").write_bytes(another_ca)
+    password = stack.cluster.secrets["postgres-credentials"]["password"]
+
+    def connect(sslmode: str, ca: str = "ours.crt", host: str = "postgres") -> subprocess.CompletedProcess:
+        dsn = f"host={host} dbname=mlflow user=mlflow sslmode={sslmode} sslrootcert=/ca/{ca}"
+        return podman(
+            *("run", "--rm", "--network", stack.cluster.network, "-v", f"{tmp_path}:/ca:ro", "-e"),
+            f"PGPASSWORD={password}",
+            *("--entrypoint", "sh", image, "-c"),
+            f'psql "{dsn}" -tAc "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"',
+            check=False,
+            timeout=120,
+        )
+
+    ok = connect("verify-full")
+    assert ok.returncode == 0 and ok.stdout.strip() == "t", ok.stdout + ok.stderr
+    plain = connect("disable")
+    assert plain.returncode != 0 and "no encryption" in plain.stderr, plain.stdout + plain.stderr
+    other = connect("verify-full", ca="other.crt")
+    assert other.returncode != 0 and "certificate verify failed" in other.stderr, other.stdout + other.stderr
+    by_ip = connect("verify-full", host="$(getent hosts postgres | cut -d' ' -f1)")
+    assert by_ip.returncode != 0 and "does not match host name" in by_ip.stderr, by_ip.stdout + by_ip.stderr
+    assert password not in ok.stdout + plain.stderr + other.stderr + by_ip.stderr
 
 
 def test_optuna_db_job_creates_the_study_database_idempotently(stack):
@@ -262,10 +296,10 @@ def test_an_older_database_is_backed_up_migrated_before_any_server_and_restorabl
         restore_cluster, _, _ = _mlflow_pod_with(stack, "mlflow", root / "migrated")
         tpl = find_template(stack.resources, "StatefulSet", "postgres")
         tpl["metadata"] = {"labels": {}}  # not the `postgres` Service: a server of its own
-        fresh = restore_cluster.run_pod("postgres-restore", tpl)["postgres"]
+        fresh = restore_cluster.run_pod("postgres-restore", tpl, aliases=[RESTORE_DB])["postgres"]
         restore_cluster.wait_ready(fresh, tpl["spec"]["containers"][0], timeout=180)
         restore_cluster.secrets["mlflow-db"]["backend-store-uri"] = (
-            f"postgresql://mlflow:{password}@{fresh}:5432/mlflow"
+            f"postgresql://mlflow:{password}@{RESTORE_DB}:5432/mlflow?sslmode=verify-full"
         )
         job = yaml.safe_load((images.REPO / "deploy" / "restore" / "mlflow-db-restore-job.yaml").read_text())
         spec = job["spec"]["template"]["spec"]

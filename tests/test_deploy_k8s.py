@@ -389,6 +389,9 @@ def test_every_referenced_secret_has_a_template(overlay):
     resources = dr.render(overlay)
     templates = _secret_templates(overlay)
     tls = _tls_secrets()
+    if not any(r["kind"] == "StatefulSet" and r["metadata"]["name"] == "postgres" for r in resources):
+        # an external database: its CA (postgres-ca) is the user's, in the credentials template
+        tls = {name: d for name, d in tls.items() if not name.startswith("postgres-")}
     assert not set(tls) & set(templates), "a TLS Secret is also in the credentials template"
     refs = secret_refs(resources)
     assert refs, "no Secret references found"
@@ -436,7 +439,8 @@ def test_render_secrets_fills_placeholders_consistently():
     assert "CHANGE_ME" not in "".join(line for line in filled.splitlines() if not line.lstrip().startswith("#"))
     pg = docs["postgres-credentials"]["stringData"]["password"]
     assert len(pg) >= 32
-    assert docs["mlflow-db"]["stringData"]["backend-store-uri"] == f"postgresql://mlflow:{pg}@postgres:5432/mlflow"
+    dsn = docs["mlflow-db"]["stringData"]["backend-store-uri"]
+    assert dsn == f"postgresql://mlflow:{pg}@postgres:5432/mlflow?sslmode=verify-full"
     # the sweep logs in as its own user (deploy/base/mlflow/sweep-user-job.yaml), never as the admin
     tracking, admin = docs["mlflow-tracking"]["stringData"], docs["mlflow-auth"]["stringData"]
     assert tracking["username"] != admin["admin-username"] and tracking["password"] != admin["admin-password"]
@@ -449,7 +453,7 @@ def test_render_secrets_fills_placeholders_consistently():
         kubernetes_validate.validate(d, K8S_LATEST, strict=True)
 
 
-def test_render_secrets_requires_user_values():
+def test_render_secrets_requires_user_values(tmp_path):
     rs = _render_secrets_module()
     text = (OVERLAYS[OVERLAY_IDS.index("gpu-cluster")] / SECRET_TEMPLATE).read_text()
     with pytest.raises(SystemExit, match="DB_PASSWORD"):
@@ -472,14 +476,23 @@ def test_render_secrets_requires_user_values():
             "OPTUNA_DB_NAME",
         )
     }
+    with pytest.raises(SystemExit, match="DB_CA_FILE"):
+        rs.fill(text, env)
+    with pytest.raises(SystemExit, match=r"cannot read .*DB_CA_FILE="):
+        rs.fill(text, {**env, "DB_CA_FILE": str(tmp_path / "missing.pem")})
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    (tmp_path / "ca.pem").write_text(pem)
+    env["DB_CA_FILE"] = str(tmp_path / "ca.pem")
     docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(rs.fill(text, env)) if d}
+    # TLS with the server's certificate and name checked against the database's own CA (postgres-ca)
     assert docs["mlflow-db"]["stringData"]["backend-store-uri"] == (
-        "postgresql://value-db_user:value-db_password@value-db_host:5432/value-db_name?sslmode=require"
+        "postgresql://value-db_user:value-db_password@value-db_host:5432/value-db_name?sslmode=verify-full"
     )
+    assert docs["postgres-ca"]["stringData"]["ca.crt"] == pem  # the file, multi-line, read back as it was
     # The Optuna study: its own role and database on the same server.
     assert docs["optuna-storage"]["stringData"]["url"] == (
         "postgresql://value-optuna_db_user:value-optuna_db_password@value-db_host:5432/value-optuna_db_name"
-        "?sslmode=require"
+        "?sslmode=verify-full"
     )
 
 

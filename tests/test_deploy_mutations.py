@@ -185,6 +185,18 @@ def server_key_mounted_in_ray_pods(rs):
                     v["secret"].pop("items")
 
 
+def db_client_without_verify_full(rs):
+    spec = _named(rs, "Deployment", "mlflow")["spec"]["template"]["spec"]
+    env = next(c for c in spec["initContainers"] if c["name"] == "wait-for-db")["env"]
+    next(e for e in env if e["name"] == "PGSSLMODE")["value"] = "require"
+
+
+def db_ca_not_mounted_on_the_head(rs):
+    for r in _ray(rs):
+        c = _head(r)["template"]["spec"]["containers"][0]
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "postgres-ca"]
+
+
 def namespace_in_overlay(rs):
     rs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "calib-sweeps"}})
 
@@ -216,7 +228,13 @@ ISSUE_14 = [
     datasets_in_empty_dir,
     namespace_in_overlay,
 ]
-ISSUE_37 = [mlflow_served_without_tls, clients_trust_nothing, server_key_mounted_in_ray_pods]
+ISSUE_37 = [
+    mlflow_served_without_tls,
+    clients_trust_nothing,
+    server_key_mounted_in_ray_pods,
+    db_client_without_verify_full,
+    db_ca_not_mounted_on_the_head,
+]
 MUTATIONS = REVIEW + ISSUE_14 + ISSUE_37
 
 
@@ -238,3 +256,32 @@ def test_every_planted_mistake_is_caught(overlay, mutation):
     assert resources != before, f"{mutation.__name__} changed nothing"
     found = dc.run_checks(resources)
     assert found, f"{overlay}: no deploy check noticed {mutation.__name__}"
+
+
+def _postgres(rs):
+    return _named(rs, "StatefulSet", "postgres")["spec"]["template"]["spec"]
+
+
+def postgres_without_ssl(rs):
+    args = _postgres(rs)["containers"][0]["args"]
+    args[args.index("ssl=on")] = "ssl=off"
+
+
+def postgres_admits_plain_connections(rs):
+    hba = next(r for r in rs if r["kind"] == "ConfigMap" and r["metadata"]["name"].startswith("postgres-hba"))
+    hba["data"]["pg_hba.conf"] += "host all all all scram-sha-256\n"
+
+
+def postgres_key_from_another_secret(rs):
+    v = next(v for v in _postgres(rs)["volumes"] if v["name"] == "tls")
+    v["secret"]["secretName"] = "mlflow-tls"
+
+
+@pytest.mark.parametrize(
+    "mutation", [postgres_without_ssl, postgres_admits_plain_connections, postgres_key_from_another_secret]
+)
+def test_the_dev_databases_tls_mistakes_are_caught(mutation):
+    """The in-cluster PostgreSQL is the dev overlay's alone (gpu-cluster's database is external)."""
+    resources = copy.deepcopy(dr.render(OVERLAYS["dev"]))
+    mutation(resources)
+    assert dc.check_postgres_tls(resources), mutation.__name__

@@ -38,9 +38,13 @@ def certs(tmp_path_factory):
     dev_tls = _dev_tls()
     out = tmp_path_factory.mktemp("tls")
     docs = list(yaml.safe_load_all(dev_tls.manifest(dev_tls.issue("team-a"))))
-    assert [d["metadata"]["name"] for d in docs] == ["mlflow-tls", "postgres-tls"]
+    assert [d["metadata"]["name"] for d in docs] == ["mlflow-tls", "postgres-tls", "postgres-ca"]
     for d in docs:
-        assert d["type"] == "kubernetes.io/tls" and set(d["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+        if d["metadata"]["name"] == "postgres-ca":  # the CA alone, for PostgreSQL's clients
+            assert d["type"] == "Opaque" and set(d["data"]) == {"ca.crt"}
+            assert d["data"]["ca.crt"] == docs[0]["data"]["ca.crt"]
+        else:
+            assert d["type"] == "kubernetes.io/tls" and set(d["data"]) == {"tls.crt", "tls.key", "ca.crt"}
         for key, value in d["data"].items():
             (out / d["metadata"]["name"]).mkdir(exist_ok=True)
             (out / d["metadata"]["name"] / key).write_bytes(base64.b64decode(value))

@@ -62,10 +62,14 @@ def _deploy_script(name: str):
     return module
 
 
+RESTORE_DB = "postgres-restore"
+
+
 def dev_tls() -> dict[str, dict[str, str]]:
     """The TLS Secrets of deploy/dev_tls.py (mlflow-tls, postgres-tls), issued once per session by one CA."""
     if "tls" not in _SESSION:
-        issued = _deploy_script("dev_tls").issue("calib-sweeps", days=2)
+        # the restore tests' fresh servers answer as RESTORE_DB (a name of their own, not the Service)
+        issued = _deploy_script("dev_tls").issue("calib-sweeps", days=2, extra_names={"postgres": [RESTORE_DB]})
         _SESSION["tls"] = {name: {k: v.decode() for k, v in files.items()} for name, files in issued.items()}
     return _SESSION["tls"]
 
@@ -187,8 +191,10 @@ def stack(built_images, tmp_path_factory):
             job_logs[f"mlflow-sweep-user-{i}"] = proc.stdout + proc.stderr
             assert proc.returncode == 0, proc.stdout + proc.stderr
         tracking = secrets["mlflow-tracking"]
-        # The driver's CALIB_OPTUNA_STORAGE (Secret optuna-storage), pointed at the published port.
+        # The driver's CALIB_OPTUNA_STORAGE (Secret optuna-storage), pointed at the published port as through
+        # `kubectl port-forward` (the certificate carries 127.0.0.1), verifying the server against the dev CA.
         optuna_url = secrets["optuna-storage"]["url"].replace("@postgres:5432/", f"@127.0.0.1:{pg_port}/")
+        optuna_url += f"&sslrootcert={ca}"
         _SESSION["stack"] = SimpleNamespace(
             cluster=cluster,
             resources=resources,
