@@ -12,7 +12,9 @@ autoscaler's) is `name[:tag]@sha256:<64 hex>`. A third-party image (anything but
 calib-sweeps/ray and calib-sweeps/mlflow) must carry its tag and a real digest: a tag alone, a
 digest alone (nobody can tell what it was) or the all-zero placeholder is refused. Our images stay
 `sha256:000...` placeholders in the repository (no build of them exists before a release); `render`
-refuses them, and `release` is what replaces them: it builds both images from docker/, pushes them,
+refuses them (and NetworkPolicy address ranges still in 192.0.2.0/24: the overlays' placeholders for
+the object store, the Kubernetes API and a managed database, TEST-NET-1, routed nowhere, which the user
+sets), and `release` is what replaces the images': it builds both images from docker/, pushes them,
 reads the digests the registry answered and writes them into the overlay (`kustomize edit set image`
 where the kustomize binary is installed, the same edit of kustomization.yaml otherwise), then renders
 the overlay with the checks. Apply what `render` prints: `python deploy/release.py render OVERLAY |
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import ipaddress
 import json
 import os
 import re
@@ -143,8 +146,33 @@ def images(resources: list[dict]) -> list[tuple[str, str]]:
     return out
 
 
-def problems(resources: list[dict], for_apply: bool = False) -> list[str]:
+# NetworkPolicy address ranges the overlays leave for the user to set (TEST-NET-1: routed nowhere).
+PLACEHOLDER_NETWORK = ipaddress.ip_network("192.0.2.0/24")
+
+
+def placeholder_ranges(resources: list[dict]) -> list[str]:
+    """'NetworkPolicy/<name>: <cidr>' for every egress or ingress address range still a placeholder."""
     found = []
+    for r in resources:
+        if r.get("kind") != "NetworkPolicy":
+            continue
+        spec = r.get("spec", {})
+        for rule in [*spec.get("egress", []), *spec.get("ingress", [])]:
+            for peer in [*rule.get("to", []), *rule.get("from", [])]:
+                cidr = peer.get("ipBlock", {}).get("cidr")
+                if cidr and ipaddress.ip_network(cidr, strict=False).subnet_of(PLACEHOLDER_NETWORK):
+                    found.append(f"NetworkPolicy/{r['metadata']['name']}: {cidr}")
+    return found
+
+
+def problems(resources: list[dict], for_apply: bool = False) -> list[str]:
+    """What stops the overlay: images not pinned by digest, and (`for_apply`) placeholders left to replace."""
+    found = []
+    if for_apply:
+        found += [
+            f"{where}: placeholder address range (set your own: the overlay's egress patch, deploy/README.md)"
+            for where in placeholder_ranges(resources)
+        ]
     for where, image in images(resources):
         m = REF.match(image)
         mine = ours(image)

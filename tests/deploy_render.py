@@ -170,3 +170,20 @@ def namespace_of(resources: list[dict]) -> str:
 def persistent_dir(overlay: Path) -> Path:
     """The overlay's persistent/ kustomization (Namespace, dataset cache), applied once."""
     return overlay / "persistent"
+
+
+# What a user writes over the overlays' placeholder address ranges (192.0.2.0/24, deploy/release.py):
+# an AWS S3 range, the API server's endpoint, a managed database's subnet.
+EXAMPLE_ADDRESSES = {"192.0.2.0/26": "52.216.0.0/15", "192.0.2.64/26": "10.0.0.1/32", "192.0.2.128/26": "10.20.0.0/24"}
+
+
+def with_addresses(text: str) -> str:
+    """Manifest text (a rendered overlay or its files) with the placeholder address ranges set as a user would."""
+    for placeholder, real in EXAMPLE_ADDRESSES.items():
+        text = text.replace(placeholder, real)
+    return text
+
+
+def render_with_addresses(directory: str | Path) -> list[dict]:
+    """The overlay rendered, its placeholder address ranges set (EXAMPLE_ADDRESSES)."""
+    return [d for d in yaml.safe_load_all(with_addresses(yaml.safe_dump_all(render(directory)))) if d]

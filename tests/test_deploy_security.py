@@ -5,9 +5,11 @@ from a Secret, and NetworkPolicies keep MLflow and the Ray ports to the pods tha
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 
+from deploy import release
 from tests import deploy_checks as dc
 from tests import deploy_render as dr
 from tests.containers import kuberay as kr
@@ -423,12 +425,14 @@ def test_network_policies_admit_every_recorded_ray_port(resources):
 egress_allowed = dc.policy_allows_egress
 
 
-@pytest.mark.parametrize("resources", _resources())
-def test_egress_is_closed_but_for_what_each_pod_needs(resources):
-    """A connectivity matrix over the rendered policies: DNS for all; Ray pods to each other; MLflow clients to
-    MLflow; the submitter to the job API only; the head to the Kubernetes API; S3 clients to HTTPS outside the
-    private ranges; the overlay's stores to those that use them; nothing else (no SSH out, no other port, no
-    PostgreSQL for the trials, nothing for the stores themselves)."""
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda o: o.name)
+def test_egress_is_closed_but_for_what_each_pod_needs(overlay):
+    """A connectivity matrix over the rendered policies, the overlay's placeholder address ranges set as a user
+    would (dr.EXAMPLE_ADDRESSES): DNS for all; Ray pods to each other; MLflow clients to MLflow; the submitter to
+    the job API only; the head to the Kubernetes API; S3 clients to the object store's addresses (gpu-cluster: an
+    S3 range; dev: MinIO); the overlay's stores to those that use them; nothing else (no other public address, no
+    SSH out, no other port, no PostgreSQL for the trials, nothing for the stores themselves)."""
+    resources = dr.render_with_addresses(overlay)
     ns = dr.namespace_of(resources)
     policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
     assert any(
@@ -460,14 +464,18 @@ def test_egress_is_closed_but_for_what_each_pod_needs(resources):
         for b in (head, worker):
             for port in (6379, 8265, 10001, 20000, 45000):
                 assert ok(a, pod(b), port)
+    managed = "postgres" not in {r["metadata"]["name"] for r in resources if r["kind"] == "StatefulSet"}
     for src in (head, worker, ihead):
         assert ok(src, pod(mlflow), 5000)
-        assert ok(src, ("ip", "52.216.1.1"), 443)  # cloud object storage / dataset downloads
-    assert ok(head, ("ip", "10.96.0.1"), 443) and ok(ihead, ("ip", "10.96.0.1"), 443)  # the API (autoscaler)
-    assert not ok(worker, ("ip", "10.96.0.1"), 443)  # trials never reach the Kubernetes API
+        # the object store's range: gpu-cluster's S3; dev has MinIO and nothing outside for the workers
+        assert ok(src, ("ip", "52.216.1.1"), 443) == (managed or src is not worker)
+        assert not ok(src, ("ip", "8.8.8.8"), 443) or (not managed and src is not worker)  # no other address
+    api = "10.0.0.1" if managed else "10.96.0.1"  # gpu-cluster: the API server's address it was given
+    assert ok(head, ("ip", api), 443) and ok(ihead, ("ip", api), 443)  # the API (autoscaler)
+    assert not ok(worker, ("ip", api), 443)  # trials never reach the Kubernetes API
     assert ok(submitter, pod(head), 8265)
     operator = {"app.kubernetes.io/name": "kuberay-operator"}
-    assert ok(operator, pod(head), 8265) and ok(operator, ("ip", "10.96.0.1"), 443)
+    assert ok(operator, pod(head), 8265) and ok(operator, ("ip", api), 443)
     assert not ok(operator, pod(worker), 8265) and not ok(operator, ("ip", "203.0.113.7"), 22)
     assert not ok(submitter, pod(head), 6379) and not ok(submitter, pod(mlflow), 5000)
     assert not ok(submitter, ("ip", "52.216.1.1"), 443) and not ok(submitter, pod(worker), 8265)
@@ -530,3 +538,49 @@ def test_gpu_workers_land_only_on_gpus_the_cuda_build_supports():
     for cc in ((5, 2), (6, 0), (6, 1), (7, 0), (7, 2)):  # Maxwell, P100, P4/P40, V100, Xavier
         assert not _admits(aff, node(*cc)), cc
     assert not _admits(aff, {})  # a node without the labels: the README says to drop the affinity there
+
+
+def test_no_ray_pod_reaches_a_public_address_until_the_overlay_names_the_object_store():
+    """As committed, gpu-cluster's egress address ranges are placeholders (TEST-NET-1, routed nowhere): no pod
+    reaches any public address on 443, and the release step refuses to render the overlay, naming each policy.
+    Opting in to downloads from the internet is a component of its own."""
+    overlay = next(o for o in OVERLAYS if o.name == "gpu-cluster")
+    resources = dr.render(overlay)
+    ns = dr.namespace_of(resources)
+    policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
+    for role in ("head", "worker"):
+        labels = _template_labels(resources, "RayJob", "calib-sweep", role)
+        for address in ("52.216.1.1", "8.8.8.8", "203.0.113.7"):
+            assert not egress_allowed(policies, ns, labels, ("ip", address), 443), (role, address)
+    left = release.placeholder_ranges(resources)
+    assert {w.split(":")[0] for w in left} == {
+        "NetworkPolicy/egress-s3-clients-https",
+        "NetworkPolicy/egress-head-kubernetes-api",
+        "NetworkPolicy/egress-kuberay-operator",
+        "NetworkPolicy/egress-managed-postgres-from-mlflow",
+        "NetworkPolicy/egress-managed-postgres-from-optuna-clients",
+        "NetworkPolicy/egress-managed-postgres-from-admin-job",
+    }
+    assert all("placeholder address range" in p for p in release.problems(resources, for_apply=True)[: len(left)])
+    assert release.placeholder_ranges(dr.render_with_addresses(overlay)) == []
+    # dev: everything in the cluster (MinIO, PostgreSQL): nothing left to set
+    assert release.placeholder_ranges(dr.render(next(o for o in OVERLAYS if o.name == "dev"))) == []
+
+
+def test_public_https_for_downloads_is_an_opt_in_component(tmp_path):
+    """deploy/components/public-https-egress opens 443 to public addresses for the Ray pods alone; private and
+    link-local ranges stay closed."""
+    overlay = next(o for o in OVERLAYS if o.name == "gpu-cluster")
+    rel = lambda p: os.path.relpath(p, tmp_path)  # noqa: E731 - kustomize takes relative paths only
+    component = dr.DEPLOY / "components" / "public-https-egress"
+    (tmp_path / "kustomization.yaml").write_text(f"resources:\n  - {rel(overlay)}\ncomponents:\n  - {rel(component)}\n")
+    resources = dr.render(tmp_path)
+    ns = dr.namespace_of(resources)
+    policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
+    worker = _template_labels(resources, "RayJob", "calib-sweep", "worker")
+    mlflow = _template_labels(resources, "Deployment", "mlflow")
+    assert egress_allowed(policies, ns, worker, ("ip", "8.8.8.8"), 443)
+    assert not egress_allowed(policies, ns, worker, ("ip", "8.8.8.8"), 80)
+    assert not egress_allowed(policies, ns, worker, ("ip", "169.254.169.254"), 443)  # the metadata service
+    assert not egress_allowed(policies, ns, worker, ("ip", "10.1.2.3"), 443)
+    assert not egress_allowed(policies, ns, mlflow, ("ip", "8.8.8.8"), 443)

@@ -62,7 +62,8 @@ BY_HAND = [
     ("mlflow", "calib-sweep-head", 8265, False),
     ("calib-sweep-head", "kube-apiserver", 6443, True),  # the autoscaler
     ("calib-sweep-worker-gpu", "kube-apiserver", 6443, False),
-    ("calib-sweep-head", "public-s3", 443, True),  # S3 clients reach object storage over HTTPS
+    # dev's object store is MinIO in the cluster: the trials reach no public address
+    ("calib-sweep-worker-gpu", "public-s3", 443, False),
     ("calib-sweep-worker-gpu", "private-host", 443, False),  # ... but no private address
     # the head's rule for the Kubernetes API (usually a private address) admits any address on 443 and 6443:
     # deploy/base/networkpolicy-egress.yaml says to narrow it to the API server's address

@@ -34,7 +34,7 @@ def _pod(cj: dict) -> dict:
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=IDS)
 def test_backup_cronjob_is_scheduled_and_reaches_what_it_needs(overlay):
-    resources = dr.render(overlay)
+    resources = dr.render_with_addresses(overlay)  # the placeholder address ranges set, as a user sets them
     cj = cronjob(resources)
     spec = cj["spec"]
     assert len(spec["schedule"].split()) == 5 and spec["timeZone"] == "Etc/UTC"
@@ -91,9 +91,10 @@ def test_backup_cronjob_is_scheduled_and_reaches_what_it_needs(overlay):
             for e in r["spec"]["template"]["spec"]["containers"][0]["env"]
             if e["name"] == "BUCKETS"
         ).split(",")
-    else:
-        assert dc.policy_allows_egress(policies, ns, labels, ("ip", "203.0.113.7"), 5432)
-        assert dc.policy_allows_egress(policies, ns, labels, ("ip", "203.0.113.7"), 443)
+    else:  # the managed database's subnet and the object store's range (dr.EXAMPLE_ADDRESSES)
+        assert dc.policy_allows_egress(policies, ns, labels, ("ip", "10.20.0.5"), 5432)
+        assert dc.policy_allows_egress(policies, ns, labels, ("ip", "52.216.1.1"), 443)
+        assert not dc.policy_allows_egress(policies, ns, labels, ("ip", "203.0.113.7"), 443)
     assert {k: v for k, v in dc.run_checks(resources).items() if v} == {}
 
 

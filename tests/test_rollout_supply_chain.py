@@ -165,6 +165,10 @@ def test_release_builds_pushes_pins_and_then_renders_for_apply(tmp_path):
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}"}  # no kustomize: the kustomization.yaml edit
     before = _cli("render", str(overlay), env=env)
     assert before.returncode == 1
+    # the egress address ranges are the user's to set: refused by name until they are
+    assert "NetworkPolicy/egress-s3-clients-https: 192.0.2.0/26: placeholder address range" in before.stderr
+    for f in (overlay / "patches" / "egress-addresses.yaml", overlay / "networkpolicy-egress.yaml"):
+        f.write_text(dr.with_addresses(f.read_text()))
     out = _cli(
         "release", str(overlay), "--registry", "reg.example.com/team/calib-sweeps", "--version", "0.2.0", env=env
     )
