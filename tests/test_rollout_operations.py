@@ -25,12 +25,8 @@ OVERLAYS = dr.overlay_dirs()
 
 
 def built_pod(obj: dict, node_type: str) -> dict:
-    """The pod KubeRay builds (tests/containers/kuberay.py), for its labels, ports and mounts: kuberay.py
-    refuses gcsFaultToleranceOptions (it does not translate the Redis env KubeRay adds), which changes
-    neither."""
-    obj = yaml.safe_load(yaml.safe_dump(obj))
-    dr.ray_cluster_spec(obj).pop("gcsFaultToleranceOptions", None)
-    return kr.build_pod(obj, node_type, "c-abcde")
+    """The pod KubeRay builds (tests/containers/kuberay.py), for its labels, ports, mounts and env."""
+    return kr.build_pod(yaml.safe_load(yaml.safe_dump(obj)), node_type, "c-abcde")
 
 
 IDS = [p.name for p in OVERLAYS]
@@ -303,6 +299,29 @@ def test_gcs_fault_tolerance_uses_the_redis_secret_and_only_the_head_reaches_red
     assert not dc.policy_allows_egress(policies, ns, worker, ("ip", "10.1.2.3"), 6379)
     plain = [r for r in dr.render(dr.DEPLOY / "overlays" / "gpu-cluster") if r["kind"] == "NetworkPolicy"]
     assert not dc.policy_allows_egress(plain, ns, head, ("ip", "10.1.2.3"), 6379)
+
+
+def test_kuberay_wires_the_head_to_redis_and_lets_the_workers_wait_for_a_restarted_gcs(operations):
+    """What KubeRay's configureGCSFaultTolerance (ray-operator/controllers/ray/common/pod.go, Redis backend) adds,
+    as tests/containers/kuberay.py translates it for the container test: the head's GCS stores its tables in
+    Redis under the cluster's namespace, with the password from the Secret passed as --redis-password; the
+    workers wait 600 s (not 60) for the GCS to come back."""
+    job = next(r for r in operations if r["kind"] == "RayJob")
+    head, worker = built_pod(job, "head"), built_pod(job, "worker")
+    env = {e["name"]: e for e in head["spec"]["containers"][0]["env"]}
+    ft = dr.ray_cluster_spec(job)["gcsFaultToleranceOptions"]
+    assert env["RAY_REDIS_ADDRESS"]["value"] == ft["redisAddress"]
+    assert env["REDIS_PASSWORD"]["valueFrom"] == ft["redisPassword"]["valueFrom"]
+    assert env["RAY_external_storage_namespace"]["value"]
+    assert "--redis-password=$REDIS_PASSWORD" in head["rayStartCommand"]
+    assert head["metadata"]["annotations"]["ray.io/ft-enabled"] == "true"
+    wenv = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
+    assert wenv["RAY_gcs_rpc_server_reconnect_timeout_s"] == "600"
+    assert "RAY_REDIS_ADDRESS" not in wenv and "REDIS_PASSWORD" not in wenv  # only the head talks to Redis
+    plain = built_pod(
+        next(r for r in dr.render(dr.DEPLOY / "overlays" / "gpu-cluster") if r["kind"] == "RayJob"), "head"
+    )
+    assert "redis" not in plain["rayStartCommand"] and plain["metadata"]["annotations"]["ray.io/ft-enabled"] == "false"
 
 
 def test_a_literal_redis_password_is_refused_by_the_schema(operations):

@@ -35,6 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 STANDINS = HERE / "standins"
+REDIS_IMAGE = "localhost/calib-standin/redis:bookworm"
 BASE = "localhost/calib-standin/debian:bookworm"
 RAY_IMAGE = "localhost/calib-sweeps/ray:test"
 MLFLOW_IMAGE = "localhost/calib-sweeps/mlflow:test"
@@ -169,6 +170,8 @@ def build_all(log=None) -> dict:
         "python-base": (python_base(), "python.Dockerfile"),
         "postgres": (qualify(public["postgres"]), "postgres.Dockerfile"),
         "s3": (qualify(public["s3"]), "s3.Dockerfile"),
+        # the external Redis of deploy/components/gcs-ft (not in the overlays: the user's own service)
+        "redis": (REDIS_IMAGE, "redis.Dockerfile"),
     }
     for name, (tag, dockerfile) in standins.items():
         out[name] = build(tag, STANDINS / dockerfile, STANDINS, log)

@@ -152,7 +152,10 @@ def head_port(head_params: dict) -> str:
 
 def _check_supported(spec: dict) -> None:
     auth = spec.get("authOptions") or {}
-    unsupported = [k for k in ("gcsFaultToleranceOptions", "tlsOptions", "historyServerOptions") if spec.get(k)]
+    unsupported = [k for k in ("tlsOptions", "historyServerOptions") if spec.get(k)]
+    backend = (spec.get("gcsFaultToleranceOptions") or {}).get("backend", "redis")
+    if spec.get("gcsFaultToleranceOptions") and backend != "redis":
+        unsupported.append(f"gcsFaultToleranceOptions.backend {backend}")
     if auth.get("mode") not in (None, "disabled", "token") or auth.get("enableK8sTokenAuth"):
         unsupported.append(f"authOptions {auth}")
     if unsupported:
@@ -413,6 +416,7 @@ def build_pod(obj: dict, node_type: str, name: str, group: int = 0) -> dict:
         params["no-monitor"] = "true"
         autoscaler = autoscaler_container(ray["image"], name, spec)
         pod_spec["containers"].append(autoscaler)
+    configure_gcs_fault_tolerance(template, spec, node_type, params, name)
     if not any(p.get("name") == "metrics" for p in ray.get("ports", [])):
         ray.setdefault("ports", []).append({"name": "metrics", "containerPort": DEFAULT_METRICS_PORT})
     if auth_enabled(spec):
@@ -453,6 +457,41 @@ def build_pod(obj: dict, node_type: str, name: str, group: int = 0) -> dict:
     template["rayStartCommand"] = start
     template["rayStartParams"] = params
     return template
+
+
+# The external storage namespace KubeRay gives a cluster without one: its UID (a stand-in here).
+STORAGE_NAMESPACE_ANNOTATION = "ray.io/external-storage-namespace"
+GCS_RECONNECT_TIMEOUT_S = "600"  # utils.DefaultWorkerRayGcsReconnectTimeoutS
+
+
+def configure_gcs_fault_tolerance(template: dict, spec: dict, node_type: str, params: dict, name: str) -> None:
+    """pod.go configureGCSFaultTolerance (Redis backend): the workers wait up to 600 s for a restarted GCS; the
+    head's GCS keeps its tables in Redis (RAY_REDIS_ADDRESS, the password as REDIS_PASSWORD and
+    --redis-password=$REDIS_PASSWORD) under the cluster's storage namespace."""
+    options = spec.get("gcsFaultToleranceOptions")
+    annotations = template.setdefault("metadata", {}).setdefault("annotations", {})
+    if node_type == "head":
+        annotations["ray.io/ft-enabled"] = str(bool(options)).lower()
+    if not options:
+        return
+    ray = template["spec"]["containers"][0]
+    env = ray.setdefault("env", [])
+    if node_type == "worker":
+        if not _env_exists("RAY_gcs_rpc_server_reconnect_timeout_s", env):
+            env.append({"name": "RAY_gcs_rpc_server_reconnect_timeout_s", "value": GCS_RECONNECT_TIMEOUT_S})
+        return
+    namespace = options.get("externalStorageNamespace") or f"uid-of-{name}"
+    annotations[STORAGE_NAMESPACE_ANNOTATION] = namespace
+    if not _env_exists("RAY_external_storage_namespace", env):
+        env.append({"name": "RAY_external_storage_namespace", "value": namespace})
+    env.append({"name": "RAY_REDIS_ADDRESS", "value": options["redisAddress"]})
+    for field, var, param in (
+        ("redisUsername", "REDIS_USERNAME", "redis-username"),
+        ("redisPassword", "REDIS_PASSWORD", "redis-password"),
+    ):
+        if options.get(field):
+            params[param] = f"${var}"
+            env.append({"name": var, **{k: v for k, v in options[field].items() if k in ("value", "valueFrom")}})
 
 
 def _wait_gcs_script(host: str, port: str) -> str:

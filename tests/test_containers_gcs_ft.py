@@ -1,0 +1,197 @@
+"""GCS fault tolerance (deploy/components/gcs-ft) in containers (`make test-containers`, issue #37 item 4): the dev
+RayJob's cluster rendered with the component, run as KubeRay runs it (tests/containers/kuberay.py translates the
+Redis wiring KubeRay adds: RAY_REDIS_ADDRESS, REDIS_PASSWORD and --redis-password on the head, a 600 s GCS
+reconnect timeout on the workers) beside a Redis stand-in, on the MLflow stack's network.
+
+The head is killed (SIGKILL: the GCS and the sweep's driver with it) while trials run. What a Kubernetes cluster
+then does, done by hand: the kubelet restarts the head container (same pod, same Service), whose GCS reloads
+the cluster from Redis, and the worker, which waited for it, is still its node; the RayJob's retry
+(`backoffLimit`) submits the same entrypoint again, which carries --resume. Checked: the worker lived through the
+restart (same Ray node id), the retried job completes, and the sweep's MLflow runs hold every trial exactly once
+(one run per trial id, all FINISHED, the parent FINISHED, the champion registered).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shlex
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from tests.containers import kuberay as kr
+from tests.containers.fixtures import artifacts_dir, built_images, stack  # noqa: F401
+from tests.containers.harness import podman
+from tests.containers.images import REDIS_IMAGE
+from tests.sweep_helpers import sweep_runs
+from tests.test_containers_ray import substituted_entrypoint
+
+pytestmark = pytest.mark.container
+REDIS = "gcs-redis"  # the Redis Service's name in the test network
+TRIALS = 3  # two run at once on the worker (4 CPUs, 2 per trial): the third starts after one ends
+NODES = """
+import json, ray
+ray.init(address="auto", logging_level="ERROR")
+print(json.dumps(sorted((n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"])))
+"""
+
+
+def _rendered_with_gcs_ft(tmp_path) -> list[dict]:
+    from tests import deploy_render as dr
+
+    rel = lambda p: os.path.relpath(p, tmp_path)  # noqa: E731 - kustomize takes relative paths only
+    overlay, component = dr.DEPLOY / "overlays" / "dev", dr.DEPLOY / "components" / "gcs-ft"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "kustomization.yaml").write_text(f"resources:\n  - {rel(overlay)}\ncomponents:\n  - {rel(component)}\n")
+    return dr.render(tmp_path)
+
+
+def _alive_nodes(cluster, head: str) -> list[list[str]]:
+    out = cluster.exec(head, "python", "-c", NODES, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _client(stack, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", stack.auth[0])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", stack.auth[1])
+    return MlflowClient(tracking_uri=stack.url)
+
+
+def _wait_until(predicate, timeout: float, what: str, every: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+
+
+def test_a_sweep_survives_a_killed_head_with_gcs_fault_tolerance(stack, tmp_path, monkeypatch):
+    cluster = stack.cluster
+    resources = _rendered_with_gcs_ft(tmp_path / "render")
+    job = next(r for r in resources if r["kind"] == "RayJob")
+    spec = kr.cluster_spec(job)
+    assert spec["gcsFaultToleranceOptions"]["redisPassword"]["valueFrom"]["secretKeyRef"]["name"] == "ray-gcs-redis"
+    spec["gcsFaultToleranceOptions"]["redisAddress"] = f"{REDIS}:6379"  # the component's placeholder address
+    cluster.secrets["ray-gcs-redis"] = {"password": secrets.token_hex(16)}
+    sweep = f"gcs-ft-{uuid.uuid4().hex[:6]}"
+    words = shlex.split(substituted_entrypoint(job["spec"]["entrypoint"]))
+    words[words.index("--name") + 1] = sweep
+    words[words.index("--num-samples") + 1] = str(TRIALS)
+    words += ["--set", "run.train.epochs=20", "--set", "search.references=[]"]  # trials long enough to be cut
+    entrypoint = shlex.join(words)
+    assert "--resume" in words  # the RayJob's entrypoint: a retry continues the sweep
+
+    ns, name = job["metadata"]["namespace"], kr.cluster_name(job)
+    head_tpl, worker_tpl = kr.build_pod(job, "head", name), kr.build_pod(job, "worker", name)
+    head_pod = kr.pod_name(name, "head")
+    worker_pod = kr.pod_name(name, "worker", spec["workerGroupSpecs"][0]["groupName"])
+    aliases = [
+        *cluster.dns_names(kr.head_service_name(name, spec)),
+        *cluster.dns_names(kr.rayjob_head_service_name(job)),
+    ]
+    logs = artifacts_dir("gcs-ft")
+    started: list[str] = []
+    redis = f"{REDIS}-{cluster.id}"
+    podman(
+        *("run", "-d", "--name", redis, "--network", cluster.network, "--network-alias", REDIS),
+        *("-e", f"REDIS_PASSWORD={cluster.secrets['ray-gcs-redis']['password']}", REDIS_IMAGE),
+    )
+    started.append(redis)
+    try:
+        head = cluster.run_pod(
+            head_pod, head_tpl, containers=["ray-head"], aliases=aliases, fields=kr.pod_fields(head_tpl, head_pod, ns)
+        )["ray-head"]
+        started.append(head)
+        cluster.wait_ready(head, head_tpl["spec"]["containers"][0], timeout=300)
+        worker = cluster.run_pod(
+            worker_pod, worker_tpl, containers=["ray-worker"], fields=kr.pod_fields(worker_tpl, worker_pod, ns)
+        )["ray-worker"]
+        started.append(worker)
+        cluster.wait_ready(worker, worker_tpl["spec"]["containers"][0], timeout=300)
+        # the GCS keeps the cluster in Redis, under the cluster's storage namespace
+        keys = podman("exec", redis, "sh", "-c", 'redis-cli -a "$REDIS_PASSWORD" --no-auth-warning DBSIZE').stdout
+        assert int(keys.strip() or 0) > 0, keys
+        nodes_before = _alive_nodes(cluster, head)
+        assert len(nodes_before) == 2, nodes_before
+
+        def submit(attempt: int) -> str:
+            jobid = kr.job_id(job, f"try{attempt}")
+            tpl = kr.submitter_pod(job, name, jobid, entrypoint)
+            pod = f"{jobid}-submitter"
+            sub = cluster.run_container(
+                pod,
+                tpl["spec"],
+                tpl["spec"]["containers"][0],
+                labels=tpl["metadata"]["labels"],
+                detach=True,
+                fields={"metadata.name": pod, "metadata.namespace": ns},
+            )
+            started.append(sub)
+            return sub
+
+        client = _client(stack, monkeypatch)
+
+        def statuses() -> list[str]:
+            return [r.info.status for r in sweep_runs(client, sweep)[1]]
+
+        first = submit(1)
+        # mid-sweep: a trial finished, others running (their checkpoints in MinIO)
+        _wait_until(lambda: "FINISHED" in statuses() and "RUNNING" in statuses(), 600, "a finished and a running trial")
+        before = statuses()
+        podman("kill", "--signal", "KILL", head)
+        t_kill = time.monotonic()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # the submitter notices the lost job API
+            podman("wait", first, check=False, timeout=120)
+        (logs / "attempt-1.log").write_text(cluster.logs(first))
+        cluster.stop(first)
+        # the kubelet restarts the container; its GCS reloads the cluster from Redis
+        podman("start", head)
+        cluster.wait_ready(head, head_tpl["spec"]["containers"][0], timeout=300)
+        assert podman("inspect", "--format", "{{.State.Running}}", worker).stdout.strip() == "true"
+        _wait_until(lambda: len(_alive_nodes(cluster, head)) == 2, 240, "the worker back in the cluster")
+        nodes_after = _alive_nodes(cluster, head)
+        worker_ids = {n for _, n in nodes_before} & {n for _, n in nodes_after}
+        assert worker_ids, f"no node kept its id through the head's restart: {nodes_before} -> {nodes_after}"
+        recovered_s = round(time.monotonic() - t_kill, 1)
+
+        second = submit(2)  # the RayJob's retry (backoffLimit): the same entrypoint, with --resume
+        rc = podman("wait", second, check=False, timeout=1200).stdout.strip()
+        out = cluster.logs(second)
+        (logs / "attempt-2.log").write_text(out)
+        assert rc == "0", out[-5000:]
+        assert "Resuming " in out and "Registered: models:/calibrated-mnist1d@champion" in out, out[-3000:]
+        parents, children = sweep_runs(client, sweep)
+        trial_ids = [r.data.tags.get("calib.trial_id") for r in children]
+        (logs / "runs.json").write_text(
+            json.dumps(
+                {
+                    "before_kill": before,
+                    "recovered_s": recovered_s,
+                    "children": [(t, r.info.status) for t, r in zip(trial_ids, children, strict=True)],
+                },
+                indent=1,
+            )
+        )
+        assert [p.info.status for p in parents] == ["FINISHED"]
+        assert len(trial_ids) == TRIALS and len(set(trial_ids)) == TRIALS, trial_ids  # every trial once
+        assert all(r.info.status == "FINISHED" for r in children), [
+            (t, r.info.status) for t, r in zip(trial_ids, children)
+        ]
+    finally:
+        for n in started:
+            with contextlib.suppress(Exception):
+                (logs / f"{n}.log").write_text(cluster.logs(n))
+        for n in reversed(started):
+            with contextlib.suppress(Exception):
+                cluster.stop(n)
+        with contextlib.suppress(Exception):
+            podman("rm", "-f", redis, check=False)
