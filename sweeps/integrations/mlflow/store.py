@@ -72,6 +72,25 @@ def find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> 
     return runs[0] if runs else None
 
 
+class LoggedSteps:
+    """Which (metric, step) pairs a run has: every step up to each metric's last one (a trial logs a metric at
+    increasing steps), plus pairs added since."""
+
+    def __init__(self, last: dict[str, int] | None = None, pairs: Iterable[tuple[str, int]] = ()) -> None:
+        self.last = dict(last or {})
+        self.pairs = set(pairs)
+
+    def __contains__(self, pair: object) -> bool:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            return False
+        key, step = pair
+        return bool(step <= self.last.get(key, -1)) or pair in self.pairs
+
+    def update(self, pairs: Iterable[tuple[str, int]]) -> None:
+        """Record pairs logged since."""
+        self.pairs.update(pairs)
+
+
 class MlflowStore:
     """One MLflow tracking store (a URI), with the operations the sweep needs; picklable (the client is not kept)."""
 
@@ -321,12 +340,24 @@ class MlflowStore:
         """The steps at which the run logged `key`."""
         return {m.step for m in self.client.get_metric_history(run_id, key)}
 
-    def logged_steps(self, run: Any) -> set[tuple[str, int]]:
-        """Every (metric, step) pair the run already has (a reattached trial never logs a step twice)."""
+    def logged_steps(self, run: Any) -> LoggedSteps:
+        """The (metric, step) pairs the run already has (a reattached trial never logs a step twice).
+
+        A trial logs each metric at increasing steps, so while its epochs have no gap (epoch_time, logged every
+        epoch, at consecutive steps) the last step of each metric, which the run's summary carries, says which
+        steps it has: two requests for the run instead of one per metric (each request to an authenticated server
+        checks the password; 60 metrics took a minute per reattached trial). With a gap (an epoch whose writes
+        died with a killed driver, resumed.deliver_missed_completions fills it), or without the summary's steps
+        (an MLflow that no longer keeps them), every metric's history is read."""
         rid = run.info.run_id
+        latest = getattr(run.data, "_metric_objs", None)
+        if latest is not None and all(hasattr(m, "step") for m in latest):
+            epochs = self.metric_steps(rid, "epoch_time")
+            if not epochs or epochs == set(range(min(epochs), max(epochs) + 1)):
+                return LoggedSteps({m.key: int(m.step) for m in latest})
         # epoch_time is logged every epoch, so its history is asked for even when the summary lacks it
         keys = {"epoch_time", *run.data.metrics}
-        return {(k, m.step) for k in keys for m in self.client.get_metric_history(rid, k)}
+        return LoggedSteps(pairs={(k, m.step) for k in keys for m in self.client.get_metric_history(rid, k)})
 
     # ------------------------------------------------------------------------ artifacts
     def log_dict(self, run_id: str, data: dict[str, Any], name: str) -> None:

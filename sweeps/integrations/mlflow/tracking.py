@@ -40,7 +40,7 @@ from sweeps.contract import (
     is_finite_number,
     is_number,
 )
-from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore
+from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, LoggedSteps, MlflowStore
 from sweeps.report.summary import run_link
 from sweeps.run_notes import note_run
 from sweeps.trial_params import describe_params
@@ -107,7 +107,7 @@ class MLflowTrackingCallback(tune.Callback):
         self.num_bins = num_bins
         self.scheduler = scheduler  # named in the reason of trials it stops early
         self._runs: dict[str, str] = {}
-        self._logged: dict[str, set[tuple[str, int]]] = {}
+        self._logged: dict[str, LoggedSteps] = {}
         self._finished: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -144,7 +144,7 @@ class MLflowTrackingCallback(tune.Callback):
             self.store.log_params(rid, params)
             # The exact run config, loadable with RunConfig.model_validate (params are strings).
             self.store.log_dict(rid, run_config, "run_config.json")
-            self._logged[rid] = set()
+            self._logged[rid] = LoggedSteps()
         else:
             rid = run.info.run_id
             self._logged[rid] = self.store.logged_steps(run)
@@ -161,7 +161,7 @@ class MLflowTrackingCallback(tune.Callback):
 
     def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int, timestamp_ms: int | None = None) -> None:
         """Log finite numeric metrics at `step`, skipping (key, step) pairs already logged."""
-        seen = self._logged.setdefault(run_id, set())
+        seen = self._logged.setdefault(run_id, LoggedSteps())
         new = {k: float(v) for k, v in metrics.items() if is_finite_number(v) and (k, step) not in seen}
         seen.update((k, step) for k in new)
         self.store.log_metrics(run_id, new, step=step, timestamp_ms=timestamp_ms)
