@@ -21,6 +21,7 @@ from sweeps.contract import (  # noqa: F401
     PER_EPOCH_METRICS,
     SHIFT_METRICS,
 )
+from sweeps.selection_rules import DEFAULT_RULE, check_rule, rule_setting
 
 # What search.calibrators searches when a config does not say: the built-in one-go calibrators. Any
 # calibrator registered in calib_core.calibrators (plugins included) may be listed; the names are
@@ -277,34 +278,27 @@ class TrackingConfig(_Strict):
 
 
 class SelectionConfig(_Strict):
-    """How the champion is chosen from validation metrics."""
+    """How the champion is chosen from validation metrics: the rule (sweeps/selection_rules.py, one table) and the
+    settings it reads. Each rule's own settings are defined by its model there (defaults, bounds, descriptions) and
+    sit here flat, as configs write them: `selection.max_accuracy_loss`, not `selection.margin.max_accuracy_loss`."""
 
-    # The rules are sweeps.decide.selection.RULES (tests/test_selection_margin.py keeps the two lists equal).
     # margin (default): among candidates whose val accuracy is non-inferior to the most accurate's within
     # `max_accuracy_loss` points (one-sided paired bootstrap lower bound at `confidence`), the best `metric`;
     # ties broken by val NLL. noise_aware: the same with "not significantly less accurate" instead of a margin.
-    rule: Literal["margin", "noise_aware", "pareto_min_ece_near_best_accuracy", "min_metric"] = "margin"
-    # 2 pt: chosen by benchmarks/studies/protocols/selection_v3.md's pre-registered rule among 0.5, 1 and 2 pt
-    # (benchmarks/results/selection_v3.md; a 1 pt default was provisional before it ran).
-    max_accuracy_loss: float = Field(
-        default=2.0,
-        ge=0.0,
-        le=100.0,
-        description="margin rule: the most validation accuracy, in points, the champion may lose to the most "
-        "accurate candidate (judged by the one-sided lower confidence bound of the paired difference)",
-    )
-    accuracy_tolerance: float = Field(default=0.005, ge=0.0, le=1.0, description="0.005 = 0.5 points (pareto rule)")
+    rule: str = DEFAULT_RULE
+    max_accuracy_loss: float = rule_setting("margin", "max_accuracy_loss")
+    accuracy_tolerance: float = rule_setting("pareto_min_ece_near_best_accuracy", "accuracy_tolerance")
     metric: str = "val_ece"
     mode: Literal["min", "max"] = "min"
     confidence: float = Field(default=0.95, ge=0.5, le=0.999, description="level of tests and intervals")
     num_resamples: int = Field(default=1000, ge=100, le=20000, description="bootstrap resamples per split")
-    # The most accurate trial is the maximum of noisy estimates; Bonferroni over the M - 1
-    # comparisons with it keeps the chance of wrongly excluding any trial below 1 - confidence.
-    # benchmarks/results/selection.md: the best test ECE without a significant accuracy loss.
-    multiple_comparisons: Literal["none", "bonferroni"] = "bonferroni"
-    # noise_aware, mode min: a trial with less than this factor times the champion's metric and
-    # accuracy not significantly below the champion's replaces it (None: off).
-    dominance_factor: float | None = Field(default=0.5, gt=0.0, lt=1.0)
+    multiple_comparisons: Literal["none", "bonferroni"] = rule_setting("noise_aware", "multiple_comparisons")
+    dominance_factor: float | None = rule_setting("noise_aware", "dominance_factor")
+
+    @field_validator("rule")
+    @classmethod
+    def _rule(cls, v: str) -> str:
+        return check_rule(v)
 
     @field_validator("metric")
     @classmethod

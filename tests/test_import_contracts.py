@@ -20,7 +20,17 @@ THIRD_PARTY_SERVICES = ("ray", "optuna", "mlflow")
 
 # (layer, module prefixes); a module belongs to the first layer whose prefix it starts with
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("sweeps.contract", "sweeps.redaction", "sweeps.sweep_lock", "sweeps.outage", "sweeps.run_notes")),
+    (
+        0,
+        (
+            "sweeps.contract",
+            "sweeps.redaction",
+            "sweeps.sweep_lock",
+            "sweeps.outage",
+            "sweeps.run_notes",
+            "sweeps.selection_rules",
+        ),
+    ),
     (1, ("sweeps.config", "sweeps.trial_params")),
     (2, ("sweeps.checks", "sweeps.decide")),
     (3, ("sweeps.report",)),

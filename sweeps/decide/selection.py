@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sweeps.config import SelectionConfig
+from sweeps.selection_rules import RULE_SPECS
 
 # pandas, scipy and matplotlib are imported where used: the sweep's driver imports this module
 # before its trials start and needs them only for selection and its reports.
@@ -361,36 +362,18 @@ def _select_pareto(ok: list[TrialRecord], cfg: SelectionConfig, reps: Replicates
     return best, why
 
 
+# Each rule of sweeps/selection_rules.py (its name, sentence, settings) with the function that picks.
+_PICKS: dict[str, Callable[[list[TrialRecord], SelectionConfig, Replicates | None], tuple[TrialRecord, str]]] = {
+    "margin": _select_margin,
+    "noise_aware": _select_noise_aware,
+    "pareto_min_ece_near_best_accuracy": _select_pareto,
+    "min_metric": _select_min_metric,
+}
+if set(_PICKS) != set(RULE_SPECS):  # a rule without its function, or a function without its rule
+    raise ImportError(f"selection rules {sorted(RULE_SPECS)} and their functions {sorted(_PICKS)} differ")
 RULES: dict[str, SelectionRule] = {
-    r.name: r
-    for r in (
-        SelectionRule(
-            "margin",
-            _select_margin,
-            True,
-            "lowest val calibration error among the candidates whose val accuracy is non-inferior to the most "
-            "accurate's within selection.max_accuracy_loss points (one-sided paired bootstrap lower bound)",
-            ("max_accuracy_loss", "metric", "mode", "confidence", "num_resamples"),
-        ),
-        SelectionRule(
-            "noise_aware",
-            _select_noise_aware,
-            True,
-            "lowest val calibration error among the trials not significantly less accurate than the most accurate "
-            "(one-sided paired bootstrap, Bonferroni), then a dominance step that may leave that set",
-            ("metric", "mode", "confidence", "num_resamples", "multiple_comparisons", "dominance_factor"),
-        ),
-        SelectionRule(
-            "pareto_min_ece_near_best_accuracy",
-            _select_pareto,
-            False,
-            "lowest val ECE on the Pareto front within selection.accuracy_tolerance of the best val accuracy",
-            ("accuracy_tolerance",),
-        ),
-        SelectionRule(
-            "min_metric", _select_min_metric, False, "the best selection.metric, nothing else", ("metric", "mode")
-        ),
-    )
+    name: SelectionRule(name, _PICKS[name], spec.needs_replicates, spec.summary, spec.reads)
+    for name, spec in RULE_SPECS.items()
 }
 
 

@@ -1,0 +1,72 @@
+"""The selection rules come from one table (sweeps/selection_rules.py, issue #33 item 3): the config accepts exactly
+its names and takes each rule's own settings from the rule's model, the picking functions pair with it one to one,
+and docs/extending.md lists it as it is."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from sweeps.config import SelectionConfig, load_sweep_config
+from sweeps.decide.selection import RULES
+from sweeps.selection_rules import DEFAULT_RULE, RULE_SPECS, SHARED, owner_of
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "extending.md"
+
+
+def test_the_config_accepts_exactly_the_tables_rules_and_names_them_when_refusing() -> None:
+    assert SelectionConfig().rule == DEFAULT_RULE == "margin"
+    for name in RULE_SPECS:
+        assert SelectionConfig(rule=name).rule == name
+    with pytest.raises(ValidationError) as err:
+        SelectionConfig(rule="lowest_ece")
+    message = str(err.value)
+    assert "'lowest_ece' is not a selection rule" in message and all(n in message for n in RULE_SPECS)
+
+
+def test_each_rules_own_settings_are_the_configs_fields_with_the_same_default_and_bounds() -> None:
+    fields = SelectionConfig.model_fields
+    own = {name: rule for rule, spec in RULE_SPECS.items() for name in spec.settings.model_fields}
+    # every field of the config is the rule, a shared setting, or one rule's own (no setting without a rule)
+    assert set(fields) == {"rule", *SHARED, *own}
+    for name, rule in own.items():
+        model_field = RULE_SPECS[rule].settings.model_fields[name]
+        assert owner_of(name) == rule
+        assert fields[name].default == model_field.default, name
+        assert fields[name].metadata == model_field.metadata, name  # bounds
+        assert fields[name].description == model_field.description, name
+    # the bounds of the rule's model hold in the config: a margin below 0, a dominance factor of 1
+    for bad in ({"max_accuracy_loss": -1}, {"dominance_factor": 1.0}, {"accuracy_tolerance": 2}):
+        with pytest.raises(ValidationError):
+            SelectionConfig(**bad)
+
+
+def test_a_rules_own_setting_is_set_from_a_sweep_config_as_before(tmp_path) -> None:
+    cfg = load_sweep_config(None, ["selection.rule=noise_aware", "selection.dominance_factor=null"])
+    assert cfg.selection.rule == "noise_aware" and cfg.selection.dominance_factor is None
+    assert RULES["noise_aware"].settings_of(cfg.selection)["dominance_factor"] is None
+
+
+def test_the_picking_functions_are_the_tables_rules() -> None:
+    assert list(RULES) == list(RULE_SPECS)
+    for name, spec in RULE_SPECS.items():
+        rule = RULES[name]
+        assert (rule.summary, rule.needs_replicates, rule.settings) == (spec.summary, spec.needs_replicates, spec.reads)
+
+
+def test_docs_list_the_rules_as_the_table_has_them() -> None:
+    block = re.search(r"<!-- rules -->\n(.*?)<!-- /rules -->", DOC.read_text(), re.S)
+    assert block, "docs/extending.md has no rules list"
+    listed = {}
+    for item in re.split(r"\n(?=- `)", block.group(1).strip()):
+        m = re.fullmatch(r"- `([^`]+)`(?: \(default\))?: (.*)\. Reads: (.*)\.", " ".join(item.split()))
+        assert m, item
+        listed[m.group(1)] = (m.group(2), m.group(3))
+    assert list(listed) == list(RULE_SPECS)
+    for name, spec in RULE_SPECS.items():
+        summary, reads = listed[name]
+        assert summary == spec.summary, name
+        assert reads.split(", ") == list(spec.reads), name
