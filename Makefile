@@ -38,7 +38,7 @@ test-slow: setup
 # rendered dev overlay. Minutes on a cold machine (the project image holds torch's CUDA wheels).
 test-containers: setup
 	bash tests/containers/setup_podman.sh
-	$(BIN)/python -m pytest -q -m container $(ARGS)
+	$(BIN)/python -m pytest -q -m container --durations=15 $(ARGS)
 
 # Every check runs (the import contracts between sweeps/' layers too), and the target fails if any found something.
 lint: setup
