@@ -38,6 +38,7 @@ import os
 import queue
 import signal
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -1088,7 +1089,11 @@ def main_full(args: Any, spec: dict, command: str) -> int:
     if not args.report_only:
         retune = args.retune.split(",") if args.retune else []
         stop_on_signals()
-        run_full(spec, regimes, out, args.tiny, args.workers, args.allow_mixed_commits, args.limit, retune)
+        try:
+            run_full(spec, regimes, out, args.tiny, args.workers, args.allow_mixed_commits, args.limit, retune)
+        except KeyboardInterrupt:  # run_full merged the journal into the table on its way out
+            print(f"stopped; the runs so far are in {out}; the same command resumes", file=sys.stderr, flush=True)
+            return 130
     text, rec = build_full_report(spec, out, command, args.tiny, not args.no_bootstrap)
     report_dir = Path(args.report_dir)
     write_text(report_dir / "method_study_c.md", text)
