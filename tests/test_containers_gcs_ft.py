@@ -33,6 +33,7 @@ from tests.test_containers_ray import substituted_entrypoint
 
 pytestmark = pytest.mark.container
 REDIS = "gcs-redis"  # the Redis Service's name in the test network
+MODEL = "calibrated-gcs-ft"
 TRIALS = 3  # two run at once on the worker (4 CPUs, 2 per trial): the third starts after one ends
 NODES = """
 import json, ray
@@ -86,7 +87,9 @@ def test_a_sweep_survives_a_killed_head_with_gcs_fault_tolerance(stack, tmp_path
     words = shlex.split(substituted_entrypoint(job["spec"]["entrypoint"]))
     words[words.index("--name") + 1] = sweep
     words[words.index("--num-samples") + 1] = str(TRIALS)
-    words += ["--set", "run.train.epochs=20", "--set", "search.references=[]"]  # trials long enough to be cut
+    words += ["--set", "run.train.epochs=10", "--set", "search.references=[]"]  # trials long enough to be cut
+    # a registered model of its own: the stack's registry is shared, and this champion must not gate other tests'
+    words += ["--set", f"tracking.registered_model={MODEL}"]
     entrypoint = shlex.join(words)
     assert "--resume" in words  # the RayJob's entrypoint: a retry continues the sweep
 
@@ -168,7 +171,7 @@ def test_a_sweep_survives_a_killed_head_with_gcs_fault_tolerance(stack, tmp_path
         out = cluster.logs(second)
         (logs / "attempt-2.log").write_text(out)
         assert rc == "0", out[-5000:]
-        assert "Resuming " in out and "Registered: models:/calibrated-mnist1d@champion" in out, out[-3000:]
+        assert "Resuming " in out and f"Registered: models:/{MODEL}@champion" in out, out[-3000:]
         parents, children = sweep_runs(client, sweep)
         trial_ids = [r.data.tags.get("calib.trial_id") for r in children]
         (logs / "runs.json").write_text(
