@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from calib_core.config import ConfigError, clip
 from sweeps.redaction import redact, redact_text, redact_values
+from sweeps.selection_rules import describe as describe_rules
 
 if TYPE_CHECKING:
     from sweeps.config import SweepConfig
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python sweeps/launch.py",
         description="Sweep calibrators and calibrator learning rates with Ray Tune + Optuna; "
         "track in MLflow; select and register the best model (validation metrics only).",
+        # the rules as their table has them (sweeps/selection_rules.py), kept as written
+        epilog="selection rules (--set selection.rule=NAME):\n" + describe_rules(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", metavar="FILE", help="sweep YAML (default: sweeps/configs/mnist1d_demo.yaml)")
     p.add_argument(

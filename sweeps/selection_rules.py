@@ -3,8 +3,8 @@
 `sweeps.config.SelectionConfig` takes its rule-specific fields from the rules' models here (their defaults, bounds
 and descriptions) and accepts exactly the names of this table; `sweeps.decide.selection` pairs each entry with the
 function that picks (refusing at import a rule without one, or a function without a rule); the progress line
-reads `needs_replicates`; `selection.json` records the values of `reads`; docs/extending.md lists the table
-(tests/test_selection_rules.py keeps it so). A new rule is one entry here and one function there.
+reads `needs_replicates`; `selection.json` records the values of `reads`; `python sweeps/launch.py --help` ends with
+it (`describe`; docs/extending.md points there). A new rule is one entry here and one function there.
 
 Layer 0: imports pydantic only.
 """
@@ -126,3 +126,12 @@ def check_rule(name: str) -> str:
 def owner_of(setting: str) -> str | None:
     """The rule whose own setting `setting` is (None for a shared one)."""
     return next((n for n, r in RULE_SPECS.items() if setting in r.settings.model_fields), None)
+
+
+def describe() -> str:
+    """The table for people: each rule, its sentence and the settings it reads."""
+    lines = []
+    for name, spec in RULE_SPECS.items():
+        lines.append(f"{name}{' (default)' if name == DEFAULT_RULE else ''}: {spec.summary}")
+        lines.append(f"  reads: {', '.join(f'selection.{s}' for s in spec.reads)}")
+    return "\n".join(lines)
