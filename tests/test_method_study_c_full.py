@@ -247,3 +247,19 @@ def test_a_background_study_stops_on_sigterm_or_an_ignored_sigint_with_its_journ
         _, err = proc.communicate(timeout=120)
         assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]  # stopped, not finished
         assert not full.journal_path(out).exists() and full.read_rows(out), sig.name  # merged into the table
+
+
+def test_a_row_journalled_but_not_yet_in_memory_survives_the_merge(tmp_path):
+    """A stop signal can end RunTable.add between its fsynced journal line and its update of the rows in memory;
+    the merge then still writes that row (it reads the table and the journal back from disk)."""
+    from benchmarks.common import ROOT
+
+    results = ROOT / "benchmarks" / "results" / "method_study_c"
+    committed = msc.read_table(msc.table_path(results, full.STUDY), full.INTS)
+    first, second = committed[0], committed[1]
+    stopping = full.RunTable(tmp_path)  # the study's table, as the stop finds it
+    stopping.add([first])
+    full.RunTable(tmp_path).add([second])  # journalled on disk, absent from `stopping`'s memory
+    stopping.merge()
+    assert not full.journal_path(tmp_path).exists()
+    assert {full._key(r) for r in full.read_rows(tmp_path)} == {full._key(first), full._key(second)}

@@ -167,11 +167,15 @@ class RunTable:
             self.rows = list(self.by_key.values())
 
     def merge(self) -> None:
-        """Rewrite full_runs.csv.gz with every row (sorted; reproducible bytes), then drop the journal."""
+        """Rewrite full_runs.csv.gz with every row (sorted; reproducible bytes), then drop the journal.
+
+        The rows are read back from disk (the table and the journal), not taken from memory: a stop signal can
+        end `add` between its fsynced journal line and its update of `rows`, and that row must not be lost."""
         with self.lock:
             jp = journal_path(self.out)
             if not jp.is_file():
                 return
+            self.rows = read_rows(self.out)
             msc.write_table(msc.table_path(self.out, STUDY), self.rows, COLUMNS, _order)
             jp.unlink()
 
