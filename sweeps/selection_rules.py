@@ -123,11 +123,6 @@ def check_rule(name: str) -> str:
     return name
 
 
-def owner_of(setting: str) -> str | None:
-    """The rule whose own setting `setting` is (None for a shared one)."""
-    return next((n for n, r in RULE_SPECS.items() if setting in r.settings.model_fields), None)
-
-
 def describe() -> str:
     """The table for people: each rule, its sentence and the settings it reads."""
     lines = []
