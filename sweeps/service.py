@@ -135,33 +135,40 @@ def _route_sigterm(stops: StopWatch) -> None:
 
 # After SIGTERM, how long the driver watches its local Ray's GCS and raylet (below Ray's 60 s wait for a lost GCS).
 LOST_RAY_WATCH_S = 45.0
+# ... of which the first seconds with the main thread held in the signal handler, before Tune's stop runs.
+LOST_RAY_HOLD_S = 2.0
 
 
 def _watch_for_lost_ray(record: Path, close_runs: Callable[[], None]) -> Callable[[], None]:
-    """What SIGTERM starts: a thread that watches the driver's own Ray (GCS and raylet) for LOST_RAY_WATCH_S.
+    """What SIGTERM starts: a watch on the driver's own Ray (GCS and raylet) for LOST_RAY_WATCH_S.
 
     A stop sent to every process of the service (systemd's stop of its control group, Slurm's scancel of the
     job step) reaches Ray's processes too, whatever their session. The driver would then wait 60 s for the lost
     GCS and exit 1 with its runs RUNNING; instead, once they are gone (and the driver is not ending them
     itself), the runs end KILLED (`close_runs`), one line says how to continue, what is left of the session is
-    stopped, and the driver exits 130, as for any stopped sweep."""
+    stopped, and the driver exits 130, as for any stopped sweep.
+
+    The first LOST_RAY_HOLD_S are watched in the signal handler itself, before Tune's stop runs: the driver's
+    first call into Ray after its raylet died (a `ray.put`, say, while Tune saves) ends the process at once with
+    exit 1 and nothing printed (Ray's "Raylet IPC connection failed and the local Raylet is dead"). Such a stop
+    kills the raylet within milliseconds, so holding the main thread (the one that calls Ray) that long decides
+    it; a thread watches the rest of the window."""
     from sweeps.integrations.ray.session import alive, core_processes, is_tracked, stop_now
 
     core = core_processes(record)
 
-    def watch() -> None:
-        deadline = time.monotonic() + LOST_RAY_WATCH_S
+    def lost_within(seconds: float) -> bool | None:
+        """True once a core process is gone; None when the driver ends Ray itself; False after `seconds`."""
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if not is_tracked(record):
-                return  # the driver is ending Ray itself: the sweep stops the ordinary way
+                return None
             if core and not all(alive(p) for p in core):
-                break
-            time.sleep(0.25)
-        else:
-            return
-        time.sleep(1.0)  # the driver's own stop may still end Ray first
-        if not is_tracked(record):
-            return
+                return True
+            time.sleep(0.05)
+        return False
+
+    def end_here() -> None:
         closer = threading.Thread(target=close_runs, name="close-runs", daemon=True)
         closer.start()
         closer.join(20.0)
@@ -174,7 +181,21 @@ def _watch_for_lost_ray(record: Path, close_runs: Callable[[], None]) -> Callabl
         stop_now(record)
         os._exit(130)
 
-    return lambda: threading.Thread(target=watch, name="lost-ray-watch", daemon=True).start()
+    def watch() -> None:
+        if not lost_within(LOST_RAY_WATCH_S - LOST_RAY_HOLD_S):
+            return
+        time.sleep(1.0)  # the driver's own stop may still end Ray first
+        if is_tracked(record):
+            end_here()
+
+    def on_sigterm() -> None:
+        lost = lost_within(LOST_RAY_HOLD_S)
+        if lost:
+            end_here()
+        elif lost is False:
+            threading.Thread(target=watch, name="lost-ray-watch", daemon=True).start()
+
+    return on_sigterm
 
 
 def _execute(

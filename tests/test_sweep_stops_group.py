@@ -208,3 +208,31 @@ def test_a_stop_after_the_trials_keeps_the_promises(tmp_path: Path) -> None:
     assert "Registered: models:/" in resumed.stdout, resumed.stdout[-3000:]
     parents, _ = sweep_runs(store(tmp_path), name)
     assert [p.info.status for p in parents] == ["FINISHED"]
+
+
+RAY_AFTER_ITS_RAYLET = """
+import os, signal, time, ray
+ray.init(num_cpus=1, include_dashboard=False)
+print(ray._private.worker.global_worker.node.get_session_dir_path(), flush=True)
+raylet = ray._private.worker.global_worker.node.all_processes["raylet"][0].process
+os.kill(raylet.pid, signal.SIGTERM)
+raylet.wait(timeout=30)
+ray.get(ray.put(bytes(2_000_000)))  # the driver's next call into Ray
+print("still running", flush=True)
+"""
+
+
+def test_ray_ends_a_driver_at_its_first_call_after_its_raylet_died(tmp_path: Path) -> None:
+    """Why SIGTERM's handler holds the main thread (sweeps/service.py, _watch_for_lost_ray): Ray ends the driver
+    with exit 1 and nothing printed at its first call into Ray once its raylet is dead. If this stops holding,
+    the hold can go."""
+    script = tmp_path / "driver.py"
+    script.write_text(RAY_AFTER_ITS_RAYLET)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    session_dir = run.stdout.splitlines()[0] if run.stdout else ""
+    try:
+        assert run.returncode == 1, run.stdout + run.stderr
+        assert "still running" not in run.stdout and "Traceback" not in run.stderr, run.stdout + run.stderr
+    finally:
+        if session_dir.startswith("/"):
+            stop_processes(session_processes(session_dir), grace_s=2)

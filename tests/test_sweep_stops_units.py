@@ -121,3 +121,48 @@ def test_a_readable_checkpoint_is_used_without_a_word(tmp_path: Path, capsys) ->
     assert _readable_checkpoint(ckpt, load_tensors) == (None, {"val_ece": 0.1})
     assert capsys.readouterr().out == ""
     assert _readable_checkpoint(None, load_tensors) == (None, None)
+
+
+LOST_RAY_SCRIPT = """
+import subprocess, sys, threading, time
+from pathlib import Path
+import sweeps.integrations.ray.session as session
+from sweeps import service
+
+raylet = subprocess.Popen(["sleep", "60"])  # stands for the session's raylet
+session.core_processes = lambda record: [raylet.pid]
+session.is_tracked = lambda record: True
+session.stop_now = lambda record: print("stop_now", flush=True)
+on_sigterm = service._watch_for_lost_ray(Path("record"), lambda: print("runs closed", flush=True))
+if sys.argv[1] == "dies":  # the stop of a whole control group: the raylet goes a moment after the driver's signal
+    threading.Timer(0.3, lambda: (raylet.kill(), raylet.wait())).start()
+t0 = time.monotonic()
+on_sigterm()
+print(f"returned after {time.monotonic() - t0:.1f}s", flush=True)  # the main thread would now call into Ray
+raylet.kill()
+"""
+
+
+def test_a_raylet_lost_with_the_stop_ends_the_driver_before_it_calls_ray_again(tmp_path: Path) -> None:
+    """Ray ends a driver whose raylet died at its next call into Ray, with exit 1 and nothing printed (a slow
+    test shows it: tests/test_sweep_stops_group.py). So SIGTERM's handler holds the main thread until it knows
+    whether Ray was stopped with it: then the runs are closed, one line is printed and the exit code is 130."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "lost.py"
+    script.write_text(LOST_RAY_SCRIPT)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    dies = subprocess.run([sys.executable, str(script), "dies"], capture_output=True, text=True, env=env, timeout=60)
+    assert dies.returncode == 130, dies.stdout + dies.stderr
+    assert "returned" not in dies.stdout and dies.stdout.splitlines() == ["runs closed", "stop_now"], dies.stdout
+    assert dies.stderr.strip().splitlines()[-1].endswith("continue with --resume"), dies.stderr
+    # Ray not stopped with the driver: the handler gives the main thread back after its bounded hold
+    stays = subprocess.run([sys.executable, str(script), "stays"], capture_output=True, text=True, env=env, timeout=60)
+    assert stays.returncode == 0, stays.stdout + stays.stderr
+    held = float(stays.stdout.split("returned after ")[1].split("s")[0])
+    from sweeps.service import LOST_RAY_HOLD_S
+
+    assert LOST_RAY_HOLD_S - 0.1 <= held <= LOST_RAY_HOLD_S + 1.5, stays.stdout
+    assert "runs closed" not in stays.stdout
