@@ -43,7 +43,7 @@ test-containers: setup
 # Every check runs (the import contracts between sweeps/' layers too), and the target fails if any found something.
 lint: setup
 	@rc=0; $(BIN)/ruff check . || rc=1; $(BIN)/ruff format --check . || rc=1; $(BIN)/mypy || rc=1; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_import_contracts.py || rc=1; exit $$rc
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_import_contracts.py || rc=1; exit $$rc
 
 bench: setup
 	$(BIN)/python -m benchmarks.perf.bench_metrics

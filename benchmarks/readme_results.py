@@ -5,7 +5,7 @@
 
 A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` in README.md; its text is
 made here from benchmarks/results/*.json only, with the verdict words of the study's own rules, so
-a number or a verdict in those blocks cannot drift from its file (tests/test_readme_results.py).
+a number or a verdict in those blocks cannot drift from its file (tests/unit/benchmarks/test_readme_results.py).
 """
 
 from __future__ import annotations

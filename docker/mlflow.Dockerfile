@@ -9,7 +9,7 @@
 #   docker build -f docker/mlflow.Dockerfile -t REGISTRY/calib-sweeps/mlflow:0.1.0 .
 #
 # Versions come from constraints.txt (the one place they are chosen) through the hash lock
-# docker/locks/mlflow-image.txt; tests/test_deploy_consistency.py checks the two agree.
+# docker/locks/mlflow-image.txt; tests/unit/deploy/test_deploy_consistency.py checks the two agree.
 # Base: the Python Official Image, slim Debian bookworm, pinned by its multi-platform index digest (the
 # same image as docker/Dockerfile). Record: docker-library/repo-info,
 # repos/python/remote/3.11.15-slim-bookworm.md at commit 3effc3eac4f65a99767fd721667a1bf157496ba4

@@ -2,8 +2,8 @@
 
 One place for the names the trials (sweeps/integrations/ray/trainable.py), the driver (service, tracking, selection,
 model_export) and the config checks (sweeps/config.py) must agree on. It imports neither torch,
-Ray nor MLflow: validating a config must stay fast (tests/test_cli_malformed.py). It imports the standard library
-only (tests/test_import_contracts.py).
+Ray nor MLflow: validating a config must stay fast (tests/unit/sweeps/test_cli_malformed.py). It imports the
+standard library only (tests/unit/test_import_contracts.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ REPORT_DIR = "report"
 # ---------------------------------------------------------------------------- metric keys
 SPLITS = ("val", "test")
 # calib_core.metrics.METRIC_NAMES (the keys of compute_all, reported every epoch), spelled out because
-# importing calib_core.metrics imports torch; tests/test_sweep_config.py checks the two agree.
+# importing calib_core.metrics imports torch; tests/unit/sweeps/test_sweep_config.py checks the two agree.
 PER_EPOCH_METRICS = ("accuracy", "nll", "brier", "ece", "mce", "rmsce", "sce", "ace", "tace", "classwise_ece", "aurc")
 # Less biased calibration estimators, functions of calib_core.metrics by these names, measured after training.
 DEBIASED_METRICS = ("debiased_l2_ce", "ece_sweep", "smooth_ece")

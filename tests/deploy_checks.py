@@ -1,6 +1,6 @@
 """Deploy checks as functions: each takes one rendered overlay (a list of objects) and returns what
-is wrong with it (an empty list when nothing is). tests/test_deploy_checks.py runs every check on
-every overlay; tests/test_deploy_mutations.py plants known mistakes into the rendered manifests
+is wrong with it (an empty list when nothing is). tests/unit/deploy/test_deploy_checks.py runs every check on
+every overlay; tests/unit/deploy/test_deploy_mutations.py plants known mistakes into the rendered manifests
 and requires that some check reports each of them.
 
 The checks encode how the pieces meet at run time, which schema validation cannot see: the ports
@@ -611,7 +611,7 @@ def check_ray_version(resources: list[dict]) -> list[str]:
 
 
 def check_pod_hardening(resources: list[dict]) -> list[str]:
-    from tests.test_deploy_security import pod_violations
+    from tests.unit.deploy.test_deploy_security import pod_violations
 
     return [p for where, _, spec in pod_templates(resources) for p in pod_violations(where.split(":")[0], spec)]
 
@@ -634,7 +634,7 @@ def check_mlflow_reachable_only_by_clients(resources: list[dict]) -> list[str]:
 def _schema_errors(text: str) -> tuple[str, ...]:
     import kubernetes_validate
 
-    from tests.test_deploy_k8s import K8S_LATEST, kuberay_errors
+    from tests.unit.deploy.test_deploy_k8s import K8S_LATEST, kuberay_errors
 
     r = json.loads(text)
     if dr.is_builtin(r):

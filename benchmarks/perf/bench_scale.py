@@ -347,7 +347,7 @@ def _findings(
                 "a writer thread off Tune's loop), quieter towards its end. Two changes aimed at the misses landed after "
                 "it: (1) the bootstrap computes every metric only for the trials worth a closer look (the 32 lowest val "
                 "ECE, the 32 most accurate, the Pareto front, the champion) and accuracy, ECE and the rule's metric for "
-                "all, with identical resamples (tests/test_replicates_detail.py); on fabricated 180-row splits, under "
+                "all, with identical resamples (tests/unit/sweeps/test_replicates_detail.py); on fabricated 180-row splits, under "
                 "load, that is 5 ms per trial for accuracy and ECE against 359 ms for every metric (without the "
                 "calibrated null; 41 against 545 ms with it), so the bootstrap at M = 1000 should fall well under the "
                 "30 s aim; (2) the model/data check runs in a child process, so the driver holds no torch (~670 MB "

@@ -4,7 +4,7 @@ every second.
 
 What it measures: whether the sweep completes with every trial exactly one MLflow run, how many retries Ray
 Tune made against how many workers were killed, and the driver's resident memory against the trials finished
-(the curve, and its slope in MB per 100 trials over the trial phase). tests/test_sweep_soak.py runs it and
+(the curve, and its slope in MB per 100 trials over the trial phase). tests/e2e/test_sweep_soak.py runs it and
 asserts the promises; this script runs it and keeps the figures:
 
     python -m benchmarks.perf.soak   # 200 trials, 4 at a time, 20 kills (about 10 min here)

@@ -69,7 +69,7 @@ DEFAULT_OUT = RESULTS_DIR
 
 
 # ==========================================================================================
-# statistics (pure; tests/test_method_study.py checks them on hand-computed cases)
+# statistics (pure; tests/unit/benchmarks/test_method_study.py checks them on hand-computed cases)
 # ==========================================================================================
 def _t():
     from scipy.stats import t

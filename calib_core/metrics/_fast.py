@@ -2,7 +2,7 @@
 
 Used only for CPU tensors of at least :data:`FAST_MIN_ELEMENTS` values; smaller inputs,
 other devices and every error case take the plain torch path, so error messages and the
-numbers are the same either way (tests/test_metrics_fast.py checks both paths agree).
+numbers are the same either way (tests/unit/calib_core/test_metrics_fast.py checks both paths agree).
 
 * :func:`scan_rows` validates an (N, K) probability matrix *and* finds each row's
   confidence and first argmax in one read of the matrix. The vectorised torch path needs

@@ -34,7 +34,7 @@ Conventions (see :mod:`calib_core.metrics.binning` for the bins):
   ``threshold < 0`` computes the same number.
 
 Numbers match the reference numpy ``gce`` of google/uncertainty-metrics to 1e-6 in float64
-for every l1 configuration (tests/test_metrics_reference.py).
+for every l1 configuration (tests/unit/calib_core/test_metrics_reference.py).
 """
 
 from __future__ import annotations

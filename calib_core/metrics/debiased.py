@@ -15,7 +15,7 @@ metrics do; binary (N,) / (N, 1) inputs become (N, 2) rows ``[1 - p, p]`` first,
 top-label confidence of a binary problem is max(p, 1 - p). Work is torch-native, on the
 inputs' device, with float64 statistics; the result is a Python float for numpy input and a
 0-dim tensor (input dtype) for torch input. Parity with the references is tested in
-tests/test_metrics_debiased.py.
+tests/unit/calib_core/test_metrics_debiased.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 # Every line carries the sha256 of each file PyPI has for that version; the Dockerfiles install with
 # `pip install --require-hashes --no-deps -r <lock>`, so a file that changes on the index fails the build.
 # Run after any change to constraints.txt or pyproject.toml's dependencies (needs PyPI and uv:
-# `pip install uv`); tests/test_deploy_consistency.py fails while a lock disagrees with constraints.txt.
+# `pip install uv`); tests/unit/deploy/test_deploy_consistency.py fails while a lock disagrees with constraints.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 UV=${UV:-uv}

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures of the container tests (tests/test_containers_*.py, marker `container`)."""
+"""Shared pytest fixtures of the container tests (tests/containers/test_containers_*.py, marker `container`)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ pin their base by digest (`FROM python:3.11.15-slim-bookworm@sha256:...`), which
 match (a tag@digest reference resolves by the registry's digest, and --pull=never forbids the pull):
 for the tests only, each is built from a temporary copy whose FROM has the digest stripped, the
 rest of the file unchanged (the real builds use the Dockerfiles as they are; the digest and its
-record are checked by tests/test_deploy_consistency.py). Both Dockerfiles start from the same Python
+record are checked by tests/unit/deploy/test_deploy_consistency.py). Both Dockerfiles start from the same Python
 image, so one stand-in (standins/python.Dockerfile) serves both.
 pip inside the builds reaches PyPI through the host's TLS proxy: the host CA bundle is mounted at
 /run/host-ca.crt and a pip.conf naming it at /etc/pip.conf (build-time mounts, not part of any

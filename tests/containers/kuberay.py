@@ -1,7 +1,7 @@
 """What KubeRay would run for a rendered RayJob / RayCluster: the pods of the head and worker groups
 (the generated `ray start` command line, the environment KubeRay injects, its probes and volumes)
 and the K8sJobMode submitter's command, translated from the operator's Go source so that the
-container tests (tests/test_containers_ray.py) run what a cluster would run.
+container tests (tests/containers/test_containers_ray.py) run what a cluster would run.
 
 Source: ray-project/kuberay v1.7.0-rc.0+5 (commit feeaf72fa), ray-operator/controllers/ray/:
   common/pod.go    DefaultHeadPodTemplate, DefaultWorkerPodTemplate, BuildPod,
@@ -19,7 +19,7 @@ Source: ray-project/kuberay v1.7.0-rc.0+5 (commit feeaf72fa), ray-operator/contr
 Translated: the operator's defaults (ENABLE_INIT_CONTAINER_INJECTION and ENABLE_PROBES_INJECTION
 unset, i.e. on; ENABLE_LOGIN_SHELL unset; CLUSTER_DOMAIN unset: cluster.local), token auth from a
 Secret (authOptions.mode token, not the Kubernetes-token variant), in-tree autoscaling (no-monitor,
-the autoscaler sidecar; tests/test_containers_autoscaler.py runs it against the stand-in Kubernetes API
+the autoscaler sidecar; tests/containers/test_containers_autoscaler.py runs it against the stand-in Kubernetes API
 of k8s_api.py and plays the operator's scaling).
 Not translated: GCS fault tolerance, TLS, the history-server collector, RayService specifics,
 multi-host indexing, Kubernetes-token auth (rejected below if a manifest asks for them)."""
@@ -307,7 +307,7 @@ def add_empty_dir(container: dict, spec: dict, volume: str, path: str, medium: s
 
 def autoscaler_container(image: str, name: str, spec: dict) -> dict:
     """pod.go BuildAutoscalerContainer + SetContainerTokenAuthEnvVars + mergeAutoscalerOverrides
-    (command, env and resources; run by tests/test_containers_autoscaler.py against k8s_api.py)."""
+    (command, env and resources; run by tests/containers/test_containers_autoscaler.py against k8s_api.py)."""
     start = "ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) --cluster-namespace $(RAY_CLUSTER_NAMESPACE)"
     c = {
         "name": "autoscaler",

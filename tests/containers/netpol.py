@@ -1,4 +1,4 @@
-"""NetworkPolicy enforcement emulated on a podman bridge with nftables (tests/test_containers_netpol.py).
+"""NetworkPolicy enforcement emulated on a podman bridge with nftables (tests/containers/test_containers_netpol.py).
 
 Kubernetes semantics (networking.k8s.io/v1), evaluated per endpoint pair: a pod selected by a policy with
 `Egress` (`Ingress`) in its types is isolated in that direction, and a connection is allowed when some rule of

@@ -8,7 +8,7 @@ autoscaler raises the group's replicas, and removes the pods the autoscaler name
 
 The head starts with no worker (the group's replicas: 0) and 0 CPUs, so the sweep's trials cannot run until
 the autoscaler asks for a worker; after the sweep the idle worker must go. Substitutions: the sweep as in
-tests/test_containers_ray.py (demo config, 2 trials of 2 epochs, no GPU per trial), and the idle timeout
+tests/containers/test_containers_ray.py (demo config, 2 trials of 2 epochs, no GPU per trial), and the idle timeout
 shortened from the manifests' 120 s to 30 s to keep the test short. The sidecar shares the head container's
 network namespace, as the containers of one pod do."""
 
@@ -26,7 +26,7 @@ from tests.containers import kuberay as kr
 from tests.containers.fixtures import artifacts_dir, built_images, http, stack  # noqa: F401
 from tests.containers.harness import podman
 from tests.containers.k8s_api import KubeAPI
-from tests.test_containers_ray import _submit
+from tests.containers.test_containers_ray import _submit
 
 pytestmark = pytest.mark.container
 IDLE_TIMEOUT_S = 30
@@ -95,7 +95,7 @@ def autoscaled(stack, tmp_path_factory):
     cluster = stack.cluster
     job = json.loads(json.dumps(next(r for r in stack.resources if r["kind"] == "RayJob")))
     # a sweep and a registered model of its own: the session's stack also keeps those of
-    # tests/test_containers_ray.py, whose champion alias must stay that sweep's
+    # tests/containers/test_containers_ray.py, whose champion alias must stay that sweep's
     words = shlex.split(job["spec"]["entrypoint"])
     words[words.index("--name") + 1] += "-autoscaled"
     words += ["--set", f"tracking.registered_model={MODEL}"]

@@ -28,8 +28,8 @@ from tests.containers import kuberay as kr
 from tests.containers.fixtures import artifacts_dir, built_images, stack  # noqa: F401
 from tests.containers.harness import podman
 from tests.containers.images import REDIS_IMAGE
+from tests.containers.test_containers_ray import substituted_entrypoint
 from tests.sweep_helpers import sweep_runs
-from tests.test_containers_ray import substituted_entrypoint
 
 pytestmark = pytest.mark.container
 REDIS = "gcs-redis"  # the Redis Service's name in the test network

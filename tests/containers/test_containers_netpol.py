@@ -16,7 +16,7 @@ import pytest
 from tests.containers import images, netpol
 from tests.containers.fixtures import built_images  # noqa: F401
 from tests.containers.harness import podman
-from tests.test_netpol_semantics import BY_HAND, endpoints
+from tests.unit.deploy.test_netpol_semantics import BY_HAND, endpoints
 
 pytestmark = pytest.mark.container
 

@@ -7,7 +7,7 @@ goes through Ray's job submission API from the submitterPodTemplate with KubeRay
 command, and runs the sweep to a registered champion in the stack's MLflow; a submission without
 the token, or with a wrong one, is refused. While the cluster runs, the TCP ports its processes
 listen on are compared with tests/containers/ray_ports.json, whose ports the default suite checks
-against the NetworkPolicies (tests/test_deploy_security.py).
+against the NetworkPolicies (tests/unit/deploy/test_deploy_security.py).
 
 Substitutions (the dev RayJob trains CIFAR-10 with downloads on GPUs): the entrypoint is parsed with
 shlex and keeps --cluster, --resume, --name, --storage-path s3://... (MinIO, through the ray-env
@@ -16,7 +16,7 @@ becomes the embedded mnist1d_demo.yaml, the run.data.* sets are dropped, --gpus-
 --num-samples 2, --max-concurrent 2 (the worker's 4 CPUs / 2 per trial) and run.train.epochs=2 are
 set. The worker keeps its declared GPU: KubeRay passes --num-gpus=1 from the nvidia.com/gpu limit;
 Ray does not check a logical GPU against hardware, and no trial asks for one.
-The autoscaler sidecar is not run here (tests/test_containers_autoscaler.py runs it); the worker is
+The autoscaler sidecar is not run here (tests/containers/test_containers_autoscaler.py runs it); the worker is
 started directly, as the autoscaler would once trials are pending.
 
 Record the ports again (after a Ray upgrade): CALIB_RECORD_RAY_PORTS=1 rewrites ray_ports.json."""
@@ -30,7 +30,6 @@ import re
 import shlex
 import subprocess
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -38,9 +37,10 @@ import pytest
 from tests.containers import kuberay as kr
 from tests.containers.fixtures import artifacts_dir, built_images, http, stack  # noqa: F401
 from tests.containers.harness import SA_PATH, podman
+from tests.paths import TESTS
 
 pytestmark = pytest.mark.container
-PORTS_JSON = Path(__file__).parent / "containers" / "ray_ports.json"
+PORTS_JSON = TESTS / "containers" / "ray_ports.json"
 DEMO_CONFIG = "/home/ray/app/sweeps/configs/mnist1d_demo.yaml"
 TAG_SWEEP = "calib.sweep"  # sweeps/contract.py: the sweep's name on its parent and child runs
 
@@ -384,7 +384,7 @@ def test_listening_ports_are_the_recorded_ones(ray):
         record = {
             "ray_version": ray_module.__version__,
             "recorded_on": datetime.date.today().isoformat(),
-            "recorded_by": "tests/test_containers_ray.py (CALIB_RECORD_RAY_PORTS=1)",
+            "recorded_by": "tests/containers/test_containers_ray.py (CALIB_RECORD_RAY_PORTS=1)",
             "kuberay": kr.KUBERAY_SOURCE,
             "worker_port_range": [lo, hi],
         }

@@ -1,6 +1,6 @@
 """Every shipped config that runs locally and every objective/scheduler combination, end to end:
 exit 0 and a registered champion. (The CIFAR configs need their data and GPUs: they are
-checked with --dry-run in tests/test_sweep_asha.py.)"""
+checked with --dry-run in tests/unit/sweeps/test_sweep_asha.py.)"""
 
 from __future__ import annotations
 

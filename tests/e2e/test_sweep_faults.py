@@ -8,14 +8,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.paths import TESTS
 from tests.sweep_helpers import LAUNCH, launch, store, store_ready, sweep_runs
 
 pytestmark = pytest.mark.slow
-PLUGINS_DIR = Path(__file__).parent / "plugins"
+PLUGINS_DIR = TESTS / "plugins"
 
 
 def _steps(client, run_id, key="epoch_time"):

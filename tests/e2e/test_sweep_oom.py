@@ -2,7 +2,7 @@
 one value is far too large. That trial ends FAILED "out of memory" (its MLflow run, the printed leaderboard), is
 attempted once (not retried: the same config needs the same memory again), the others complete, the champion is
 registered once and no Ray process is left. The allocation is past the address space, so it fails at once whatever
-the kernel's overcommit setting, and nothing is really allocated. Unit tests: tests/test_trial_memory.py."""
+the kernel's overcommit setting, and nothing is really allocated. Unit tests: tests/unit/sweeps/test_trial_memory.py."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from sweeps.contract import FINAL_FILE
+from tests.e2e.test_sweep_stops_group import checkpoints, cleanup, group_members, start, wait_for_checkpoints
 from tests.sweep_helpers import launch, store, sweep_runs
-from tests.test_sweep_stops_group import checkpoints, cleanup, group_members, start, wait_for_checkpoints
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_sweep_stops_group import (
+    LONG,
+    NAME,
+    checkpoints,
+    cleanup,
+    group_members,
+    start,
+    wait_for_checkpoints,
+)
 from tests.sweep_helpers import launch, store, sweep_runs
-from tests.test_sweep_stops_group import LONG, NAME, checkpoints, cleanup, group_members, start, wait_for_checkpoints
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Test-only plugin (tests/test_sweep_faults.py): SIGKILLs the trial process once, at the end of epoch
+"""Test-only plugin (tests/e2e/test_sweep_faults.py): SIGKILLs the trial process once, at the end of epoch
 $CALIB_SWEEP_FAULT_KILL_EPOCH, the first trial to get there winning the marker file $CALIB_SWEEP_FAULT_MARKER.
 
 Loaded through CALIB_PLUGINS=fault_kill with this folder on PYTHONPATH; product code only offers the seam

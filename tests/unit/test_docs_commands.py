@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 DOC = ROOT / "docs" / "extending.md"
 
 

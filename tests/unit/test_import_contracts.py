@@ -15,7 +15,8 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 THIRD_PARTY_SERVICES = ("ray", "optuna", "mlflow")
 
 # (layer, module prefixes); a module belongs to the first layer whose prefix it starts with

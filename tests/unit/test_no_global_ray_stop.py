@@ -3,7 +3,8 @@
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 # `ray stop --force` (as a shell line or an argument list) kills every Ray cluster on the machine
 # (an argument list with "stop", "--force", or a shell line that runs it; prose that warns against it is fine)
 PATTERN = re.compile(r"""["']stop["']\s*,\s*["']--force["']|^\s*(?:\$\s*)?(?:\S*/)?ray\s+stop\b[^`]*--force""")

@@ -196,7 +196,7 @@ def fit_resuming_lost_workers(
 
     Ray Tune 2.60 can count one worker death twice: a trial killed while restoring from its
     checkpoint fails both in-flight calls, the first failure re-queues the trial and the second
-    finds it PENDING and errors it for good, retries left or not (seen in tests/test_sweep_soak.py).
+    finds it PENDING and errors it for good, retries left or not (seen in tests/e2e/test_sweep_soak.py).
     Such trials are resumed the way `--resume` would, at most LOST_WORKER_ROUNDS times, when
     retries are allowed at all (`resources.max_failures` > 0); trials whose own code raised are not.
     """

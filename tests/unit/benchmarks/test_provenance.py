@@ -6,13 +6,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks.provenance import FIELDS, check_same_commit, cpu_model, provenance
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
 
 # one small run: MNIST-1D, 600 samples, 2 epochs, one-go temperature (its calibrator and holdout draw
 # random numbers too), trained as the method studies train it (1 thread, deterministic algorithms); printed as JSON

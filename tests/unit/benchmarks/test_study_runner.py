@@ -11,8 +11,7 @@ import textwrap
 from pathlib import Path
 
 from benchmarks.studies.__main__ import STUDIES
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
 
 
 def _run(*args: str, env_path: Path | None = None, code: str | None = None) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
 """calib_core.plugins.on_epoch_end: the seam a plugin (and the fault-injection tests) use to act after each epoch
-of a sweep's trial; tests/test_sweep_faults.py shows a hook runs in the trial process (its kill is the fault)."""
+of a sweep's trial; tests/e2e/test_sweep_faults.py shows a hook runs in the trial process (its kill is the fault)."""
 
 from __future__ import annotations
 

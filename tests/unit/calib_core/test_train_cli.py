@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
 
 
 def _run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:

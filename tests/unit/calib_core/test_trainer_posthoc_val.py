@@ -13,7 +13,7 @@ from calib_core.metrics import compute_all
 from calib_core.trainer import CountingFit, MultiTaskTrainer, Trainer
 from calib_core.trainer.calibrator_batches import kfold_indices
 from tests.resume_harness import crash_then_resume
-from tests.test_trainer import D, K, _blobs  # the same noisy Gaussian blobs
+from tests.unit.calib_core.test_trainer import D, K, _blobs  # the same noisy Gaussian blobs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -18,9 +18,9 @@ from calib_core.data import DataSplits
 from calib_core.trainer import CountingFit, MultiTaskTrainer, Trainer, make_trainer
 from calib_core.trainer.calibrator_batches import kfold_indices
 from tests.resume_harness import crash_then_resume
-from tests.test_multitask_trainer import TASKS, _same, _state
-from tests.test_multitask_trainer import _data as mtl_data
-from tests.test_trainer import K, _blobs
+from tests.unit.calib_core.test_multitask_trainer import TASKS, _same, _state
+from tests.unit.calib_core.test_multitask_trainer import _data as mtl_data
+from tests.unit.calib_core.test_trainer import K, _blobs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

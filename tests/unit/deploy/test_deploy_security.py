@@ -13,6 +13,7 @@ from deploy import release
 from tests import deploy_checks as dc
 from tests import deploy_render as dr
 from tests.containers import kuberay as kr
+from tests.paths import TESTS
 
 OVERLAYS = dr.overlay_dirs()
 OVERLAY_IDS = [p.name for p in OVERLAYS]
@@ -351,12 +352,11 @@ def test_network_policies(resources):
 
 def _recorded_ray_ports() -> dict:
     """tests/containers/ray_ports.json: the TCP ports Ray's processes listened on in the head and
-    worker pods of the dev RayJob, recorded by tests/test_containers_ray.py (which fails when what
+    worker pods of the dev RayJob, recorded by tests/containers/test_containers_ray.py (which fails when what
     Ray listens on no longer matches it)."""
     import json
-    from pathlib import Path
 
-    return json.loads((Path(__file__).parent / "containers" / "ray_ports.json").read_text())
+    return json.loads((TESTS / "containers" / "ray_ports.json").read_text())
 
 
 def _ports_of(record: dict, role: str) -> set[int]:

@@ -1,6 +1,6 @@
 """The NetworkPolicy evaluator of the emulation (tests/containers/netpol.py) against hand-made cases: Kubernetes'
 semantics on small policies, and the dev overlay's policies on the pairs the service depends on (fast; the same
-cases run enforced on a podman bridge in tests/test_containers_netpol.py)."""
+cases run enforced on a podman bridge in tests/containers/test_containers_netpol.py)."""
 
 from __future__ import annotations
 

@@ -86,8 +86,9 @@ def written_versions() -> dict[str, list[tuple[str, str]]]:
     found["kuberay"].append(("deploy/README.md helm --version", m.group(1) if m else "?"))
     for d in sorted((DEPLOY / "schemas").glob("kuberay-v*")):
         found["kuberay"].append((f"deploy/schemas/{d.name}", d.name.removeprefix("kuberay-v")))
-    m = re.search(r'^KUBERAY_VERSION[^=]*= "v?([^"]+)"', (REPO / "tests" / "test_deploy_k8s.py").read_text(), re.M)
-    found["kuberay"].append(("tests/test_deploy_k8s.py KUBERAY_VERSION", m.group(1) if m else "?"))
+    k8s_tests = REPO / "tests" / "unit" / "deploy" / "test_deploy_k8s.py"
+    m = re.search(r'^KUBERAY_VERSION[^=]*= "v?([^"]+)"', k8s_tests.read_text(), re.M)
+    found["kuberay"].append(("tests/unit/deploy/test_deploy_k8s.py KUBERAY_VERSION", m.group(1) if m else "?"))
     return found
 
 

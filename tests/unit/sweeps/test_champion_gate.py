@@ -124,7 +124,7 @@ def _checkpoint(d: Path, name: str, data_cfg: dict, epochs: int, lr: float) -> S
     from calib_core.config import RunConfig
     from calib_core.data import load_dataset
     from calib_core.trainer import make_trainer
-    from tests.test_model_export import write_checkpoint
+    from tests.unit.sweeps.test_model_export import write_checkpoint
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -193,7 +193,7 @@ def _move(reg, which: str, version: str, run_id: str, promote: bool = False) -> 
 def _register(reg, which: str, promote: bool = False, gate: bool = True) -> tuple[str, str, str, str]:
     """Log and register one model on a new run, then move the alias through the gate; (version, alias, line, run)."""
     from sweeps.integrations.mlflow.model_export import log_and_register
-    from tests.test_model_export import _finished_run
+    from tests.unit.sweeps.test_model_export import _finished_run
 
     m = reg.models[which]
     with contextlib.chdir(reg.dir):

@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 LAUNCH = ROOT / "sweeps" / "launch.py"
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv")  # util-linux: runs the CLI as NOBODY when the tests run as root

@@ -20,7 +20,7 @@ the schema refuses (e.g. `--num-samples 0`, an unknown key), so they must stop a
 
 Each case costs about a second (interpreter start-up), so the default run draws few examples (fixed
 seed: `derandomize=True`, the same cases on every run, no example database written); the tests marked
-`slow` draw hundreds (`pytest -m slow tests/test_cli_properties.py`).
+`slow` draw hundreds (`pytest -m slow tests/unit/sweeps/test_cli_properties.py`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 LAUNCH = ROOT / "sweeps" / "launch.py"
 LIMIT_S = 60.0  # every case
 LIMIT_INVALID_S = 5.0  # every case refused with exit 2
@@ -328,7 +329,7 @@ VALID_LEAVES: dict[tuple[str, ...], st.SearchStrategy[Any]] = {
     ("run", "train", "label_smoothing"): floats(0.0, 0.99),
     ("search", "num_samples"): st.integers(1, 10**6),
     # with at least one one-go calibrator: reference points alone run once each, so more trials than those is
-    # refused (tests/test_selection_margin.py checks that line)
+    # refused (tests/unit/sweeps/test_selection_margin.py checks that line)
     ("search", "calibrators"): st.lists(
         st.sampled_from(CALIBRATORS + BASELINES), min_size=1, max_size=6, unique=True
     ).filter(lambda cs: any(c in CALIBRATORS for c in cs)),

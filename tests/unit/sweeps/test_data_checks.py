@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from calib_core.data.files import available_memory
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ROOT / "sweeps" / "launch.py"
 PARALLEL = 3
 

@@ -21,6 +21,7 @@ import pytest
 from calib_core.config import DataConfig
 from calib_core.data import load_dataset
 from calib_core.preprocess import dataset_lineage
+from tests.paths import ROOT
 
 
 def _trial(tmp: Path, tid: str, lineage: dict) -> SimpleNamespace:
@@ -120,7 +121,7 @@ def test_the_registered_models_default_name_follows_the_data():
     # set explicitly, it stays, even to the old default
     assert name("tracking.registered_model=calibrated-classifier") == "calibrated-classifier"
     assert name(*table, "tracking.registered_model=mine") == "mine"
-    cfg = with_defaults(load_sweep_config(Path(__file__).parents[1] / "sweeps/configs/tabular_demo.yaml"), cluster=True)
+    cfg = with_defaults(load_sweep_config(ROOT / "sweeps/configs/tabular_demo.yaml"), cluster=True)
     assert cfg.tracking.registered_model == "calibrated-breast_cancer"
     assert with_defaults(cfg, cluster=True).tracking.registered_model == "calibrated-breast_cancer"
     assert default_registered_model(cfg.run.data) == "calibrated-breast_cancer"

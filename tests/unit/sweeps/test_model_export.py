@@ -41,8 +41,8 @@ from calib_core.export import (
     state_dict_for_export,
 )
 from calib_core.trainer import make_trainer
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = "calibrated-classifier"
 VENV_PY = Path(sys.executable)
 

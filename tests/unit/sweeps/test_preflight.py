@@ -17,8 +17,8 @@ from sweeps.checks import paths, preflight, servers
 from sweeps.config import load_sweep_config
 from sweeps.integrations.mlflow import existing
 from sweeps.integrations.ray import cluster
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ROOT / "sweeps" / "launch.py"
 
 

@@ -17,8 +17,8 @@ from calib_core.data import load_dataset
 from calib_core.models import build_model as build_net
 from calib_core.models import create_model, load_weights
 from calib_core.models.pretrained import read_state_dict
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ROOT / "sweeps" / "launch.py"
 SHAPE = (30,)
 

@@ -146,7 +146,7 @@ def test_mlflow_models_serve_takes_raw_table_rows(table, tmp_path):
     import time
     import urllib.request
 
-    from tests.test_model_export import ROOT, _clean_env, _free_port, _post
+    from tests.unit.sweeps.test_model_export import ROOT, _clean_env, _free_port, _post
 
     model, mv, rows, expected, _ = table
     port = _free_port()

@@ -5,13 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from calib_core.registry import CALIBRATORS, DATASETS, MODELS, Registry
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
 
 
 def test_builtin_names_and_metadata_are_known_without_importing_torch():

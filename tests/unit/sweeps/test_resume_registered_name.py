@@ -21,8 +21,8 @@ from mlflow import MlflowClient
 from sweeps.config import load_sweep_config
 from sweeps.config_defaults import with_defaults
 from sweeps.integrations.mlflow import existing
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 OLD = "calibrated-classifier"  # the default name before it followed the data
 NEW = "calibrated-mnist1d"  # today's default for the demo data
 

@@ -4,8 +4,6 @@ and people read it from the table itself (`python sweeps/launch.py --help` ends 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from pydantic import ValidationError
 
@@ -13,8 +11,9 @@ from sweeps.cli import build_parser
 from sweeps.config import SelectionConfig, load_sweep_config
 from sweeps.decide.selection import RULES
 from sweeps.selection_rules import DEFAULT_RULE, RULE_SPECS, SHARED
+from tests.paths import ROOT
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "extending.md"
+DOC = ROOT / "docs" / "extending.md"
 
 
 def test_the_config_accepts_exactly_the_tables_rules_and_names_them_when_refusing() -> None:

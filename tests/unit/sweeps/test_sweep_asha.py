@@ -1,6 +1,6 @@
 """ASHA in the sweep, without starting Ray: what the trainable reports, what the scheduler
 decides on it, and how a trial the scheduler stops early is recorded (MLflow, progress line,
-selection). The end-to-end runs are in tests/test_sweep_configs_e2e.py (slow)."""
+selection). The end-to-end runs are in tests/e2e/test_sweep_configs_e2e.py (slow)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from sweeps.integrations.mlflow.store import MlflowStore
 from sweeps.integrations.mlflow.tracking import MLflowTrackingCallback
 from sweeps.integrations.ray import trainable
 from sweeps.integrations.ray.progress import ProgressCallback
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "sweeps" / "configs" / "digits_demo.yaml"
 EPOCHS = 3
 

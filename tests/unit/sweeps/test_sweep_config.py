@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +13,8 @@ from sweeps.cli import build_parser, main
 from sweeps.config import load_sweep_config
 from sweeps.integrations.optuna.search_space import SearchSpace
 from sweeps.trial_params import resolve_run_config
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ROOT / "sweeps" / "launch.py"
 
 # (id, extra CLI args, YAML text or None, substring the one-line message must contain)

@@ -1,4 +1,4 @@
-"""Fast checks behind the stop tests (issue #36; the slow ones are tests/test_sweep_stops_*.py): the stop that
+"""Fast checks behind the stop tests (issue #36; the slow ones are tests/e2e/test_sweep_stops_*.py): the stop that
 Ray Tune handles itself is seen, a changed search space is named in one line, an unreadable checkpoint falls
 back to the newest readable one or to none."""
 
@@ -22,6 +22,7 @@ from sweeps.config import load_sweep_config
 from sweeps.contract import FINAL_FILE, STATE_FILE
 from sweeps.integrations.ray.trainable import _readable_checkpoint
 from sweeps.integrations.ray.tuner import StopWatch, tune_sigint_undone
+from tests.paths import ROOT
 
 
 def test_the_stop_lines_stopwatch_reads_are_ray_tunes_own() -> None:
@@ -145,14 +146,14 @@ raylet.kill()
 
 def test_a_raylet_lost_with_the_stop_ends_the_driver_before_it_calls_ray_again(tmp_path: Path) -> None:
     """Ray ends a driver whose raylet died at its next call into Ray, with exit 1 and nothing printed (a slow
-    test shows it: tests/test_sweep_stops_group.py). So SIGTERM's handler holds the main thread until it knows
+    test shows it: tests/e2e/test_sweep_stops_group.py). So SIGTERM's handler holds the main thread until it knows
     whether Ray was stopped with it: then the runs are closed, one line is printed and the exit code is 130."""
     import subprocess
     import sys
 
     script = tmp_path / "lost.py"
     script.write_text(LOST_RAY_SCRIPT)
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     env = {**os.environ, "PYTHONPATH": str(root)}
     dies = subprocess.run([sys.executable, str(script), "dies"], capture_output=True, text=True, env=env, timeout=60)
     assert dies.returncode == 130, dies.stdout + dies.stderr

@@ -21,8 +21,7 @@ import yaml
 
 from calib_core.config import ConfigError
 from sweeps.checks import servers
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
 
 
 def _dev_tls():

@@ -2,7 +2,7 @@
 (real exception instances: torch's CPU allocator, MemoryError, torch's and Ray's OutOfMemoryError, an actor Ray's
 memory monitor killed, Ray's wrapper of a trial's error), what the trainable reports (one final report, FAILED
 with its reason, no retry) and what the tracking callback, the progress line and the leaderboard make of it. The
-sweep itself: tests/test_sweep_oom.py (slow)."""
+sweep itself: tests/e2e/test_sweep_oom.py (slow)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from sweeps.integrations.mlflow.tracking import MLflowTrackingCallback
 from sweeps.integrations.ray import trainable
 from sweeps.integrations.ray.progress import ProgressCallback
 from sweeps.report.files import format_leaderboard, leaderboard
-from tests.test_sweep_asha import MemoryClient
+from tests.unit.sweeps.test_sweep_asha import MemoryClient
 
 # Past the 47-bit user address space (128 TiB): refused at once whatever the kernel's overcommit setting, nothing
 # is touched.
@@ -252,7 +252,7 @@ def test_leaderboard_says_out_of_memory():
 def test_worker_the_memory_monitor_killed_is_not_resumed_past_its_retries(monkeypatch):
     """Tune retried it resources.max_failures times already; the extra rounds for lost workers leave it ended."""
     from sweeps.integrations.ray import tuner as service
-    from tests.test_sweep_lost_workers import FakeTuner, _patch_restore
+    from tests.unit.sweeps.test_sweep_lost_workers import FakeTuner, _patch_restore
 
     tuner = FakeTuner([[None, _actor_died(MONITOR_KILL)]])
     calls = _patch_restore(monkeypatch, tuner)

@@ -26,7 +26,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 LAUNCH = ROOT / "sweeps" / "launch.py"
 
 # field -> its flag (None: config file and --set only)
