@@ -46,9 +46,6 @@ from sweeps.trial_params import describe_params, resolve_run_config
 if TYPE_CHECKING:
     from calib_core.trainer import Trainer
 
-# Test hooks for fault injection (see tests/test_sweep_faults.py): kill the trial process once,
-# at the given epoch, leaving a marker file so the retry does not kill itself again.
-
 
 def _trial_resources() -> tuple[float, float]:
     """CPUs and GPUs this trial was given (from its placement group)."""
