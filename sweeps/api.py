@@ -11,7 +11,7 @@
 
 `examples/python_api.py` runs a 2-trial sweep this way. The checks, defaults and outputs are the
 CLI's: the config is validated (ConfigError, one line naming the field), the environment checked
-before anything is written (sweeps/checks/preflight.py), the MLflow store, the Optuna study and Ray
+before anything is written (sweeps/startup.py: every problem in one line), the MLflow store, the Optuna study and Ray
 Tune's results default to `workdir` (the current directory), and the sweep prints the same
 report (`verbose=True`: Ray Tune's full output). Exceptions where the CLI has exit codes:
 ConfigError (2), SweepError (1), SweepIncomplete (130: trials left unfinished, `resume=True`
@@ -52,12 +52,10 @@ def run_sweep(
     promote: move `@champion` to this sweep's pick even if the champion gate would keep the current one.
     With resume=True, an override of search.num_samples above the finished count grows the sweep.
     """
-    from sweeps.checks.preflight import check_config
     from sweeps.service import execute
     from sweeps.startup import preflight
 
     cfg = resolve(config, overrides, cluster=cluster, workdir=workdir)
-    check_config(cfg, cluster=cluster)
     # a trial count given with resume=True may grow a finished sweep, as `--resume --num-samples N` does
     grow = resume and any(o.split("=", 1)[0].strip() == "search.num_samples" for o in overrides)
     nothing_to_do = preflight(cfg, cluster=cluster, resume=resume, grow=grow)

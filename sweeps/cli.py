@@ -197,10 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     from sweeps.startup import preflight
 
     try:
-        if args.resume:
-            from sweeps.checks.preflight import check_resume_search_space
-
-            check_resume_search_space(cfg)
         nothing_to_do = preflight(cfg, cluster=args.cluster, resume=args.resume, grow=_grows(args))
     except ConfigError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)

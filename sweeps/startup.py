@@ -1,17 +1,30 @@
-"""Everything before a sweep's first write, in order (cheap checks first): the pure checks of sweeps/checks/,
-then for `--cluster` the connection to the cluster and its resources (integrations/ray/cluster.py), the stores
-(integrations/mlflow/existing.py: name taken, nothing to resume) and the model/data and size checks.
+"""Every check before a sweep's first write, in one pass: `check_all` returns every problem it finds.
 
-Raises ConfigError (one line) on the first problem; writes nothing.
+Values first (checks/preflight.py's `check_config`: no file system, no network) and, on a resume, the recorded
+search space; if those hold, the environment: the storage path, for `--cluster` the connection to the cluster
+and its resources (integrations/ray/cluster.py), the tracking server, the local data and resources, the study's
+database, a remote storage path, the stores (integrations/mlflow/existing.py: name taken, nothing to resume),
+and the model/data check (started first in a child process, it loads torch while the others run) with the disk
+check it feeds. A check whose input another check found broken is skipped (no second line for one cause).
+Nothing here writes; `preflight` raises the problems as one ConfigError line.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from calib_core.config import ConfigError
 from sweeps.checks.paths import check_storage, fs_errors, probe_remote_storage
-from sweeps.checks.preflight import check_disk_fits, check_local_data, check_local_resources
+from sweeps.checks.preflight import (
+    check_config,
+    check_disk_fits,
+    check_local_data,
+    check_local_resources,
+    check_resume_search_space,
+)
 from sweeps.checks.servers import check_study_storage, check_tracking, check_uri_syntax, is_loopback, uri_host
 
 if TYPE_CHECKING:
@@ -19,66 +32,108 @@ if TYPE_CHECKING:
     from sweeps.config import SweepConfig
 
 
-def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False, grow: bool = False) -> str | None:
-    """Check the environment before anything is written (raises ConfigError, one line).
+@dataclass(frozen=True)
+class StartupCheck:
+    """What the checks found: every problem (one line each), and the line saying there is nothing to do (a
+    `--resume` of a finished sweep) when that is so."""
 
-    Returns a one-line message when there is nothing to do (`--resume` of a sweep that already
-    finished and registered its champion, and `grow` does not ask for more trials than it has), else None.
-    """
+    problems: tuple[str, ...] = ()
+    nothing_to_do: str | None = None
+
+
+def preflight(cfg: SweepConfig, cluster: bool, resume: bool = False, grow: bool = False) -> str | None:
+    """`check_all`, its problems raised as one ConfigError line; else the nothing-to-do line or None."""
+    found = check_all(cfg, cluster, resume, grow)
+    if found.problems:
+        raise ConfigError("; ".join(found.problems))
+    return found.nothing_to_do
+
+
+def check_all(cfg: SweepConfig, cluster: bool, resume: bool = False, grow: bool = False) -> StartupCheck:
+    """Every check of the sweep before its first write; every problem found (the environment is checked only
+    when the values hold)."""
+    found: list[str] = []
+    _collect(found, None, check_config, cfg, cluster)
+    if resume:
+        _collect(found, None, check_resume_search_space, cfg)
     for field, uri in (
         ("tracking.uri", cfg.tracking.uri),
         ("search.storage", cfg.search.storage),
         ("storage_path", cfg.storage_path),
     ):
-        check_uri_syntax(field, uri or "")
+        _collect(found, None, check_uri_syntax, field, uri or "")
+    if found:
+        return StartupCheck(tuple(found))
     from sweeps.checks import model_fit
 
     fit = model_fit.start(cfg, cluster)  # torch loads in a child process while the other checks run
     try:
-        return _checks(cfg, cluster, resume, grow, fit)
+        return _environment(cfg, cluster, resume, grow, fit)
     finally:
         fit.cancel()
 
 
-def _checks(cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, fit: model_fit.ModelFitCheck) -> str | None:
+def _collect(found: list[str], field: str | None, check: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    """Run one check; its ConfigError (or, under `field`, a file-system error) joins `found`.
+    Returns (passed, what the check returned)."""
+    try:
+        if field is None:
+            return True, check(*args)
+        with fs_errors(field):
+            return True, check(*args)
+    except ConfigError as exc:
+        found.append(str(exc))
+        return False, None
+
+
+def _environment(
+    cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, fit: model_fit.ModelFitCheck
+) -> StartupCheck:
+    found: list[str] = []
     loopback_tracking = bool(cfg.tracking.uri) and is_loopback(uri_host(cfg.tracking.uri or ""))
-    with fs_errors("storage_path"):
-        check_storage(cfg.storage_path or "", cluster)
+    storage_ok, _ = _collect(found, "storage_path", check_storage, cfg.storage_path or "", cluster)
+    data_ok = True
     if cluster:
         from sweeps.integrations.ray.cluster import check_cluster, connect_cluster, plugin_runtime_env
 
-        connect_cluster(plugin_runtime_env(cfg.plugins))
-        with fs_errors("tracking.uri"):
-            check_tracking(cfg.tracking.uri or "", cluster)
-        check_cluster(cfg, loopback_tracking)
+        joined, _ = _collect(found, None, connect_cluster, plugin_runtime_env(cfg.plugins))
+        if not joined:  # the servers' checks would wait for Services of a cluster this driver cannot reach
+            return StartupCheck(tuple(found))
+        tracking_ok, _ = _collect(found, "tracking.uri", check_tracking, cfg.tracking.uri or "", cluster)
+        _collect(found, None, check_cluster, cfg, loopback_tracking)
     else:
-        with fs_errors("tracking.uri"):
-            check_tracking(cfg.tracking.uri or "", cluster)
-        with fs_errors("run.data.root"):
-            check_local_data(cfg)
-        check_local_resources(cfg)
-    with fs_errors("search.storage"):
-        check_study_storage(cfg.search.storage or "memory", cluster)
+        tracking_ok, _ = _collect(found, "tracking.uri", check_tracking, cfg.tracking.uri or "", cluster)
+        data_ok, _ = _collect(found, "run.data.root", check_local_data, cfg)
+        _collect(found, None, check_local_resources, cfg)
+    _collect(found, "search.storage", check_study_storage, cfg.search.storage or "memory", cluster)
     if cfg.storage_path and "://" in cfg.storage_path and not cfg.storage_path.startswith("file://"):
-        probe_remote_storage(cfg.storage_path)
-    from sweeps.integrations.mlflow.existing import check_store
-    from sweeps.sweep_lock import refused_while_running
-
-    # a launch of this name that is running now is named (reads its lock file only)
-    with fs_errors("tracking.uri"), refused_while_running(cfg.storage_path, cfg.name):
-        nothing_to_do = check_store(cfg, resume, grow)
-    if nothing_to_do:
-        return nothing_to_do
-    # The sweep will run: its driver's modules (Ray Tune, MLflow; ~1.7 s) load while the child still loads torch.
-    import sweeps.service  # noqa: F401
-
-    params = fit.result()
-    if not cluster and params is not None and cfg.storage_path and "://" not in cfg.storage_path:
-        check_disk_fits(cfg, params)
-    if cfg.search.num_samples > cfg.resources.warn_trials:
+        _collect(found, None, probe_remote_storage, cfg.storage_path)
+    nothing_to_do = None
+    if tracking_ok:
+        _, nothing_to_do = _collect(found, "tracking.uri", _check_stores, cfg, resume, grow)
+    if nothing_to_do and not found:
+        return StartupCheck(nothing_to_do=nothing_to_do)
+    if not found:
+        # The sweep will run: its driver's modules (Ray Tune, MLflow; ~1.7 s) load while the child still loads torch.
+        import sweeps.service  # noqa: F401
+    if data_ok:  # a missing data folder is one line, not a second one from the model/data check
+        fit_ok, params = _collect(found, None, fit.result)
+        if fit_ok and storage_ok and not cluster and params is not None and "://" not in (cfg.storage_path or "://"):
+            _collect(found, None, check_disk_fits, cfg, params)
+    if not found and cfg.search.num_samples > cfg.resources.warn_trials:
         print(
             f"warning: {cfg.search.num_samples} trials (more than resources.warn_trials = "
             f"{cfg.resources.warn_trials}): the stores, the report and selection grow with the trial count",
             file=sys.stderr,
         )
-    return None
+    return StartupCheck(tuple(found))
+
+
+def _check_stores(cfg: SweepConfig, resume: bool, grow: bool) -> str | None:
+    """The stores (name taken, nothing to resume), refused first while a launch of this name runs (reads its
+    lock file only)."""
+    from sweeps.integrations.mlflow.existing import check_store
+    from sweeps.sweep_lock import refused_while_running
+
+    with refused_while_running(cfg.storage_path, cfg.name):
+        return check_store(cfg, resume, grow)

@@ -1,10 +1,10 @@
 """Checks that run before a sweep writes anything: every problem is one `ConfigError` line.
 
-`launch.main` calls `check_config` (values only: no file system, no network; --dry-run runs
-these too) and then startup.preflight (the environment: paths and their writability (checks/paths.py), the
+`check_config` checks values only (no file system, no network; --dry-run runs it alone); sweeps/startup.py's
+`check_all` runs it first and then the environment checks (paths and their writability (checks/paths.py), the
 tracking server and the study's database (checks/servers.py), the local machine's resources (here) or the
-cluster's, and the MLflow store) before `run_sweep` creates a store, a Ray session or a run. Nothing here
-creates a file or directory.
+cluster's, and the MLflow store), collecting every problem, before `run_sweep` creates a store, a Ray session
+or a run. Nothing here creates a file or directory.
 
 This module stays cheap to import (no ray, torch or mlflow at import time): a bad invocation
 fails in a fraction of a second.
