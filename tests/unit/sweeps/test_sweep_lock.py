@@ -11,6 +11,7 @@ one child run per trial, and `--resume` of the name then exits 0.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -91,42 +92,66 @@ def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_is_ta
         _kill(holder)
 
 
-def test_probes_never_make_the_taker_fail(tmp_path):
-    """preflight's shared probes of other launches, however many, only delay a taker by moments."""
-    storage, name = str(tmp_path), "probed"
-    with hold(storage, name):
-        pass  # the lock file exists
-    stop = threading.Event()
-    probes: list[str] = []  # "free" / "held" per probe; anything else a probe raised is a failure here
-    unexpected: list[BaseException] = []
+TAKES = 300
 
-    def probe() -> None:
-        while not stop.is_set():
-            try:
-                refuse_if_running(storage, name)
-                probes.append("free")
-            except SweepRunning:  # the taker holds it at the moment
-                probes.append("held")
-            except BaseException as exc:  # noqa: BLE001 - a thread's exception would only be a warning
-                unexpected.append(exc)
-                return
-
-    probers = [threading.Thread(target=probe) for _ in range(2)]
-    for t in probers:
-        t.start()
-    waits = []
+# Another launch's preflight probing the same name in a loop (a process of its own, as launches are); prints
+# "free held" counts, or the first unexpected exception, when its stop file appears.
+PROBER = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[4])
+from sweeps.sweep_lock import SweepRunning, refuse_if_running
+storage, name, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+free = held = 0
+while not os.path.exists(stop):
     try:
-        for _ in range(20):
+        refuse_if_running(storage, name)
+        free += 1
+    except SweepRunning:
+        held += 1
+print(free, held)
+"""
+
+
+def test_probes_never_make_the_taker_fail(tmp_path):
+    """preflight's shared probes of other launches only delay a taker by moments: a probe caught holding its
+    shared lock is waited out, and beside two processes probing without pause 300 takes all succeed. A taker
+    that does not retry its lock fails here (sweep_lock.READ_TRIES = 1: the first part fails every time)."""
+    storage, name = str(tmp_path), "probed"
+    with hold(storage, name) as path:
+        pass  # the lock file exists
+    # a probe caught holding its shared lock (for 0.2 s here, microseconds in life): the taker waits it out
+    probe_fd = os.open(str(path), os.O_RDONLY)
+    fcntl.flock(probe_fd, fcntl.LOCK_SH)
+    threading.Timer(0.2, os.close, (probe_fd,)).start()  # closing the descriptor releases its lock
+    t0 = time.monotonic()
+    with hold(storage, name):
+        waited = time.monotonic() - t0
+    assert 0.1 < waited < 2.0, waited
+    stop = tmp_path / "stop"
+    probers = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROBER, storage, name, str(stop), str(ROOT)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    waits: list[float] = []
+    try:
+        time.sleep(1.0)  # the probers have started probing (their interpreter starts in well under a second)
+        for _ in range(TAKES):
             t0 = time.monotonic()
             with hold(storage, name):
                 waits.append(time.monotonic() - t0)
     finally:
-        stop.set()
-        for t in probers:
-            t.join()
-    assert not unexpected, unexpected
-    assert len(probes) >= 20, "the probes did not run beside the taker"
-    assert len(waits) == 20 and max(waits) < 2.0, waits  # every take succeeded, none waited more than moments
+        stop.write_text("")
+        outs = [p.communicate(timeout=30) for p in probers]
+    for (out, err), p in zip(outs, probers, strict=True):
+        assert p.returncode == 0, err[-2000:]  # a probe that raised anything but SweepRunning fails here
+        free, held = (int(v) for v in out.split())
+        assert free + held >= 20, (free, held)  # it ran beside the taker
+    assert len(waits) == TAKES and max(waits) < 2.0, max(waits)  # every take succeeded, none waited more than moments
 
 
 def test_remote_storage_is_not_locked(tmp_path):
