@@ -31,6 +31,7 @@ The split is seeded and stratified as for the embedded datasets. Then, with stat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -125,12 +126,44 @@ def encode_table(
     class_names: dict[Any, str] | None = None,
 ) -> DataSplits:
     """Split, encode and standardise a DataFrame (module docstring). `class_names` renames label values."""
-    import pandas as pd
-
     what = name
     label = label_column if label_column is not None else cfg.label_column
-    columns = [str(c) for c in df.columns]
-    df = df.set_axis(columns, axis=1)
+    df = df.set_axis([str(c) for c in df.columns], axis=1)
+    features = _feature_columns(list(df.columns), label, cfg, what, source)
+    assert label is not None  # _feature_columns refuses a missing label column
+    y_np, classes = _label_classes(df[label], what, source)
+    if len(classes) < 2:
+        raise DataError(
+            f"{what}: {source} has a single class ({classes[0]!s}) in column {label!r}; a classifier needs two"
+        )
+    tr, va, te = split_rows(y_np, cfg, seed, what, Path(source))
+    encoded = [_encode_column(df[c], c, tr.numpy(), cfg, what, source) for c in features]
+    x = np.concatenate([e.block for e in encoded], axis=1).astype(np.float32)
+    names = [class_names.get(k, str(k)) if class_names else str(k) for k in classes]
+    preprocessing = {
+        "format": "table",
+        "source": source,
+        "label_column": label,
+        "class_names": names,
+        "normalize": cfg.normalize,
+        "missing": cfg.missing,
+        "columns": [e.encoding for e in encoded],
+        "feature_names": [n for e in encoded for n in e.names],
+        "input_shape": [x.shape[1]],
+    }
+    return make_splits(
+        as_tensor(x),
+        as_tensor(y_np),
+        (tr, va, te),
+        num_classes=len(classes),
+        name=name,
+        stats={"mean": [m for e in encoded for m in e.means], "std": [s for e in encoded for s in e.stds]},
+        preprocessing=preprocessing,
+    )
+
+
+def _feature_columns(columns: list[str], label: str | None, cfg: DataConfig, what: str, source: str) -> list[str]:
+    """The feature columns (data.feature_columns, else every column but the label), each problem one line."""
     if label is None:
         raise DataError(f"{what}: data.label_column is not set")
     wanted = [label] + list(cfg.feature_columns or [])
@@ -146,90 +179,73 @@ def encode_table(
         raise DataError(f"{what}: data.feature_columns names {dup!r} twice")
     if not features:
         raise DataError(f"{what}: {source} has no feature columns besides the label {label!r}")
+    return features
 
-    y_np, classes = _label_classes(df[label], what, source)
-    if len(classes) < 2:
+
+@dataclass(frozen=True)
+class _Encoded:
+    """One source column as model inputs: its block of columns, their names and statistics, and how it was
+    encoded (the preprocessing record's entry)."""
+
+    block: np.ndarray
+    names: list[str]
+    means: list[float]
+    stds: list[float]
+    encoding: dict[str, Any]
+
+
+def _encode_column(col: Any, c: str, train_rows: np.ndarray, cfg: DataConfig, what: str, source: str) -> _Encoded:
+    """A numeric (or boolean) column standardised on the train rows, or a text column one-hot encoded."""
+    import pandas as pd
+
+    empty = col.isna().to_numpy()
+    if empty.any() and cfg.missing == "reject":
         raise DataError(
-            f"{what}: {source} has a single class ({classes[0]!s}) in column {label!r}; a classifier needs two"
+            f"{what}: column {c!r} of {source} has {int(empty.sum())} empty (NaN) cells (the first in row "
+            f"{int(np.flatnonzero(empty)[0])}); set data.missing: impute_mean, or fill them"
         )
-    tr, va, te = split_rows(y_np, cfg, seed, what, Path(source))
-    train_rows = tr.numpy()
+    if not (pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col)):
+        return _one_hot(col, c, empty, train_rows, cfg, what, source)
+    v = col.to_numpy(dtype=np.float64, na_value=np.nan)
+    inf = np.isinf(v)
+    if inf.any():
+        raise DataError(
+            f"{what}: column {c!r} of {source} has NaN or inf values in {int(inf.sum())} rows "
+            f"(the first is row {int(np.flatnonzero(inf)[0])})"
+        )
+    seen = v[train_rows][~empty[train_rows]]
+    if len(seen) == 0:
+        raise DataError(f"{what}: column {c!r} of {source} is empty in every train row")
+    fill = None
+    if empty.any():
+        fill = float(seen.mean())
+        v = np.where(empty, fill, v)
+    if cfg.normalize == "train":
+        m, s = feature_stats(seen[:, None])
+        mean, std = float(m[0]), float(s[0])
+    else:
+        mean, std = 0.0, 1.0
+    encoding = {"name": c, "kind": "numeric", "mean": mean, "std": std, "fill": fill}
+    return _Encoded(((v - mean) / std)[:, None], [c], [mean], [std], encoding)
 
-    blocks: list[np.ndarray] = []
-    feature_names: list[str] = []
-    encoding: list[dict[str, Any]] = []
-    means: list[float] = []
-    stds: list[float] = []
-    for c in features:
-        col = df[c]
-        empty = col.isna().to_numpy()
-        if empty.any() and cfg.missing == "reject":
-            raise DataError(
-                f"{what}: column {c!r} of {source} has {int(empty.sum())} empty (NaN) cells (the first in row "
-                f"{int(np.flatnonzero(empty)[0])}); set data.missing: impute_mean, or fill them"
-            )
-        if pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col):
-            v = col.to_numpy(dtype=np.float64, na_value=np.nan)
-            inf = np.isinf(v)
-            if inf.any():
-                raise DataError(
-                    f"{what}: column {c!r} of {source} has NaN or inf values in {int(inf.sum())} rows "
-                    f"(the first is row {int(np.flatnonzero(inf)[0])})"
-                )
-            seen = v[train_rows][~empty[train_rows]]
-            if len(seen) == 0:
-                raise DataError(f"{what}: column {c!r} of {source} is empty in every train row")
-            fill = None
-            if empty.any():
-                fill = float(seen.mean())
-                v = np.where(empty, fill, v)
-            if cfg.normalize == "train":
-                m, s = feature_stats(seen[:, None])
-                mean, std = float(m[0]), float(s[0])
-            else:
-                mean, std = 0.0, 1.0
-            blocks.append(((v - mean) / std)[:, None])
-            feature_names.append(c)
-            means.append(mean)
-            stds.append(std)
-            encoding.append({"name": c, "kind": "numeric", "mean": mean, "std": std, "fill": fill})
-        else:
-            sample = col[~col.isna()].astype(str)
-            if cfg.categorical == "reject":
-                example = sample.iloc[0] if len(sample) else ""
-                raise DataError(
-                    f"{what}: column {c!r} of {source} is not numeric (values like {example!r}); set "
-                    "data.categorical: onehot, or leave it out of data.feature_columns"
-                )
-            text = col.astype(str).to_numpy()
-            cats = sorted(set(text[train_rows][~empty[train_rows]].tolist()))
-            onehot = (text[:, None] == np.asarray(cats, dtype=object)[None, :]) & ~empty[:, None]
-            blocks.append(onehot.astype(np.float64))
-            feature_names += [f"{c}={k}" for k in cats]
-            means += [0.0] * len(cats)
-            stds += [1.0] * len(cats)
-            encoding.append({"name": c, "kind": "categorical", "categories": cats})
-    x = np.concatenate(blocks, axis=1).astype(np.float32)
-    names = [class_names.get(k, str(k)) if class_names else str(k) for k in classes]
-    preprocessing = {
-        "format": "table",
-        "source": source,
-        "label_column": label,
-        "class_names": names,
-        "normalize": cfg.normalize,
-        "missing": cfg.missing,
-        "columns": encoding,
-        "feature_names": feature_names,
-        "input_shape": [x.shape[1]],
-    }
-    return make_splits(
-        as_tensor(x),
-        as_tensor(y_np),
-        (tr, va, te),
-        num_classes=len(classes),
-        name=name,
-        stats={"mean": means, "std": stds},
-        preprocessing=preprocessing,
+
+def _one_hot(
+    col: Any, c: str, empty: np.ndarray, train_rows: np.ndarray, cfg: DataConfig, what: str, source: str
+) -> _Encoded:
+    """A text column as one indicator per category seen in the train rows (data.categorical: onehot)."""
+    if cfg.categorical == "reject":
+        sample = col[~col.isna()].astype(str)
+        example = sample.iloc[0] if len(sample) else ""
+        raise DataError(
+            f"{what}: column {c!r} of {source} is not numeric (values like {example!r}); set "
+            "data.categorical: onehot, or leave it out of data.feature_columns"
+        )
+    text = col.astype(str).to_numpy()
+    cats = sorted(set(text[train_rows][~empty[train_rows]].tolist()))
+    onehot = (text[:, None] == np.asarray(cats, dtype=object)[None, :]) & ~empty[:, None]
+    encoding = {"name": c, "kind": "categorical", "categories": cats}
+    return _Encoded(
+        onehot.astype(np.float64), [f"{c}={k}" for k in cats], [0.0] * len(cats), [1.0] * len(cats), encoding
     )
 
 

@@ -50,13 +50,25 @@ def reliability_diagram(
     acc = np.divide(correct_sums, counts, out=np.zeros_like(counts), where=nonempty)
     conf = np.divide(conf_sums, counts, out=np.zeros_like(counts), where=nonempty)
 
-    width = 1.0 / num_bins
-    left = np.arange(num_bins) * width
-    centers = left + width / 2
-
     fig = Figure(figsize=(5.5, 7.0), dpi=110)
     FigureCanvasAgg(fig)
     ax, hx = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2]})
+    heading = f"{title}\n" if title else ""
+    _draw_bins(ax, acc, conf, nonempty, num_bins)
+    ax.set_title(f"{heading}ECE = {ece_value:.4f}  ({num_bins} bins, N = {x.n})", fontsize=10)
+    _draw_counts(hx, counts, conf_sums, correct_sums, num_bins)
+    fig.tight_layout()
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def _draw_bins(ax: Any, acc: np.ndarray, conf: np.ndarray, nonempty: np.ndarray, num_bins: int) -> None:
+    """The upper panel: each non-empty bin's accuracy, its gap to the bin's mean confidence, and the diagonal."""
+    width = 1.0 / num_bins
+    left = np.arange(num_bins) * width
     ax.bar(
         left[nonempty],
         acc[nonempty],
@@ -88,9 +100,12 @@ def reliability_diagram(
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")
     ax.legend(loc="upper left", fontsize=8)
-    heading = f"{title}\n" if title else ""
-    ax.set_title(f"{heading}ECE = {ece_value:.4f}  ({num_bins} bins, N = {x.n})", fontsize=10)
 
+
+def _draw_counts(hx: Any, counts: np.ndarray, conf_sums: np.ndarray, correct_sums: np.ndarray, num_bins: int) -> None:
+    """The lower panel: rows per bin, with the mean confidence and the accuracy as vertical lines."""
+    width = 1.0 / num_bins
+    centers = np.arange(num_bins) * width + width / 2
     hx.bar(centers, counts, width=width * 0.9, color="#7f7f7f", edgecolor="black", linewidth=0.5)
     mean_conf = float(conf_sums.sum() / max(counts.sum(), 1))
     mean_acc = float(correct_sums.sum() / max(counts.sum(), 1))
@@ -99,9 +114,3 @@ def reliability_diagram(
     hx.set_xlabel("confidence (top-label probability)")
     hx.set_ylabel("count")
     hx.legend(loc="upper left", fontsize=7)
-    fig.tight_layout()
-
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
