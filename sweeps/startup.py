@@ -1,12 +1,13 @@
 """Every check before a sweep's first write, in one pass: `check_all` returns every problem it finds.
 
-Values first (checks/preflight.py's `check_config`: no file system, no network) and, on a resume, the recorded
-search space; if those hold, the environment: the storage path, for `--cluster` the connection to the cluster
-and its resources (integrations/ray/cluster.py), the tracking server, the local data and resources, the study's
-database, a remote storage path, the stores (integrations/mlflow/existing.py: name taken, nothing to resume),
-and the model/data check (started first in a child process, it loads torch while the others run) with the disk
-check it feeds. A check whose input another check found broken is skipped (no second line for one cause).
-Nothing here writes; `preflight` raises the problems as one ConfigError line.
+Values first (checks/preflight.py's `check_config`: no file system, no network), on a resume the recorded search
+space, and the URLs' syntax; if those hold, the environment: this machine's data folder and resources, then the
+model/data check (started in a child process: it loads torch while the others run), the storage path, for
+`--cluster` the connection to the cluster and its resources (integrations/ray/cluster.py), the tracking server,
+the study's database, a remote storage path, the stores (integrations/mlflow/existing.py: name taken, nothing to
+resume), and the model/data check's answer with the disk check it feeds. A check whose input another check found
+broken is skipped (no second line for one cause). Nothing here writes; `preflight` raises the problems as one
+ConfigError line.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from sweeps.checks.preflight import (
 from sweeps.checks.servers import check_study_storage, check_tracking, check_uri_syntax, is_loopback, uri_host
 
 if TYPE_CHECKING:
-    from sweeps.checks import model_fit
     from sweeps.config import SweepConfig
 
 
@@ -64,13 +64,11 @@ def check_all(cfg: SweepConfig, cluster: bool, resume: bool = False, grow: bool 
         _collect(found, None, check_uri_syntax, field, uri or "")
     if found:
         return StartupCheck(tuple(found))
-    from sweeps.checks import model_fit
-
-    fit = model_fit.start(cfg, cluster)  # torch loads in a child process while the other checks run
-    try:
-        return _environment(cfg, cluster, resume, grow, fit)
-    finally:
-        fit.cancel()
+    data_ok = True
+    if not cluster:  # this machine's data folder and resources: cheap, read here
+        data_ok, _ = _collect(found, "run.data.root", check_local_data, cfg)
+        _collect(found, None, check_local_resources, cfg)
+    return _environment(cfg, cluster, resume, grow, found, data_ok)
 
 
 def _collect(found: list[str], field: str | None, check: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
@@ -87,39 +85,53 @@ def _collect(found: list[str], field: str | None, check: Callable[..., Any], *ar
 
 
 def _environment(
-    cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, fit: model_fit.ModelFitCheck
+    cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, found: list[str], data_ok: bool
 ) -> StartupCheck:
-    found: list[str] = []
-    loopback_tracking = bool(cfg.tracking.uri) and is_loopback(uri_host(cfg.tracking.uri or ""))
-    storage_ok, _ = _collect(found, "storage_path", check_storage, cfg.storage_path or "", cluster)
-    data_ok = True
-    if cluster:
-        from sweeps.integrations.ray.cluster import check_cluster, connect_cluster, plugin_runtime_env
+    """The checks that reach beyond the config: the model/data check started first in a child process (it loads
+    torch while the others run), then storage, cluster, servers and stores, then the model/data check's answer
+    and the disk check it feeds."""
+    from sweeps.checks import model_fit
 
-        joined, _ = _collect(found, None, connect_cluster, plugin_runtime_env(cfg.plugins))
-        if not joined:  # the servers' checks would wait for Services of a cluster this driver cannot reach
-            return StartupCheck(tuple(found))
+    fit = model_fit.start(cfg, cluster)
+    try:
+        storage_ok, _ = _collect(found, "storage_path", check_storage, cfg.storage_path or "", cluster)
+        if cluster:
+            from sweeps.integrations.ray.cluster import check_cluster, connect_cluster, plugin_runtime_env
+
+            joined, _ = _collect(found, None, connect_cluster, plugin_runtime_env(cfg.plugins))
+            if not joined:  # the servers' checks would wait for Services of a cluster this driver cannot reach
+                return StartupCheck(tuple(found))
         tracking_ok, _ = _collect(found, "tracking.uri", check_tracking, cfg.tracking.uri or "", cluster)
-        _collect(found, None, check_cluster, cfg, loopback_tracking)
-    else:
-        tracking_ok, _ = _collect(found, "tracking.uri", check_tracking, cfg.tracking.uri or "", cluster)
-        data_ok, _ = _collect(found, "run.data.root", check_local_data, cfg)
-        _collect(found, None, check_local_resources, cfg)
-    _collect(found, "search.storage", check_study_storage, cfg.search.storage or "memory", cluster)
-    if cfg.storage_path and "://" in cfg.storage_path and not cfg.storage_path.startswith("file://"):
-        _collect(found, None, probe_remote_storage, cfg.storage_path)
-    nothing_to_do = None
-    if tracking_ok:
-        _, nothing_to_do = _collect(found, "tracking.uri", _check_stores, cfg, resume, grow)
-    if nothing_to_do and not found:
-        return StartupCheck(nothing_to_do=nothing_to_do)
-    if not found:
-        # The sweep will run: its driver's modules (Ray Tune, MLflow; ~1.7 s) load while the child still loads torch.
-        import sweeps.service  # noqa: F401
-    if data_ok:  # a missing data folder is one line, not a second one from the model/data check
-        fit_ok, params = _collect(found, None, fit.result)
-        if fit_ok and storage_ok and not cluster and params is not None and "://" not in (cfg.storage_path or "://"):
-            _collect(found, None, check_disk_fits, cfg, params)
+        if cluster:
+            loopback_tracking = bool(cfg.tracking.uri) and is_loopback(uri_host(cfg.tracking.uri or ""))
+            _collect(found, None, check_cluster, cfg, loopback_tracking)
+        _collect(found, "search.storage", check_study_storage, cfg.search.storage or "memory", cluster)
+        if cfg.storage_path and "://" in cfg.storage_path and not cfg.storage_path.startswith("file://"):
+            _collect(found, None, probe_remote_storage, cfg.storage_path)
+
+        def stores() -> str | None:
+            """Name taken, nothing to resume; refused first while a launch of this name runs (its lock file)."""
+            from sweeps.integrations.mlflow.existing import check_store
+            from sweeps.sweep_lock import refused_while_running
+
+            with refused_while_running(cfg.storage_path, cfg.name):
+                return check_store(cfg, resume, grow)
+
+        nothing_to_do = None
+        if tracking_ok:
+            _, nothing_to_do = _collect(found, "tracking.uri", stores)
+        if nothing_to_do and not found:
+            return StartupCheck(nothing_to_do=nothing_to_do)
+        if not found:
+            # The sweep will run: its driver's modules (Ray Tune, MLflow; ~1.7 s) load while the child loads torch.
+            import sweeps.service  # noqa: F401
+        if data_ok:  # a missing data folder is one line, not a second one from the model/data check
+            fit_ok, params = _collect(found, None, fit.result)
+            local = not cluster and "://" not in (cfg.storage_path or "://")
+            if fit_ok and storage_ok and local and params is not None:
+                _collect(found, None, check_disk_fits, cfg, params)
+    finally:
+        fit.cancel()
     if not found and cfg.search.num_samples > cfg.resources.warn_trials:
         print(
             f"warning: {cfg.search.num_samples} trials (more than resources.warn_trials = "
@@ -127,13 +139,3 @@ def _environment(
             file=sys.stderr,
         )
     return StartupCheck(tuple(found))
-
-
-def _check_stores(cfg: SweepConfig, resume: bool, grow: bool) -> str | None:
-    """The stores (name taken, nothing to resume), refused first while a launch of this name runs (reads its
-    lock file only)."""
-    from sweeps.integrations.mlflow.existing import check_store
-    from sweeps.sweep_lock import refused_while_running
-
-    with refused_while_running(cfg.storage_path, cfg.name):
-        return check_store(cfg, resume, grow)

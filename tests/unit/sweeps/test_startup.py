@@ -49,12 +49,12 @@ def test_every_environment_problem_is_found_in_one_pass(tmp_path):
     before = sorted(p.name for p in tmp_path.iterdir())
     found = check_all(cfg, cluster=False)
     assert [p.split(":", 1)[0] for p in found.problems] == [
+        "run.data.root",
         "storage_path",
         "tracking.uri",
-        "run.data.root",
         "search.storage",
     ], found.problems
-    assert "is a file" in found.problems[0] and "Connection refused" in found.problems[1]
+    assert "is a file" in found.problems[1] and "Connection refused" in found.problems[2]
     assert "pw" not in " ".join(found.problems)  # the database URL's password is not repeated
     assert found.nothing_to_do is None
     with pytest.raises(ConfigError) as err:
