@@ -98,9 +98,9 @@ def build_tuner(
     `grow_from` > 0: the Tuner of the trials that grow a finished sweep of that many trials to
     `search.num_samples`, an experiment of its own (`contract.grow_experiment`) in the same Optuna study."""
     s, r = cfg.search, cfg.resources
+    scheduler = make_scheduler(cfg)
     if not grow_from and cfg.storage_path:
         record_search_space(cfg, f"{cfg.storage_path.rstrip('/')}/{cfg.name}")
-    scheduler = make_scheduler(cfg)
     metric = mode = None
     if s.objective == "single":
         metric, mode = s.metric, s.mode
