@@ -92,19 +92,7 @@ def mlflow_server(backend_uri: str, artifacts_dir: Path) -> Iterator[str]:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        import urllib.request
-
-        deadline = time.time() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"mlflow server did not come up; see {log.name}")
-            time.sleep(0.5)
+        wait_http(f"{url}/health", proc, log.name)
         yield url
     finally:
         os.killpg(proc.pid, 15)
@@ -122,7 +110,8 @@ def chromium_paths() -> tuple[str, str] | None:
     return (browser, driver) if browser and driver else None
 
 
-def _wait_http(url: str, proc: subprocess.Popen, log_name: str, timeout: float = 90) -> None:
+def wait_http(url: str, proc: subprocess.Popen, log_path: str | Path, timeout: float = 90) -> None:
+    """Wait until `url` answers 200; fails with the server log's tail when `proc` exits or `timeout` passes."""
     import urllib.request
 
     deadline = time.time() + timeout
@@ -134,7 +123,8 @@ def _wait_http(url: str, proc: subprocess.Popen, log_name: str, timeout: float =
         except OSError:
             pass
         if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"{url} did not come up; see {log_name}")
+            why = f"exited with {proc.returncode}" if proc.poll() is not None else f"no answer in {timeout:g} s"
+            raise AssertionError(f"{url}: {why}; {log_path}:\n{Path(log_path).read_text()[-3000:]}")
         time.sleep(0.5)
 
 
@@ -154,7 +144,7 @@ def optuna_dashboard(storage_url: str, log_dir: Path) -> Iterator[str]:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_http(f"{url}/api/meta", proc, log.name)
+        wait_http(f"{url}/api/meta", proc, log.name)
         yield url
     finally:
         os.killpg(proc.pid, 15)
@@ -222,11 +212,11 @@ def stop_ray_under(temp_dir: str, grace_s: float = 15.0) -> list[int]:
 
 
 @contextmanager
-def two_node_cluster(worker_cpus: int = 1) -> Iterator[dict]:
-    """A Ray cluster of two nodes on this machine (a head with one CPU and resource `head_node`, a worker with
-    `worker_cpus` CPUs and `worker_node`), token-authenticated, in a short RAY_TMPDIR of its own; yields
-    {"port", "ray_tmp", "env" (for `ray` commands), "launch_env" (for launch.py --cluster)}; stops only its
-    own processes afterwards."""
+def local_ray_cluster(worker_cpus: int | None = 1) -> Iterator[dict]:
+    """A Ray cluster on this machine (a head with one CPU and resource `head_node`, and unless `worker_cpus` is
+    None a worker with `worker_cpus` CPUs and `worker_node`), token-authenticated, in a short RAY_TMPDIR of its
+    own; yields {"port", "ray_tmp", "env" (for `ray` commands), "launch_env" (for launch.py --cluster)}; stops
+    only its own processes afterwards."""
     import secrets
     import tempfile
 
@@ -252,11 +242,12 @@ def two_node_cluster(worker_cpus: int = 1) -> Iterator[dict]:
             "--resources", '{"head_node": 1}',
         )  # fmt: skip
         assert head.returncode == 0, head.stderr[-2000:]
-        worker = ray_cmd(
-            "start", "--address", f"127.0.0.1:{port}", *common, "--num-cpus", str(worker_cpus),
-            "--resources", '{"worker_node": 1}',
-        )  # fmt: skip
-        assert worker.returncode == 0, worker.stderr[-2000:]
+        if worker_cpus is not None:
+            worker = ray_cmd(
+                "start", "--address", f"127.0.0.1:{port}", *common, "--num-cpus", str(worker_cpus),
+                "--resources", '{"worker_node": 1}',
+            )  # fmt: skip
+            assert worker.returncode == 0, worker.stderr[-2000:]
         yield {
             "port": port,
             "ray_tmp": ray_tmp,

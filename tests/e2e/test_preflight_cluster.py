@@ -4,72 +4,24 @@ the wait with one error line (exit 1)."""
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.sweep_helpers import FAST, free_port, launch, mlflow_server, stop_ray_under
+from tests.sweep_helpers import FAST, launch, local_ray_cluster, mlflow_server
 
 pytestmark = pytest.mark.slow
-RAY = str(Path(sys.executable).parent / "ray")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[dict]:
     """A one-node, one-CPU cluster on loopback and an MLflow server; yields the launch environment."""
-    port = free_port()
-    token = secrets.token_hex(32)
-    ray_tmp = tempfile.mkdtemp(prefix="rp", dir="/tmp")  # Ray's socket paths must stay short
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": token,
-        "RAY_TMPDIR": ray_tmp,
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
     d = tmp_path_factory.mktemp("cluster")
-    head = subprocess.run(
-        [
-            RAY,
-            "start",
-            "--head",
-            "--node-ip-address",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--num-cpus",
-            "1",
-            "--include-dashboard",
-            "false",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    try:
-        assert head.returncode == 0, head.stderr[-2000:]
-        with mlflow_server(f"sqlite:///{d}/mlflow.db", d / "mlartifacts") as url:
-            yield {
-                "url": url,
-                "shared": d,
-                "env": {
-                    "RAY_AUTH_MODE": "token",
-                    "RAY_AUTH_TOKEN": token,
-                    "RAY_ADDRESS": f"127.0.0.1:{port}",
-                    "CALIB_SHARED_STORAGE": "1",
-                },
-            }
-    finally:
-        stop_ray_under(ray_tmp)  # only this test's cluster (never `ray stop --force`)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    with (
+        local_ray_cluster(worker_cpus=None) as ray,
+        mlflow_server(f"sqlite:///{d}/mlflow.db", d / "mlartifacts") as url,
+    ):
+        yield {"url": url, "shared": d, "env": ray["launch_env"]}
 
 
 def test_trial_larger_than_every_node_fails_fast(cluster, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sweep_helpers import FAST, launch, mlflow_server, sweep_runs, two_node_cluster
+from tests.sweep_helpers import FAST, launch, local_ray_cluster, mlflow_server, sweep_runs
 
 pytestmark = pytest.mark.slow
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 def test_cluster_sweep_uses_both_nodes(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
-    with two_node_cluster() as cluster:
+    with local_ray_cluster() as cluster:
         with mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "mlartifacts") as url:
             proc = launch(
                 tmp_path,

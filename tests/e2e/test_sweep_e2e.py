@@ -318,48 +318,30 @@ def test_optuna_dashboard_shows_trials_and_pareto_front(sweep_dir):
 
 def test_mlflow_ui_compare_view_shows_the_sweep(sweep_dir):
     paths = _chromium()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     client = store(sweep_dir)
     parents, children = sweep_runs(client, "e2e")
     exp_id = children[0].info.experiment_id
     ids = [r.info.run_id for r in children]
     ARTIFACTS.mkdir(exist_ok=True)
-    with mlflow_server(f"sqlite:///{sweep_dir}/mlflow.db", sweep_dir / "mlartifacts") as url:
-        opts = webdriver.ChromeOptions()
-        opts.binary_location = paths[0]
-        for flag in (
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--disable-dev-shm-usage",
-            "--window-size=1600,3200",
-        ):
-            opts.add_argument(flag)
-        driver = webdriver.Chrome(service=Service(paths[1]), options=opts)
-        try:
-            driver.get(
-                f"{url}/#/compare-runs?runs={json.dumps(ids).replace(' ', '')}"
-                f"&experiments={json.dumps([exp_id]).replace(' ', '')}"
-            )
-            names = [r.info.run_name for r in children]
-            deadline = time.time() + 60
-            text = ""
-            while time.time() < deadline:
-                text = driver.find_element("tag name", "body").text
-                if f"Comparing {len(ids)} Runs" in text and all(n in text for n in names):
-                    break
-                time.sleep(0.5)
-            # The metrics table is a virtualised grid: scroll it until the accuracy and ECE rows render.
-            metric_rows = _scroll_metrics_grid(driver, ("val_accuracy", "val_ece"))
-            driver.save_screenshot(str(ARTIFACTS / "mlflow_compare.png"))
-        finally:
-            driver.quit()
+    with (
+        mlflow_server(f"sqlite:///{sweep_dir}/mlflow.db", sweep_dir / "mlartifacts") as url,
+        headless_chromium(paths, "1600,3200") as driver,
+    ):
+        driver.get(
+            f"{url}/#/compare-runs?runs={json.dumps(ids).replace(' ', '')}"
+            f"&experiments={json.dumps([exp_id]).replace(' ', '')}"
+        )
+        names = [r.info.run_name for r in children]
+        deadline = time.time() + 60
+        text = ""
+        while time.time() < deadline:
+            text = driver.find_element("tag name", "body").text
+            if f"Comparing {len(ids)} Runs" in text and all(n in text for n in names):
+                break
+            time.sleep(0.5)
+        # The metrics table is a virtualised grid: scroll it until the accuracy and ECE rows render.
+        metric_rows = _scroll_metrics_grid(driver, ("val_accuracy", "val_ece"))
+        driver.save_screenshot(str(ARTIFACTS / "mlflow_compare.png"))
     assert f"Comparing {len(ids)} Runs" in text
     for name in names:
         assert name in text

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from tests.sweep_helpers import LAUNCH, mlflow_server, sweep_runs, two_node_cluster
+from tests.sweep_helpers import LAUNCH, local_ray_cluster, mlflow_server, sweep_runs
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def _checkpoints(storage: Path) -> Counter:
 def test_a_lost_node_s_trial_retries_on_the_other_node(tmp_path: Path, what: str) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
-    with two_node_cluster() as cluster, mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "art") as url:
+    with local_ray_cluster() as cluster, mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "art") as url:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster["launch_env"]}
         cmd = [sys.executable, str(LAUNCH), "--cluster", *ARGS, "--tracking-uri", url, "--storage-path", str(shared)]
         pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}

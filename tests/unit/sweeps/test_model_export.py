@@ -42,6 +42,7 @@ from calib_core.export import (
 )
 from calib_core.trainer import make_trainer
 from tests.paths import ROOT
+from tests.sweep_helpers import wait_http
 
 MODEL = "calibrated-classifier"
 VENV_PY = Path(sys.executable)
@@ -584,19 +585,7 @@ def test_mlflow_models_serve_answers_on_loopback(store, tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            assert time.time() < deadline, (
-                "server did not come up in 180 s: " + (tmp_path / "serve.log").read_text()[-3000:]
-            )
-            time.sleep(0.5)
+        wait_http(f"{url}/ping", proc, tmp_path / "serve.log", timeout=180)
         print(f"server up after {time.perf_counter() - t0:.1f}s")
 
         status, body = _post(f"{url}/invocations", {"inputs": store.x.tolist()})

@@ -143,9 +143,8 @@ def test_mlflow_models_serve_takes_raw_table_rows(table, tmp_path):
     import signal
     import subprocess
     import sys
-    import time
-    import urllib.request
 
+    from tests.sweep_helpers import wait_http
     from tests.unit.sweeps.test_model_export import ROOT, _clean_env, _free_port, _post
 
     model, mv, rows, expected, _ = table
@@ -167,16 +166,7 @@ def test_mlflow_models_serve_takes_raw_table_rows(table, tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
-            time.sleep(0.5)
+        wait_http(f"{url}/ping", proc, tmp_path / "serve.log", timeout=180)
         split = json.loads(rows.to_json(orient="split", index=False))
         status, body = _post(f"{url}/invocations", {"dataframe_split": split})
         assert status == 200, body
