@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python sweeps/launch.py",
         description="Sweep calibrators and calibrator learning rates with Ray Tune + Optuna; "
         "track in MLflow; select and register the best model (validation metrics only).",
-        # the rules as their table has them (sweeps/selection_rules.py), kept as written
+        # the rules as their table has them (sweeps/selection_rules/), kept as written
         epilog="selection rules (--set selection.rule=NAME):\n" + describe_rules(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, create_model, field_validator, model_validator
 
 from calib_core.config import ConfigError, RunConfig, _Strict, apply_overrides, build_model, read_yaml
 from calib_core.registry import CALIBRATORS
@@ -21,7 +21,7 @@ from sweeps.contract import (  # noqa: F401
     PER_EPOCH_METRICS,
     SHIFT_METRICS,
 )
-from sweeps.selection_rules import DEFAULT_RULE, check_rule, rule_setting
+from sweeps.selection_rules import DEFAULT_RULE, check_rule, rule_fields
 
 # What search.calibrators searches when a config does not say: the built-in one-go calibrators. Any
 # calibrator registered in calib_core.calibrators (plugins included) may be listed; the names are
@@ -277,23 +277,20 @@ class TrackingConfig(_Strict):
         return v
 
 
-class SelectionConfig(_Strict):
-    """How the champion is chosen from validation metrics: the rule (sweeps/selection_rules.py, one table) and the
-    settings it reads. Each rule's own settings are defined by its model there (defaults, bounds, descriptions) and
-    sit here flat, as configs write them: `selection.max_accuracy_loss`, not `selection.margin.max_accuracy_loss`."""
+class _SelectionShared(_Strict):
+    """How the champion is chosen from validation metrics: the rule (sweeps/selection_rules/, one module a rule) and
+    the settings it reads. Each rule's own settings are defined by its model there (defaults, bounds, descriptions)
+    and sit here flat, as configs write them: `selection.max_accuracy_loss`, not `selection.margin.max_accuracy_loss`.
+    """
 
     # margin (default): among candidates whose val accuracy is non-inferior to the most accurate's within
     # `max_accuracy_loss` points (one-sided paired bootstrap lower bound at `confidence`), the best `metric`;
-    # ties broken by val NLL. noise_aware: the same with "not significantly less accurate" instead of a margin.
+    # ties broken by val NLL. `--help` ends with every rule and what it reads.
     rule: str = DEFAULT_RULE
-    max_accuracy_loss: float = rule_setting("margin", "max_accuracy_loss")
-    accuracy_tolerance: float = rule_setting("pareto_min_ece_near_best_accuracy", "accuracy_tolerance")
     metric: str = "val_ece"
     mode: Literal["min", "max"] = "min"
     confidence: float = Field(default=0.95, ge=0.5, le=0.999, description="level of tests and intervals")
     num_resamples: int = Field(default=1000, ge=100, le=20000, description="bootstrap resamples per split")
-    multiple_comparisons: Literal["none", "bonferroni"] = rule_setting("noise_aware", "multiple_comparisons")
-    dominance_factor: float | None = rule_setting("noise_aware", "dominance_factor")
 
     @field_validator("rule")
     @classmethod
@@ -304,6 +301,15 @@ class SelectionConfig(_Strict):
     @classmethod
     def _val_metric(cls, v: str) -> str:
         return SearchConfig._val_metric(v)  # selection sees validation metrics only, never test
+
+
+# The shared settings plus every rule's own (sweeps.selection_rules.rule_fields): a rule added there is a
+# setting here without an edit. The type checker sees the shared part; the rules read their own settings.
+if TYPE_CHECKING:
+    SelectionConfig = _SelectionShared
+else:
+    SelectionConfig = create_model("SelectionConfig", __base__=_SelectionShared, __module__=__name__, **rule_fields())
+    SelectionConfig.__doc__ = _SelectionShared.__doc__
 
 
 class EvaluationConfig(_Strict):

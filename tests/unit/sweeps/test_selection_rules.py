@@ -1,6 +1,7 @@
-"""The selection rules come from one table (sweeps/selection_rules.py, issue #33 item 3): the config accepts exactly
-its names and takes each rule's own settings from the rule's model, the picking functions pair with it one to one,
-and people read it from the table itself (`python sweeps/launch.py --help` ends with it)."""
+"""The selection rules come from one table made from one module a rule (sweeps/selection_rules/, issue #33 item 3):
+the config accepts exactly its names and takes each rule's own settings from the rule's model, the picking
+functions pair with it one to one, people read it from the table itself (`python sweeps/launch.py --help` ends
+with it), and a new rule is one new module."""
 
 from __future__ import annotations
 
@@ -64,3 +65,76 @@ def test_people_read_the_rules_from_the_table_itself() -> None:
     for (head, reads), (name, spec) in zip(zip(lines[::2], lines[1::2], strict=True), RULE_SPECS.items(), strict=True):
         assert head == f"{name}{' (default)' if name == DEFAULT_RULE else ''}: {spec.summary}"
         assert reads == "  reads: " + ", ".join(f"selection.{s}" for s in spec.reads)
+
+
+NEW_RULE = """
+\"\"\"A rule planted by the test: the lowest val NLL among candidates of val accuracy >= min_accuracy.\"\"\"
+
+from pydantic import Field
+
+from sweeps.selection_rules.spec import RuleSpec, Settings
+
+
+class LowestNllSettings(Settings):
+    min_accuracy: float = Field(default=0.5, ge=0.0, le=1.0, description="lowest_nll rule: the val accuracy floor")
+
+
+def pick(ok, cfg, reps):
+    pool = [r for r in ok if r.metrics["val_accuracy"] >= cfg.min_accuracy] or ok
+    best = min(pool, key=lambda r: (r.metrics["val_nll"], r.trial_id))
+    return best, f"{best.label}: lowest val NLL of {len(pool)}"
+
+
+RULE = RuleSpec(
+    "lowest_nll", "the lowest val NLL above selection.min_accuracy", LowestNllSettings, ("metric",), False, pick, 9
+)
+"""
+
+CHECK_NEW_RULE = r"""
+import json
+from pydantic import ValidationError
+from sweeps.cli import build_parser
+from sweeps.config import SelectionConfig, load_sweep_config
+from sweeps.decide.selection import RULES, TrialRecord, select
+
+cfg = load_sweep_config(None, ["selection.rule=lowest_nll", "selection.min_accuracy=0.8"])
+records = [
+    TrialRecord("a", "A", "completed", {"val_accuracy": 0.90, "val_ece": 0.05, "val_nll": 0.40}),
+    TrialRecord("b", "B", "completed", {"val_accuracy": 0.85, "val_ece": 0.02, "val_nll": 0.30}),
+    TrialRecord("c", "C", "completed", {"val_accuracy": 0.70, "val_ece": 0.01, "val_nll": 0.10}),
+]
+champion, why = select(records, cfg.selection)
+try:
+    SelectionConfig(min_accuracy=2)
+    refused = False
+except ValidationError:
+    refused = True
+print(json.dumps({
+    "champion": champion.trial_id, "why": why, "refused": refused,
+    "reads": RULES["lowest_nll"].settings_of(cfg.selection),
+    "help": "lowest_nll: the lowest val NLL above selection.min_accuracy" in build_parser().format_help(),
+}))
+"""
+
+
+def test_a_new_rule_is_one_new_module(tmp_path) -> None:
+    """A copy of sweeps/ with one module added to selection_rules/ and nothing else changed: the config takes the
+    rule and its own setting (with its bounds), select() picks by it, --help lists it."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "sweeps", tmp_path / "sweeps", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "sweeps" / "selection_rules" / "lowest_nll.py").write_text(NEW_RULE)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK_NEW_RULE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # by hand: A and B clear the 0.8 floor, B has the lower NLL (C's lower NLL is below the floor)
+    assert out["champion"] == "b" and out["why"] == "B: lowest val NLL of 2"
+    assert out["refused"] and out["help"]
+    assert out["reads"] == {"min_accuracy": 0.8, "metric": "val_ece"}
