@@ -295,7 +295,6 @@ def _run_trials(
         *result_loggers(),
     ]
     reporter = None if verbose else StatusReporter(list(cfg.search.params))
-    trainable = make_trainable(cfg, verbose)
     searcher = functools.partial(make_searcher, cfg)  # the tuner's search algorithm, by seed offset (a grown sweep)
     if run.session is not None:
 
@@ -317,6 +316,7 @@ def _run_trials(
     ):
         _route_sigterm(stops)
         print(intro(cfg, run.exp_path, parent_id, resumed=opened.restoring), flush=True)
+        trainable = make_trainable(cfg, verbose)
         tuner = (
             tune.Tuner.restore(run.exp_path, trainable, resume_unfinished=True, resume_errored=True)
             if opened.restoring
