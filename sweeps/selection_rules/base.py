@@ -155,3 +155,13 @@ def not_worse_than(reps: Replicates, champion: TrialRecord, r: TrialRecord, metr
     else:
         worse, _ = reps.significantly_greater(champion.trial_id, r.trial_id, metric)
     return not less_accurate and not worse
+
+
+def check_inputs(ok: list[TrialRecord], cfg: Any, reps: Replicates | None, replicates_for: str | None = None) -> None:
+    """Refuse, in one line, what a rule cannot judge: a candidate without selection.metric, or (`replicates_for`:
+    the rule's name) a candidate without bootstrap replicates of its val accuracy."""
+    if replicates_for and (reps is None or any(not reps.has(r.trial_id, "val_accuracy") for r in ok)):
+        raise ValueError(f"selection.rule {replicates_for} needs bootstrap replicates of every completed trial")
+    missing = [r.trial_id for r in ok if cfg.metric not in r.metrics]
+    if missing:
+        raise ValueError(f"selection.metric {cfg.metric!r} missing from trials {missing}")

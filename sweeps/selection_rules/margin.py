@@ -12,6 +12,7 @@ from sweeps.selection_rules.base import (
     Replicates,
     TrialRecord,
     accuracy_lower_bounds,
+    check_inputs,
     ci,
     fmt_metric,
     is_rate,
@@ -45,11 +46,8 @@ def within_margin(ok: list[TrialRecord], cfg: Any, reps: Replicates) -> tuple[Tr
 
 def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> tuple[TrialRecord, str]:
     """The champion by this rule, and the sentence saying why and what it trades."""
-    if reps is None or any(not reps.has(r.trial_id, "val_accuracy") for r in ok):
-        raise ValueError("selection.rule margin needs bootstrap replicates of every completed trial")
-    missing = [r.trial_id for r in ok if cfg.metric not in r.metrics]
-    if missing:
-        raise ValueError(f"selection.metric {cfg.metric!r} missing from trials {missing}")
+    check_inputs(ok, cfg, reps, replicates_for="margin")
+    assert reps is not None  # (check_inputs refused a missing one)
     best_acc, kept = within_margin(ok, cfg, reps)
     sign = 1.0 if cfg.mode == "min" else -1.0
     m = cfg.metric

@@ -11,6 +11,7 @@ from sweeps.selection_rules.base import (
     Replicates,
     TrialRecord,
     accuracy_candidates,
+    check_inputs,
     ci,
     fmt_metric,
     metric_name,
@@ -32,11 +33,8 @@ class NoiseAwareSettings(Settings):
 
 def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> tuple[TrialRecord, str]:
     """The champion by this rule, and the sentence saying why and what it trades."""
-    if reps is None or any(not reps.has(r.trial_id, "val_accuracy") for r in ok):
-        raise ValueError("selection.rule noise_aware needs bootstrap replicates of every completed trial")
-    missing = [r.trial_id for r in ok if cfg.metric not in r.metrics]
-    if missing:
-        raise ValueError(f"selection.metric {cfg.metric!r} missing from trials {missing}")
+    check_inputs(ok, cfg, reps, replicates_for="noise_aware")
+    assert reps is not None  # (check_inputs refused a missing one)
     alpha = 1.0 - cfg.confidence
     adjusted = cfg.multiple_comparisons == "bonferroni" and len(ok) > 2
     if adjusted:
