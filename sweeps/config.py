@@ -21,7 +21,7 @@ from sweeps.contract import (  # noqa: F401
     PER_EPOCH_METRICS,
     SHIFT_METRICS,
 )
-from sweeps.selection_rules import DEFAULT_RULE, check_rule, rule_fields
+from sweeps.selection_rules import DEFAULT_RULE, RULE_SPECS, check_rule, rule_fields
 
 # What search.calibrators searches when a config does not say: the built-in one-go calibrators. Any
 # calibrator registered in calib_core.calibrators (plugins included) may be listed; the names are
@@ -49,10 +49,9 @@ def control_character(value: str) -> str | None:
 def path_problem(value: str) -> str | None:
     """Why `value` cannot be used as a local path (a folder, a file, the path of a sqlite:/// URL), else None.
 
-    The one check every path value passes, from the config file, `--set` and the flags alike, before
-    anything touches the file system: no control character (it would become part of a folder name), text
-    the file system can encode, a `~user` that names a user of this machine, within Linux's length limits.
-    """
+    The one check every path value passes (config file, `--set`, flags) before anything touches the file system:
+    no control character (it would be part of a folder name), encodable text, a `~user` of this machine, within
+    Linux's length limits."""
     code = control_character(value)
     if code:
         return f"contains a control character ({code}); paths must be plain text"
@@ -171,6 +170,10 @@ class SearchConfig(_Strict):
             arms += [c for c in self.calibrators if c in BASELINE_CHOICES and c not in arms]
         return arms
 
+    def resumed_space(self) -> dict[str, Any]:
+        """What a --resume must search as the sweep did (restored trials and searcher, the study), as JSON values."""
+        return self.model_dump(mode="json", exclude={"num_samples", "storage", "storage_outage_timeout_s"})
+
     def sampled_calibrators(self) -> list[str]:
         """The `calibrator` choices Optuna draws from (those not run once as reference arms)."""
         once = set(self.reference_arms()) if not self.params else set()
@@ -231,12 +234,12 @@ class ResourcesConfig(_Strict):
     gpus_per_trial: float = Field(default=0.0, ge=0.0)
     max_concurrent: int = Field(default=2, ge=1)
     max_failures: int = Field(default=2, ge=0)
-    # None keeps every epoch checkpoint. With a number, Ray Tune deletes older ones, and a driver
-    # killed between a deletion and the next experiment snapshot can leave a trial that cannot be
-    # restored on --resume (it then fails; the sweep goes on). Set it for big models only.
+    # None keeps every epoch checkpoint. With a number, Ray Tune deletes older ones, and a driver killed between a
+    # deletion and the next experiment snapshot can leave a trial that --resume cannot restore (it then fails; the
+    # sweep goes on). Set it for big models only.
     checkpoints_to_keep: int | None = Field(default=None, ge=1)
-    # How long the sweep waits with trials pending and none running (a cluster autoscaling to fit
-    # a trial) before it ends with an error; None waits for ever. See sweeps/integrations/ray/resource_wait.py.
+    # How long the sweep waits with trials pending and none running (a cluster autoscaling to fit a trial) before it
+    # ends with an error; None waits for ever. See sweeps/integrations/ray/resource_wait.py.
     pending_timeout_s: float | None = Field(default=900.0, gt=0.0)
     # Above this many trials the launch says so in one warning line (sizes and time grow with it).
     warn_trials: int = Field(default=1000, ge=1)
@@ -301,6 +304,10 @@ class _SelectionShared(_Strict):
     @classmethod
     def _val_metric(cls, v: str) -> str:
         return SearchConfig._val_metric(v)  # selection sees validation metrics only, never test
+
+    def rule_settings(self) -> dict[str, Any]:
+        """The values of the settings the configured rule reads, by name (recorded with its choice)."""
+        return {name: getattr(self, name) for name in RULE_SPECS[self.rule].reads}
 
 
 # The shared settings plus every rule's own (sweeps.selection_rules.rule_fields): a rule added there is a
@@ -371,8 +378,7 @@ class SweepConfig(_Strict):
 
     @model_validator(mode="after")
     def _frozen_backbone_has_a_player(self) -> SweepConfig:
-        # with the backbone frozen, the last layer is all that trains: as the calibrator it leaves the backbone
-        # player of one-go training nothing to step on (every such trial would fail)
+        # frozen backbone, last layer as calibrator: one-go's backbone player has nothing to train (trials would fail)
         if self.run.model.freeze == "head_only" and "last_layer" in self.search.calibrators:
             raise ValueError(
                 "search.calibrators: 'last_layer' with run.model.freeze 'head_only' leaves the backbone player "

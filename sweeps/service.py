@@ -36,13 +36,13 @@ from sweeps.finish import (
     trial_records,
     write_report,
 )
+from sweeps.integrations.mlflow.champion_gate import register_champion
 from sweeps.integrations.mlflow.existing import started_registered_model
 from sweeps.integrations.mlflow.store import MlflowStore
 from sweeps.integrations.mlflow.sweep_runs import (
     close_trials,
     deliver_missed_completions,
     open_parent,
-    register_champion,
     runs_closed_on_failure,
     tracking_callback,
 )
@@ -316,11 +316,13 @@ def _run_trials(
     ):
         _route_sigterm(stops)
         print(intro(cfg, run.exp_path, parent_id, resumed=opened.restoring), flush=True)
+        # the searcher before the trainable: the config passes through Optuna once, then through Tune
+        first_searcher = None if opened.restoring else searcher(0)
         trainable = make_trainable(cfg, verbose)
         tuner = (
             tune.Tuner.restore(run.exp_path, trainable, resume_unfinished=True, resume_errored=True)
-            if opened.restoring
-            else build_tuner(cfg, trainable, searcher)
+            if first_searcher is None
+            else build_tuner(cfg, trainable, first_searcher)
         )
         clock.end("ray_start")
         grids = [fit_resuming_lost_workers(tuner, run.exp_path, trainable, cfg.resources.max_failures, stops)]
@@ -364,6 +366,23 @@ def _choose_and_register(
         report_path = write_report(
             cfg, store, parent_id, experiment_id, run.exp_path, records, chosen, why, gate_line, reps, board
         )
+        # made beside the report (the config's one stay in finish.py); its timings once registration has ended
+        result = build_result(
+            cfg,
+            champion=(chosen.run_id or "", chosen.trial_id, chosen.label),
+            version=str(version),
+            board=board,
+            why=why,
+            intervals={tid: {k: _float_pair(reps.interval(tid, k)) for k in reps.values[tid]} for tid in reps.values},
+            confidence=reps.level,
+            parent_id=parent_id,
+            experiment_id=experiment_id,
+            best_config=dict(chosen.params),
+            errors=trial_errors(records),
+            replicates=reps,
+            alias=alias,
+            gate=gate_line,
+        )
         store.set_tags(parent_id, {NOTE_TAG: sweep_note(cfg, experiment_id, chosen, why, version, alias, gate_line)})
         store.terminate(parent_id, "FINISHED")
         clock.end("registration")
@@ -373,24 +392,8 @@ def _choose_and_register(
     if report_path:
         print(f"Report: {report_path}")
     print(clock.line())
-    intervals = {tid: {k: _float_pair(reps.interval(tid, k)) for k in reps.values[tid]} for tid in reps.values}
-    return build_result(
-        cfg,
-        champion=(chosen.run_id or "", chosen.trial_id, chosen.label),
-        version=str(version),
-        board=board,
-        why=why,
-        intervals=intervals,
-        confidence=reps.level,
-        parent_id=parent_id,
-        experiment_id=experiment_id,
-        best_config=dict(chosen.params),
-        errors=trial_errors(records),
-        replicates=reps,
-        timings=clock.timings(),
-        alias=alias,
-        gate=gate_line,
-    )
+    result.timings = clock.timings()
+    return result
 
 
 @dataclass(frozen=True)

@@ -176,21 +176,13 @@ def _cluster_store_problems(cfg: SweepConfig) -> list[str]:
 
 # --------------------------------------------------------------------------- --resume: the same search
 
-SEARCH_SPACE_FILE = "calib_search_space.json"  # in Tune's experiment folder: what the sweep searches
-# The search settings a --resume must keep: restored trials, Ray Tune's restored searcher and the Optuna study
-# all hold the space the sweep started with (num_samples may grow it; storage is where the study lives, and
-# storage_outage_timeout_s how long the sweep waits for it).
-SEARCH_SPACE_EXCLUDES = {"num_samples", "storage", "storage_outage_timeout_s"}
-
-
-def search_space(cfg: SweepConfig) -> dict[str, Any]:
-    """The search settings of `cfg` that a --resume must keep, as JSON values."""
-    return cfg.search.model_dump(mode="json", exclude=SEARCH_SPACE_EXCLUDES)
+# In Tune's experiment folder: what the sweep searches (SearchConfig.resumed_space), for --resume to compare.
+SEARCH_SPACE_FILE = "calib_search_space.json"
 
 
 def search_space_problem(cfg: SweepConfig, recorded: dict[str, Any]) -> str | None:
     """One line when `cfg` searches otherwise than the sweep did when it started (`recorded`), else None."""
-    now = search_space(cfg)
+    now = cfg.search.resumed_space()
     changed = [k for k in sorted(set(now) | set(recorded)) if now.get(k) != recorded.get(k)]
     if not changed:
         return None

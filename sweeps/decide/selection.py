@@ -7,11 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sweeps.config import SelectionConfig
 from sweeps.selection_rules import RULE_SPECS
-from sweeps.selection_rules.base import POST_TS, TrialRecord, method_family, not_worse_than, pareto_front
+from sweeps.selection_rules.base import (
+    POST_TS,
+    TrialRecord,
+    check_inputs,
+    method_family,
+    not_worse_than,
+    pareto_front,
+)
 
 if TYPE_CHECKING:
     from sweeps.decide.uncertainty import Replicates
@@ -67,16 +74,13 @@ class SelectionRule:
     summary: str
     settings: tuple[str, ...] = ()
 
-    def settings_of(self, cfg: SelectionConfig) -> dict[str, Any]:
-        """The values of the settings this rule reads, by name."""
-        return {name: getattr(cfg, name) for name in self.settings}
-
 
 def select(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None = None) -> tuple[TrialRecord, str]:
     """Pick the champion by the configured rule; return it and a sentence saying why and what it trades."""
     ok = sorted((r for r in records if r.ok), key=lambda r: r.trial_id)
     if not ok:
         raise ValueError("no trial completed with finite validation metrics: nothing to select")
+    check_inputs(ok, cfg, reps, cfg.rule, RULE_SPECS[cfg.rule])  # the refusal every rule shares, once
     return RULES[cfg.rule].pick(ok, cfg, reps)
 
 

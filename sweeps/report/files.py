@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeps.contract import PREDICTIONS_FILE, SHIFT_FILE, SPLITS, SUMMARY_FILE, is_number, status_words
-from sweeps.decide.selection import RULES, TrialRecord, not_worse_than, pareto_front
+from sweeps.decide.selection import TrialRecord, not_worse_than, pareto_front
 
 # pandas and matplotlib are imported where used (pyplot()): the sweep's driver imports this module
 # before its trials start.
@@ -127,7 +127,7 @@ def sweep_report_files(
     board.to_csv(out / "leaderboard.csv", index=False)
     ranks.to_csv(out / "rank_agreement_spearman.csv")
     pareto_plot(records, chosen, out / "pareto.png", reps)
-    settings = RULES[cfg.selection.rule].settings_of(cfg.selection)  # what the rule read, as it read it
+    settings = cfg.selection.rule_settings()  # what the rule read, as it read it
     (out / "selection.json").write_text(
         json.dumps(
             {

@@ -12,7 +12,6 @@ from sweeps.selection_rules.base import (
     Replicates,
     TrialRecord,
     accuracy_lower_bounds,
-    check_inputs,
     ci,
     fmt_metric,
     is_rate,
@@ -46,8 +45,7 @@ def within_margin(ok: list[TrialRecord], cfg: Any, reps: Replicates) -> tuple[Tr
 
 def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> tuple[TrialRecord, str]:
     """The champion by this rule, and the sentence saying why and what it trades."""
-    check_inputs(ok, cfg, reps, replicates_for="margin")
-    assert reps is not None  # (check_inputs refused a missing one)
+    assert reps is not None  # (select() refused a missing one: RULE needs the replicates)
     best_acc, kept = within_margin(ok, cfg, reps)
     sign = 1.0 if cfg.mode == "min" else -1.0
     m = cfg.metric

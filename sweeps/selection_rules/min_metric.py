@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sweeps.selection_rules.base import Replicates, TrialRecord, check_inputs, ci
+from sweeps.selection_rules.base import Replicates, TrialRecord, ci
 from sweeps.selection_rules.spec import NoSettings, RuleSpec
 
 
 def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> tuple[TrialRecord, str]:
     """The champion by this rule, and the sentence saying why and what it trades."""
-    check_inputs(ok, cfg, reps)
     sign = 1.0 if cfg.mode == "min" else -1.0
     best = min(ok, key=lambda r: (sign * r.metrics[cfg.metric], r.trial_id))
     m = cfg.metric

@@ -11,7 +11,6 @@ from sweeps.selection_rules.base import (
     Replicates,
     TrialRecord,
     accuracy_candidates,
-    check_inputs,
     ci,
     fmt_metric,
     metric_name,
@@ -33,8 +32,7 @@ class NoiseAwareSettings(Settings):
 
 def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> tuple[TrialRecord, str]:
     """The champion by this rule, and the sentence saying why and what it trades."""
-    check_inputs(ok, cfg, reps, replicates_for="noise_aware")
-    assert reps is not None  # (check_inputs refused a missing one)
+    assert reps is not None  # (select() refused a missing one: RULE needs the replicates)
     alpha = 1.0 - cfg.confidence
     adjusted = cfg.multiple_comparisons == "bonferroni" and len(ok) > 2
     if adjusted:

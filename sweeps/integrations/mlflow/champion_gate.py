@@ -1,5 +1,6 @@
-"""The champion gate in the registry (issue #24 item 2): record what a registered champion saw, and move
-`@champion` to a new version only if it holds up against the current one (the decision: sweeps/decide/gate.py).
+"""The champion registered and gated (issue #24 item 2): its model logged and registered (register_champion),
+what it saw recorded, and `@champion` moved to the new version only if it holds up against the current one (the
+decision: sweeps/decide/gate.py).
 
 At registration every version's run gets two small artifacts under `gate/`: `rows.npz` (hashes of the raw rows
 of its training and validation splits: what it trained and was selected on) and `data.json` (dataset, input
@@ -18,16 +19,22 @@ from typing import Any
 
 import numpy as np
 
+from sweeps.config import SweepConfig
 from sweeps.contract import (
     CHALLENGER_ALIAS,
     CHAMPION_ALIAS,
     GATE_DATA_FILE,
     GATE_DIR,
     GATE_ROWS_FILE,
+    PREDICTIONS_FILE,
+    SUMMARY_FILE,
     TAG_GATE,
     TAG_SOURCE_RUN,
+    TS_PREFIX,
+    TS_SUMMARY_KEY,
 )
 from sweeps.decide.gate import GateDecision, compare, held_out_mask, model_inputs, raw_inputs, row_hashes
+from sweeps.decide.selection import POST_TS, TrialRecord
 from sweeps.integrations.mlflow.store import MlflowStore
 
 
@@ -179,3 +186,44 @@ def move_alias(
     if line:
         store.client.set_model_version_tag(model_name, version, TAG_GATE, line[:5000])
     return alias, line
+
+
+def register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord, promote: bool) -> tuple[str, str, str]:
+    """The champion's portable model logged on its run and registered, then `@champion` moved through the
+    champion gate (or `@challenger` set); (version, its alias, the gate's line or "")."""
+    from sweeps.integrations.mlflow.model_export import log_and_register
+
+    assert cfg.tracking.uri and chosen.run_id is not None  # the champion's trial logged an MLflow run
+    model = cfg.tracking.registered_model
+    with chosen.checkpoint.as_directory() as d:
+        summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
+        # idempotent (a version registered from the run is reused), so retried through an outage
+        # a "+ TS" candidate: the trial's model with its temperatures on top (fitted on all validation rows)
+        temperatures = summary.get(TS_SUMMARY_KEY) if chosen.post == POST_TS else None
+        version = str(
+            store.call(
+                log_and_register,
+                chosen.run_id,
+                d,
+                tuple(summary["input_shape"]),
+                model,
+                cfg.tracking.uri,
+                alias=None,
+                temperatures=temperatures,
+                store=store,
+            )
+        )
+        alias, line = store.call(
+            move_alias,
+            store,
+            model,
+            version,
+            chosen.run_id,
+            summary["run_config"],
+            Path(d) / PREDICTIONS_FILE,
+            level=cfg.selection.confidence,
+            num_bins=cfg.run.train.num_bins,
+            promote=promote,
+            prefix=TS_PREFIX if temperatures is not None else "",
+        )
+    return version, alias, line

@@ -1,11 +1,10 @@
 """The sweep's runs in MLflow: the parent run, the tracking callback that mirrors each trial into its child run
-(stopping the sweep on a long outage), closing runs when trials end or fail, the intervals on the runs, and the
-champion's registration through the gate."""
+(stopping the sweep on a long outage), closing runs when trials end or fail, and the intervals on the runs (the
+champion's registration through the gate: champion_gate.register_champion)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
 import threading
@@ -22,8 +21,6 @@ from calib_core.config import RunConfig
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     NOTE_TAG,
-    PREDICTIONS_FILE,
-    SUMMARY_FILE,
     TAG_CALIBRATOR,
     TAG_DATASET,
     TAG_LABEL,
@@ -34,12 +31,11 @@ from sweeps.contract import (
     TAG_REASON,
     TAG_TRIAL,
     TS_PREFIX,
-    TS_SUMMARY_KEY,
     TrackingStore,
     is_finite_number,
     is_number,
 )
-from sweeps.decide.selection import POST_TS, TrialRecord
+from sweeps.decide.selection import TrialRecord
 from sweeps.decide.uncertainty import Replicates, interval_metrics
 from sweeps.integrations.mlflow.retry import TrackingUnavailable
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS, MlflowStore
@@ -380,45 +376,3 @@ def log_intervals(store: TrackingStore, records: list[TrialRecord], reps: Replic
                 if prefix + k not in have and is_finite_number(v)
             },
         )
-
-
-def register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord, promote: bool) -> tuple[str, str, str]:
-    """The champion's portable model logged on its run and registered, then `@champion` moved through the
-    champion gate (or `@challenger` set); (version, its alias, the gate's line or "")."""
-    from sweeps.integrations.mlflow.champion_gate import move_alias
-    from sweeps.integrations.mlflow.model_export import log_and_register
-
-    assert cfg.tracking.uri and chosen.run_id is not None  # the champion's trial logged an MLflow run
-    model = cfg.tracking.registered_model
-    with chosen.checkpoint.as_directory() as d:
-        summary = json.loads((Path(d) / SUMMARY_FILE).read_text())
-        # idempotent (a version registered from the run is reused), so retried through an outage
-        # a "+ TS" candidate: the trial's model with its temperatures on top (fitted on all validation rows)
-        temperatures = summary.get(TS_SUMMARY_KEY) if chosen.post == POST_TS else None
-        version = str(
-            store.call(
-                log_and_register,
-                chosen.run_id,
-                d,
-                tuple(summary["input_shape"]),
-                model,
-                cfg.tracking.uri,
-                alias=None,
-                temperatures=temperatures,
-                store=store,
-            )
-        )
-        alias, line = store.call(
-            move_alias,
-            store,
-            model,
-            version,
-            chosen.run_id,
-            summary["run_config"],
-            Path(d) / PREDICTIONS_FILE,
-            level=cfg.selection.confidence,
-            num_bins=cfg.run.train.num_bins,
-            promote=promote,
-            prefix=TS_PREFIX if temperatures is not None else "",
-        )
-    return version, alias, line

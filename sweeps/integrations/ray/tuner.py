@@ -20,7 +20,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from calib_core.config import ConfigError
 from calib_core.plugins import plugin_modules
-from sweeps.checks.preflight import SEARCH_SPACE_FILE, search_space, search_space_problem
+from sweeps.checks.preflight import SEARCH_SPACE_FILE, search_space_problem
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     TAG_GROWN_TO,
@@ -88,13 +88,10 @@ def make_scheduler(cfg: SweepConfig) -> ASHAScheduler | None:
     )
 
 
-def build_tuner(
-    cfg: SweepConfig, trainable: Any, make_searcher: Callable[[int], Searcher], grow_from: int = 0
-) -> tune.Tuner:
+def build_tuner(cfg: SweepConfig, trainable: Any, searcher: Searcher, grow_from: int = 0) -> tune.Tuner:
     """A new Tuner; its callbacks and reporter are stand-ins for the installed ones (integrations/ray/live_hooks.py).
 
-    `make_searcher(seed_offset)`: the sweep's search algorithm, called with `grow_from` (the service passes
-    integrations/optuna/study.make_searcher bound to the config).
+    `searcher`: the sweep's search algorithm (integrations/optuna/study.make_searcher with seed offset `grow_from`).
     `grow_from` > 0: the Tuner of the trials that grow a finished sweep of that many trials to
     `search.num_samples`, an experiment of its own (`contract.grow_experiment`) in the same Optuna study."""
     s, r = cfg.search, cfg.resources
@@ -107,7 +104,7 @@ def build_tuner(
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=make_searcher(grow_from),
+            search_alg=searcher,
             scheduler=scheduler,
             metric=metric,
             mode=mode,
@@ -244,7 +241,7 @@ def record_search_space(cfg: SweepConfig, exp_path: str) -> None:
         fs, path = pafs.FileSystem.from_uri(exp_path)
         fs.create_dir(path, recursive=True)
         with fs.open_output_stream(f"{path}/{SEARCH_SPACE_FILE}") as out:
-            out.write(json.dumps(search_space(cfg), sort_keys=True).encode())
+            out.write(json.dumps(cfg.search.resumed_space(), sort_keys=True).encode())
     except (OSError, ValueError):  # pyarrow's errors; the check is then skipped on --resume
         pass
 
@@ -311,7 +308,7 @@ def grow_sweep(
         store.set_tags(parent_id, {TAG_GROWN_TO: ",".join(str(n) for n in [*grown, target])})
     print(f"Growing {cfg.name!r} from {done} to {target} trials (same Optuna study and MLflow parent run)", flush=True)
     progress.continue_from(done)
-    tuner = build_tuner(cfg, trainable, make_searcher, grow_from=done)
+    tuner = build_tuner(cfg, trainable, make_searcher(done), grow_from=done)
     grids.append(
         fit_resuming_lost_workers(
             tuner,

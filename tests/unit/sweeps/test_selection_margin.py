@@ -89,7 +89,7 @@ def test_each_rule_declares_the_settings_it_reads() -> None:
     for rule in RULES.values():
         assert rule.settings and set(rule.settings) <= set(SelectionConfig.model_fields), rule.name
     cfg = SelectionConfig(rule="margin", max_accuracy_loss=1.5)
-    assert RULES["margin"].settings_of(cfg)["max_accuracy_loss"] == 1.5
+    assert cfg.rule_settings()["max_accuracy_loss"] == 1.5
     assert "max_accuracy_loss" not in RULES["pareto_min_ece_near_best_accuracy"].settings
     records, reps = _leaderboard([0.90, 0.85, 0.899], [0.05, 0.001, 0.03], [0.001, 0.001, 0.001], 0)
     picks = {select(records, SelectionConfig(rule="margin", max_accuracy_loss=x), reps)[0].trial_id for x in (1, 10)}

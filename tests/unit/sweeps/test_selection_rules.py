@@ -46,7 +46,7 @@ def test_each_rules_own_settings_are_the_configs_fields_with_the_same_default_an
 def test_a_rules_own_setting_is_set_from_a_sweep_config_as_before(tmp_path) -> None:
     cfg = load_sweep_config(None, ["selection.rule=noise_aware", "selection.dominance_factor=null"])
     assert cfg.selection.rule == "noise_aware" and cfg.selection.dominance_factor is None
-    assert RULES["noise_aware"].settings_of(cfg.selection)["dominance_factor"] is None
+    assert cfg.selection.rule_settings()["dominance_factor"] is None
 
 
 def test_the_picking_functions_are_the_tables_rules() -> None:
@@ -111,7 +111,7 @@ except ValidationError:
     refused = True
 print(json.dumps({
     "champion": champion.trial_id, "why": why, "refused": refused,
-    "reads": RULES["lowest_nll"].settings_of(cfg.selection),
+    "reads": cfg.selection.rule_settings(),
     "help": "lowest_nll: the lowest val NLL above selection.min_accuracy" in build_parser().format_help(),
 }))
 """

@@ -14,7 +14,7 @@ import pytest
 
 from calib_core.config import ConfigError
 from sweeps.api import resolve, run_sweep
-from sweeps.checks.preflight import SEARCH_SPACE_FILE, search_space
+from sweeps.checks.preflight import SEARCH_SPACE_FILE
 from sweeps.startup import check_all, preflight
 
 
@@ -95,7 +95,7 @@ def test_the_python_api_checks_a_resumed_search_space_as_the_cli_does(tmp_path):
     """run_sweep(resume=True) with another search space is refused before anything runs (it was checked by the
     CLI only), with the same line."""
     cfg = resolve(None, [], workdir=tmp_path)
-    recorded = search_space(cfg)
+    recorded = cfg.search.resumed_space()
     first = sorted(recorded)[0]
     recorded[first] = {"changed": True}
     exp = Path(cfg.storage_path or "") / cfg.name

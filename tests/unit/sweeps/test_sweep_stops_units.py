@@ -17,7 +17,7 @@ import torch
 from ray import tune
 
 from calib_core.export import load_tensors
-from sweeps.checks.preflight import search_space, search_space_problem
+from sweeps.checks.preflight import search_space_problem
 from sweeps.config import load_sweep_config
 from sweeps.contract import FINAL_FILE, STATE_FILE
 from sweeps.integrations.ray.trainable import _readable_checkpoint
@@ -78,7 +78,7 @@ def test_stopwatch_records_the_stop_and_keeps_the_line_out_when_quiet(quiet: boo
 
 def test_a_changed_search_space_is_named_in_one_line() -> None:
     cfg = load_sweep_config(None, [])
-    recorded = search_space(cfg)
+    recorded = cfg.search.resumed_space()
     assert search_space_problem(cfg, recorded) is None
     assert search_space_problem(load_sweep_config(None, ["search.num_samples=20"]), recorded) is None  # growth
     changed = load_sweep_config(None, ["search.calibrators=[temperature]", "search.seed=7"])
