@@ -28,8 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
@@ -119,8 +121,8 @@ def coverage(reps: int = 200, n: int = 1000, resamples: int = 500) -> list[dict[
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Measure and print the table."""
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=10_000)
     p.add_argument("--k", type=int, default=10)
@@ -135,40 +137,45 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the coverage simulation, written into the existing results file",
     )
-    args = p.parse_args(argv)
-    load_start = os.getloadavg()
-    cover = coverage() if args.coverage or args.coverage_only else None
-    if cover:
-        print("Coverage of 95 % ECE intervals, 200 simulated sets of n=1000 (K=10), B=500:")
-        print(f"{'true ECE':>9}{'percentile':>12}{'centred':>10}{'calibration':>13}")
-        for row in cover:
-            print(
-                f"{row['true_ece']:>9.2f}{row['percentile']:>12.3f}{row['centered']:>10.3f}{row['calibration']:>13.3f}"
-            )
-    if args.coverage_only:  # keep the timings already measured in the results file
-        out = Path(args.out)
-        data = json.loads(out.read_text()) if out.exists() else {}
-        data["coverage"] = cover
-        data["coverage_load_average"] = [load_start, os.getloadavg()]
-        write_json(out, data)
-        return 0
-    rng = np.random.default_rng(0)
-    probs = torch.softmax(torch.tensor(rng.normal(size=(args.n, args.k)) * 2), 1).float()
-    labels = torch.tensor(rng.integers(0, args.k, args.n))
-    counts_s = median_time(lambda: resample_counts(args.n, args.resamples, seed=0), args.repeats)
-    counts = resample_counts(args.n, args.resamples, seed=0)
+    return p.parse_args(argv)
 
-    def ours(flag: bool):
-        def run(names):
-            prev = _fast.set_enabled(flag)
-            try:
-                return bootstrap_metrics(probs, labels, counts, names=names)
-            finally:
-                _fast.set_enabled(prev)
 
-        return run
+def _print_coverage(cover: list[dict[str, float]]) -> None:
+    """The coverage table on stdout."""
+    print("Coverage of 95 % ECE intervals, 200 simulated sets of n=1000 (K=10), B=500:")
+    print(f"{'true ECE':>9}{'percentile':>12}{'centred':>10}{'calibration':>13}")
+    for row in cover:
+        print(f"{row['true_ece']:>9.2f}{row['percentile']:>12.3f}{row['centered']:>10.3f}{row['calibration']:>13.3f}")
 
-    paths = {"compiled": ours(True), "torch": ours(False)}
+
+def _store_coverage(out: Path, cover: list[dict[str, float]] | None, load_start: tuple[float, ...]) -> None:
+    """Put the coverage into the results file, keeping the timings already measured there."""
+    data = json.loads(out.read_text()) if out.exists() else {}
+    data["coverage"] = cover
+    data["coverage_load_average"] = [load_start, os.getloadavg()]
+    write_json(out, data)
+
+
+def _ours(
+    flag: bool, probs: torch.Tensor, labels: torch.Tensor, counts: torch.Tensor
+) -> Callable[[Sequence[str]], dict]:
+    """This repository's bootstrap with the compiled kernels on (True) or off (False, the torch path)."""
+
+    def run(names: Sequence[str]) -> dict:
+        prev = _fast.set_enabled(flag)
+        try:
+            return bootstrap_metrics(probs, labels, counts, names=names)
+        finally:
+            _fast.set_enabled(prev)
+
+    return run
+
+
+def _time_paths(
+    args: argparse.Namespace, probs: torch.Tensor, labels: torch.Tensor, counts: torch.Tensor
+) -> tuple[dict[str, Callable], list[dict]]:
+    """The timed paths (compiled, torch and, unless --baseline none, the earlier commit's) and their timings."""
+    paths = {"compiled": _ours(True, probs, labels, counts), "torch": _ours(False, probs, labels, counts)}
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline != "none":
             base = load_baseline(args.baseline, Path(tmp))
@@ -178,11 +185,34 @@ def main(argv: list[str] | None = None) -> int:
             worst = max(float((got[m] - ref[m]).abs().nan_to_num(0.0).max()) for m in METRIC_NAMES)
             print(f"largest difference from the baseline's replicates: {worst:.1e}")
         rows = measure(paths, probs, labels, counts, args.repeats)
+    return paths, rows
+
+
+def _timings(args: argparse.Namespace) -> dict[str, Any]:
+    """Time the resample counts, every path's groups, the point estimates and the totals for --trials trials."""
+    rng = np.random.default_rng(0)
+    probs = torch.softmax(torch.tensor(rng.normal(size=(args.n, args.k)) * 2), 1).float()
+    labels = torch.tensor(rng.integers(0, args.k, args.n))
+    counts_s = median_time(lambda: resample_counts(args.n, args.resamples, seed=0), args.repeats)
+    counts = resample_counts(args.n, args.resamples, seed=0)
+    paths, rows = _time_paths(args, probs, labels, counts)
     point_s = median_time(lambda: compute_all(probs, labels), args.repeats)
     one_call = next(r for r in rows if r["group"] == ALL)
-    total = {path: counts_s + args.trials * one_call[path] for path in paths}
-    total_cpu = {path: counts_s + args.trials * one_call[path + "_cpu"] for path in paths}
-    load_end = os.getloadavg()
+    return {
+        "paths": list(paths),
+        "rows": rows,
+        "counts_s": counts_s,
+        "point_s": point_s,
+        "total_s": {path: counts_s + args.trials * one_call[path] for path in paths},
+        "total_cpu_s": {path: counts_s + args.trials * one_call[path + "_cpu"] for path in paths},
+    }
+
+
+def _print_timings(
+    args: argparse.Namespace, t: dict[str, Any], load_start: tuple[float, ...], load_end: tuple[float, ...]
+) -> None:
+    """The timings table and the totals on stdout."""
+    paths, total, total_cpu = t["paths"], t["total_s"], t["total_cpu_s"]
     print(
         f"Paired bootstrap, B={args.resamples}, N={args.n}, K={args.k}, float32 probabilities, "
         f"{torch.get_num_threads()} threads; medians of {args.repeats}; wall s / CPU s per trial; "
@@ -190,24 +220,37 @@ def main(argv: list[str] | None = None) -> int:
     )
     head = "".join(f"{path + ' wall/cpu':>22}" for path in paths)
     print(f"{'metric group':<24}{head}")
-    for r in rows:
+    for r in t["rows"]:
         print(f"{r['group']:<24}" + "".join(f"{r[p]:>12.3f}{r[p + '_cpu']:>10.3f}" for p in paths))
-    print(f"resample counts (once per split): {counts_s:.3f} s; compute_all point estimates: {point_s:.3f} s/trial")
+    print(
+        f"resample counts (once per split): {t['counts_s']:.3f} s; compute_all point estimates: {t['point_s']:.3f} s/trial"
+    )
     print(
         f"{args.trials} trials, all metrics (counts + {args.trials} one-call trials): "
         + ", ".join(f"{p} {total[p]:.2f} s wall ({total_cpu[p]:.2f} s CPU)" for p in paths)
         + " (aim < 2 s)"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure and print the table."""
+    args = _parse_args(argv)
+    load_start = os.getloadavg()
+    cover = coverage() if args.coverage or args.coverage_only else None
+    if cover:
+        _print_coverage(cover)
+    if args.coverage_only:
+        _store_coverage(Path(args.out), cover, load_start)
+        return 0
+    t = _timings(args)
+    load_end = os.getloadavg()
+    _print_timings(args, t, load_start, load_end)
     write_json(
         Path(args.out),
         {
             "command": command_line(__file__, argv),
             "args": vars(args),
-            "rows": rows,
-            "counts_s": counts_s,
-            "point_s": point_s,
-            "total_s": total,
-            "total_cpu_s": total_cpu,
+            **{k: t[k] for k in ("rows", "counts_s", "point_s", "total_s", "total_cpu_s")},
             "threads": torch.get_num_threads(),
             "coverage": cover,
             "host": host_info(),

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -273,91 +274,136 @@ def report(raw: dict[str, Any], command: str) -> str:
     return "\n".join(L) + "\n"
 
 
-def _findings(
-    runs: list[dict], rows: dict[str, list[float]], samp: dict[int, float], compute: float, raw: dict
-) -> list[str]:
-    """The aims of issue #26 against the largest sweep measured, and the projection to 10^4 trials."""
+@dataclass(frozen=True)
+class _Figures:
+    """The figures the aims and the projection quote: the largest sweep's, and the sampler's growth."""
+
+    m: int  # trials of the largest sweep
+    i: int  # its column in `rows`
+    rss: float  # driver peak RSS, MB
+    trial_rss: list[float]  # driver peak RSS when the trials were done, MB, per sweep
+    per_trial_mb: float  # growth of trial_rss per trial from the smallest to the largest sweep
+    boot: float  # bootstrap + selection rule, s
+    closing_note: str
+    over: float  # service overhead per trial, s
+    rows_per_trial: float
+    store_kb: float
+    ray_kb: float
+    k_hi: int  # the largest study the sampler was timed at
+    g: float  # the sampler's growth exponent
+    ask_1e4: float  # s per ask at 10^4 trials
+    sampler_total_1e4: float  # s of sampler over a sweep of 10^4 trials
+
+
+def _figures(runs: list[dict], rows: dict[str, list[float]], samp: dict[int, float]) -> _Figures:
+    """The largest sweep's figures and the sampler's projection to 10^4 trials."""
     big = runs[-1]
     m = big["m"]
     i = len(runs) - 1
-    rss = rows["driver peak RSS, MB"][i]
     trial_rss = rows["driver peak RSS when the trials were done, MB"]
     m0 = runs[0]["m"]
-    per_trial_mb = (trial_rss[i] - trial_rss[0]) / (m - m0) if m > m0 else math.nan
-    boot = big["phases_s"]["bootstrap"] + big["phases_s"]["rule"]
     closing = big["phases_s"].get("closing")
-    closing_note = f" (before it, closing the trials: {closing:.1f} s)" if closing is not None else ""
-    over = rows["service overhead per trial, s"][i]
     ks = sorted(samp)
     k_hi = ks[-1]
     # the sampler's cost per ask grows with the study; extrapolated along the last measured segment
     g = math.log(samp[ks[-1]] / samp[ks[-2]]) / math.log(ks[-1] / ks[-2]) if len(ks) > 1 else 1.0
-    ask_1e4 = samp[k_hi] * (10_000 / k_hi) ** g
-    sampler_total_1e4 = sum(samp[k_hi] * (n / k_hi) ** g for n in range(1, 10_001, 10)) * 10
-    rows_per_trial = rows["MLflow rows per trial"][i]
-    store_kb = rows["store size per trial, KB (mlflow.db + artifacts)"][i]
-    ray_kb = rows["Ray results per trial, KB"][i]
+    return _Figures(
+        m=m,
+        i=i,
+        rss=rows["driver peak RSS, MB"][i],
+        trial_rss=trial_rss,
+        per_trial_mb=(trial_rss[i] - trial_rss[0]) / (m - m0) if m > m0 else math.nan,
+        boot=big["phases_s"]["bootstrap"] + big["phases_s"]["rule"],
+        closing_note=f" (before it, closing the trials: {closing:.1f} s)" if closing is not None else "",
+        over=rows["service overhead per trial, s"][i],
+        rows_per_trial=rows["MLflow rows per trial"][i],
+        store_kb=rows["store size per trial, KB (mlflow.db + artifacts)"][i],
+        ray_kb=rows["Ray results per trial, KB"][i],
+        k_hi=k_hi,
+        g=g,
+        ask_1e4=samp[k_hi] * (10_000 / k_hi) ** g,
+        sampler_total_1e4=sum(samp[k_hi] * (n / k_hi) ** g for n in range(1, 10_001, 10)) * 10,
+    )
+
+
+def _aims_md(f: _Figures, rows: dict[str, list[float]]) -> list[str]:
+    """The aims of issue #26 against the largest sweep: met or not."""
     mark = lambda ok: "met" if ok else "**not met**"  # noqa: E731
-    L = [
-        f"## The aims at M = {m} (this measurement)",
+    return [
+        f"## The aims at M = {f.m} (this measurement)",
         "",
         "| aim | measured | |",
         "|---|---|---|",
-        f"| driver RSS <= 1.5 GB | {rss / 1e3:.2f} GB | {mark(rss <= 1500)} |",
-        f"| selection + bootstrap <= 30 s | {boot:.1f} s{closing_note} | {mark(boot <= 30)} |",
-        f"| service overhead per trial <= 1 s | {over:.2f} s | {mark(over <= 1.0)} |",
+        f"| driver RSS <= 1.5 GB | {f.rss / 1e3:.2f} GB | {mark(f.rss <= 1500)} |",
+        f"| selection + bootstrap <= 30 s | {f.boot:.1f} s{f.closing_note} | {mark(f.boot <= 30)} |",
+        f"| service overhead per trial <= 1 s | {f.over:.2f} s | {mark(f.over <= 1.0)} |",
         f"| no per-trial cost rising with M | MLflow rows per trial {rows['MLflow rows per trial'][0]:.0f} -> "
-        f"{rows_per_trial:.0f}, store {store_kb:.0f} KB and Ray results {ray_kb:.0f} KB per trial, overhead "
-        f"{rows['service overhead per trial, s'][0]:.2f} -> {over:.2f} s | met (except the sampler, below) |",
+        f"{f.rows_per_trial:.0f}, store {f.store_kb:.0f} KB and Ray results {f.ray_kb:.0f} KB per trial, overhead "
+        f"{rows['service overhead per trial, s'][0]:.2f} -> {f.over:.2f} s | met (except the sampler, below) |",
         "",
+    ]
+
+
+def _projection_md(f: _Figures, rows: dict[str, list[float]], samp: dict[int, float]) -> list[str]:
+    """The projection of the per-trial costs to 10^4 trials on 100 GPU workers."""
+    return [
         "## Projection: 10^4 trials on 100 GPU workers (from the per-trial costs above)",
         "",
-        f"- Stores: MLflow ~{rows_per_trial * 1e4 / 1e6:.1f} M rows (metrics, params, tags) and "
-        f"~{store_kb * 1e4 / 1e6:.1f} GB with artifacts; Ray Tune's folder ~{ray_kb * 1e4 / 1e6:.1f} GB "
+        f"- Stores: MLflow ~{f.rows_per_trial * 1e4 / 1e6:.1f} M rows (metrics, params, tags) and "
+        f"~{f.store_kb * 1e4 / 1e6:.1f} GB with artifacts; Ray Tune's folder ~{f.ray_kb * 1e4 / 1e6:.1f} GB "
         "(checkpoints with predictions). A PostgreSQL-backed MLflow server takes this; SQLite would not be the "
         "choice at this size.",
-        f"- Optuna's sampler: {samp[k_hi] * 1e3:.0f} ms per ask with {k_hi} trials in the study, growing as "
-        f"n^{g:.2f} between the last two sizes: ~{ask_1e4:.1f} s per ask at 10^4, ~{sampler_total_1e4 / 3600:.1f} h "
+        f"- Optuna's sampler: {samp[f.k_hi] * 1e3:.0f} ms per ask with {f.k_hi} trials in the study, growing as "
+        f"n^{f.g:.2f} between the last two sizes: ~{f.ask_1e4:.1f} s per ask at 10^4, ~{f.sampler_total_1e4 / 3600:.1f} h "
         "of driver CPU over the whole sweep, serial in the driver. It keeps up while trials arrive slower than "
-        f"one per {ask_1e4:.1f} s: 100 GPU workers with trials of a few minutes ask for one every few seconds, so "
-        f"it is not the bottleneck there, but it is for trials shorter than ~{100 * ask_1e4:.0f} s; then use "
+        f"one per {f.ask_1e4:.1f} s: 100 GPU workers with trials of a few minutes ask for one every few seconds, so "
+        f"it is not the bottleneck there, but it is for trials shorter than ~{100 * f.ask_1e4:.0f} s; then use "
         "several studies or a cheaper sampler past a few thousand trials (TPE's `n_ei_candidates`, random or QMC "
         "after a budget).",
         "- The first bottleneck for short trials is the driver's own per-trial work (Tune's bookkeeping, the "
         "experiment snapshot every second, which serialises every trial's state and so grows with M, and the "
         "tracking writer's MLflow calls; the reliability diagrams are drawn by the trials): "
-        f"{over:.2f} s of wall per trial here with 2 trials at a time on 2 shared cores; its CPU share per trial "
+        f"{f.over:.2f} s of wall per trial here with 2 trials at a time on 2 shared cores; its CPU share per trial "
         "was not measured apart, so how many workers one driver feeds is not known yet.",
-        f"- Driver memory: {rss / 1e3:.2f} GB at {m} trials, {trial_rss[i]:.0f} MB of it reached in the trial "
+        f"- Driver memory: {f.rss / 1e3:.2f} GB at {f.m} trials, {f.trial_rss[f.i]:.0f} MB of it reached in the trial "
         "phase, which grows with M: Tune keeps a record of every trial (its per-metric statistics of every "
         "reported key were the largest item in a tracemalloc trace at M = 200), and ending Ray before selection "
         "frees it only partly; selection then loads torch (~500 MB) for the bootstrap. At the trial phase's "
-        f"{per_trial_mb:.2f} MB per trial, 10^4 trials need ~{(trial_rss[i] + per_trial_mb * (1e4 - m)) / 1e3:.1f} GB "
+        f"{f.per_trial_mb:.2f} MB per trial, 10^4 trials need ~{(f.trial_rss[f.i] + f.per_trial_mb * (1e4 - f.m)) / 1e3:.1f} GB "
         "before selection: give the head's driver 8-16 GiB (the rayjob head has 16 GiB).",
-        f"- Ray GCS + raylet: {rows['Ray GCS + raylet peak RSS, MB'][i]:.0f} MB at {m} trials, nearly flat.",
+        f"- Ray GCS + raylet: {rows['Ray GCS + raylet peak RSS, MB'][f.i]:.0f} MB at {f.m} trials, nearly flat.",
         "",
-        *(
-            ["## Conditions", "", raw["conditions"], ""]
-            if raw.get("conditions")
-            else [
-                "## What changed after this measurement (not yet measured at M = 1000)",
-                "",
-                "M = 10 and 100 ran the service as of commits 250a5cb-daa5bcb (2026-12-01; MLflow writes on Tune's event "
-                "loop) on a machine shared with other test runs (load average ~10); M = 1000 ran 1433ebf (MLflow writes on "
-                "a writer thread off Tune's loop), quieter towards its end. Two changes aimed at the misses landed after "
-                "it: (1) the bootstrap computes every metric only for the trials worth a closer look (the 32 lowest val "
-                "ECE, the 32 most accurate, the Pareto front, the champion) and accuracy, ECE and the rule's metric for "
-                "all, with identical resamples (tests/unit/sweeps/test_replicates_detail.py); on fabricated 180-row splits, under "
-                "load, that is 5 ms per trial for accuracy and ECE against 359 ms for every metric (without the "
-                "calibrated null; 41 against 545 ms with it), so the bootstrap at M = 1000 should fall well under the "
-                "30 s aim; (2) the model/data check runs in a child process, so the driver holds no torch (~670 MB "
-                "resident) until selection. `python -m benchmarks.perf.bench_scale --trials 10,100,1000 --redo` measures "
-                "them.",
-                "",
-            ]
-        ),
     ]
-    return L
+
+
+def _conditions_md(raw: dict) -> list[str]:
+    """The measurement's conditions as recorded in the raw file, or (none recorded) what changed after it."""
+    if raw.get("conditions"):
+        return ["## Conditions", "", raw["conditions"], ""]
+    return [
+        "## What changed after this measurement (not yet measured at M = 1000)",
+        "",
+        "M = 10 and 100 ran the service as of commits 250a5cb-daa5bcb (2026-12-01; MLflow writes on Tune's event "
+        "loop) on a machine shared with other test runs (load average ~10); M = 1000 ran 1433ebf (MLflow writes on "
+        "a writer thread off Tune's loop), quieter towards its end. Two changes aimed at the misses landed after "
+        "it: (1) the bootstrap computes every metric only for the trials worth a closer look (the 32 lowest val "
+        "ECE, the 32 most accurate, the Pareto front, the champion) and accuracy, ECE and the rule's metric for "
+        "all, with identical resamples (tests/unit/sweeps/test_replicates_detail.py); on fabricated 180-row splits, under "
+        "load, that is 5 ms per trial for accuracy and ECE against 359 ms for every metric (without the "
+        "calibrated null; 41 against 545 ms with it), so the bootstrap at M = 1000 should fall well under the "
+        "30 s aim; (2) the model/data check runs in a child process, so the driver holds no torch (~670 MB "
+        "resident) until selection. `python -m benchmarks.perf.bench_scale --trials 10,100,1000 --redo` measures "
+        "them.",
+        "",
+    ]
+
+
+def _findings(
+    runs: list[dict], rows: dict[str, list[float]], samp: dict[int, float], compute: float, raw: dict
+) -> list[str]:
+    """The aims of issue #26 against the largest sweep measured, and the projection to 10^4 trials."""
+    f = _figures(runs, rows, samp)
+    return _aims_md(f, rows) + _projection_md(f, rows, samp) + _conditions_md(raw)
 
 
 def _plot(ms: list[int], rows: dict[str, list[float]], samp: dict[int, float]) -> None:

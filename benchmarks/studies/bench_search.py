@@ -642,9 +642,10 @@ def verdict(results: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dict[str, Any]) -> str:
+def _setup_md(grid: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """The report's title, command and the description of the tabulated objective and of the replay."""
     cap = meta["cap"]
-    lines = [
+    return [
         "# Search efficiency: TPE vs random vs grid on a tabulated objective (benchmarks/studies/bench_search.py)",
         "",
         f"Command: `{meta['command']}`  ",
@@ -677,6 +678,12 @@ def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dic
         "the lr is absent from some cells (digits' `none`, `posthoc_temperature`) that space is the calibrator "
         "alone, so every child is a fresh random draw: NSGA-II is random search there at any population size.",
         "",
+    ]
+
+
+def _definitions_md(cap: int) -> list[str]:
+    """The caveats and the definition of a hit and of the reported columns."""
+    return [
         "**Caveats.** One training per cell (the config's run seed), so the 10 % hit set is a single cell in "
         "each table: the main metric asks a search to find that one cell; the looser thresholds and the "
         "best-ECE / hypervolume ratios show how close the searches get otherwise. Random search (and TPE's "
@@ -695,57 +702,80 @@ def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dic
         "(reference point: the table's worst val accuracy and worst val ECE).",
         "",
     ]
-    for name, by_obj in results.items():
-        g = grid["datasets"][name]
-        for objective, res in by_obj.items():
-            lines += [
-                f"## {name}, {objective}-objective",
-                "",
-                f"{res['cells']} cells ({res['ok_cells']} completed); {len(res['hits'])} hit cells: "
-                f"{', '.join(res['hits'])}. One random trial hits with p = {res['p_hit_random_trial']:.3f} "
-                f"(expected {res['expected_random_trials']:.1f} trials); a shuffled grid needs "
-                f"{res['expected_grid_trials']:.1f} on average.",
-                "",
-            ]
-            lines += table_md(res, cap) + [""]
-            lines += [
-                f"Looser hits, same searches: within {' / '.join(f'{100 * r:.0f} %' for r in LOOSE)} of the best "
-                "ECE ("
-                + "; ".join(
-                    f"{100 * float(r):.0f} %: {len(h)} cells, p = "
-                    f"{res['p_hit_random_trial_loose'][r]:.3f} per random trial"
-                    for r, h in res["loose_hits"].items()
-                )
-                + ").",
-                "",
-                "| sampler | " + " | ".join(f"{100 * r:.0f} %: hit by {b}" for r in LOOSE for b in BUDGETS) + " |",
-                "|---|" + "---|" * (len(LOOSE) * len(BUDGETS)),
-            ]
-            for label, s in res["summary"].items():
-                lines.append(
-                    f"| {label} | "
-                    + " | ".join(_pct(s["hit_loose"][f"{r:g}"][str(b)]) for r in LOOSE for b in BUDGETS)
-                    + " |"
-                )
-            lines.append("")
-        best = min((c for c in g["cells"].values() if c.get("status") == "completed"), key=lambda c: c["val_ece"])
-        lines += [
-            f"{name}: best val ECE cell {cell_key(best['calibrator'], best.get('lr'))}: val ECE "
-            f"{best['val_ece']:.4f}, val acc {best['val_accuracy']:.4f}, test ECE {best['test_ece']:.4f}.",
-            "",
-        ]
+
+
+def _loose_hits_md(res: dict[str, Any]) -> list[str]:
+    """The looser hit thresholds of one objective: their hit sets and each sampler's hit fractions."""
+    lines = [
+        f"Looser hits, same searches: within {' / '.join(f'{100 * r:.0f} %' for r in LOOSE)} of the best "
+        "ECE ("
+        + "; ".join(
+            f"{100 * float(r):.0f} %: {len(h)} cells, p = {res['p_hit_random_trial_loose'][r]:.3f} per random trial"
+            for r, h in res["loose_hits"].items()
+        )
+        + ").",
+        "",
+        "| sampler | " + " | ".join(f"{100 * r:.0f} %: hit by {b}" for r in LOOSE for b in BUDGETS) + " |",
+        "|---|" + "---|" * (len(LOOSE) * len(BUDGETS)),
+    ]
+    for label, s in res["summary"].items():
+        lines.append(
+            f"| {label} | " + " | ".join(_pct(s["hit_loose"][f"{r:g}"][str(b)]) for r in LOOSE for b in BUDGETS) + " |"
+        )
+    return lines
+
+
+def _objective_md(name: str, objective: str, res: dict[str, Any], cap: int) -> list[str]:
+    """One dataset and objective: its hit cells, the main table and the looser hits."""
+    lines = [
+        f"## {name}, {objective}-objective",
+        "",
+        f"{res['cells']} cells ({res['ok_cells']} completed); {len(res['hits'])} hit cells: "
+        f"{', '.join(res['hits'])}. One random trial hits with p = {res['p_hit_random_trial']:.3f} "
+        f"(expected {res['expected_random_trials']:.1f} trials); a shuffled grid needs "
+        f"{res['expected_grid_trials']:.1f} on average.",
+        "",
+    ]
+    lines += table_md(res, cap) + [""]
+    lines += _loose_hits_md(res)
+    lines.append("")
+    return lines
+
+
+def _best_cell_md(name: str, g: dict[str, Any]) -> list[str]:
+    """The dataset's best cell by validation ECE."""
+    best = min((c for c in g["cells"].values() if c.get("status") == "completed"), key=lambda c: c["val_ece"])
+    return [
+        f"{name}: best val ECE cell {cell_key(best['calibrator'], best.get('lr'))}: val ECE "
+        f"{best['val_ece']:.4f}, val acc {best['val_accuracy']:.4f}, test ECE {best['test_ece']:.4f}.",
+        "",
+    ]
+
+
+def _lr_grid_note_md(meta: dict[str, Any]) -> list[str]:
+    """Where the other lr grid's report is (the main report points to the sensitivity run and back)."""
     if meta.get("lr_step", 1) == 1:
-        lines += [
+        return [
             "Sensitivity to the lr grid: `--lr-step 2 --name bench_search_lr8` replays the same searches on the "
             "8-point grid inside this one (benchmarks/results/bench_search_lr8.md).",
             "",
         ]
-    else:
-        lines += [
-            f"This is the sensitivity run: every {meta['lr_step']}-th lr of the cached grid "
-            "(the main report is benchmarks/results/bench_search.md).",
-            "",
-        ]
+    return [
+        f"This is the sensitivity run: every {meta['lr_step']}-th lr of the cached grid "
+        "(the main report is benchmarks/results/bench_search.md).",
+        "",
+    ]
+
+
+def markdown(results: dict[str, dict[str, Any]], grid: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The report: setup, definitions, one section per dataset and objective, and the verdict."""
+    cap = meta["cap"]
+    lines = _setup_md(grid, meta) + _definitions_md(cap)
+    for name, by_obj in results.items():
+        for objective, res in by_obj.items():
+            lines += _objective_md(name, objective, res, cap)
+        lines += _best_cell_md(name, grid["datasets"][name])
+    lines += _lr_grid_note_md(meta)
     lines += ["## Verdict", ""] + verdict(results) + [""]
     return "\n".join(lines) + "\n"
 

@@ -281,8 +281,8 @@ def loadavg() -> str | None:
         return None
 
 
-def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) -> dict[str, Any]:
-    """Interleaved epoch timings of plain CE and the OVERHEAD_VARIANTS in this process (one thread)."""
+def _overhead_trainers(settings: dict, seed: int) -> dict[str, Any]:
+    """Plain CE and every OVERHEAD_VARIANTS trainer on the same data, ready to run epochs one by one."""
     from calib_core.config import RunConfig
     from calib_core.trainer import Trainer
 
@@ -303,12 +303,17 @@ def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) 
         trainers[f"{cal}/{src}"] = make(
             {"method": "onego", "calibrator": cal, "calibrator_data": src, "calibrator_lr": 1e-2}
         )
-    loop: dict[str, list[float]] = {k: [] for k in trainers}
-    full: dict[str, list[float]] = {k: [] for k in trainers}
-    cpu: dict[str, list[float]] = {
-        k: [] for k in trainers
-    }  # the loop's CPU time (this thread's): what load steals is not in it
-    load_before = loadavg()
+    return trainers
+
+
+EpochTimes = dict[str, list[float]]  # trainer name -> seconds per timed epoch
+
+
+def _time_epochs(trainers: dict[str, Any], repeats: int) -> tuple[EpochTimes, EpochTimes, EpochTimes]:
+    """Interleaved epochs, round by round: training-loop wall, full-epoch wall and loop CPU seconds per trainer."""
+    loop: EpochTimes = {k: [] for k in trainers}
+    full: EpochTimes = {k: [] for k in trainers}
+    cpu: EpochTimes = {k: [] for k in trainers}  # the loop's CPU time (this thread's): what load steals is not in it
     for rep in range(repeats + 1):  # repetition 0 is the untimed warm-up
         for name, tr in trainers.items():
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -321,14 +326,22 @@ def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) 
                 loop[name].append(t1 - t0)
                 full[name].append(t2 - t0)
                 cpu[name].append(c1 - c0)
+    return loop, full, cpu
+
+
+def _ratio_iqr(a: list[float], b: list[float]) -> tuple[float, float] | None:
+    """Quartiles of the per-round ratios a / b (None for fewer than 4 rounds)."""
+    r = [x / y for x, y in zip(a, b)]  # per-round ratios against the CE epoch of the same round, for a spread
+    return (statistics.quantiles(r, n=4)[0], statistics.quantiles(r, n=4)[2]) if len(r) >= 4 else None
+
+
+def _overhead_rows(
+    trainers: dict[str, Any], loop: EpochTimes, full: EpochTimes, cpu: EpochTimes
+) -> list[dict[str, Any]]:
+    """Per one-go variant: its median epoch times and their ratios to plain CE."""
     med_loop = {k: statistics.median(v) for k, v in loop.items()}
     med_full = {k: statistics.median(v) for k, v in full.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
-
-    def iqr(a: list[float], b: list[float]) -> tuple[float, float] | None:
-        r = [x / y for x, y in zip(a, b)]  # per-round ratios against the CE epoch of the same round, for a spread
-        return (statistics.quantiles(r, n=4)[0], statistics.quantiles(r, n=4)[2]) if len(r) >= 4 else None
-
     rows = []
     for k in trainers:
         if k == "ce":
@@ -338,9 +351,9 @@ def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) 
                 "variant": k,
                 "loop_ratio": med_loop[k] / med_loop["ce"],
                 "full_ratio": med_full[k] / med_full["ce"],
-                "loop_ratio_iqr": iqr(loop[k], loop["ce"]),
+                "loop_ratio_iqr": _ratio_iqr(loop[k], loop["ce"]),
                 "cpu_ratio": med_cpu[k] / med_cpu["ce"],
-                "cpu_ratio_iqr": iqr(cpu[k], cpu["ce"]),
+                "cpu_ratio_iqr": _ratio_iqr(cpu[k], cpu["ce"]),
                 "loop_ms": med_loop[k] * 1e3,
                 "full_ms": med_full[k] * 1e3,
                 "cpu_ms": med_cpu[k] * 1e3,
@@ -349,12 +362,21 @@ def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) 
                 "shared_forward": bool(getattr(trainers[k], "shared_forward", False)),
             }
         )
+    return rows
+
+
+def measure_overhead(dataset: str, settings: dict, repeats: int, seed: int = 0) -> dict[str, Any]:
+    """Interleaved epoch timings of plain CE and the OVERHEAD_VARIANTS in this process (one thread)."""
+    trainers = _overhead_trainers(settings, seed)
+    load_before = loadavg()
+    loop, full, cpu = _time_epochs(trainers, repeats)
+    rows = _overhead_rows(trainers, loop, full, cpu)
     return {
         "dataset": dataset,
         "repeats": repeats,
-        "ce_loop_ms": med_loop["ce"] * 1e3,
-        "ce_full_ms": med_full["ce"] * 1e3,
-        "ce_cpu_ms": med_cpu["ce"] * 1e3,
+        "ce_loop_ms": statistics.median(loop["ce"]) * 1e3,
+        "ce_full_ms": statistics.median(full["ce"]) * 1e3,
+        "ce_cpu_ms": statistics.median(cpu["ce"]) * 1e3,
         "ce_backbone_samples": len(trainers["ce"].backbone_idx),
         "rows": rows,
         "loadavg_before": load_before,

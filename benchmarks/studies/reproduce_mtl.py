@@ -216,16 +216,13 @@ def _load_note(runs: list[dict]) -> str:
     )
 
 
-def build_tables(raw: dict[str, Any]) -> str:
-    """The three Markdown tables of the raw record (also stores the selection, cost and shift curves in it)."""
-    runs, seeds, cal_lrs = raw["runs"], raw["seeds"], raw["cal_lrs"]
-    sel = choose(runs, seeds, cal_lrs)
-    raw["selection"] = sel
-    labels = {v["group"]: v["label"] for v in variants(cal_lrs)}
-    rows_spec = [("ce", "ce"), ("posthoc_ts", "posthoc_ts")] + [(g, k) for g, k in sel["chosen"].items()]
-    by = {k: _runs_by_seed(runs, k) for _, k in rows_spec}
-    ce, ts = by["ce"], by["posthoc_ts"]
-    epochs = raw["settings"]["train"]["epochs"]
+RowSpec = list[tuple[str, str]]  # (group, run key) per table row
+RunsByKey = dict[str, dict[int, dict]]  # run key -> seed -> completed run
+
+
+def _intro_lines(raw: dict[str, Any]) -> list[str]:
+    """The title, the run's header and the settings paragraph."""
+    seeds = raw["seeds"]
     L: list[str] = []
     L += ["# Multi-task calibration on mnist1d_mtl: one-go vs per-task post-hoc TS", ""]
     L += raw["header"]
@@ -238,10 +235,14 @@ def build_tables(raw: dict[str, Any]) -> str:
         f"Final-epoch model; ECE = 15 even bins, top-label; 'mean' = mean over the 4 tasks.",
         "",
     ]
-    # selection
-    L += [
+    return L
+
+
+def _selection_lines(sel: dict[str, Any], labels: dict[str, str], cal_lrs: list[float], n_seeds: int) -> list[str]:
+    """The calibrator-lr selection paragraph: validation ECE per lr and the chosen lr per one-go variant."""
+    L = [
         "**Calibrator lr (selected on validation only).** For each one-go variant the lr was re-selected from "
-        f"{{{', '.join(f'{x:g}' for x in cal_lrs)}}} by the mean VALIDATION ECE (mean over tasks) over all {len(seeds)} seeds; "
+        f"{{{', '.join(f'{x:g}' for x in cal_lrs)}}} by the mean VALIDATION ECE (mean over tasks) over all {n_seeds} seeds; "
         "test metrics are only reported. Mean validation ECE % per lr:",
         "",
     ]
@@ -264,8 +265,43 @@ def build_tables(raw: dict[str, Any]) -> str:
             f"- Best one-go variant (lowest mean validation ECE over seeds, used in Table 3): **{labels[best]}, lr {sel['chosen'][best].split('lr=')[1]}** "
             f"(validation ECE {bv * 100:.2f} %)."
         ]
-    # table 1
-    L += [
+    return L
+
+
+def _table1_row(task: str, g: str, k: str, runs: list[dict], by: RunsByKey, labels: dict[str, str]) -> str:
+    """One row of Table 1: a method's test accuracy and ECE on one task, with paired deltas vs CE and TS."""
+    ce, ts = by["ce"], by["posthoc_ts"]
+    acc_k = "accuracy" if task == "mean" else f"{task}_accuracy"
+    ece_k = "ece" if task == "mean" else f"{task}_ece"
+    rs = by[k]
+    n_all = sum(1 for r in runs if r["key"] == k)
+    if not rs:
+        return f"| {task} | {labels[g]} | – | 0/{n_all} | all failed |||||||"
+    lr = next(iter(rs.values())).get("cal_lr")
+    acc = mean_std([r["test"][acc_k] for r in rs.values()])
+    ec = mean_std([r["test"][ece_k] for r in rs.values()])
+    test_acc, test_ece = (lambda r, k=acc_k: r["test"][k]), (lambda r, k=ece_k: r["test"][k])
+    da_ce, de_ce = _paired(rs, ce, test_acc), _paired(rs, ce, test_ece)
+    da_ts, de_ts = _paired(rs, ts, test_acc), _paired(rs, ts, test_ece)
+    rd_ce = "(reference)" if g == "ce" else f"{reading(da_ce, False)} / {reading(de_ce, True)}"
+    rd_ts = "(reference)" if g == "posthoc_ts" else f"{reading(da_ts, False)} / {reading(de_ts, True)}"
+    name = f"**{task}**" if task == "mean" else task
+    return (
+        f"| {name} | {labels[g]} | {f'{lr:g}' if lr else '–'} | {len(rs)}/{n_all} | {fmt_mean_std(*acc, 100)} | {fmt_mean_std(*ec, 100)} "
+        f"| {fmt_mean_std(*da_ce, 100)} | {fmt_mean_std(*de_ce, 100)} | {fmt_mean_std(*da_ts, 100)} | {fmt_mean_std(*de_ts, 100)} | {rd_ce} | {rd_ts} |"
+    )
+
+
+def _temperatures(rs: dict[int, dict]) -> str:
+    """Per task: the fitted or learned temperature, mean ± std over seeds."""
+    return ", ".join(
+        f"{t} {fmt_mean_std(*mean_std([r['calibrator_info'][f'{t}_temperature'] for r in rs.values()]))}" for t in TASKS
+    )
+
+
+def _table1_lines(runs: list[dict], rows_spec: RowSpec, by: RunsByKey, labels: dict[str, str]) -> list[str]:
+    """Table 1 (accuracy and ECE per task) and the temperatures of the temperature calibrators."""
+    L = [
         "",
         "## Table 1: accuracy and ECE per task (test split, mean ± std over seeds)",
         "",
@@ -276,54 +312,58 @@ def build_tables(raw: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task in TASKS + ["mean"]:
-        acc_k = "accuracy" if task == "mean" else f"{task}_accuracy"
-        ece_k = "ece" if task == "mean" else f"{task}_ece"
         for g, k in rows_spec:
-            rs = by[k]
-            n_all = sum(1 for r in runs if r["key"] == k)
-            if not rs:
-                L.append(f"| {task} | {labels[g]} | – | 0/{n_all} | all failed |||||||")
-                continue
-            lr = next(iter(rs.values())).get("cal_lr")
-            acc = mean_std([r["test"][acc_k] for r in rs.values()])
-            ec = mean_std([r["test"][ece_k] for r in rs.values()])
-            test_acc, test_ece = (lambda r, k=acc_k: r["test"][k]), (lambda r, k=ece_k: r["test"][k])
-            da_ce, de_ce = _paired(rs, ce, test_acc), _paired(rs, ce, test_ece)
-            da_ts, de_ts = _paired(rs, ts, test_acc), _paired(rs, ts, test_ece)
-            rd_ce = "(reference)" if g == "ce" else f"{reading(da_ce, False)} / {reading(de_ce, True)}"
-            rd_ts = "(reference)" if g == "posthoc_ts" else f"{reading(da_ts, False)} / {reading(de_ts, True)}"
-            name = f"**{task}**" if task == "mean" else task
-            L.append(
-                f"| {name} | {labels[g]} | {f'{lr:g}' if lr else '–'} | {len(rs)}/{n_all} | {fmt_mean_std(*acc, 100)} | {fmt_mean_std(*ec, 100)} "
-                f"| {fmt_mean_std(*da_ce, 100)} | {fmt_mean_std(*de_ce, 100)} | {fmt_mean_std(*da_ts, 100)} | {fmt_mean_std(*de_ts, 100)} | {rd_ce} | {rd_ts} |"
-            )
+            L.append(_table1_row(task, g, k, runs, by, labels))
+    ts = by["posthoc_ts"]
     temps = [r["calibrator_info"].get(f"{t}_temperature") for r in ts.values() for t in TASKS]
     if ts and all(x is not None for x in temps):
-        L += [
-            "",
-            "Post-hoc fitted temperatures (mean ± std over seeds): "
-            + ", ".join(
-                f"{t} {fmt_mean_std(*mean_std([r['calibrator_info'][f'{t}_temperature'] for r in ts.values()]))}"
-                for t in TASKS
-            )
-            + ".",
-        ]
+        L += ["", "Post-hoc fitted temperatures (mean ± std over seeds): " + _temperatures(ts) + "."]
     for g, k in rows_spec:
         if (
             g.startswith("onego/temperature")
             and by[k]
             and all(f"{t}_temperature" in r["calibrator_info"] for r in by[k].values() for t in TASKS)
         ):
-            L += [
-                f"{labels[g]} learned temperatures: "
-                + ", ".join(
-                    f"{t} {fmt_mean_std(*mean_std([r['calibrator_info'][f'{t}_temperature'] for r in by[k].values()]))}"
-                    for t in TASKS
-                )
-                + "."
-            ]
-    # table 2
-    L += [
+            L += [f"{labels[g]} learned temperatures: " + _temperatures(by[k]) + "."]
+    return L
+
+
+def _cost_row(g: str, k: str, by: RunsByKey, labels: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """One method's cost record (kept in the raw JSON) and its Table 2 row."""
+    rs, ce = by[k], by["ce"]
+    walls = [r["wall_s"] for r in rs.values()]
+    ratio = statistics.median([rs[s]["wall_s"] / ce[s]["wall_s"] for s in rs if s in ce]) if ce else float("nan")
+    ep = statistics.median([r["median_epoch_time"] for r in rs.values()])
+    r0 = next(iter(rs.values()))
+    stages = sorted({int(r["calibrator_info"].get("calibration_stages", 0)) for r in rs.values()})
+    params = sorted({int(r["calibrator_info"].get("num_params", 0)) for r in rs.values()})
+    st = [r["posthoc_stage_s"] for r in rs.values() if "posthoc_stage_s" in r]
+    its = [i for r in rs.values() for i in r.get("posthoc_lbfgs_iterations", [])]
+    lr = r0.get("cal_lr")
+    extra = " (the heads are the calibrators)" if "last_layer" in g else ""
+    record = {
+        "group": g,
+        "key": k,
+        "wall_median": statistics.median(walls),
+        "ratio_to_ce": ratio,
+        "stages": stages,
+        "params": params,
+        "final_stage_s": statistics.median(st) if st else None,
+    }
+    line = (
+        f"| {labels[g]} | {f'{lr:g}' if lr else '–'} | {statistics.median(walls):.1f} | {min(walls):.1f}–{max(walls):.1f} | {ratio:.2f}x | {ep:.2f} "
+        f"| {r0['backbone_samples']} / {r0['holdout_samples']} | {f'{statistics.median(st):.3f}' if st else '–'} "
+        f"| {f'{statistics.median(its):g}' if its else '–'} | {'/'.join(map(str, stages))} | {'/'.join(map(str, params))}{extra} |"
+    )
+    return record, line
+
+
+def _table2_lines(
+    raw: dict[str, Any], rows_spec: RowSpec, by: RunsByKey, labels: dict[str, str]
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """Table 2 (cost per run) and its rows as records for the raw JSON."""
+    epochs = raw["settings"]["train"]["epochs"]
+    L = [
         "",
         "## Table 2: cost per run",
         "",
@@ -333,100 +373,118 @@ def build_tables(raw: dict[str, Any]) -> str:
         "Note: the post-hoc baseline in MultiTaskTrainer refits its T temperatures after EVERY epoch (so per-epoch validation metrics are calibrated), "
         f"so its wall time contains {epochs} × T LBFGS fits; the column 'final T stages' is the measured time of the T fits a final model needs, "
         "re-run once after training and timed alone (it reproduces the fitted temperatures exactly: see 'refit identical' in the raw JSON)."
-        + _load_note(runs),
+        + _load_note(raw["runs"]),
         "",
         "| method | cal lr | wall s (median) | wall s (min–max) | ratio to CE (median, paired) | median epoch s | backbone / holdout samples | final T stages: time s (median) | LBFGS iterations per stage (median) | separate calibration stages | extra calibrator params (sum over tasks) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     cost_rows = []
     for g, k in rows_spec:
-        rs = by[k]
-        if not rs:
+        if not by[k]:
             continue
-        walls = [r["wall_s"] for r in rs.values()]
-        ratio = statistics.median([rs[s]["wall_s"] / ce[s]["wall_s"] for s in rs if s in ce]) if ce else float("nan")
-        ep = statistics.median([r["median_epoch_time"] for r in rs.values()])
-        r0 = next(iter(rs.values()))
-        stages = sorted({int(r["calibrator_info"].get("calibration_stages", 0)) for r in rs.values()})
-        params = sorted({int(r["calibrator_info"].get("num_params", 0)) for r in rs.values()})
-        st = [r["posthoc_stage_s"] for r in rs.values() if "posthoc_stage_s" in r]
-        its = [i for r in rs.values() for i in r.get("posthoc_lbfgs_iterations", [])]
-        lr = r0.get("cal_lr")
-        extra = " (the heads are the calibrators)" if "last_layer" in g else ""
-        cost_rows.append(
-            {
-                "group": g,
-                "key": k,
-                "wall_median": statistics.median(walls),
-                "ratio_to_ce": ratio,
-                "stages": stages,
-                "params": params,
-                "final_stage_s": statistics.median(st) if st else None,
-            }
-        )
+        record, line = _cost_row(g, k, by, labels)
+        cost_rows.append(record)
+        L.append(line)
+    return L, cost_rows
+
+
+Curves = dict[str, dict[str, dict[int, dict[int, float]]]]  # group -> metric -> seed -> severity -> value
+
+
+def _shift_table_lines(curves: Curves, best: str, best_label: str) -> list[str]:
+    """Table 3's severity table: ECE and accuracy of CE, post-hoc TS and the best one-go variant."""
+    L = [
+        f"ECE and accuracy (mean over the 4 tasks, then over the corruptions {', '.join(CORRUPTIONS)}; severity 0 = clean test split) "
+        f"per seed, then mean ± std over seeds, in %. One-go = {best_label}, the best one-go variant by mean validation ECE. "
+        "Δ columns are paired by seed (pp); a reading is given only when |mean Δ| > its std.",
+        "",
+        "| severity | ECE plain CE | ECE post-hoc TS | ECE one-go | ΔECE one-go − TS | ΔECE one-go − CE | ΔECE TS − CE | acc plain CE | acc post-hoc TS | acc one-go | Δacc one-go − TS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(g: str, m: str, s: int) -> str:
+        return fmt_mean_std(*mean_std([c[s] for c in curves[g][m].values()]), 100)
+
+    def dcell(ga: str, gb: str, m: str, s: int, better_low: bool) -> str:
+        a, b = curves[ga][m], curves[gb][m]
+        d = mean_std([a[x][s] - b[x][s] for x in a if x in b])
+        return f"{fmt_mean_std(*d, 100)} ({reading(d, better_low)})"
+
+    for s in [0] + SEVERITIES:
         L.append(
-            f"| {labels[g]} | {f'{lr:g}' if lr else '–'} | {statistics.median(walls):.1f} | {min(walls):.1f}–{max(walls):.1f} | {ratio:.2f}x | {ep:.2f} "
-            f"| {r0['backbone_samples']} / {r0['holdout_samples']} | {f'{statistics.median(st):.3f}' if st else '–'} "
-            f"| {f'{statistics.median(its):g}' if its else '–'} | {'/'.join(map(str, stages))} | {'/'.join(map(str, params))}{extra} |"
+            f"| {s} | {cell('ce', 'ece', s)} | {cell('posthoc_ts', 'ece', s)} | {cell(best, 'ece', s)} | {dcell(best, 'posthoc_ts', 'ece', s, True)} "
+            f"| {dcell(best, 'ce', 'ece', s, True)} | {dcell('posthoc_ts', 'ce', 'ece', s, True)} | {cell('ce', 'accuracy', s)} "
+            f"| {cell('posthoc_ts', 'accuracy', s)} | {cell(best, 'accuracy', s)} | {dcell(best, 'posthoc_ts', 'accuracy', s, False)} |"
         )
-    raw["cost"] = cost_rows
-    # table 3
-    L += ["", "## Table 3: calibration under shift (test split)", ""]
+    return L
+
+
+def _per_corruption_lines(rows_spec: RowSpec, by: RunsByKey, labels: dict[str, str]) -> list[str]:
+    """Table 3's per-corruption breakdown: ECE averaged over severities 1..5, every method of Table 1."""
+    L = [
+        "",
+        "Per corruption (ECE %, mean over severities 1..5 and tasks; mean ± std over seeds), all four methods:",
+        "",
+        "| corruption | "
+        + " | ".join(labels[g] + (f" (lr {k.split('lr=')[1]})" if "lr=" in k else "") for g, k in rows_spec)
+        + " |",
+        "|---|" + "---|" * len(rows_spec),
+    ]
+    for c in CORRUPTIONS:
+        cells = []
+        for _, k in rows_spec:
+            vals = [
+                statistics.fmean(row["ece"] for row in r["shift"] if row["corruption"] == c)
+                for r in by[k].values()
+                if r.get("shift")
+            ]
+            cells.append(fmt_mean_std(*mean_std(vals), 100))
+        L.append(f"| {c} | " + " | ".join(cells) + " |")
+    return L
+
+
+def _table3_lines(
+    sel: dict[str, Any], rows_spec: RowSpec, by: RunsByKey, labels: dict[str, str]
+) -> tuple[list[str], Curves]:
+    """Table 3 (calibration under shift) and the shift curves it is computed from."""
+    best = sel["best_onego_group"]
+    L = ["", "## Table 3: calibration under shift (test split)", ""]
     shift_spec = [("ce", "ce"), ("posthoc_ts", "posthoc_ts")] + ([(best, sel["chosen"][best])] if best else [])
-    curves: dict[str, dict[str, dict[int, dict[int, float]]]] = {}
+    curves: Curves = {}
     for g, k in shift_spec:
         curves[g] = {m: {s: shift_curve(r, m) for s, r in by[k].items() if r.get("shift")} for m in ("ece", "accuracy")}
-    raw["shift_curves"] = {g: {m: {str(s): c for s, c in v.items()} for m, v in d.items()} for g, d in curves.items()}
     if best:
         bl = f"{labels[best]} (lr {sel['chosen'][best].split('lr=')[1]})"
-        L += [
-            f"ECE and accuracy (mean over the 4 tasks, then over the corruptions {', '.join(CORRUPTIONS)}; severity 0 = clean test split) "
-            f"per seed, then mean ± std over seeds, in %. One-go = {bl}, the best one-go variant by mean validation ECE. "
-            "Δ columns are paired by seed (pp); a reading is given only when |mean Δ| > its std.",
-            "",
-            "| severity | ECE plain CE | ECE post-hoc TS | ECE one-go | ΔECE one-go − TS | ΔECE one-go − CE | ΔECE TS − CE | acc plain CE | acc post-hoc TS | acc one-go | Δacc one-go − TS |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
+        L += _shift_table_lines(curves, best, bl)
+        L += _per_corruption_lines(rows_spec, by, labels)
+    return L, curves
 
-        def cell(g: str, m: str, s: int) -> str:
-            return fmt_mean_std(*mean_std([c[s] for c in curves[g][m].values()]), 100)
 
-        def dcell(ga: str, gb: str, m: str, s: int, better_low: bool) -> str:
-            a, b = curves[ga][m], curves[gb][m]
-            d = mean_std([a[x][s] - b[x][s] for x in a if x in b])
-            return f"{fmt_mean_std(*d, 100)} ({reading(d, better_low)})"
-
-        for s in [0] + SEVERITIES:
-            L.append(
-                f"| {s} | {cell('ce', 'ece', s)} | {cell('posthoc_ts', 'ece', s)} | {cell(best, 'ece', s)} | {dcell(best, 'posthoc_ts', 'ece', s, True)} "
-                f"| {dcell(best, 'ce', 'ece', s, True)} | {dcell('posthoc_ts', 'ce', 'ece', s, True)} | {cell('ce', 'accuracy', s)} "
-                f"| {cell('posthoc_ts', 'accuracy', s)} | {cell(best, 'accuracy', s)} | {dcell(best, 'posthoc_ts', 'accuracy', s, False)} |"
-            )
-        # per-corruption breakdown (ECE averaged over severities 1..5)
-        L += [
-            "",
-            "Per corruption (ECE %, mean over severities 1..5 and tasks; mean ± std over seeds), all four methods:",
-            "",
-            "| corruption | "
-            + " | ".join(labels[g] + (f" (lr {k.split('lr=')[1]})" if "lr=" in k else "") for g, k in rows_spec)
-            + " |",
-            "|---|" + "---|" * len(rows_spec),
-        ]
-        for c in CORRUPTIONS:
-            cells = []
-            for _, k in rows_spec:
-                vals = [
-                    statistics.fmean(row["ece"] for row in r["shift"] if row["corruption"] == c)
-                    for r in by[k].values()
-                    if r.get("shift")
-                ]
-                cells.append(fmt_mean_std(*mean_std(vals), 100))
-            L.append(f"| {c} | " + " | ".join(cells) + " |")
+def _failed_lines(runs: list[dict]) -> list[str]:
+    """The failed or diverged runs, if any."""
     fails = [
         f"- {r['key']} seed {r['seed']}: {r['status']} ({r.get('reason')})" for r in runs if r["status"] != "completed"
     ]
-    if fails:
-        L += ["", "Failed / diverged runs:"] + fails
+    return ["", "Failed / diverged runs:"] + fails if fails else []
+
+
+def build_tables(raw: dict[str, Any]) -> str:
+    """The three Markdown tables of the raw record (also stores the selection, cost and shift curves in it)."""
+    runs, seeds, cal_lrs = raw["runs"], raw["seeds"], raw["cal_lrs"]
+    sel = choose(runs, seeds, cal_lrs)
+    raw["selection"] = sel
+    labels = {v["group"]: v["label"] for v in variants(cal_lrs)}
+    rows_spec = [("ce", "ce"), ("posthoc_ts", "posthoc_ts")] + [(g, k) for g, k in sel["chosen"].items()]
+    by = {k: _runs_by_seed(runs, k) for _, k in rows_spec}
+    L = _intro_lines(raw)
+    L += _selection_lines(sel, labels, cal_lrs, len(seeds))
+    L += _table1_lines(runs, rows_spec, by, labels)
+    table2, raw["cost"] = _table2_lines(raw, rows_spec, by, labels)
+    L += table2
+    table3, curves = _table3_lines(sel, rows_spec, by, labels)
+    raw["shift_curves"] = {g: {m: {str(s): c for s, c in v.items()} for m, v in d.items()} for g, d in curves.items()}
+    L += table3
+    L += _failed_lines(runs)
     return "\n".join(L) + "\n"
 
 

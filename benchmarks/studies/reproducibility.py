@@ -71,28 +71,35 @@ def _diff(a: dict, b: dict) -> dict[str, float]:
     return {k: abs(a["test"][k] - b["test"][k]) for k in KEYS}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the repeats side by side in fresh processes and write the table."""
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out-dir", default=str(RESULTS_DIR))
-    args = p.parse_args(argv)
-    spec = load_spec()
-    seeds = [int(s) for s in args.seeds.split(",")] if not args.quick else [1]
-    rows = []
+    return p.parse_args(argv)
+
+
+def _run_repeats(spec: dict, seeds: list[int], quick: bool) -> tuple[list[dict], list[dict]]:
+    """Every (method, seed) trained twice with 1 thread and once with 2, in fresh processes: the jobs and records."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d)
-        jobs = []
+        jobs: list[dict[str, Any]] = []
         for method in METHODS:
             for seed in seeds:
                 for threads in (1, 1, 2):
-                    j = _job(spec, method, seed, threads, out, args.quick)
+                    j = _job(spec, method, seed, threads, out, quick)
                     j["path"] = str(out / f"{method}_seed{seed}_t{threads}_{len(jobs)}.json")
                     jobs.append(j)
         with mp.get_context("spawn").Pool(2, maxtasksperchild=1) as pool:
             recs = pool.map(execute, jobs)
-    by = {}
+    return jobs, recs
+
+
+def _compare_runs(jobs: list[dict], recs: list[dict], quick: bool) -> list[dict[str, Any]]:
+    """Per (method, seed): the differences between the repeats, the thread counts and the study's stored run."""
+    rows = []
+    by: dict[tuple[str, int], list[tuple[int, dict]]] = {}
     for j, r in zip(jobs, recs):
         by.setdefault((j["method"], j["seed"]), []).append((j["config"]["num_threads"], r))
     for (method, seed), runs in by.items():
@@ -100,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         two = [r for t, r in runs if t == 2][0]
         stored = (
             None
-            if args.quick
-            else json.loads(p.read_text())
-            if (p := eval_path(RAW, "overconf", method, seed)).is_file()
+            if quick
+            else json.loads(path.read_text())
+            if (path := eval_path(RAW, "overconf", method, seed)).is_file()
             else None
         )
         rows.append(
@@ -115,8 +122,21 @@ def main(argv: list[str] | None = None) -> int:
                 "stored_utc": stored.get("finished_utc") if stored else None,
             }
         )
-    pt = lambda v: "n/a" if v is None else ("0 (identical)" if v == 0 else f"{100 * v:.3f}")  # noqa: E731
-    mx = lambda rs, key, k: max((r[key][k] for r in rs if r[key] is not None), default=None)  # noqa: E731
+    return rows
+
+
+def _pt(v: float | None) -> str:
+    """A difference in points (x 100), "0 (identical)" for none at all, "n/a" when not measured."""
+    return "n/a" if v is None else ("0 (identical)" if v == 0 else f"{100 * v:.3f}")
+
+
+def _mx(rs: list[dict[str, Any]], key: str, k: str) -> float | None:
+    """The largest difference of metric `k` in column `key` over the rows (None if no row has it)."""
+    return max((r[key][k] for r in rs if r[key] is not None), default=None)
+
+
+def _table_md(rows: list[dict[str, Any]], argv: list[str] | None) -> list[str]:
+    """The report's title, the table of differences, the largest ones and what they say."""
     L = [
         "# Reproducibility of one seed's result (benchmarks/studies/reproducibility.py)",
         "",
@@ -132,18 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in rows:
         cells = [
-            " / ".join(pt(r[c][k]) for k in KEYS) if r[c] is not None else "n/a"
+            " / ".join(_pt(r[c][k]) for k in KEYS) if r[c] is not None else "n/a"
             for c in ("repeat_1_thread", "threads_1_vs_2", "vs_stored")
         ]
         L.append(f"| {r['method']} | {r['seed']} | {' | '.join(cells)} |")
     L += [
         "",
         "Largest differences: repeat "
-        + ", ".join(f"{k} {pt(mx(rows, 'repeat_1_thread', k))}" for k in KEYS)
+        + ", ".join(f"{k} {_pt(_mx(rows, 'repeat_1_thread', k))}" for k in KEYS)
         + "; threads "
-        + ", ".join(f"{k} {pt(mx(rows, 'threads_1_vs_2', k))}" for k in KEYS)
+        + ", ".join(f"{k} {_pt(_mx(rows, 'threads_1_vs_2', k))}" for k in KEYS)
         + "; stored "
-        + ", ".join(f"{k} {pt(mx(rows, 'vs_stored', k))}" for k in KEYS)
+        + ", ".join(f"{k} {_pt(_mx(rows, 'vs_stored', k))}" for k in KEYS)
         + ".",
         "",
         "What this says: with one thread and deterministic algorithms a run is a pure function of its config on "
@@ -152,22 +172,37 @@ def main(argv: list[str] | None = None) -> int:
         "across CPUs with other SIMD widths or BLAS kernels (a machine of another kind): the v2 study fixes 1 thread "
         "and records the machine, and its claims rest on 24 seeds, not on any single seed's digits.",
     ]
+    return L
+
+
+def _stored_md(rows: list[dict[str, Any]]) -> list[str]:
+    """How many of the study's stored runs were reproduced here, and what the differences mean (none: no lines)."""
     stored_rows = [r for r in rows if r["vs_stored"] is not None]
-    if stored_rows:
-        same = sum(all(v == 0 for v in r["vs_stored"].values()) for r in stored_rows)
-        when = sorted({r["stored_utc"] for r in stored_rows if r["stored_utc"]})
-        L += [
-            "",
-            f"Measured across machines: {same} of {len(stored_rows)} stored study runs were reproduced bit for bit here "
-            f"(CPU: {cpu_model()}). The stored runs were made in an earlier session ({when[0] if when else '?'} to "
-            f"{when[-1] if when else '?'} UTC) on another virtual machine; their run files do not record its CPU "
-            "model, so which difference (CPU kind, kernel choice) moved them is not known. In this over-confident "
-            "regime (lr 0.01, no weight decay, 25 epochs) a last-bit difference grows into up to "
-            f"{pt(mx(rows, 'vs_stored', 'accuracy'))} pt of accuracy and {pt(mx(rows, 'vs_stored', 'ece'))} pt of ECE "
-            "on a single seed, as large as the thread-count effect: one seed's numbers are reproducible only on "
-            "the same machine, the seed-averaged verdicts are what carries over.",
-        ]
-    text = "\n".join(L) + "\n"
+    if not stored_rows:
+        return []
+    same = sum(all(v == 0 for v in r["vs_stored"].values()) for r in stored_rows)
+    when = sorted({r["stored_utc"] for r in stored_rows if r["stored_utc"]})
+    return [
+        "",
+        f"Measured across machines: {same} of {len(stored_rows)} stored study runs were reproduced bit for bit here "
+        f"(CPU: {cpu_model()}). The stored runs were made in an earlier session ({when[0] if when else '?'} to "
+        f"{when[-1] if when else '?'} UTC) on another virtual machine; their run files do not record its CPU "
+        "model, so which difference (CPU kind, kernel choice) moved them is not known. In this over-confident "
+        "regime (lr 0.01, no weight decay, 25 epochs) a last-bit difference grows into up to "
+        f"{_pt(_mx(rows, 'vs_stored', 'accuracy'))} pt of accuracy and {_pt(_mx(rows, 'vs_stored', 'ece'))} pt of ECE "
+        "on a single seed, as large as the thread-count effect: one seed's numbers are reproducible only on "
+        "the same machine, the seed-averaged verdicts are what carries over.",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the repeats side by side in fresh processes and write the table."""
+    args = _parse_args(argv)
+    spec = load_spec()
+    seeds = [int(s) for s in args.seeds.split(",")] if not args.quick else [1]
+    jobs, recs = _run_repeats(spec, seeds, args.quick)
+    rows = _compare_runs(jobs, recs, args.quick)
+    text = "\n".join(_table_md(rows, argv) + _stored_md(rows)) + "\n"
     suffix = "_quick" if args.quick else ""
     write_text(Path(args.out_dir) / f"reproducibility{suffix}.md", text)
     write_json(
