@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -210,6 +210,83 @@ def source_sha256() -> str:
     return h.hexdigest()
 
 
+class _StackedTS(NamedTuple):
+    """Temperature scaling fitted on a trained run: test logits without and with TS, and its validation NLLs."""
+
+    logits: list[Any]
+    logits_ts: list[Any]
+    temperatures: list[float]
+    val_nll_insample: float
+    val_nll_crossfit: float
+
+
+def _base_row(res: Any, wall: float) -> dict[str, Any]:
+    """The fields a run's two rows share: the training's status, epochs and wall time."""
+    base: dict[str, Any] = {"status": res.status, "reason": res.reason, "epochs_run": res.epochs_run}
+    base["best_epoch"] = (res.best or {}).get("epoch")
+    base["wall_s"] = wall
+    return base
+
+
+def _fit_stacked_ts(trainer: Any, seed: int, folds: int, test: bool) -> _StackedTS:
+    """One temperature per task on the trained model's calibrated logits, fitted on all validation rows."""
+    import torch
+
+    from calib_core.calibrators import create_calibrator
+
+    st, val, test_split = trainer.strategy, trainer.val_split, trainer.test_split
+    nb = trainer.tc.num_bins
+    with torch.no_grad():
+        zv = [z.float() for z in st.predict_logits(trainer.model, trainer.calibrator, val.x)]
+        zt = [z.float() for z in st.predict_logits(trainer.model, trainer.calibrator, test_split.x)] if test else zv
+    cals = [create_calibrator("temperature", z.shape[1]) for z in zv]
+    # cross-fitted validation logits (folds seeded by the run seed); the calibrators end fitted on all val rows
+    z_cv = st.crossfit_posthoc(cals, zv, val.y, st.labelled_tasks(val.y), folds, seed)
+    with torch.no_grad():
+        zv_ts = [c(z).float() for c, z in zip(cals, zv)]
+        zt_ts = [c(z).float() for c, z in zip(cals, zt)]
+    temps = [float(c.temperature.detach()) for c in cals]
+    val_ts_in = st.metrics(zv_ts, val.y, nb)["nll"]
+    val_ts_cv = st.metrics([z.float() for z in z_cv], val.y, nb)["nll"]
+    return _StackedTS(zt, zt_ts, temps, val_ts_in, val_ts_cv)
+
+
+def _post_row(base: dict[str, Any], post: str, res: Any, ts: _StackedTS) -> dict[str, Any]:
+    """One post's row without its test metrics and TS wall time."""
+    return {
+        **base,
+        "post": post,
+        "temperature": json.dumps(ts.temperatures) if post == "ts" else None,
+        "val_nll": res.val_metrics.get("nll") if post == "none" else ts.val_nll_crossfit,
+        "val_nll_ts_insample": ts.val_nll_insample,
+        "val_nll_ts_crossfit": ts.val_nll_crossfit,
+    }
+
+
+def _test_rows(
+    trainer: Any, res: Any, base: dict[str, Any], ts: _StackedTS
+) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """The rows `none` and `ts` with their test metrics, and the compact test arrays keyed 'none/...', 'ts/...'."""
+    import torch
+
+    st, test_split, nb = trainer.strategy, trainer.test_split, trainer.tc.num_bins
+    labels = test_split.y.cpu().numpy()
+    rows, arrays = [], {}
+    for post, logits, test_metrics in (("none", ts.logits, dict(res.test_metrics)), ("ts", ts.logits_ts, None)):
+        if test_metrics is None:
+            test_metrics = st.metrics(logits, test_split.y, nb)
+        probs = [torch.softmax(z, dim=1).cpu().numpy() for z in logits]
+        if labels.ndim == 2:
+            test_metrics.update(task_secondary(probs, labels))
+            for t, p in enumerate(probs):
+                arrays.update(compact_task_arrays(p, labels[:, t], f"{post}/t{t}_"))
+        else:
+            test_metrics.update(_secondary(probs[0], labels))
+            arrays.update(compact_task_arrays(probs[0], labels, f"{post}/t0_"))
+        rows.append({**_post_row(base, post, res, ts), **{f"test_{m}": test_metrics.get(m) for m in METRICS}})
+    return rows, arrays
+
+
 def stacked_run(
     config: dict[str, Any], folds: int = 5, test: bool = True
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
@@ -223,7 +300,6 @@ def stacked_run(
 
     torch.set_num_threads(int(config["num_threads"]))
     torch.use_deterministic_algorithms(True)
-    from calib_core.calibrators import create_calibrator
     from calib_core.config import RunConfig
     from calib_core.data import load_dataset
     from calib_core.trainer import make_trainer
@@ -235,65 +311,16 @@ def stacked_run(
     t0 = time.perf_counter()
     trainer = make_trainer(cfg, data, "cpu")
     res = trainer.fit()
-    wall = time.perf_counter() - t0
-    base = {"status": res.status, "reason": res.reason, "epochs_run": res.epochs_run}
-    base["best_epoch"] = (res.best or {}).get("epoch")
-    base["wall_s"] = wall
+    base = _base_row(res, time.perf_counter() - t0)
     if res.status != "completed":
         return {**base, "post": "none"}, {**base, "post": "ts"}, {}
     t1 = time.perf_counter()
-    st, val, test_split = trainer.strategy, trainer.val_split, trainer.test_split
-    nb = trainer.tc.num_bins
-    with torch.no_grad():
-        zv = [z.float() for z in st.predict_logits(trainer.model, trainer.calibrator, val.x)]
-        zt = [z.float() for z in st.predict_logits(trainer.model, trainer.calibrator, test_split.x)] if test else zv
-    cals = [create_calibrator("temperature", z.shape[1]) for z in zv]
-    # cross-fitted validation logits (folds seeded by the run seed); the calibrators end fitted on all val rows
-    z_cv = st.crossfit_posthoc(cals, zv, val.y, st.labelled_tasks(val.y), folds, cfg.seed)
-    with torch.no_grad():
-        zv_ts = [c(z).float() for c, z in zip(cals, zv)]
-        zt_ts = [c(z).float() for c, z in zip(cals, zt)]
-    temps = [float(c.temperature.detach()) for c in cals]
-    val_ts_in = st.metrics(zv_ts, val.y, nb)["nll"]
-    val_ts_cv = st.metrics([z.float() for z in z_cv], val.y, nb)["nll"]
+    ts = _fit_stacked_ts(trainer, cfg.seed, folds, test)
     if not test:
-        rows = [
-            {
-                **base,
-                "post": post,
-                "temperature": json.dumps(temps) if post == "ts" else None,
-                "val_nll": res.val_metrics.get("nll") if post == "none" else val_ts_cv,
-                "val_nll_ts_insample": val_ts_in,
-                "val_nll_ts_crossfit": val_ts_cv,
-                "ts_wall_s": time.perf_counter() - t1,
-            }
-            for post in ("none", "ts")
-        ]
+        # each row's TS wall time taken as it is built, as the tuning rows always were
+        rows = [{**_post_row(base, post, res, ts), "ts_wall_s": time.perf_counter() - t1} for post in ("none", "ts")]
         return rows[0], rows[1], {}
-    labels = test_split.y.cpu().numpy()
-    rows, arrays = [], {}
-    for post, logits, test_metrics in (("none", zt, dict(res.test_metrics)), ("ts", zt_ts, None)):
-        if test_metrics is None:
-            test_metrics = st.metrics(logits, test_split.y, nb)
-        probs = [torch.softmax(z, dim=1).cpu().numpy() for z in logits]
-        if labels.ndim == 2:
-            test_metrics.update(task_secondary(probs, labels))
-            for t, p in enumerate(probs):
-                arrays.update(compact_task_arrays(p, labels[:, t], f"{post}/t{t}_"))
-        else:
-            test_metrics.update(_secondary(probs[0], labels))
-            arrays.update(compact_task_arrays(probs[0], labels, f"{post}/t0_"))
-        rows.append(
-            {
-                **base,
-                "post": post,
-                "temperature": json.dumps(temps) if post == "ts" else None,
-                "val_nll": res.val_metrics.get("nll") if post == "none" else val_ts_cv,
-                "val_nll_ts_insample": val_ts_in,
-                "val_nll_ts_crossfit": val_ts_cv,
-                **{f"test_{m}": test_metrics.get(m) for m in METRICS},
-            }
-        )
+    rows, arrays = _test_rows(trainer, res, base, ts)
     ts_wall = time.perf_counter() - t1
     for r in rows:
         r["ts_wall_s"] = ts_wall
@@ -606,92 +633,123 @@ def a_rows(spec: dict, regime: str, method: str) -> dict[int, dict[str, float]]:
     return out
 
 
+def _slice_cell_means(
+    by: dict[tuple, dict[str, Any]], regime: str, method: str, post: str, seeds: Sequence[int]
+) -> dict[str, Any]:
+    """One slice row's test means over the seeds done (and its mean temperature)."""
+    vals = [by[(regime, method, post, s)] for s in seeds]
+    return {
+        "n": len(vals),
+        **{k: float(np.mean([v[f"test_{k}"] for v in vals])) if vals else math.nan for k in A_METRICS},
+        "temperature": (
+            float(np.mean([np.mean(json.loads(v["temperature"])) for v in vals])) if post == "ts" and vals else None
+        ),
+    }
+
+
+def _reproduction(
+    by: dict[tuple, dict[str, Any]], regime: str, method: str, seeds: Sequence[int], a: dict[int, dict[str, float]]
+) -> dict[str, Any]:
+    """How the slice's un-TS'd rows of one method compare with protocol A's stored rows `a`, paired by seed."""
+    diffs = {
+        k: [abs(by[(regime, method, "none", s)][f"test_{k}"] - a[s][k]) for s in seeds if s in a] for k in A_METRICS
+    }
+    common = [s for s in seeds if s in a]
+    return {
+        "seeds": len(common),
+        "max_abs_diff": {k: (max(v) if v else math.nan) for k, v in diffs.items()},
+        "exact": all(all(x == 0.0 for x in v) for v in diffs.values()),
+        "exact_seeds": sum(
+            all(by[(regime, method, "none", s)][f"test_{k}"] == a[s][k] for k in A_METRICS) for s in common
+        ),
+        # slice minus A, paired by seed: is the difference between the two runs of a seed systematic?
+        "mean_diff": {
+            k: t_summary([by[(regime, method, "none", s)][f"test_{k}"] - a[s][k] for s in common])
+            for k in REPORT_METRICS
+        },
+    }
+
+
+def _slice_regime(spec: dict, by: dict[tuple, dict[str, Any]], regime: str, rec: dict[str, Any]) -> None:
+    """One regime's completeness, means, reproduction of A's rows and CE_es + TS minus A's ts_val, into `rec`."""
+    sl = spec["slice"]
+    r = regime
+    seeds_r = {m: sorted(k[3] for k in by if k[0] == r and k[1] == m and k[2] == "none") for m in sl["methods"]}
+    rec["complete"][r] = all(len(v) == len(sl["seeds"]) for v in seeds_r.values())
+    for m in sl["methods"]:
+        for post in ("none", "ts"):
+            rec["means"][f"{r}/{m}/{post}"] = _slice_cell_means(by, r, m, post, seeds_r[m])
+        rec["reproduction"][f"{r}/{m}"] = _reproduction(by, r, m, seeds_r[m], a_rows(spec, r, m))
+    ts_val = a_rows(spec, r, "ts_val")
+    ce_ts = {s: by[(r, "ce_es", "ts", s)] for s in seeds_r["ce_es"] if s in ts_val}
+    rec["means"][f"{r}/a_ts_val"] = {
+        "n": len(ce_ts),
+        **{k: float(np.mean([ts_val[s][k] for s in ce_ts])) if ce_ts else math.nan for k in A_METRICS},
+    }
+    rec.setdefault("ce_es_ts_minus_a_ts_val", {})[r] = {
+        k: t_summary([ce_ts[s][f"test_{k}"] - ts_val[s][k] for s in ce_ts]) for k in REPORT_METRICS
+    }
+
+
+def claim_entry(res: dict[str, Any], spec: dict) -> dict[str, Any]:
+    """A claim's record: its per-regime results and its overall verdict (pending until every regime is complete)."""
+    ov = overall([res[r]["verdict"] for r in res])
+    all_done = len(res) == len(spec["regimes"]) and all(res[r]["complete"] for r in res)
+    return {"per_regime": res, "overall": ov if all_done else f"pending ({ov} so far)"}
+
+
+def _slice_claim(
+    spec: dict,
+    out: Path,
+    by: dict[tuple, dict[str, Any]],
+    claim: dict[str, Any],
+    rec: dict[str, Any],
+    bootstrap: bool,
+    boot_cache: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """One claim's record: paired-by-seed differences per regime, their verdicts and the per-seed ECE bootstrap."""
+    sl, regimes = spec["slice"], rec["regimes"]
+    (ma, pa), (mb, pb) = _cell(claim["method"]), _cell(claim["reference"])
+    diffs, seeds_used = {}, {}
+    for r in regimes:
+        seeds = sorted(s for s in sl["seeds"] if (r, ma, pa, s) in by and (r, mb, pb, s) in by)
+        seeds_used[r] = seeds
+        diffs[r] = {
+            k: [by[(r, ma, pa, s)][f"test_{k}"] - by[(r, mb, pb, s)][f"test_{k}"] for s in seeds]
+            for k in REPORT_METRICS
+        }
+    res = evaluate_claim(diffs, claim["kind"], spec, REPORT_METRICS)
+    for r in regimes:
+        res[r]["seeds"] = len(seeds_used[r])
+        res[r]["complete"] = rec["complete"][r] and len(seeds_used[r]) == len(sl["seeds"])
+    entry = claim_entry(res, spec)
+    if bootstrap:
+        for r in regimes:
+            rp = rows_path(out, r)
+            if not rp.is_file():
+                continue
+            with read_rows(rp) as z:
+                hw = per_seed_half_widths(
+                    z, r, (ma, pa), (mb, pb), seeds_used[r], sl["bootstrap_resamples"], boot_cache.setdefault(r, {})
+                )
+            res[r]["ece_bootstrap_half_width_median"] = float(np.median(hw)) if hw else math.nan
+    return entry
+
+
 def slice_record(
     spec: dict, out: Path, bootstrap: bool = True, rows: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """Everything the slice report says, from the compact files (and A's stored rows for the comparison);
     `rows` replaces the table's rows (the thread-count check)."""
     rows = [r for r in (read_table(table_path(out)) if rows is None else rows) if r["status"] == "completed"]
-    sl = spec["slice"]
-    n_seeds = len(sl["seeds"])
     by = {(r["regime"], r["method"], r["post"], int(r["seed"])): r for r in rows}
     regimes = [r for r in spec["regimes"] if any(k[0] == r for k in by)]
     rec: dict[str, Any] = {"regimes": regimes, "complete": {}, "means": {}, "reproduction": {}, "claims": {}}
     for r in regimes:
-        seeds_r = {m: sorted(k[3] for k in by if k[0] == r and k[1] == m and k[2] == "none") for m in sl["methods"]}
-        rec["complete"][r] = all(len(v) == n_seeds for v in seeds_r.values())
-        for m in sl["methods"]:
-            for post in ("none", "ts"):
-                vals = [by[(r, m, post, s)] for s in seeds_r[m]]
-                rec["means"][f"{r}/{m}/{post}"] = {
-                    "n": len(vals),
-                    **{k: float(np.mean([v[f"test_{k}"] for v in vals])) if vals else math.nan for k in A_METRICS},
-                    "temperature": (
-                        float(np.mean([np.mean(json.loads(v["temperature"])) for v in vals]))
-                        if post == "ts" and vals
-                        else None
-                    ),
-                }
-            a = a_rows(spec, r, m)
-            diffs = {
-                k: [abs(by[(r, m, "none", s)][f"test_{k}"] - a[s][k]) for s in seeds_r[m] if s in a] for k in A_METRICS
-            }
-            common = [s for s in seeds_r[m] if s in a]
-            rec["reproduction"][f"{r}/{m}"] = {
-                "seeds": len(common),
-                "max_abs_diff": {k: (max(v) if v else math.nan) for k, v in diffs.items()},
-                "exact": all(all(x == 0.0 for x in v) for v in diffs.values()),
-                "exact_seeds": sum(
-                    all(by[(r, m, "none", s)][f"test_{k}"] == a[s][k] for k in A_METRICS) for s in common
-                ),
-                # slice minus A, paired by seed: is the difference between the two runs of a seed systematic?
-                "mean_diff": {
-                    k: t_summary([by[(r, m, "none", s)][f"test_{k}"] - a[s][k] for s in common]) for k in REPORT_METRICS
-                },
-            }
-        ts_val = a_rows(spec, r, "ts_val")
-        ce_ts = {s: by[(r, "ce_es", "ts", s)] for s in seeds_r["ce_es"] if s in ts_val}
-        rec["means"][f"{r}/a_ts_val"] = {
-            "n": len(ce_ts),
-            **{k: float(np.mean([ts_val[s][k] for s in ce_ts])) if ce_ts else math.nan for k in A_METRICS},
-        }
-        rec.setdefault("ce_es_ts_minus_a_ts_val", {})[r] = {
-            k: t_summary([ce_ts[s][f"test_{k}"] - ts_val[s][k] for s in ce_ts]) for k in REPORT_METRICS
-        }
+        _slice_regime(spec, by, r, rec)
     boot_cache: dict[str, dict[str, Any]] = {}  # per regime: each run's ECE bootstrap replicates, shared by claims
-    for name, claim in sl["claims"].items():
-        (ma, pa), (mb, pb) = _cell(claim["method"]), _cell(claim["reference"])
-        diffs, seeds_used = {}, {}
-        for r in regimes:
-            seeds = sorted(s for s in sl["seeds"] if (r, ma, pa, s) in by and (r, mb, pb, s) in by)
-            seeds_used[r] = seeds
-            diffs[r] = {
-                k: [by[(r, ma, pa, s)][f"test_{k}"] - by[(r, mb, pb, s)][f"test_{k}"] for s in seeds]
-                for k in REPORT_METRICS
-            }
-        res = evaluate_claim(diffs, claim["kind"], spec, REPORT_METRICS)
-        for r in regimes:
-            res[r]["seeds"] = len(seeds_used[r])
-            res[r]["complete"] = rec["complete"][r] and len(seeds_used[r]) == n_seeds
-        ov = overall([res[r]["verdict"] for r in regimes])
-        all_done = len(regimes) == len(spec["regimes"]) and all(res[r]["complete"] for r in regimes)
-        rec["claims"][name] = {"per_regime": res, "overall": ov if all_done else f"pending ({ov} so far)"}
-        if bootstrap:
-            for r in regimes:
-                rp = rows_path(out, r)
-                if not rp.is_file():
-                    continue
-                with read_rows(rp) as z:
-                    hw = per_seed_half_widths(
-                        z,
-                        r,
-                        (ma, pa),
-                        (mb, pb),
-                        seeds_used[r],
-                        spec["slice"]["bootstrap_resamples"],
-                        boot_cache.setdefault(r, {}),
-                    )
-                res[r]["ece_bootstrap_half_width_median"] = float(np.median(hw)) if hw else math.nan
+    for name, claim in spec["slice"]["claims"].items():
+        rec["claims"][name] = _slice_claim(spec, out, by, claim, rec, bootstrap, boot_cache)
     return rec
 
 
@@ -706,16 +764,34 @@ def _scale(metric: str) -> float:
     return 1.0 if metric == "nll" else 100.0
 
 
-def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = True) -> tuple[str, dict[str, Any]]:
-    rec = slice_record(spec, out, bootstrap)
+def claim_cell(mm: dict[str, Any], metric: str) -> str:
+    """A claim table's cell: mean [95 % CI] {adjusted CI}, Holm p (establish / refute, and TOST where tested)."""
+    sc = _scale(metric)
+    s = (
+        f"{_pt(mm['mean'], sc)} [{_pt(mm['ci95'][0], sc)}, {_pt(mm['ci95'][1], sc)}] "
+        f"{{{_pt(mm['ci_adj'][0], sc)}, {_pt(mm['ci_adj'][1], sc)}}}, p {mm['p_establish_holm']:.3g} / "
+        f"{mm['p_refute_holm']:.3g}"
+    )
+    return s + (f", TOST {mm['p_tost_holm']:.3g}" if "p_tost_holm" in mm else "")
+
+
+def means_cells(x: dict[str, float]) -> str:
+    """A means table's metric cells: acc % | ECE % | debiased L2 % | NLL | Brier | smooth ECE %."""
+    return (
+        f"{100 * x['accuracy']:.2f} | {100 * x['ece']:.2f} | {100 * x['debiased_l2_ce']:.2f} | {x['nll']:.4f} | "
+        f"{x['brier']:.4f} | {100 * x['smooth_ece']:.2f}"
+    )
+
+
+def _slice_intro(spec: dict, out: Path, command: str) -> list[str]:
+    """The report's title, its provenance and what the slice is (and is not)."""
     rows = read_table(table_path(out))
     prov = sorted(
         {(r.get("git_commit") or "?")[:10] + (" (clean)" if r.get("git_clean") else " (dirty)") for r in rows}
     )
     cpus = sorted({f"{r.get('cpu_model')}, {r.get('threads')} thread(s)" for r in rows})
     vers = sorted({f"python {r.get('python')}, torch {r.get('torch')}, numpy {r.get('numpy')}" for r in rows})
-    sl = spec["slice"]
-    L = [
+    return [
         "# Method study, protocol C: the cheap slice (TS stacked on protocol A's chosen backbones)",
         "",
         "Protocol (committed before any run): `benchmarks/studies/protocols/method_study_c.md` / `.yaml`, section "
@@ -735,6 +811,12 @@ def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = Tr
         f"debiased L2 {100 * spec['margins']['ece']:g} pt, NLL {spec['margins']['nll']:g} nats, accuracy "
         f"{100 * spec['margins']['accuracy']:g} pt (non-inferiority). Differences are method minus reference: "
         "negative = lower (better) ECE, debiased L2 and NLL; positive = higher accuracy.",
+    ]
+
+
+def _reproduction_section(rec: dict[str, Any]) -> list[str]:
+    """Section 1: the un-TS'd slice rows against A's stored rows (records the bit-identical count in `rec`)."""
+    L = [
         "",
         "## 1. Reproduction of protocol A's rows (un-TS'd slice rows vs A's stored evaluation files)",
         "",
@@ -762,14 +844,18 @@ def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = Tr
         n_all += v["seeds"]
         L.append(f"| {r} | {m} | {v['seeds']} | {v['exact_seeds']} | {mx} | " + " | ".join(cells) + " |")
     rec["reproduction_exact_seeds"] = [n_exact, n_all]
-    L += [
+    return L + [
         "",
         f"**{n_exact} of {n_all} (regime, method, seed) runs reproduced A's stored metrics bit for bit.** As protocol C "
         "fixed in advance, the slice's own rows are used for every comparison below (A's rows appear only in "
         "this section and in section 4). `benchmarks/results/reproducibility.md` measured the same for protocol B "
         "across two machines; the slice's rows record their CPU model, versions and commit.",
     ]
-    L += [
+
+
+def _slice_means_section(spec: dict, rec: dict[str, Any]) -> list[str]:
+    """Section 2: each slice row's test means per regime, and A's ts_val beside them."""
+    L = [
         "",
         "## 2. Means per regime (test split, mean over the seeds done)",
         "",
@@ -777,22 +863,21 @@ def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = Tr
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rec["regimes"]:
-        for m in sl["methods"]:
+        for m in spec["slice"]["methods"]:
             for post in ("none", "ts"):
                 x = rec["means"][f"{r}/{m}/{post}"]
                 t = f"{x['temperature']:.3f}" if x.get("temperature") is not None else "-"
-                L.append(
-                    f"| {r} | {_label(f'{m}/{post}')} | {x['n']} | {100 * x['accuracy']:.2f} | {100 * x['ece']:.2f} | "
-                    f"{100 * x['debiased_l2_ce']:.2f} | {x['nll']:.4f} | {x['brier']:.4f} | {100 * x['smooth_ece']:.2f} | {t} |"
-                )
+                L.append(f"| {r} | {_label(f'{m}/{post}')} | {x['n']} | {means_cells(x)} | {t} |")
         x = rec["means"][f"{r}/a_ts_val"]
         if x["n"]:
-            L.append(
-                f"| {r} | A's ts_val (TS on CE tuned with TS) | {x['n']} | {100 * x['accuracy']:.2f} | {100 * x['ece']:.2f} | "
-                f"{100 * x['debiased_l2_ce']:.2f} | {x['nll']:.4f} | {x['brier']:.4f} | {100 * x['smooth_ece']:.2f} | - |"
-            )
-    L += ["", "## 3. Claims (paired by seed; per regime; Holm across regimes per claim and metric)", ""]
-    for name, claim in sl["claims"].items():
+            L.append(f"| {r} | A's ts_val (TS on CE tuned with TS) | {x['n']} | {means_cells(x)} | - |")
+    return L
+
+
+def _slice_claims_section(spec: dict, rec: dict[str, Any]) -> list[str]:
+    """Section 3: each claim's table per regime and its overall verdict."""
+    L = ["", "## 3. Claims (paired by seed; per regime; Holm across regimes per claim and metric)", ""]
+    for name, claim in spec["slice"]["claims"].items():
         c = rec["claims"][name]
         tag = " (secondary)" if claim.get("secondary") else ""
         L += [
@@ -806,13 +891,7 @@ def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = Tr
         ]
         for r in rec["regimes"]:
             x = c["per_regime"][r]
-            cells = []
-            for k in REPORT_METRICS:
-                mm, sc = x["metrics"][k], _scale(k)
-                cells.append(
-                    f"{_pt(mm['mean'], sc)} [{_pt(mm['ci95'][0], sc)}, {_pt(mm['ci95'][1], sc)}] "
-                    f"{{{_pt(mm['ci_adj'][0], sc)}, {_pt(mm['ci_adj'][1], sc)}}}, p {mm['p_establish_holm']:.3g} / {mm['p_refute_holm']:.3g}"
-                )
+            cells = [claim_cell(x["metrics"][k], k) for k in REPORT_METRICS]
             hw = x.get("ece_bootstrap_half_width_median", math.nan)
             verdict = x["verdict"] if x["complete"] else f"pending ({x['verdict']} at {x['seeds']} seeds)"
             hw_s = f"{100 * hw:.2f}" if math.isfinite(hw) else "n/a"
@@ -824,7 +903,12 @@ def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = Tr
             + ").",
             "",
         ]
-    L += [
+    return L
+
+
+def _ts_val_section(rec: dict[str, Any]) -> list[str]:
+    """Section 4: CE_es + TS minus A's ts_val, descriptive."""
+    L = [
         "## 4. CE_es + TS (A's CE_es backbone) minus A's ts_val (TS on a CE backbone tuned with TS in the loop)",
         "",
         "Descriptive (not a claim): mean [sd] of the paired per-seed difference.",
@@ -839,6 +923,17 @@ def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = Tr
             for k in REPORT_METRICS
         ]
         L.append(f"| {r} | {x['ece']['n']} | " + " | ".join(cells) + " |")
+    return L
+
+
+def build_slice_report(spec: dict, out: Path, command: str, bootstrap: bool = True) -> tuple[str, dict[str, Any]]:
+    """The slice report (Markdown) and its record, from the compact files alone."""
+    rec = slice_record(spec, out, bootstrap)
+    L = _slice_intro(spec, out, command)
+    L += _reproduction_section(rec)
+    L += _slice_means_section(spec, rec)
+    L += _slice_claims_section(spec, rec)
+    L += _ts_val_section(rec)
     L += thread_check(spec, out, rec)
     L += ["", "## 6. Deviations", "", _deviations(), ""]
     return "\n".join(L) + "\n", rec

@@ -668,128 +668,172 @@ def _grid(a: dict, b: dict, reps: Sequence[int]) -> tuple[list[int], list[int]]:
     return ks, sorted(seeds or [])
 
 
-def full_record(spec: dict, out: Path, tiny: bool = False, bootstrap: bool = True) -> dict[str, Any]:
-    rows = read_rows(out)
-    pl, store = plan(spec, tiny), storage(spec, tiny)
+def _cell_tuning(
+    spec: dict, rows: Sequence[dict], cell: tuple[str, str, str], rnd: int, pl: dict, prim: dict
+) -> tuple[dict[int, dict], dict[str, Any]]:
+    """A cell's replicates' tuning (`chosen_trials`) and the record's tuning entry (search space, chosen
+    configurations, evaluation seeds done, edge hits)."""
+    r, o, p = cell
     reps = list(pl["replicates"])
-    n_seeds = len(pl["eval_seeds"])
-    regimes = [r for r in spec["regimes"] if any(x["regime"] == r for x in rows)]
-    rec: dict[str, Any] = {"regimes": regimes, "tiny": tiny, "plan": {k: v for k, v in pl.items()}, "tuning": {}}
-    rec["edge_hits"], rec["winners_curse"], rec["means"], rec["regime_check"], rec["claims"] = [], {}, {}, {}, {}
-    rounds: dict[tuple, int] = {}
-    complete: dict[str, bool] = {}
+    t = {k: chosen_trials(rows, r, o, p, rnd, k, pl) for k in reps}
+    space = next((x["space"] for x in t.values() if x["space"]), None) or space_of(spec, [], r, o, p, 0, pl)
+    chosen = {k: x["chosen"]["params"] for k, x in t.items() if x["chosen"]}
+    hits = edge_hits(space, chosen, spec["edge_rule"]) if len(chosen) == len(reps) else []
+    entry = {
+        "round": rnd,
+        "space": space,
+        "replicates": {
+            k: {
+                "trials_done": x["trials_done"],
+                "chosen_trial": x["chosen"]["trial"] if x["chosen"] else None,
+                "params": x["chosen"]["params"] if x["chosen"] else None,
+                "value": x["chosen"]["value"] if x["chosen"] else None,
+                "eval_seeds_done": sum(1 for kk, _ in prim if kk == k),
+            }
+            for k, x in t.items()
+        },
+        "edge_hits": hits,
+    }
+    return t, entry
+
+
+def _winners_curse(t: dict[int, dict], prim: dict) -> dict[int, dict[str, Any]]:
+    """Per replicate: the chosen trial's tuning objective against the same configuration at evaluation."""
+    wc = {}
+    for k, x in t.items():
+        ev = [v for (kk, _), v in prim.items() if kk == k]
+        if not x["chosen"] or not ev:
+            continue
+        ev_val = float(np.mean([v["val_objective"] for v in ev]))
+        wc[k] = {
+            "tuning_value": x["chosen"]["value"],
+            "eval_val_objective": ev_val,
+            "eval_test_nll": float(np.mean([v["test_nll"] for v in ev])),
+            "optimism": ev_val - x["chosen"]["value"],
+            "seeds": len(ev),
+        }
+    return wc
+
+
+def _cell_means(rr: dict, reps: Sequence[int]) -> dict[str, Any]:
+    """One row of a cell (`_primary` rows of one post): test means overall and per replicate, and their spread."""
+    per = {
+        k: {m: float(np.mean([v[f"test_{m}"] for (kk, _), v in rr.items() if kk == k])) for m in MEAN_METRICS}
+        | {"n": sum(1 for kk, _ in rr if kk == k)}
+        for k in reps
+        if any(kk == k for kk, _ in rr)
+    }
+    allm = {m: float(np.mean([v[f"test_{m}"] for v in rr.values()])) for m in MEAN_METRICS} if rr else {}
+    spread = {m: float(np.std([per[k][m] for k in per], ddof=1)) if len(per) > 1 else math.nan for m in MEAN_METRICS}
+    return {"n": len(rr), "mean": allm, "replicates": per, "spread": spread}
+
+
+def _regime_check(rows: Sequence[dict], regime: str, rounds: dict[tuple, int], reps: Sequence[int]) -> dict[str, Any]:
+    """A's regime check at the tuned backbone: ce/none minus ce/ts, and ce/none minus TS stacked on it."""
+    r = regime
+    ce_none = _primary(rows, r, "ce", "none", "none", rounds[(r, "ce", "none")])
+    ce_ts = _primary(rows, r, "ce", "ts", "ts", rounds[(r, "ce", "ts")])
+    ce_stack = _primary(rows, r, "ce", "none", "ts", rounds[(r, "ce", "none")])
+    chk = {}
+    for name, other in (("ce_none_minus_ce_ts", ce_ts), ("ce_none_minus_its_ts", ce_stack)):
+        per_k = {}
+        for k in reps:
+            ss = [s for kk, s in ce_none if kk == k and (k, s) in other]
+            if ss:
+                per_k[k] = float(np.mean([ce_none[(k, s)]["test_ece"] - other[(k, s)]["test_ece"] for s in ss]))
+        chk[name] = {"replicates": per_k, "mean": float(np.mean(list(per_k.values()))) if per_k else math.nan}
+    return chk
+
+
+def _regime_records(
+    spec: dict, rows: Sequence[dict], regime: str, pl: dict, rounds: dict[tuple, int], rec: dict[str, Any]
+) -> bool:
+    """One regime's tuning, edge hits, winner's curse, means and regime check, into `rec` (each cell's latest
+    round into `rounds`); whether every cell of the regime is complete."""
+    r = regime
+    reps = list(pl["replicates"])
+    complete = True
+    for o, p in cells(spec):
+        rnd = rounds[(r, o, p)] = current_round(rows, r, o, p)
+        prim = _primary(rows, r, o, p, p, rnd)
+        t, entry = _cell_tuning(spec, rows, (r, o, p), rnd, pl, prim)
+        rec["edge_hits"] += [{"regime": r, "cell": f"{o}/{p}", "round": rnd, **h} for h in entry["edge_hits"]]
+        rec["tuning"][f"{r}/{o}/{p}"] = entry
+        cell_done = all(x["chosen"] for x in t.values()) and len(prim) == len(reps) * len(pl["eval_seeds"])
+        complete = complete and cell_done
+        rec["winners_curse"][f"{r}/{o}/{p}"] = _winners_curse(t, prim)
+        for post in POSTS:  # the cell's own row and its secondary (TS stacked on `none`, `ts` without TS)
+            rec["means"][f"{r}/{o}/{p}/{post}"] = _cell_means(_primary(rows, r, o, p, post, rnd), reps)
+    rec["regime_check"][r] = _regime_check(rows, r, rounds, reps)
+    return complete
+
+
+def _claim_grids(
+    rows: Sequence[dict], regimes: Sequence[str], claim: dict, rounds: dict[tuple, int], reps: Sequence[int]
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, tuple[list[int], list[int]]]]:
+    """Per regime: a claim's paired differences (replicates x seeds, each metric) and that grid's replicates and seeds."""
+    (ma, pa), (mb, pb) = msc._cell(claim["method"]), msc._cell(claim["reference"])
+    diffs, grids = {}, {}
     for r in regimes:
-        complete[r] = True
-        for o, p in cells(spec):
-            rnd = rounds[(r, o, p)] = current_round(rows, r, o, p)
-            t = {k: chosen_trials(rows, r, o, p, rnd, k, pl) for k in reps}
-            space = next((x["space"] for x in t.values() if x["space"]), None) or space_of(spec, [], r, o, p, 0, pl)
-            chosen = {k: x["chosen"]["params"] for k, x in t.items() if x["chosen"]}
-            hits = edge_hits(space, chosen, spec["edge_rule"]) if len(chosen) == len(reps) else []
-            rec["edge_hits"] += [{"regime": r, "cell": f"{o}/{p}", "round": rnd, **h} for h in hits]
-            prim = _primary(rows, r, o, p, p, rnd)
-            rec["tuning"][f"{r}/{o}/{p}"] = {
-                "round": rnd,
-                "space": space,
-                "replicates": {
-                    k: {
-                        "trials_done": x["trials_done"],
-                        "chosen_trial": x["chosen"]["trial"] if x["chosen"] else None,
-                        "params": x["chosen"]["params"] if x["chosen"] else None,
-                        "value": x["chosen"]["value"] if x["chosen"] else None,
-                        "eval_seeds_done": sum(1 for kk, _ in prim if kk == k),
-                    }
-                    for k, x in t.items()
-                },
-                "edge_hits": hits,
-            }
-            cell_done = all(x["chosen"] for x in t.values()) and len(prim) == len(reps) * n_seeds
-            complete[r] = complete[r] and cell_done
-            # winner's curse: the chosen trial's tuning objective vs the same configuration at evaluation
-            wc = {}
-            for k, x in t.items():
-                ev = [v for (kk, _), v in prim.items() if kk == k]
-                if not x["chosen"] or not ev:
-                    continue
-                ev_val = float(np.mean([v["val_objective"] for v in ev]))
-                wc[k] = {
-                    "tuning_value": x["chosen"]["value"],
-                    "eval_val_objective": ev_val,
-                    "eval_test_nll": float(np.mean([v["test_nll"] for v in ev])),
-                    "optimism": ev_val - x["chosen"]["value"],
-                    "seeds": len(ev),
-                }
-            rec["winners_curse"][f"{r}/{o}/{p}"] = wc
-            for post in POSTS:  # the cell's own row and its secondary (TS stacked on `none`, `ts` without TS)
-                rr = _primary(rows, r, o, p, post, rnd)
-                per = {
-                    k: {
-                        m: float(np.mean([v[f"test_{m}"] for (kk, _), v in rr.items() if kk == k]))
-                        for m in MEAN_METRICS
-                    }
-                    | {"n": sum(1 for kk, _ in rr if kk == k)}
-                    for k in reps
-                    if any(kk == k for kk, _ in rr)
-                }
-                allm = {m: float(np.mean([v[f"test_{m}"] for v in rr.values()])) for m in MEAN_METRICS} if rr else {}
-                spread = {
-                    m: float(np.std([per[k][m] for k in per], ddof=1)) if len(per) > 1 else math.nan
-                    for m in MEAN_METRICS
-                }
-                rec["means"][f"{r}/{o}/{p}/{post}"] = {"n": len(rr), "mean": allm, "replicates": per, "spread": spread}
-        # A's regime check at the tuned backbone: ce/none minus ce/ts, and ce/none minus TS stacked on it
-        ce_none = _primary(rows, r, "ce", "none", "none", rounds[(r, "ce", "none")])
-        ce_ts = _primary(rows, r, "ce", "ts", "ts", rounds[(r, "ce", "ts")])
-        ce_stack = _primary(rows, r, "ce", "none", "ts", rounds[(r, "ce", "none")])
-        chk = {}
-        for name, other in (("ce_none_minus_ce_ts", ce_ts), ("ce_none_minus_its_ts", ce_stack)):
-            per_k = {}
-            for k in reps:
-                ss = [s for kk, s in ce_none if kk == k and (k, s) in other]
-                if ss:
-                    per_k[k] = float(np.mean([ce_none[(k, s)]["test_ece"] - other[(k, s)]["test_ece"] for s in ss]))
-            chk[name] = {"replicates": per_k, "mean": float(np.mean(list(per_k.values()))) if per_k else math.nan}
-        rec["regime_check"][r] = chk
-    rec["complete"] = complete
-    rec["rounds"] = {"/".join(k): v for k, v in rounds.items()}
-    boot = spec["bootstrap"]
-    tester = Pigeonhole(boot["resamples"], boot["seed"])
-    for name, claim in spec["claims"].items():
-        (ma, pa), (mb, pb) = msc._cell(claim["method"]), msc._cell(claim["reference"])
-        diffs, grids = {}, {}
-        for r in regimes:
-            a = _primary(rows, r, ma, pa, pa, rounds[(r, ma, pa)])
-            b = _primary(rows, r, mb, pb, pb, rounds[(r, mb, pb)])
-            ks, ss = _grid(a, b, reps)
-            if not ks or not ss:
-                continue
-            grids[r] = (ks, ss)
-            diffs[r] = {
-                m: np.array([[a[(k, s)][f"test_{m}"] - b[(k, s)][f"test_{m}"] for s in ss] for k in ks])
-                for m in REPORT_METRICS
-            }
-        res = msc.evaluate_claim(diffs, claim["kind"], spec, REPORT_METRICS, tester) if diffs else {}
-        for r, x in res.items():
-            ks, ss = grids[r]
-            x["replicates"], x["seeds"] = ks, ss
-            x["complete"] = complete[r] and len(ks) == len(reps) and len(ss) == n_seeds
-            x["ece_bootstrap_half_width_median"] = math.nan
-            rp = rows_file(out, r)
-            if bootstrap and rp.is_file():
-                hws = []
-                with np.load(rp) as z:
-                    for k in store["replicates"]:
-                        a_ = (ma, arrays_post(pa, rounds[(r, ma, pa)], k))
-                        b_ = (mb, arrays_post(pb, rounds[(r, mb, pb)], k))
-                        hws += msc.per_seed_half_widths(z, r, a_, b_, store["seeds"], store["bootstrap_resamples"])
-                x["ece_bootstrap_half_width_median"] = float(np.median(hws)) if hws else math.nan
-                x["ece_bootstrap_half_width_runs"] = len(hws)
-        ov = msc.overall([res[r]["verdict"] for r in res])
-        all_done = len(res) == len(spec["regimes"]) and all(res[r]["complete"] for r in res)
-        rec["claims"][name] = {"per_regime": res, "overall": ov if all_done else f"pending ({ov} so far)"}
-    # compute: trained runs (shared tuning rows and the second row of an evaluation run are not counted twice)
+        a = _primary(rows, r, ma, pa, pa, rounds[(r, ma, pa)])
+        b = _primary(rows, r, mb, pb, pb, rounds[(r, mb, pb)])
+        ks, ss = _grid(a, b, reps)
+        if not ks or not ss:
+            continue
+        grids[r] = (ks, ss)
+        diffs[r] = {
+            m: np.array([[a[(k, s)][f"test_{m}"] - b[(k, s)][f"test_{m}"] for s in ss] for k in ks])
+            for m in REPORT_METRICS
+        }
+    return diffs, grids
+
+
+def _claim_half_widths(z: Any, regime: str, claim: dict, rounds: dict[tuple, int], store: dict) -> list[float]:
+    """The per-seed ECE bootstrap half-widths of a claim in one regime, over the runs whose arrays are kept."""
+    (ma, pa), (mb, pb) = msc._cell(claim["method"]), msc._cell(claim["reference"])
+    hws: list[float] = []
+    for k in store["replicates"]:
+        a_ = (ma, arrays_post(pa, rounds[(regime, ma, pa)], k))
+        b_ = (mb, arrays_post(pb, rounds[(regime, mb, pb)], k))
+        hws += msc.per_seed_half_widths(z, regime, a_, b_, store["seeds"], store["bootstrap_resamples"])
+    return hws
+
+
+def _full_claim(
+    spec: dict,
+    out: Path,
+    rows: Sequence[dict],
+    claim: dict,
+    rec: dict[str, Any],
+    rounds: dict[tuple, int],
+    store: dict,
+    tester: Pigeonhole,
+    bootstrap: bool,
+) -> dict[str, Any]:
+    """One claim's record: verdicts per regime from the pigeonhole bootstrap, and the per-seed ECE half-widths."""
+    pl = rec["plan"]
+    reps = list(pl["replicates"])
+    diffs, grids = _claim_grids(rows, rec["regimes"], claim, rounds, reps)
+    res = msc.evaluate_claim(diffs, claim["kind"], spec, REPORT_METRICS, tester) if diffs else {}
+    for r, x in res.items():
+        ks, ss = grids[r]
+        x["replicates"], x["seeds"] = ks, ss
+        x["complete"] = rec["complete"][r] and len(ks) == len(reps) and len(ss) == len(pl["eval_seeds"])
+        x["ece_bootstrap_half_width_median"] = math.nan
+        rp = rows_file(out, r)
+        if bootstrap and rp.is_file():
+            with np.load(rp) as z:
+                hws = _claim_half_widths(z, r, claim, rounds, store)
+            x["ece_bootstrap_half_width_median"] = float(np.median(hws)) if hws else math.nan
+            x["ece_bootstrap_half_width_runs"] = len(hws)
+    return msc.claim_entry(res, spec)
+
+
+def _compute(rows: Sequence[dict], regimes: Sequence[str]) -> dict[str, Any]:
+    """Runs trained and their CPU-hours, overall and per regime."""
+    # shared tuning rows and the second row of an evaluation run are not counted twice
     trained = [x for x in rows if not x.get("shared_from") and (x["stage"] == "tune" or x["post"] == "none")]
-    rec["compute"] = {
+    return {
         "trained_runs": len(trained),
         "shared_tuning_rows": sum(1 for x in rows if x.get("shared_from")),
         "cpu_hours": sum((x.get("wall_s") or 0.0) + (x.get("ts_wall_s") or 0.0) for x in trained) / 3600.0,
@@ -804,7 +848,11 @@ def full_record(spec: dict, out: Path, tiny: bool = False, bootstrap: bool = Tru
             for r in regimes
         },
     }
-    rec["provenance"] = {
+
+
+def _provenance(rows: Sequence[dict]) -> dict[str, list[str]]:
+    """The commits, CPUs and versions the rows were made with."""
+    return {
         "commits": sorted(
             {(x.get("git_commit") or "?") + (" clean" if x.get("git_clean") else " dirty") for x in rows}
         ),
@@ -816,36 +864,37 @@ def full_record(spec: dict, out: Path, tiny: bool = False, bootstrap: bool = Tru
             }
         ),
     }
+
+
+def full_record(spec: dict, out: Path, tiny: bool = False, bootstrap: bool = True) -> dict[str, Any]:
+    """Everything the full report says, from the compact files alone."""
+    rows = read_rows(out)
+    pl, store = plan(spec, tiny), storage(spec, tiny)
+    regimes = [r for r in spec["regimes"] if any(x["regime"] == r for x in rows)]
+    rec: dict[str, Any] = {"regimes": regimes, "tiny": tiny, "plan": {k: v for k, v in pl.items()}, "tuning": {}}
+    rec["edge_hits"], rec["winners_curse"], rec["means"], rec["regime_check"], rec["claims"] = [], {}, {}, {}, {}
+    rounds: dict[tuple, int] = {}
+    rec["complete"] = {r: _regime_records(spec, rows, r, pl, rounds, rec) for r in regimes}
+    rec["rounds"] = {"/".join(k): v for k, v in rounds.items()}
+    tester = Pigeonhole(spec["bootstrap"]["resamples"], spec["bootstrap"]["seed"])
+    for name, claim in spec["claims"].items():
+        rec["claims"][name] = _full_claim(spec, out, rows, claim, rec, rounds, store, tester, bootstrap)
+    rec["compute"] = _compute(rows, regimes)
+    rec["provenance"] = _provenance(rows)
     return rec
 
 
 # ------------------------------------------------------------------------------------------
 # the report (benchmarks/results/method_study_c.md / .json)
 # ------------------------------------------------------------------------------------------
-def _cells_txt(mm: dict[str, Any], metric: str) -> str:
-    sc = msc._scale(metric)
-    s = (
-        f"{msc._pt(mm['mean'], sc)} [{msc._pt(mm['ci95'][0], sc)}, {msc._pt(mm['ci95'][1], sc)}] "
-        f"{{{msc._pt(mm['ci_adj'][0], sc)}, {msc._pt(mm['ci_adj'][1], sc)}}}, p {mm['p_establish_holm']:.3g} / "
-        f"{mm['p_refute_holm']:.3g}"
-    )
-    return s + (f", TOST {mm['p_tost_holm']:.3g}" if "p_tost_holm" in mm else "")
-
-
 def _num(v: Any, fmt: str) -> str:
     return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
 
-def build_full_report(
-    spec: dict, out: Path, command: str, tiny: bool = False, bootstrap: bool = True
-) -> tuple[str, dict[str, Any]]:
-    rec = full_record(spec, out, tiny, bootstrap)
-    commits = sorted({c.split()[0] for c in rec["provenance"]["commits"]})
-    rec = {"command": command, "generated": utc_now(), "git_commit": ", ".join(commits) or None, **rec}
-    pl = rec["plan"]
+def _full_intro(spec: dict, rec: dict[str, Any], out: Path, command: str, tiny: bool) -> list[str]:
+    """The report's title, the smoke-run warning, provenance and the design."""
+    pl, pv, margins = rec["plan"], rec["provenance"], spec["margins"]
     reps = list(pl["replicates"])
-    margins = spec["margins"]
-    pv = rec["provenance"]
     L = [
         "# Method study, protocol C: training objective x temperature scaling (the full factorial)",
         "",
@@ -856,7 +905,7 @@ def build_full_report(
             f"({pl['startup_trials']} random), {len(pl['eval_seeds'])} evaluation seeds; the numbers mean nothing.**",
             "",
         ]
-    L += [
+    return L + [
         "Protocol (committed before any run): `benchmarks/studies/protocols/method_study_c.md` / `.yaml`. "
         f"Command: `{command}`, generated {rec['generated']}. Compact results: `{os.path.relpath(out, ROOT)}/` (`{STUDY}_runs.csv.gz`, "
         f"`{STUDY}_rows_<regime>.npz`); this report is generated from them alone. Runs made at commit(s) "
@@ -880,6 +929,12 @@ def build_full_report(
         "established per co-primary metric by the Holm-adjusted one-sided test of d < +margin, which contains the "
         "protocol's TOST route (TOST's p is the larger of two one-sided p's and Holm's adjustment is monotone, so "
         "whenever TOST establishes, this test does); TOST's Holm p is shown beside.",
+    ]
+
+
+def _verdicts_section(spec: dict, rec: dict[str, Any]) -> list[str]:
+    """Section 1: every claim's verdict per regime and overall."""
+    L = [
         "",
         "## 1. Verdicts per regime",
         "",
@@ -896,7 +951,33 @@ def build_full_report(
             )
         tag = " (secondary)" if claim.get("secondary") else ""
         L.append(f"| {name}{tag}: {claim['text']} | " + " | ".join(cols) + f" | **{c['overall']}** |")
-    L += ["", "## 2. Claims (paired by replicate and seed; Holm across regimes per claim and metric)", ""]
+    return L
+
+
+def _claim_regime_rows(r: str, x: dict[str, Any]) -> list[str]:
+    """A claim's table rows of one regime: the intervals and verdict, then each replicate's mean difference."""
+    cols = [msc.claim_cell(x["metrics"][m], m) for m in REPORT_METRICS]
+    hw = x.get("ece_bootstrap_half_width_median", math.nan)
+    verdict = x["verdict"] if x["complete"] else f"pending ({x['verdict']} so far)"
+    per = []
+    for m in REPORT_METRICS:
+        mm, sc = x["metrics"][m], msc._scale(m)
+        per.append(
+            f"{m}: "
+            + ", ".join(f"rep {k} {msc._pt(v, sc)}" for k, v in zip(x["replicates"], mm["replicate_means"]))
+            + (f" (sd {sc * mm['replicate_sd']:.3g})" if math.isfinite(mm.get("replicate_sd", math.nan)) else "")
+        )
+    return [
+        f"| {r} | {len(x['replicates'])} x {len(x['seeds'])} | "
+        + " | ".join(cols)
+        + f" | {_num(100 * hw if math.isfinite(hw) else hw, '.2f')} | {verdict} |",
+        f"| | per replicate | {' | '.join(per)} | | |",
+    ]
+
+
+def _claims_section(spec: dict, rec: dict[str, Any]) -> list[str]:
+    """Section 2: each claim's table per regime and its overall verdict."""
+    L = ["", "## 2. Claims (paired by replicate and seed; Holm across regimes per claim and metric)", ""]
     for name, claim in spec["claims"].items():
         c = rec["claims"][name]
         L += [
@@ -912,29 +993,14 @@ def build_full_report(
             "|---|---|---|---|---|---|---|---|",
         ]
         for r, x in c["per_regime"].items():
-            cols = [_cells_txt(x["metrics"][m], m) for m in REPORT_METRICS]
-            hw = x.get("ece_bootstrap_half_width_median", math.nan)
-            verdict = x["verdict"] if x["complete"] else f"pending ({x['verdict']} so far)"
-            L.append(
-                f"| {r} | {len(x['replicates'])} x {len(x['seeds'])} | "
-                + " | ".join(cols)
-                + f" | {_num(100 * hw if math.isfinite(hw) else hw, '.2f')} | {verdict} |"
-            )
-            per = []
-            for m in REPORT_METRICS:
-                mm, sc = x["metrics"][m], msc._scale(m)
-                per.append(
-                    f"{m}: "
-                    + ", ".join(f"rep {k} {msc._pt(v, sc)}" for k, v in zip(x["replicates"], mm["replicate_means"]))
-                    + (
-                        f" (sd {sc * mm['replicate_sd']:.3g})"
-                        if math.isfinite(mm.get("replicate_sd", math.nan))
-                        else ""
-                    )
-                )
-            L.append(f"| | per replicate | {' | '.join(per)} | | |")
+            L += _claim_regime_rows(r, x)
         L += ["", f"**Overall: {c['overall']}**", ""]
-    L += [
+    return L
+
+
+def _means_section(spec: dict, rec: dict[str, Any]) -> list[str]:
+    """Section 3: each cell's test means (its own row and its secondary) and the spread of its replicate means."""
+    L = [
         "## 3. Means per cell (test split; mean over replicates and seeds, and the spread of the replicate means)",
         "",
         "Row `X + TS` of a `none` cell is TS stacked on the backbone tuned without TS (the pipeline users run in "
@@ -951,7 +1017,6 @@ def build_full_report(
                 x = rec["means"][f"{r}/{o}/{p}/{post}"]
                 if not x["n"]:
                     continue
-                mn = x["mean"]
                 row = (
                     "primary"
                     if post == p
@@ -959,11 +1024,16 @@ def build_full_report(
                 )
                 sd = x["spread"]
                 L.append(
-                    f"| {r} | {o}/{p} | {row} | {x['n']} | {100 * mn['accuracy']:.2f} | {100 * mn['ece']:.2f} | "
-                    f"{100 * mn['debiased_l2_ce']:.2f} | {mn['nll']:.4f} | {mn['brier']:.4f} | "
-                    f"{100 * mn['smooth_ece']:.2f} | {_num(100 * sd['ece'], '.2f')} / {_num(sd['nll'], '.4f')} |"
+                    f"| {r} | {o}/{p} | {row} | {x['n']} | {msc.means_cells(x['mean'])} | "
+                    f"{_num(100 * sd['ece'], '.2f')} / {_num(sd['nll'], '.4f')} |"
                 )
-    L += [
+    return L
+
+
+def _tuning_section(spec: dict, rec: dict[str, Any]) -> list[str]:
+    """Section 4: the chosen configuration per replicate, the edge rule, and the re-tunes the edge hits call for."""
+    pl = rec["plan"]
+    L = [
         "",
         "## 4. Tuning: chosen configuration per replicate, and the edge rule",
         "",
@@ -1007,7 +1077,12 @@ def build_full_report(
             )
             + ".",
         ]
-    L += [
+    return L
+
+
+def _winners_curse_section(rec: dict[str, Any]) -> list[str]:
+    """Section 5: the chosen trial's tuning objective against the same configuration at evaluation."""
+    L = [
         "",
         "## 5. Winner's curse: the chosen trial's tuning objective against the same configuration at evaluation",
         "",
@@ -1026,7 +1101,12 @@ def build_full_report(
                 f"| {r} | {o}/{p} | {k} | {x['tuning_value']:.4f} | {x['eval_val_objective']:.4f} | "
                 f"{x['optimism']:+.4f} | {x['eval_test_nll']:.4f} | {x['seeds']} |"
             )
-    L += [
+    return L
+
+
+def _regime_check_section(rec: dict[str, Any]) -> list[str]:
+    """Section 6: protocol A's regime check at the tuned backbone (descriptive)."""
+    L = [
         "",
         "## 6. Protocol A's regime check at the tuned backbone (descriptive)",
         "",
@@ -1041,8 +1121,13 @@ def build_full_report(
         fa = ", ".join(f"{k}: {100 * v:+.2f}" for k, v in a["replicates"].items()) or "n/a"
         fb = ", ".join(f"{k}: {100 * v:+.2f}" for k, v in b["replicates"].items()) or "n/a"
         L.append(f"| {r} | {fa} | {_num(100 * a['mean'], '+.2f')} | {fb} | {_num(100 * b['mean'], '+.2f')} |")
-    comp = rec["compute"]
-    L += [
+    return L
+
+
+def _compute_and_deviations(rec: dict[str, Any]) -> list[str]:
+    """Sections 7 and 8: compute and known limitations; the deviations, re-tunes and mixed commits."""
+    comp, n_reps = rec["compute"], len(rec["plan"]["replicates"])
+    L = [
         "",
         "## 7. Compute and known limitations",
         "",
@@ -1051,8 +1136,8 @@ def build_full_report(
         + "; ".join(f"{r}: {v['runs']} runs, {v['cpu_hours']:.2f} h" for r, v in comp["by_regime"].items())
         + ".",
         "",
-        f"With {len(reps)} replicates the pigeonhole bootstrap's replicate term has (R-1)/R = "
-        f"{(len(reps) - 1) / len(reps):.2f} of its plug-in variance (intervals somewhat narrow in the tuning direction); "
+        f"With {n_reps} replicates the pigeonhole bootstrap's replicate term has (R-1)/R = "
+        f"{(n_reps - 1) / n_reps:.2f} of its plug-in variance (intervals somewhat narrow in the tuning direction); "
         "the per-replicate mean differences in section 2 and the spreads in section 3 show tuning luck directly. "
         "The per-seed ECE bootstrap half-width (test-row sampling, precision diagnostic) is the median over the runs "
         "whose compact arrays are kept (deviation 2).",
@@ -1065,8 +1150,27 @@ def build_full_report(
     retuned = sorted(f"{k} (round {v})" for k, v in rec["rounds"].items() if v > 0)
     if retuned:
         L += ["Re-tuned under the edge rule (the cells' latest round is used): " + ", ".join(retuned) + ".", ""]
-    if len({c.split()[0] for c in pv["commits"]}) > 1:
-        L += ["Rows made at more than one commit (`--allow-mixed-commits`): " + ", ".join(pv["commits"]) + ".", ""]
+    commits = rec["provenance"]["commits"]
+    if len({c.split()[0] for c in commits}) > 1:
+        L += ["Rows made at more than one commit (`--allow-mixed-commits`): " + ", ".join(commits) + ".", ""]
+    return L
+
+
+def build_full_report(
+    spec: dict, out: Path, command: str, tiny: bool = False, bootstrap: bool = True
+) -> tuple[str, dict[str, Any]]:
+    """The full factorial's report (Markdown) and its record, from the compact files alone."""
+    rec = full_record(spec, out, tiny, bootstrap)
+    commits = sorted({c.split()[0] for c in rec["provenance"]["commits"]})
+    rec = {"command": command, "generated": utc_now(), "git_commit": ", ".join(commits) or None, **rec}
+    L = _full_intro(spec, rec, out, command, tiny)
+    L += _verdicts_section(spec, rec)
+    L += _claims_section(spec, rec)
+    L += _means_section(spec, rec)
+    L += _tuning_section(spec, rec)
+    L += _winners_curse_section(rec)
+    L += _regime_check_section(rec)
+    L += _compute_and_deviations(rec)
     return "\n".join(L) + "\n", rec
 
 
