@@ -111,6 +111,19 @@ def test_tiny_full_study_end_to_end(tmp_path):
     out = tmp_path / "a"
     n = full.run_full(spec, ["overconf"], out, tiny=True)
     rows = full.read_rows(out)
+    _check_rows(spec, pl, out, rows, n)
+    # resumption: nothing is rerun
+    assert full.run_full(spec, ["overconf"], out, tiny=True) == 0
+    _check_an_interrupted_study_draws_the_same(spec, rows, tmp_path / "b")
+    text, rec = full.build_full_report(spec, out, "cmd", tiny=True)
+    _check_claims_from_the_csv(spec, pl, out, text, rec)
+    _check_winners_curse(rec, rows)
+    _check_the_edge_rules_retune(spec, pl, out)
+    _check_mixed_commits_refused(spec, out)
+
+
+def _check_rows(spec, pl, out, rows, n):
+    """Every row's count, fields and split discipline, and the compact arrays' keys."""
     assert not full.journal_path(out).exists()  # merged into the table at the end
     tune = [r for r in rows if r["stage"] == "tune"]
     evals = [r for r in rows if r["stage"] == "eval"]
@@ -128,10 +141,10 @@ def test_tiny_full_study_end_to_end(tmp_path):
     assert keys == {
         f"overconf/{o}/{p}/rep1/seed{s}" for o, p in full.storage(spec, True)["cells"] for s in pl["eval_seeds"]
     }
-    # resumption: nothing is rerun
-    assert full.run_full(spec, ["overconf"], out, tiny=True) == 0
-    # an interrupted study (stopped mid-trial, resumed) draws and computes what the uninterrupted one did
-    b = tmp_path / "b"
+
+
+def _check_an_interrupted_study_draws_the_same(spec, rows, b):
+    """An interrupted study (stopped mid-trial, resumed) draws and computes what the uninterrupted one did."""
     assert full.run_full(spec, ["overconf"], b, tiny=True, limit=15) == 15
     assert full.run_full(spec, ["overconf"], b, tiny=True, limit=25) == 25
     first = {full._key(r): r for r in rows}
@@ -142,8 +155,9 @@ def test_tiny_full_study_end_to_end(tmp_path):
         assert json.loads(r["params"]) == json.loads(x["params"])
         assert r["val_objective"] == x["val_objective"] and r["val_nll_ts_crossfit"] == x["val_nll_ts_crossfit"]
 
-    # the report, and its claims recomputed from the gzip CSV with the csv module only
-    text, rec = full.build_full_report(spec, out, "cmd", tiny=True)
+
+def _check_claims_from_the_csv(spec, pl, out, text, rec):
+    """The report's claims recomputed from the gzip CSV with the csv module only."""
     raw = [r for r in _csv_rows(msc.table_path(out, "full")) if r["stage"] == "eval"]
     cell = {(r["objective"], r["cell_post"], r["post"], int(r["replicate"]), int(r["seed"])): r for r in raw}
     for name, claim in spec["claims"].items():
@@ -173,7 +187,10 @@ def test_tiny_full_study_end_to_end(tmp_path):
             assert m["p_establish_holm"] == pytest.approx(wrong(est))  # one regime: Holm leaves p as is
             assert m["p_refute_holm"] == pytest.approx(wrong(ref))
         assert f"**Overall: {rec['claims'][name]['overall']}**" in text
-    # winner's curse: the chosen trial's tuning value is the mean of its two tuning rows
+
+
+def _check_winners_curse(rec, rows):
+    """The chosen trial's tuning value is the mean of its two tuning rows."""
     for key, wc in rec["winners_curse"].items():
         _, o, p = key.split("/")
         for k, w in wc.items():
@@ -186,7 +203,9 @@ def test_tiny_full_study_end_to_end(tmp_path):
             ]
             assert w["tuning_value"] == pytest.approx(float(np.mean(vals)), abs=1e-12)
 
-    # the edge rule's re-tune path: refused without an edge hit, then (a wide rule: every cell hits) round 1
+
+def _check_the_edge_rules_retune(spec, pl, out):
+    """The edge rule's re-tune path: refused without an edge hit, then (a wide rule: every cell hits) round 1."""
     strict = copy.deepcopy(spec)
     strict["edge_rule"]["fraction"] = 0.0
     with pytest.raises(SystemExit, match="no edge hit"):
@@ -205,7 +224,10 @@ def test_tiny_full_study_end_to_end(tmp_path):
     _, rec = full.build_full_report(spec, out, "cmd", tiny=True, bootstrap=False)
     assert rec["rounds"]["overconf/onego_ts/none"] == 1 and rec["tuning"]["overconf/onego_ts/none"]["round"] == 1
 
-    # rows of another commit: refused unless allowed
+
+def _check_mixed_commits_refused(spec, out):
+    """Rows of another commit: refused unless allowed."""
+    rows = full.read_rows(out)
     for r in rows:
         r["git_commit"] = "0" * 40
     msc.write_table(msc.table_path(out, "full"), rows, full.COLUMNS, full._order)
