@@ -678,14 +678,14 @@ def _trials_text(spec: dict) -> str:
     return f"{base} trials" + (f" ({', '.join(f'{n} in {r}' for r, n in other.items())})" if other else "")
 
 
-def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dict[str, Any]) -> tuple[str, dict]:
-    """The study's Markdown report and its raw record, from the cache alone."""
-    seeds = spec["evaluation"]["seeds"]
-    margin, margin_acc, alpha = spec["margin_ece"], spec["margin_acc"], spec["alpha"]
-    metric = spec["tuning"]["metric"]
-    raw: dict[str, Any] = {"spec": spec, "command": command, "regimes": {}, "claims": {}, "timing": timing}
-    L: list[str] = []
-    L += ["# Method study: one-go calibration against tuned baselines (issue #11)", ""]
+_Runs = dict[int, dict]
+_Tuned = dict[str, dict[str, dict]]
+_Evals = dict[str, dict[str, _Runs]]
+
+
+def _header_lines(spec: dict, cache: Path, command: str, quick: bool, timing: dict[str, Any]) -> list[str]:
+    """The report's title, the command that rebuilds it and where it was generated."""
+    L = ["# Method study: one-go calibration against tuned baselines (issue #11)", ""]
     if quick:
         L += ["**QUICK SMOKE RUN: tiny data, 3 epochs, 2 tuning trials, 3 seeds; the numbers mean nothing.**", ""]
     cfg_rel = os.path.relpath(spec["_path"], ROOT)
@@ -702,11 +702,17 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
         f"Generated {utc_minute()} on {host_line()} (shared with other work), torch {timing.get('torch', '?')}, device {spec.get('device', 'cpu')}.",
         "",
     ]
+    return L
 
-    # ---------------------------------------------------------------- procedure
+
+def _procedure_section(spec: dict, cache: Path) -> list[str]:
+    """The "Procedure" section: tuning, the post-hoc and early-stopping baselines, evaluation, statistics."""
+    seeds = spec["evaluation"]["seeds"]
+    margin, margin_acc, alpha = spec["margin_ece"], spec["margin_acc"], spec["alpha"]
+    metric = spec["tuning"]["metric"]
     tu, ev = spec["tuning"], spec["evaluation"]
     sp = ", ".join(f"`{k}` {v['type']} [{v['low']:g}, {v['high']:g}]" for k, v in spec.get("shared_params", {}).items())
-    L += ["## Procedure", ""]
+    L = ["## Procedure", ""]
     L += [
         f"- **Tuning, by the sweep service itself.** For every regime and method the study writes a sweep config "
         f"(`{os.path.relpath(cache / 'sweeps', ROOT)}/<name>.yaml`) and runs it with `sweeps/launch.py`'s `main(['--config', FILE, '--resume'])`: "
@@ -746,9 +752,32 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
         "test-set sampling interval of the ECE difference; it shows how much of the seed-to-seed spread is test-set noise."
     ]
     L += [""]
+    return L
 
-    # ---------------------------------------------------------------- budget
-    L += ["## Budget and wall time", ""]
+
+def _budget_summary(timing: dict[str, Any], total_t: float, total_e: float, total_cpu: float) -> str:
+    """The paragraph under the budget table: total tuning and evaluation time over the command's invocations."""
+    invs = timing.get("invocations", [])
+    span = ""
+    if timing.get("first_started_utc") and timing.get("last_progress_utc"):
+        fmt = "%Y-%m-%d %H:%M:%S"
+        dt = time.mktime(time.strptime(timing["last_progress_utc"], fmt)) - time.mktime(
+            time.strptime(timing["first_started_utc"], fmt)
+        )
+        span = f"; from the first start ({timing['first_started_utc']} UTC) to the last step: {dt / 60:.1f} min"
+    return (
+        f"Tuning: {total_t / 60:.1f} min of wall time for all sweeps (each sweep: Ray Tune trials, MLflow logging, the service's "
+        f"selection, bootstrap intervals and champion registration; a sweep resumed after an interruption counts the attempt that "
+        f"finished it). Evaluation: {total_e / 60:.1f} min of wall time ({total_cpu / 60:.1f} min of single-thread compute summed over "
+        f"the runs). Recorded: {timing.get('total_wall_s', math.nan) / 60:.1f} min over {len(invs)} invocation(s) of the command{span}"
+        + (f". {timing['note']}" if timing.get("note") else ".")
+    )
+
+
+def _budget_section(spec: dict, cache: Path, timing: dict[str, Any]) -> list[str]:
+    """The "Budget and wall time" section: per-regime tuning and evaluation cost, then the totals."""
+    seeds = spec["evaluation"]["seeds"]
+    L = ["## Budget and wall time", ""]
     ew = timing.get("eval_wall_s", {})
     L += [
         "| regime | methods | tuning: sweeps wall s | tuning trials | evaluation: runs | evaluation: wall s | evaluation: CPU s (sum of runs) |",
@@ -775,27 +804,16 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
             if math.isfinite(e_wall)
             else f"| {regime} | {len(reg['methods'])} | {t_wall:.0f} | {n_trials} | {n_runs} | (cached) | {cpu:.0f} |"
         )
-    invs = timing.get("invocations", [])
-    span = ""
-    if timing.get("first_started_utc") and timing.get("last_progress_utc"):
-        fmt = "%Y-%m-%d %H:%M:%S"
-        dt = time.mktime(time.strptime(timing["last_progress_utc"], fmt)) - time.mktime(
-            time.strptime(timing["first_started_utc"], fmt)
-        )
-        span = f"; from the first start ({timing['first_started_utc']} UTC) to the last step: {dt / 60:.1f} min"
-    L += [
-        "",
-        f"Tuning: {total_t / 60:.1f} min of wall time for all sweeps (each sweep: Ray Tune trials, MLflow logging, the service's "
-        f"selection, bootstrap intervals and champion registration; a sweep resumed after an interruption counts the attempt that "
-        f"finished it). Evaluation: {total_e / 60:.1f} min of wall time ({total_cpu / 60:.1f} min of single-thread compute summed over "
-        f"the runs). Recorded: {timing.get('total_wall_s', math.nan) / 60:.1f} min over {len(invs)} invocation(s) of the command{span}"
-        + (f". {timing['note']}" if timing.get("note") else "."),
-    ]
+    L += ["", _budget_summary(timing, total_t, total_e, total_cpu)]
     L += [""]
+    return L
 
-    # ---------------------------------------------------------------- per-regime results
-    tuned: dict[str, dict[str, dict]] = {}
-    evals: dict[str, dict[str, dict[int, dict]]] = {}
+
+def _load_results(spec: dict, cache: Path) -> tuple[_Tuned, _Evals]:
+    """Every regime's cached tuning records ({regime: {method: record}}) and evaluation runs."""
+    seeds = spec["evaluation"]["seeds"]
+    tuned: _Tuned = {}
+    evals: _Evals = {}
     for regime, reg in spec["regimes"].items():
         tuned[regime] = {
             m: json.loads((cache / "tune" / regime / f"{m}.json").read_text())
@@ -803,9 +821,130 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
             if (cache / "tune" / regime / f"{m}.json").is_file()
         }
         evals[regime] = {m: load_evals(cache, regime, m, seeds) for m in reg["methods"]}
+    return tuned, evals
 
-    # ---------------------------------------------------------------- claims
-    L += ["## Verdicts on the seed paper's claims", ""]
+
+def _claim_comparison(
+    spec: dict, cache: Path, evals: _Evals, key: str, regime: str, onego: str, ref: str, primary: bool
+) -> tuple[str, dict[str, Any], float]:
+    """One row of the claims table (a one-go variant against the reference in one regime), its raw entry and
+    the median per-seed bootstrap half-width."""
+    margin, margin_acc, alpha = spec["margin_ece"], spec["margin_acc"], spec["alpha"]
+    seeds = spec["evaluation"]["seeds"]
+    a, b = evals[regime][onego], evals[regime][ref]
+    d_ece, d_acc = paired(a, b, "ece"), paired(a, b, "accuracy")
+    v = matches_verdict(d_ece, d_acc, margin, margin_acc, alpha)
+    boot = per_seed_bootstrap(cache, regime, onego, ref, seeds, spec["evaluation"]["bootstrap_resamples"])
+    above = sum(r["lo"] > 0 for r in boot)
+    below = sum(r["hi"] < 0 for r in boot)
+    hw = _median([(r["hi"] - r["lo"]) / 2 for r in boot])
+    e, t_, ac = v["ece"], v["tost"], v["acc"]
+    label = f"{spec['methods'][onego]['label']} vs {spec['methods'][ref]['label']}"
+    tag = "" if primary else " (secondary)"
+    ce_runs = evals[regime].get("ce")
+    v_ce = (
+        matches_verdict(paired(ce_runs, b, "ece"), paired(ce_runs, b, "accuracy"), margin, margin_acc, alpha)
+        if ce_runs
+        else None
+    )
+    ce_cell = f"{_ci_str(v_ce['ece'])}, {v_ce['verdict']}" if v_ce else "–"
+    line = (
+        f"| ({key}){tag} | {regime} | {label} | {e['n']} | {_ci_str(e)} | {t_['p']:.3f} [{100 * t_['lo']:+.2f}, {100 * t_['hi']:+.2f}] "
+        f"| {_ci_str(ac)} | {above} / {below} ({100 * hw:.2f}) | **{v['verdict']}** ({v['reason']}) | {ce_cell} |"
+    )
+    entry = {
+        "regime": regime,
+        "onego": onego,
+        "reference": ref,
+        "d_ece": d_ece,
+        "d_acc": d_acc,
+        "verdict": v,
+        "per_seed_bootstrap": boot,
+        "primary": primary,
+        "plain_ce_vs_reference": v_ce,
+    }
+    return line, entry, hw
+
+
+def _claim_results(
+    spec: dict, cache: Path, evals: _Evals, key: str, claim: dict
+) -> tuple[list[str], list[dict[str, Any]], list[float], dict[str, Any]]:
+    """One claim's table rows, raw entries and bootstrap half-widths over its regimes and one-go variants, and
+    its verdict ({overall, per_regime, missing})."""
+    L: list[str] = []
+    entries: list[dict[str, Any]] = []
+    half_widths: list[float] = []
+    per_regime = []
+    variants = [claim["onego"]] + ([claim["secondary"]] if claim.get("secondary") else [])
+    for regime in claim["regimes"]:
+        if regime not in evals:
+            continue
+        for vi, onego in enumerate(variants):
+            ref = claim["reference"]
+            if onego not in evals[regime] or ref not in evals[regime]:
+                continue
+            line, entry, hw = _claim_comparison(spec, cache, evals, key, regime, onego, ref, vi == 0)
+            half_widths.append(hw)
+            L.append(line)
+            entries.append(entry)
+            if vi == 0:
+                v_ce = entry["plain_ce_vs_reference"]
+                trivial = v_ce is not None and v_ce["verdict"] == "established"
+                per_regime.append(
+                    (regime, entry["verdict"]["verdict"] + (" (plain CE matches too)" if trivial else ""))
+                )
+    missing = [r for r in claim["regimes"] if r not in {reg for reg, _ in per_regime}]
+    overall = overall_verdict([v.split(" (")[0] for _, v in per_regime])
+    if missing and overall == "established":
+        overall = "not settled"  # a regime of the claim has no result (yet)
+    return L, entries, half_widths, {"overall": overall, "per_regime": per_regime, "missing": missing}
+
+
+def _claim_summary(spec: dict, claim_rows: dict[str, dict]) -> list[str]:
+    """One bullet per claim with its overall verdict and the verdict in each of its regimes."""
+    L = []
+    for key, claim in spec["claims"].items():
+        cr = claim_rows[key]
+        if not claim["regimes"]:
+            L.append(f"- **({key}) {claim['text']}**: not part of this study config.")
+            continue
+        regs = ", ".join([f"{r}: {v}" for r, v in cr["per_regime"]] + [f"{r}: no result" for r in cr["missing"]])
+        L.append(
+            f"- **({key}) {claim['text']}: {cr['overall'].upper()}** "
+            f"(decided by {spec['methods'][claim['onego']]['label']} vs {spec['methods'][claim['reference']]['label']}; {regs})."
+        )
+    return L + [""]
+
+
+def _calibration_stages(spec: dict, evals: _Evals) -> list[str]:
+    """For claim (c): the calibration stages and calibrator parameters each multi-task method's runs needed."""
+    if "c" not in spec["claims"]:
+        return []
+    stages = []
+    for regime in spec["claims"]["c"]["regimes"]:
+        for m in spec["regimes"].get(regime, {}).get("methods", []):
+            runs = _ok(evals.get(regime, {}).get(m, {}))
+            st = sorted({r["calibrator_info"].get("calibration_stages") for r in runs.values()} - {None})
+            npar = sorted({r["calibrator_info"].get("num_params") for r in runs.values()} - {None})
+            if runs:
+                stages.append(f"{spec['methods'][m]['label']}: calibration stages {st}, calibrator parameters {npar}")
+    if not stages:
+        return []
+    return [
+        "Calibration stages a final multi-task model needs (from the trainer's `calibrator_info`): "
+        + "; ".join(stages)
+        + ".",
+        "",
+    ]
+
+
+def _claims_section(
+    spec: dict, cache: Path, evals: _Evals
+) -> tuple[list[str], dict[str, list[dict[str, Any]]], dict[str, dict], list[float]]:
+    """The "Verdicts on the seed paper's claims" section, with the claims' raw entries, their verdicts and every
+    comparison's median per-seed bootstrap half-width."""
+    margin, margin_acc = spec["margin_ece"], spec["margin_acc"]
+    L = ["## Verdicts on the seed paper's claims", ""]
     L += [
         f"Paired by seed, test split, method − reference, in percentage points; [95 % t interval across seeds]; TOST p with its 90 % "
         f"interval (equivalence margin ±{100 * margin:g} pt ECE); accuracy non-inferiority margin {100 * margin_acc:g} pt.",
@@ -820,96 +959,71 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
         "| claim | regime | comparison | seeds | ΔECE pt [95 % CI] | TOST p [90 % CI] | Δacc pt [95 % CI] | per-seed bootstrap: seeds with ΔECE CI > 0 / < 0 (median half-width pt) | verdict | plain CE vs the reference: ΔECE pt [95 % CI], verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    claims_raw: dict[str, list[dict[str, Any]]] = {}
     claim_rows: dict[str, dict] = {}
     half_widths: list[float] = []
     for key, claim in spec["claims"].items():
-        per_regime = []
-        variants = [claim["onego"]] + ([claim["secondary"]] if claim.get("secondary") else [])
-        for regime in claim["regimes"]:
-            if regime not in evals:
-                continue
-            for vi, onego in enumerate(variants):
-                ref = claim["reference"]
-                if onego not in evals[regime] or ref not in evals[regime]:
-                    continue
-                a, b = evals[regime][onego], evals[regime][ref]
-                d_ece, d_acc = paired(a, b, "ece"), paired(a, b, "accuracy")
-                v = matches_verdict(d_ece, d_acc, margin, margin_acc, alpha)
-                boot = per_seed_bootstrap(cache, regime, onego, ref, seeds, spec["evaluation"]["bootstrap_resamples"])
-                above = sum(r["lo"] > 0 for r in boot)
-                below = sum(r["hi"] < 0 for r in boot)
-                hw = _median([(r["hi"] - r["lo"]) / 2 for r in boot])
-                half_widths.append(hw)
-                e, t_, ac = v["ece"], v["tost"], v["acc"]
-                label = f"{spec['methods'][onego]['label']} vs {spec['methods'][ref]['label']}"
-                tag = "" if vi == 0 else " (secondary)"
-                ce_runs = evals[regime].get("ce")
-                v_ce = (
-                    matches_verdict(
-                        paired(ce_runs, b, "ece"), paired(ce_runs, b, "accuracy"), margin, margin_acc, alpha
-                    )
-                    if ce_runs
-                    else None
-                )
-                ce_cell = f"{_ci_str(v_ce['ece'])}, {v_ce['verdict']}" if v_ce else "–"
-                L.append(
-                    f"| ({key}){tag} | {regime} | {label} | {e['n']} | {_ci_str(e)} | {t_['p']:.3f} [{100 * t_['lo']:+.2f}, {100 * t_['hi']:+.2f}] "
-                    f"| {_ci_str(ac)} | {above} / {below} ({100 * hw:.2f}) | **{v['verdict']}** ({v['reason']}) | {ce_cell} |"
-                )
-                entry = {
-                    "regime": regime,
-                    "onego": onego,
-                    "reference": ref,
-                    "d_ece": d_ece,
-                    "d_acc": d_acc,
-                    "verdict": v,
-                    "per_seed_bootstrap": boot,
-                    "primary": vi == 0,
-                    "plain_ce_vs_reference": v_ce,
-                }
-                raw["claims"].setdefault(key, []).append(entry)
-                if vi == 0:
-                    trivial = v_ce is not None and v_ce["verdict"] == "established"
-                    per_regime.append((regime, v["verdict"] + (" (plain CE matches too)" if trivial else "")))
-        missing = [r for r in claim["regimes"] if r not in {reg for reg, _ in per_regime}]
-        overall = overall_verdict([v.split(" (")[0] for _, v in per_regime])
-        if missing and overall == "established":
-            overall = "not settled"  # a regime of the claim has no result (yet)
-        claim_rows[key] = {"overall": overall, "per_regime": per_regime, "missing": missing}
+        rows, entries, hws, claim_rows[key] = _claim_results(spec, cache, evals, key, claim)
+        L += rows
+        half_widths += hws
+        if entries:
+            claims_raw[key] = entries
     L += [""]
-    for key, claim in spec["claims"].items():
-        cr = claim_rows[key]
-        if not claim["regimes"]:
-            L.append(f"- **({key}) {claim['text']}**: not part of this study config.")
-            continue
-        regs = ", ".join([f"{r}: {v}" for r, v in cr["per_regime"]] + [f"{r}: no result" for r in cr["missing"]])
-        L.append(
-            f"- **({key}) {claim['text']}: {cr['overall'].upper()}** "
-            f"(decided by {spec['methods'][claim['onego']]['label']} vs {spec['methods'][claim['reference']]['label']}; {regs})."
-        )
-    L += [""]
-    if "c" in spec["claims"]:
-        stages = []
-        for regime in spec["claims"]["c"]["regimes"]:
-            for m in spec["regimes"].get(regime, {}).get("methods", []):
-                runs = _ok(evals.get(regime, {}).get(m, {}))
-                st = sorted({r["calibrator_info"].get("calibration_stages") for r in runs.values()} - {None})
-                npar = sorted({r["calibrator_info"].get("num_params") for r in runs.values()} - {None})
-                if runs:
-                    stages.append(
-                        f"{spec['methods'][m]['label']}: calibration stages {st}, calibrator parameters {npar}"
-                    )
-        if stages:
-            L += [
-                "Calibration stages a final multi-task model needs (from the trainer's `calibrator_info`): "
-                + "; ".join(stages)
-                + ".",
-                "",
-            ]
-    raw["verdicts"] = claim_rows
+    L += _claim_summary(spec, claim_rows)
+    L += _calibration_stages(spec, evals)
+    return L, claims_raw, claim_rows, half_widths
 
-    # ---------------------------------------------------------------- tables per regime
-    L += ["## Results per regime", ""]
+
+def _regime_row(spec: dict, m: str, rec: dict | None, runs: _Runs, refs: tuple[_Runs, _Runs]) -> str:
+    """One method's row of its regime's results table."""
+    metric = spec["tuning"]["metric"]
+    ok = _ok(runs)
+    tv = rec["selection"]["val_metrics"].get(metric) if rec else None
+    cells = [
+        spec["methods"][m]["label"],
+        _hparams(rec) if rec else "(not tuned)",
+        f"{tv:.4f}" if tv is not None else "n/a",
+        f"{len(ok)}/{len(runs)}",
+        mean_std_str([r["test"]["accuracy"] for r in ok.values()], 100),
+        mean_std_str([r["test"]["ece"] for r in ok.values()], 100),
+        mean_std_str([r["test"]["nll"] for r in ok.values()], 1.0, 3),
+    ]
+    for ref in refs:
+        if ref is runs or not ref:
+            cells += ["–", "–"]
+        else:
+            cells += [
+                _ci_str(paired_ci(paired(runs, ref, "ece"))),
+                _ci_str(paired_ci(paired(runs, ref, "accuracy"))),
+            ]
+    cells += [
+        f"{_median([r['wall_s'] for r in ok.values()]):.1f}",
+        f"{_median([r['epochs_run'] for r in ok.values()]):.0f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _method_raw(rec: dict | None, runs: _Runs) -> dict[str, Any]:
+    """A method's raw record: its tuning outcome and its runs, each run's epoch times cut to their median."""
+    slim = {
+        seed: {
+            **{k: v for k, v in r.items() if k != "epoch_times"},
+            "median_epoch_s": _median(r.get("epoch_times") or []),
+        }
+        for seed, r in runs.items()
+    }
+    return {
+        "tuned": {k: rec[k] for k in ("params", "run_config", "selection", "leaderboard", "wall_s", "sweep")}
+        if rec
+        else None,
+        "runs": slim,
+    }
+
+
+def _regime_tables(spec: dict, tuned: _Tuned, evals: _Evals) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """The "Results per regime" section (one table per regime) and each regime's raw record per method."""
+    metric, ev = spec["tuning"]["metric"], spec["evaluation"]
+    L = ["## Results per regime", ""]
     L += [
         f"Test metrics of the chosen configuration, mean ± std over the evaluation seeds; Δ columns paired by seed against "
         f"{spec['methods']['ts_val']['label']} and plain CE [95 % t interval]. 'tuned' = the service's champion on validation "
@@ -918,6 +1032,7 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
         "'epochs' = median epochs run (early stopping)."
     ]
     L += [""]
+    regimes_raw: dict[str, dict[str, Any]] = {}
     for regime, reg in spec["regimes"].items():
         L += [f"### {regime}: {reg['label']}", ""]
         L += [f"Run config: `{json.dumps(reg['run'], separators=(',', ':'))}`.", ""]
@@ -925,48 +1040,14 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
             "| method | tuned (chosen) | tuning val NLL | seeds ok | test acc % | test ECE % | test NLL | ΔECE vs TS-val pt | Δacc vs TS-val pt | ΔECE vs CE pt | Δacc vs CE pt | wall s | epochs |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        ref_ts, ref_ce = evals[regime].get("ts_val", {}), evals[regime].get("ce", {})
+        # the very objects in evals: _regime_row finds the reference's own row by identity (no Δ against itself)
+        refs = (evals[regime].get("ts_val", {}), evals[regime].get("ce", {}))
         reg_raw = {}
         for m in reg["methods"]:
             rec = tuned[regime].get(m)
             runs = evals[regime].get(m, {})
-            ok = _ok(runs)
-            tv = rec["selection"]["val_metrics"].get(metric) if rec else None
-            cells = [
-                spec["methods"][m]["label"],
-                _hparams(rec) if rec else "(not tuned)",
-                f"{tv:.4f}" if tv is not None else "n/a",
-                f"{len(ok)}/{len(runs)}",
-                mean_std_str([r["test"]["accuracy"] for r in ok.values()], 100),
-                mean_std_str([r["test"]["ece"] for r in ok.values()], 100),
-                mean_std_str([r["test"]["nll"] for r in ok.values()], 1.0, 3),
-            ]
-            for ref in (ref_ts, ref_ce):
-                if ref is runs or not ref:
-                    cells += ["–", "–"]
-                else:
-                    cells += [
-                        _ci_str(paired_ci(paired(runs, ref, "ece"))),
-                        _ci_str(paired_ci(paired(runs, ref, "accuracy"))),
-                    ]
-            cells += [
-                f"{_median([r['wall_s'] for r in ok.values()]):.1f}",
-                f"{_median([r['epochs_run'] for r in ok.values()]):.0f}",
-            ]
-            L.append("| " + " | ".join(cells) + " |")
-            slim = {
-                seed: {
-                    **{k: v for k, v in r.items() if k != "epoch_times"},
-                    "median_epoch_s": _median(r.get("epoch_times") or []),
-                }
-                for seed, r in runs.items()
-            }
-            reg_raw[m] = {
-                "tuned": {k: rec[k] for k in ("params", "run_config", "selection", "leaderboard", "wall_s", "sweep")}
-                if rec
-                else None,
-                "runs": slim,
-            }
+            L.append(_regime_row(spec, m, rec, runs, refs))
+            reg_raw[m] = _method_raw(rec, runs)
         fails = [
             f"{m} seed {s}: {r['status']} ({r['reason']})"
             for m in reg["methods"]
@@ -976,21 +1057,30 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
         if fails:
             L += ["", "Runs that did not complete: " + "; ".join(fails)]
         L += [""]
-        raw["regimes"][regime] = reg_raw
+        regimes_raw[regime] = reg_raw
+    return L, regimes_raw
 
-    # ---------------------------------------------------------------- multi-task per task
+
+def _task_names(test: dict[str, Any]) -> list[str]:
+    """The tasks of a multi-task run's test metrics (those with both `<task>_ece` and `<task>_accuracy`)."""
+    tasks = sorted(
+        {
+            k.removesuffix("_ece")
+            for k in test
+            if k.endswith("_ece") and k.count("_") == 1 and k.split("_")[0] not in ("classwise",)
+        }
+    )
+    return [t for t in tasks if f"{t}_accuracy" in test]
+
+
+def _per_task_tables(spec: dict, evals: _Evals) -> list[str]:
+    """Per multi-task regime, a table of each task's test accuracy and ECE per method (ΔECE against TS-val)."""
+    L: list[str] = []
     for regime, reg in spec["regimes"].items():
         some = next((r for runs in evals[regime].values() for r in _ok(runs).values()), None)
         if some is None:
             continue
-        tasks = sorted(
-            {
-                k.removesuffix("_ece")
-                for k in some["test"]
-                if k.endswith("_ece") and k.count("_") == 1 and k.split("_")[0] not in ("classwise",)
-            }
-        )
-        tasks = [t for t in tasks if f"{t}_accuracy" in some["test"]]
+        tasks = _task_names(some["test"])
         if not tasks:
             continue
         L += [f"### {regime}: per task (test, mean ± std over seeds; ΔECE vs TS-val paired [95 % CI])", ""]
@@ -1008,41 +1098,48 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
                 cells.append(s)
             L.append(f"| {t} | " + " | ".join(cells) + " |")
         L += [""]
+    return L
 
-    # ---------------------------------------------------------------- hypergradient
+
+def _hypergradient_section(spec: dict, tuned: _Tuned, evals: _Evals) -> list[str]:
+    """The first-order vs unrolled hypergradient comparison (when the config names the pair): accuracy,
+    calibration and cost, paired by seed."""
     hg = spec.get("hypergradient")
-    if hg:
-        L += ["## First-order vs unrolled hypergradient (`train.hypergradient`)", ""]
-        L += [
-            "Both tuned the same way (same trials, same search space), temperature calibrator on `holdout:0.1`. Δ = unrolled − first-order, "
-            "paired by seed [95 % CI]; cost = median over seeds of the paired ratio of the runs' wall times (training + per-epoch "
-            "validation), and of the median epoch times.",
-            "",
-        ]
-        L += [
-            "| regime | chosen (first-order) | chosen (unrolled) | seeds | Δacc pt | ΔECE pt | ΔNLL | wall-time ratio | epoch-time ratio | unrolled / CE epoch-time ratio |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for regime in spec["regimes"]:
-            fo, un = evals[regime].get(hg["first_order"]), evals[regime].get(hg["unrolled"])
-            if not fo or not un:
-                continue
-            seeds_c = sorted(set(_ok(fo)) & set(_ok(un)))
-            ratio = _median([un[s]["wall_s"] / fo[s]["wall_s"] for s in seeds_c])
-            eratio = _median([_median(un[s]["epoch_times"]) / _median(fo[s]["epoch_times"]) for s in seeds_c])
-            ce = _ok(evals[regime].get("ce", {}))
-            ce_ratio = _median(
-                [_median(un[s]["epoch_times"]) / _median(ce[s]["epoch_times"]) for s in seeds_c if s in ce]
-            )
-            L.append(
-                f"| {regime} | {_hparams(tuned[regime][hg['first_order']])} | {_hparams(tuned[regime][hg['unrolled']])} | {len(seeds_c)} "
-                f"| {_ci_str(paired_ci(paired(un, fo, 'accuracy')))} | {_ci_str(paired_ci(paired(un, fo, 'ece')))} "
-                f"| {_ci_str(paired_ci(paired(un, fo, 'nll')), 1.0, 3)} | {ratio:.2f}x | {eratio:.2f}x | {ce_ratio:.2f}x |"
-            )
-        L += [""]
+    if not hg:
+        return []
+    L = ["## First-order vs unrolled hypergradient (`train.hypergradient`)", ""]
+    L += [
+        "Both tuned the same way (same trials, same search space), temperature calibrator on `holdout:0.1`. Δ = unrolled − first-order, "
+        "paired by seed [95 % CI]; cost = median over seeds of the paired ratio of the runs' wall times (training + per-epoch "
+        "validation), and of the median epoch times.",
+        "",
+    ]
+    L += [
+        "| regime | chosen (first-order) | chosen (unrolled) | seeds | Δacc pt | ΔECE pt | ΔNLL | wall-time ratio | epoch-time ratio | unrolled / CE epoch-time ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for regime in spec["regimes"]:
+        fo, un = evals[regime].get(hg["first_order"]), evals[regime].get(hg["unrolled"])
+        if not fo or not un:
+            continue
+        seeds_c = sorted(set(_ok(fo)) & set(_ok(un)))
+        ratio = _median([un[s]["wall_s"] / fo[s]["wall_s"] for s in seeds_c])
+        eratio = _median([_median(un[s]["epoch_times"]) / _median(fo[s]["epoch_times"]) for s in seeds_c])
+        ce = _ok(evals[regime].get("ce", {}))
+        ce_ratio = _median([_median(un[s]["epoch_times"]) / _median(ce[s]["epoch_times"]) for s in seeds_c if s in ce])
+        L.append(
+            f"| {regime} | {_hparams(tuned[regime][hg['first_order']])} | {_hparams(tuned[regime][hg['unrolled']])} | {len(seeds_c)} "
+            f"| {_ci_str(paired_ci(paired(un, fo, 'accuracy')))} | {_ci_str(paired_ci(paired(un, fo, 'ece')))} "
+            f"| {_ci_str(paired_ci(paired(un, fo, 'nll')), 1.0, 3)} | {ratio:.2f}x | {eratio:.2f}x | {ce_ratio:.2f}x |"
+        )
+    L += [""]
+    return L
 
-    # ---------------------------------------------------------------- caveats
-    L += ["## Caveats and what this study does not cover", ""]
+
+def _caveats_section(spec: dict, half_widths: Sequence[float]) -> list[str]:
+    """The "Caveats and what this study does not cover" section."""
+    margin = spec["margin_ece"]
+    L = ["## Caveats and what this study does not cover", ""]
     all_methods = list(spec["methods"])
     for regime, reg in spec["regimes"].items():
         absent = [m for m in all_methods if m not in reg["methods"]]
@@ -1065,9 +1162,13 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
         "- The GPU configs (benchmarks/studies/method_study_configs/cifar10_resnet18.yaml, cifar100_wrn28_10.yaml) were not run here.",
         "",
     ]
+    return L
 
-    # ---------------------------------------------------------------- tuning leaderboards
-    L += ["## Tuning trials (validation, tuning seed)", ""]
+
+def _tuning_trials_section(spec: dict, tuned: _Tuned) -> list[str]:
+    """The "Tuning trials" section: every completed trial's validation metric, per regime and method."""
+    metric = spec["tuning"]["metric"]
+    L = ["## Tuning trials (validation, tuning seed)", ""]
     L += [
         f"Every trial the service ran, per regime and method: validation {metric.removeprefix('val_').upper()} of the completed trials "
         "(sorted), the champion first. Raw leaderboards (all metrics, test included, never used) are in method_study.json.gz.",
@@ -1086,14 +1187,39 @@ def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dic
             parts.append(f"{m}: {len(vals)}/{n} completed, val NLL " + ", ".join(f"{v:.3f}" for v in vals))
         L += [f"- **{regime}**: " + "; ".join(parts)]
     L += [""]
+    return L
+
+
+def build_report(spec: dict, cache: Path, command: str, quick: bool, timing: dict[str, Any]) -> tuple[str, dict]:
+    """The study's Markdown report and its raw record, from the cache alone."""
+    tuned, evals = _load_results(spec, cache)
+    L = _header_lines(spec, cache, command, quick, timing)
+    L += _procedure_section(spec, cache)
+    L += _budget_section(spec, cache, timing)
+    claim_lines, claims_raw, verdicts, half_widths = _claims_section(spec, cache, evals)
+    L += claim_lines
+    tables, regimes_raw = _regime_tables(spec, tuned, evals)
+    L += tables
+    L += _per_task_tables(spec, evals)
+    L += _hypergradient_section(spec, tuned, evals)
+    L += _caveats_section(spec, half_widths)
+    L += _tuning_trials_section(spec, tuned)
+    raw: dict[str, Any] = {
+        "spec": spec,
+        "command": command,
+        "regimes": regimes_raw,
+        "claims": claims_raw,
+        "timing": timing,
+        "verdicts": verdicts,
+    }
     return "\n".join(L) + "\n", raw
 
 
 # ==========================================================================================
 # main
 # ==========================================================================================
-def main(argv: list[str] | None = None) -> int:
-    """Run (or resume) the study's tuning and evaluations, then write and print the report."""
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line's options."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="study config (default: the CPU study)")
     p.add_argument(
@@ -1104,13 +1230,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--regimes", type=str, default=None, help="comma-separated subset of the config's regimes")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the cache, run nothing")
     p.add_argument("--note", type=str, default="", help="a line for the report's budget section")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def _shown_command(argv: list[str] | None) -> str:
+    """The command line for the report, with the --note text replaced by NOTE."""
     raw_args = list(argv if argv is not None else sys.argv[1:])
     shown = [
         ("NOTE" if i > 0 and raw_args[i - 1] == "--note" else a) for i, a in enumerate(raw_args)
     ]  # the note is printed below
-    command = command_line(__file__, shown)
+    return command_line(__file__, shown)
+
+
+def _study_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The study config with --quick and --regimes applied."""
     spec = load_spec(args.config)
     if args.quick:
         spec = _merge(spec, QUICK)
@@ -1119,13 +1252,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.regimes:
         keep = [r for r in args.regimes.split(",") if r]
         spec["regimes"] = {k: v for k, v in spec["regimes"].items() if k in keep}
+    return spec
+
+
+def _study_dirs(args: argparse.Namespace, spec: dict[str, Any]) -> tuple[Path, Path]:
+    """The cache and report folders, created (both in a fresh temp dir with --quick unless given)."""
     tmp = Path(tempfile.mkdtemp(prefix="method_study_quick_")) if args.quick else None
     cache = (args.cache_dir or (tmp / "cache" if tmp else DEFAULT_CACHE / spec["name"])).resolve()
     out_dir = args.out_dir or (tmp if tmp else DEFAULT_OUT)
     cache.mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"method study {spec['name']}: cache {cache}, report -> {out_dir}", flush=True)
+    return cache, out_dir
 
+
+def _load_timing(cache: Path, note: str) -> dict[str, Any]:
+    """The cache's timing record, with this invocation's torch version and note."""
     import torch
 
     # wall times accumulate over the invocations that filled this cache (a resumed study adds up)
@@ -1135,60 +1276,89 @@ def main(argv: list[str] | None = None) -> int:
         if timing_path.is_file()
         else {"tune_wall_s": {}, "eval_wall_s": {}, "invocations": []}
     )
-    timing.update({"torch": torch.__version__, "note": args.note})
+    timing.update({"torch": torch.__version__, "note": note})
+    return timing
 
-    def add(kind: str, regime: str, dt: float) -> None:
-        timing[kind][regime] = timing[kind].get(regime, 0.0) + dt
-        write_json(timing_path, timing)
 
-    t_start = time.perf_counter()
-    complete = all(
+def _is_complete(spec: dict[str, Any], cache: Path) -> bool:
+    """Whether every (regime, method) is tuned and evaluated on every seed in the cache."""
+    return all(
         (cache / "tune" / r / f"{m}.json").is_file() and eval_path(cache, r, m, seed).is_file()
         for r, reg in spec["regimes"].items()
         for m in reg["methods"]
         for seed in spec["evaluation"]["seeds"]
     )
-    if complete and not args.report_only:
-        print("everything is cached: rebuilding the report only", flush=True)
-    if not args.report_only and not complete:
-        now = utc_now()
-        inv = {"started_utc": now, "command": command, "wall_s": 0.0}
-        timing["invocations"].append(inv)
-        timing.setdefault("first_started_utc", now)
 
-        def progress() -> None:  # an invocation killed from outside keeps the time up to its last step
-            inv["wall_s"] = time.perf_counter() - t_start
-            timing["last_progress_utc"] = utc_now()
-            write_json(timing_path, timing)
 
-        progress()
-        for regime, reg in spec["regimes"].items():
-            t0 = time.perf_counter()
-            tuned = {}
-            for m in reg["methods"]:
-                tuned[m] = tune_one(spec, regime, m, cache)
-                progress()
-            add("tune_wall_s", regime, time.perf_counter() - t0)
-            import ray
+def _run_study(spec: dict[str, Any], cache: Path, command: str, timing: dict[str, Any], t_start: float) -> None:
+    """Tune and evaluate every regime (cached steps are skipped), recording wall times in the cache's timing.json."""
+    timing_path = cache / "timing.json"
 
-            if ray.is_initialized():
-                ray.shutdown()  # the cores go to the evaluation workers
-            t0 = time.perf_counter()
-            run_evaluations(spec, regime, tuned, cache)
-            add("eval_wall_s", regime, time.perf_counter() - t0)
+    def add(kind: str, regime: str, dt: float) -> None:
+        timing[kind][regime] = timing[kind].get(regime, 0.0) + dt
+        write_json(timing_path, timing)
+
+    now = utc_now()
+    inv = {"started_utc": now, "command": command, "wall_s": 0.0}
+    timing["invocations"].append(inv)
+    timing.setdefault("first_started_utc", now)
+
+    def progress() -> None:  # an invocation killed from outside keeps the time up to its last step
+        inv["wall_s"] = time.perf_counter() - t_start
+        timing["last_progress_utc"] = utc_now()
+        write_json(timing_path, timing)
+
+    progress()
+    for regime, reg in spec["regimes"].items():
+        t0 = time.perf_counter()
+        tuned = {}
+        for m in reg["methods"]:
+            tuned[m] = tune_one(spec, regime, m, cache)
             progress()
-            print(
-                f"[done] {regime}: tuning {timing['tune_wall_s'][regime]:.0f}s, evaluation {timing['eval_wall_s'][regime]:.0f}s "
-                f"(cumulative over invocations)",
-                flush=True,
-            )
+        add("tune_wall_s", regime, time.perf_counter() - t0)
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()  # the cores go to the evaluation workers
+        t0 = time.perf_counter()
+        run_evaluations(spec, regime, tuned, cache)
+        add("eval_wall_s", regime, time.perf_counter() - t0)
+        progress()
+        print(
+            f"[done] {regime}: tuning {timing['tune_wall_s'][regime]:.0f}s, evaluation {timing['eval_wall_s'][regime]:.0f}s "
+            f"(cumulative over invocations)",
+            flush=True,
+        )
+
+
+def _write_report(
+    spec: dict[str, Any], cache: Path, command: str, quick: bool, timing: dict[str, Any], out_dir: Path
+) -> None:
+    """Build the report from the cache, write it (Markdown and gzipped raw JSON) to `out_dir` and print it."""
     timing["total_wall_s"] = sum(i["wall_s"] or 0.0 for i in timing["invocations"])
-    text, raw = build_report(spec, cache, command, args.quick, timing)
+    text, raw = build_report(spec, cache, command, quick, timing)
     stem = "method_study" if spec["name"] == "cpu" else f"method_study_{spec['name']}"
     (out_dir / f"{stem}.md").write_text(text)
     write_json(out_dir / f"{stem}.json.gz", raw, compact=True)  # gzipped: benchmarks/results under 15 MB (issue #31)
     print(text, flush=True)
     print(f"wrote {out_dir / (stem + '.md')}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run (or resume) the study's tuning and evaluations, then write and print the report."""
+    args = _parse_args(argv)
+    command = _shown_command(argv)
+    spec = _study_spec(args)
+    cache, out_dir = _study_dirs(args, spec)
+    print(f"method study {spec['name']}: cache {cache}, report -> {out_dir}", flush=True)
+    timing = _load_timing(cache, args.note)
+    t_start = time.perf_counter()
+    complete = _is_complete(spec, cache)
+    if complete and not args.report_only:
+        print("everything is cached: rebuilding the report only", flush=True)
+    if not args.report_only and not complete:
+        _run_study(spec, cache, command, timing, t_start)
+    _write_report(spec, cache, command, args.quick, timing, out_dir)
     return 0
 
 

@@ -410,23 +410,10 @@ def _deviations(spec: dict) -> str:
     return m.group(1).strip() if m else "(none)"
 
 
-def build_report(
-    spec: dict, raw: Path, command: str, keep_all: bool = False, raw_label: str | None = None
-) -> tuple[str, dict[str, Any]]:
-    """The Markdown report and its JSON record, from the raw files alone (`raw_label`: how the report names
-    them, when `raw` is the compact form rebuilt in a temporary folder)."""
-    n_eval = len(spec["evaluation"]["seeds"])
+def _header_lines(spec: dict, raw: Path, command: str, keep_all: bool, raw_label: str | None) -> list[str]:
+    """The report's title and its opening paragraph: protocol, command, raw files, machine, margins."""
     margin, margin_acc, alpha = spec["margin_ece"], spec["margin_acc"], spec["alpha"]
     yaml_path, md_path = protocol_files(spec)
-    out: dict[str, Any] = {
-        "protocol": str(yaml_path.relative_to(ROOT)),
-        "command": command,
-        "check": {},
-        "tuning": {},
-        "methods": {},
-        "claims": {},
-        "verdicts": {},
-    }
     L = [f"# {spec.get('title', 'Method study v2: where calibration matters (protocol B: backbone fixed)')}", ""]
     if keep_all:
         L += ["**SMOKE RUN (--keep-all): every regime kept whatever its check says; the numbers mean nothing.**", ""]
@@ -436,6 +423,13 @@ def build_report(
         f"Margins: ECE {100 * margin:g} pt (equivalence), accuracy {100 * margin_acc:g} pt (non-inferiority); "
         f"alpha {alpha}.",
         "",
+    ]
+    return L
+
+
+def _check_section(spec: dict, raw: Path, keep_all: bool) -> tuple[list[str], dict[str, Any], list[str]]:
+    """Section 1, the regime check table; also each regime's check result and the regimes kept."""
+    L = [
         "## 1. Regime check: does plain CE need calibration here?",
         "",
         f"Plain CE minus post-hoc TS on validation, test ECE, {len(spec['check']['seeds'])} check seeds "
@@ -445,11 +439,12 @@ def build_report(
         "| regime | CE test acc % | CE test ECE % | TS-val test ECE % | CE - TS, pt [95 % CI] | kept |",
         "|---|---|---|---|---|---|",
     ]
+    checks: dict[str, Any] = {}
     kept = []
     for r, reg in spec["regimes"].items():
         c = check_result(spec, r, raw)
         c["kept"] = c["kept"] or (keep_all and c["complete"])
-        out["check"][r] = c
+        checks[r] = c
         status = "yes" if c["kept"] else ("no (dropped)" if c["complete"] else f"pending ({len(c['seeds'])} seeds)")
         if c["kept"]:
             kept.append(r)
@@ -457,24 +452,37 @@ def build_report(
             f"| {r}: {reg['label']} | {_ms(c['ce_acc'])} | {_ms(c['ce_ece'])} | {_ms(c['ts_ece'])} | "
             f"{_ci(c['diff'])} | {status} |"
         )
-    L += [
+    return L, checks, kept
+
+
+def _tuning_section(spec: dict, raw: Path, kept: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    """Section 2, the tuned methods' chosen parameters per kept regime; also their chosen.json records."""
+    L = [
         "",
         f"## 2. Tuning ({spec.get('tuning_label', 'one-go calibrator lr')}; validation NLL, mean over the tuning seeds)",
         "",
         "| regime | method | trials done | chosen | mean val NLL |",
         "|---|---|---|---|---|",
     ]
+    tuning: dict[str, Any] = {}
     for r in kept:
         for m, meth in spec["methods"].items():
             if "tune" not in meth:
                 continue
             rec = _load(raw / r / "tune" / m / "chosen.json")
             n_done = len(list((raw / r / "tune" / m).glob("trial*_seed*.json"))) // len(spec["tuning"]["seeds"])
-            out["tuning"][f"{r}/{m}"] = rec
+            tuning[f"{r}/{m}"] = rec
             lr = ", ".join(f"{k} {v:.3g}" for k, v in rec["params"].items()) if rec else "pending"
             val = f"{rec['value']:.4f}" if rec else "n/a"
             L.append(f"| {r} | {m} | {n_done}/{spec['tuning']['trials']} | {lr} | {val} |")
-    L += ["", "## 3. Methods per regime (test split, mean ± sd over evaluation seeds)", ""]
+    return L, tuning
+
+
+def _methods_section(spec: dict, raw: Path, kept: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    """Section 3, one table of every method's test metrics per kept regime; also the completed runs' test metrics."""
+    n_eval = len(spec["evaluation"]["seeds"])
+    L = ["", "## 3. Methods per regime (test split, mean ± sd over evaluation seeds)", ""]
+    methods: dict[str, Any] = {}
     for r in kept:
         L += [
             f"### {r}: {spec['regimes'][r]['label']}",
@@ -484,14 +492,88 @@ def build_report(
         ]
         for m, meth in spec["methods"].items():
             ev = {s: x for s, x in load_evals(spec, r, m, raw).items() if x["status"] == "completed"}
-            out["methods"][f"{r}/{m}"] = {s: x["test"] for s, x in ev.items()}
+            methods[f"{r}/{m}"] = {s: x["test"] for s, x in ev.items()}
             col = lambda k, ev=ev: [x["test"].get(k) for x in ev.values()]  # noqa: E731
             L.append(
                 f"| {meth['label']} | {meth['backbone_data']} | {meth['calibrator_data']} | {len(ev)}/{n_eval} | "
                 f"{_ms(col('accuracy'))} | {_ms(col('ece'))} | {_ms(col('smooth_ece'))} | {_ms(col('debiased_l2_ce'))} |"
             )
         L.append("")
-    L += ["## 4. Claims, per regime (method minus reference, paired by seed; 95 % t intervals)", ""]
+    return L, methods
+
+
+def _claim_regime(spec: dict, raw: Path, claim: dict, r: str) -> tuple[str, dict[str, Any], str]:
+    """One regime's row of a claim's table, its JSON record and its verdict ("pending" while seeds are missing)."""
+    n_eval = len(spec["evaluation"]["seeds"])
+    margin, margin_acc, alpha = spec["margin_ece"], spec["margin_acc"], spec["alpha"]
+    a = {s: x for s, x in load_evals(spec, r, claim["method"], raw).items() if x["status"] == "completed"}
+    b = {s: x for s, x in load_evals(spec, r, claim["reference"], raw).items() if x["status"] == "completed"}
+    seeds = sorted(set(a) & set(b))
+    d = {k: [a[s]["test"][k] - b[s]["test"][k] for s in seeds] for k in ("ece", "accuracy", "smooth_ece")}
+    if claim["kind"] == "matches":
+        v = matches_verdict(d["ece"], d["accuracy"], margin, margin_acc, alpha)
+    else:
+        v = better_verdict(d["ece"])
+    complete = len(seeds) == n_eval
+    verdict = v["verdict"] if complete else f"pending ({v['verdict']} at {len(seeds)} seeds)"
+    boots = (
+        per_seed_bootstrap(
+            raw,
+            r,
+            claim["method"],
+            claim["reference"],
+            seeds[:n_eval],
+            spec["evaluation"]["bootstrap_resamples"],
+            path_fn=eval_path,
+        )
+        if seeds
+        else []
+    )
+    hw = statistics.median([(x["hi"] - x["lo"]) / 2 for x in boots]) if boots else math.nan
+    sm = paired_ci(d["smooth_ece"])
+    flag = (
+        " (sign differs from ECE)"
+        if (
+            math.isfinite(sm["lo"])
+            and math.isfinite(v["ece"]["lo"])
+            and ((sm["lo"] > 0 and v["ece"]["hi"] < 0) or (sm["hi"] < 0 and v["ece"]["lo"] > 0))
+        )
+        else ""
+    )
+    acc = paired_ci(d["accuracy"])
+    line = f"| {r} | {len(seeds)} | {_ci(v['ece'])} | {_ci(acc)} | {_ci(sm)}{flag} | {100 * hw:.2f} | {verdict} |"
+    record = {
+        "regime": r,
+        "seeds": seeds,
+        "d": d,
+        "verdict": v["verdict"],
+        "complete": complete,
+        "bootstrap_half_width": hw,
+        "sd_ece": statistics.stdev(d["ece"]) if len(seeds) > 1 else None,
+        "sd_acc": statistics.stdev(d["accuracy"]) if len(seeds) > 1 else None,
+    }
+    return line, record, v["verdict"] if complete else "pending"
+
+
+def _claim_overall(spec: dict, raw: Path, claim: dict, regs: Sequence[str], per: Sequence[str]) -> str:
+    """A claim's overall verdict over its kept regimes, or why it is not decided yet."""
+    done = [p for p in per if p != "pending"]
+    # a regime whose check has not finished may still join the claim: the claim is not decided before it
+    unchecked = [r for r in claim["regimes"] if not check_result(spec, r, raw)["complete"]]
+    if not regs:
+        return "pending" if unchecked else "no regime passed the check"
+    if len(done) < len(per) or unchecked:
+        return f"pending ({len(done)} of {len(per) + len(unchecked)} regimes complete)"
+    return overall_verdict(done)
+
+
+def _claims_section(
+    spec: dict, raw: Path, kept: Sequence[str]
+) -> tuple[list[str], dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """Section 4, one table per claim with its overall verdict; also the per-regime records and the verdicts."""
+    L = ["## 4. Claims, per regime (method minus reference, paired by seed; 95 % t intervals)", ""]
+    claims: dict[str, list[dict[str, Any]]] = {}
+    verdicts: dict[str, dict[str, Any]] = {}
     for name, claim in spec["claims"].items():
         regs = [r for r in claim["regimes"] if r in kept]
         L += [
@@ -504,87 +586,63 @@ def build_report(
         ]
         per = []
         for r in regs:
-            a = {s: x for s, x in load_evals(spec, r, claim["method"], raw).items() if x["status"] == "completed"}
-            b = {s: x for s, x in load_evals(spec, r, claim["reference"], raw).items() if x["status"] == "completed"}
-            seeds = sorted(set(a) & set(b))
-            d = {k: [a[s]["test"][k] - b[s]["test"][k] for s in seeds] for k in ("ece", "accuracy", "smooth_ece")}
-            if claim["kind"] == "matches":
-                v = matches_verdict(d["ece"], d["accuracy"], margin, margin_acc, alpha)
-            else:
-                v = better_verdict(d["ece"])
-            complete = len(seeds) == n_eval
-            verdict = v["verdict"] if complete else f"pending ({v['verdict']} at {len(seeds)} seeds)"
-            boots = (
-                per_seed_bootstrap(
-                    raw,
-                    r,
-                    claim["method"],
-                    claim["reference"],
-                    seeds[:n_eval],
-                    spec["evaluation"]["bootstrap_resamples"],
-                    path_fn=eval_path,
-                )
-                if seeds
-                else []
-            )
-            hw = statistics.median([(x["hi"] - x["lo"]) / 2 for x in boots]) if boots else math.nan
-            sm = paired_ci(d["smooth_ece"])
-            flag = (
-                " (sign differs from ECE)"
-                if (
-                    math.isfinite(sm["lo"])
-                    and math.isfinite(v["ece"]["lo"])
-                    and ((sm["lo"] > 0 and v["ece"]["hi"] < 0) or (sm["hi"] < 0 and v["ece"]["lo"] > 0))
-                )
-                else ""
-            )
-            acc = paired_ci(d["accuracy"])
-            L.append(
-                f"| {r} | {len(seeds)} | {_ci(v['ece'])} | {_ci(acc)} | {_ci(sm)}{flag} | {100 * hw:.2f} | {verdict} |"
-            )
-            out["claims"].setdefault(name, []).append(
-                {
-                    "regime": r,
-                    "seeds": seeds,
-                    "d": d,
-                    "verdict": v["verdict"],
-                    "complete": complete,
-                    "bootstrap_half_width": hw,
-                    "sd_ece": statistics.stdev(d["ece"]) if len(seeds) > 1 else None,
-                    "sd_acc": statistics.stdev(d["accuracy"]) if len(seeds) > 1 else None,
-                }
-            )
-            per.append(v["verdict"] if complete else "pending")
+            line, record, verdict = _claim_regime(spec, raw, claim, r)
+            L.append(line)
+            claims.setdefault(name, []).append(record)
+            per.append(verdict)
+        overall = _claim_overall(spec, raw, claim, regs, per)
         done = [p for p in per if p != "pending"]
-        # a regime whose check has not finished may still join the claim: the claim is not decided before it
-        unchecked = [r for r in claim["regimes"] if not check_result(spec, r, raw)["complete"]]
-        if not regs:
-            overall = "pending" if unchecked else "no regime passed the check"
-        elif len(done) < len(per) or unchecked:
-            overall = f"pending ({len(done)} of {len(per) + len(unchecked)} regimes complete)"
-        else:
-            overall = overall_verdict(done)
         counts = ", ".join(f"{v} in {done.count(v)} of {len(per)}" for v in dict.fromkeys(done))
-        out["verdicts"][name] = {"overall": overall, "per_regime": list(zip(regs, per))}
+        verdicts[name] = {"overall": overall, "per_regime": list(zip(regs, per))}
         L += ["", f"**Overall ({claim['text']}): {overall}**" + (f" ({counts})." if counts else "."), ""]
-    widths = [row["bootstrap_half_width"] for rows in out["claims"].values() for row in rows]
+    return L, claims, verdicts
+
+
+def _precision_note(spec: dict, claims: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The paragraph on how the per-seed bootstrap half-widths compare with the ECE margin (none without any)."""
+    margin = spec["margin_ece"]
+    widths = [row["bootstrap_half_width"] for rows in claims.values() for row in rows]
     widths = [w for w in widths if math.isfinite(w)]
-    if widths:
-        where = "above" if min(widths) > margin else ("below" if max(widths) < margin else "on both sides of")
-        L += [
-            "**Per-seed precision.** The median per-seed bootstrap half-width of an ECE difference ranges "
-            f"{100 * min(widths):.2f}-{100 * max(widths):.2f} pt, {where} the {100 * margin:g} pt margin"
-            + (
-                ": one seed's test split resolves a difference of the margin's size; "
-                if where == "below"
-                else ": a single seed's test split cannot settle a claim; "
-            )
-            + "the verdicts rest on the paired t interval across seeds.",
-            "",
-        ]
-    L += _power_section(spec, out["claims"])
-    L += _side_by_side(spec, out["verdicts"])
+    if not widths:
+        return []
+    where = "above" if min(widths) > margin else ("below" if max(widths) < margin else "on both sides of")
+    return [
+        "**Per-seed precision.** The median per-seed bootstrap half-width of an ECE difference ranges "
+        f"{100 * min(widths):.2f}-{100 * max(widths):.2f} pt, {where} the {100 * margin:g} pt margin"
+        + (
+            ": one seed's test split resolves a difference of the margin's size; "
+            if where == "below"
+            else ": a single seed's test split cannot settle a claim; "
+        )
+        + "the verdicts rest on the paired t interval across seeds.",
+        "",
+    ]
+
+
+def build_report(
+    spec: dict, raw: Path, command: str, keep_all: bool = False, raw_label: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The Markdown report and its JSON record, from the raw files alone (`raw_label`: how the report names
+    them, when `raw` is the compact form rebuilt in a temporary folder)."""
+    L = _header_lines(spec, raw, command, keep_all, raw_label)
+    check_lines, checks, kept = _check_section(spec, raw, keep_all)
+    tuning_lines, tuning = _tuning_section(spec, raw, kept)
+    method_lines, methods = _methods_section(spec, raw, kept)
+    claim_lines, claims, verdicts = _claims_section(spec, raw, kept)
+    L += check_lines + tuning_lines + method_lines + claim_lines
+    L += _precision_note(spec, claims)
+    L += _power_section(spec, claims)
+    L += _side_by_side(spec, verdicts)
     L += ["## 6. Deviations from the protocol", "", _deviations(spec), ""]
+    out: dict[str, Any] = {
+        "protocol": str(protocol_files(spec)[0].relative_to(ROOT)),
+        "command": command,
+        "check": checks,
+        "tuning": tuning,
+        "methods": methods,
+        "claims": claims,
+        "verdicts": verdicts,
+    }
     return "\n".join(L) + "\n", out
 
 
