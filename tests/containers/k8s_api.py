@@ -259,88 +259,106 @@ class KubeAPI:
 
     # ------------------------------------------------------------------------------------ HTTP
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        api = self
+        """The request handler class bound to this server."""
+        return type("Handler", (_Handler,), {"api": self})
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # the request log is api.log
-                pass
 
-            def _send(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                api.log.append((self.command, self.path, status))
+class _Handler(BaseHTTPRequestHandler):
+    """The stand-in's routes; `api` is the KubeAPI served (KubeAPI._handler binds it in a subclass)."""
 
-            def _status(self, code: int, reason: str, message: str) -> None:
-                self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
-                                  "message": message, "code": code})  # fmt: skip
+    api: KubeAPI
 
-            def _authorised(self) -> bool:
-                if self.headers.get("Authorization") != f"Bearer {api.service_account.token}":
-                    self._status(401, "Unauthorized", "no or a wrong bearer token")
-                    return False
-                return True
+    def log_message(self, *args: Any) -> None:  # the request log is api.log
+        pass
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                if not self._authorised():
+    def _send(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.api.log.append((self.command, self.path, status))
+
+    def _status(self, code: int, reason: str, message: str) -> None:
+        self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
+                          "message": message, "code": code})  # fmt: skip
+
+    def _authorised(self) -> bool:
+        if self.headers.get("Authorization") != f"Bearer {self.api.service_account.token}":
+            self._status(401, "Unauthorized", "no or a wrong bearer token")
+            return False
+        return True
+
+    def _is_our_raycluster(self, m: re.Match[str] | None) -> bool:
+        """Whether a RAYCLUSTERS match names the one RayCluster served."""
+        return bool(m) and m["ns"] == self.api.namespace and m["name"] == self.api.name
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if not self._authorised():
+            return
+        url = urlparse(self.path)
+        if self._is_our_raycluster(RAYCLUSTERS.match(url.path)):
+            self._send(200, self.api.raycluster())
+            return
+        if (m := PODS.match(url.path)) and m["ns"] == self.api.namespace:
+            if m["name"]:
+                self._get_pod(m["name"])
+            else:
+                self._list_pods(url.query)
+            return
+        self._status(404, "NotFound", f"no such resource: {url.path}")
+
+    def _get_pod(self, name: str) -> None:
+        """GET one pod; answered under the lock."""
+        api = self.api
+        with api._lock:
+            pod = api._pods.get(name)
+            if pod is None:
+                self._status(404, "NotFound", f'pods "{name}" not found')
+                return
+            self._send(200, copy.deepcopy(pod))
+
+    def _list_pods(self, query: str) -> None:
+        """GET the pods whose labels match every k=v of the labelSelector, with the list's resourceVersion."""
+        api = self.api
+        with api._lock:
+            selector = dict(
+                kv.split("=", 1) for kv in unquote(parse_qs(query).get("labelSelector", [""])[0]).split(",") if kv
+            )
+            items = [
+                copy.deepcopy(p)
+                for p in api._pods.values()
+                if all(p["metadata"]["labels"].get(k) == v for k, v in selector.items())
+            ]
+            body = {"kind": "PodList", "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(api._version)}, "items": items}  # fmt: skip
+        self._send(200, body)
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        if not self._authorised():
+            return
+        url = urlparse(self.path)
+        if not self._is_our_raycluster(RAYCLUSTERS.match(url.path)):
+            self._status(404, "NotFound", f"no such resource: {url.path}")
+            return
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
+        kind = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        api = self.api
+        with api._lock:
+            try:
+                if kind == "application/json-patch+json":
+                    new = json_patch(api._cluster, body)
+                elif kind == "application/merge-patch+json":
+                    new = merge_patch(api._cluster, body)
+                else:
+                    self._status(415, "UnsupportedMediaType", f"patch type {kind!r}")
                     return
-                url = urlparse(self.path)
-                if (m := RAYCLUSTERS.match(url.path)) and m["ns"] == api.namespace and m["name"] == api.name:
-                    self._send(200, api.raycluster())
-                    return
-                if (m := PODS.match(url.path)) and m["ns"] == api.namespace:
-                    with api._lock:
-                        if m["name"]:
-                            pod = api._pods.get(m["name"])
-                            if pod is None:
-                                self._status(404, "NotFound", f'pods "{m["name"]}" not found')
-                                return
-                            self._send(200, copy.deepcopy(pod))
-                            return
-                        query = parse_qs(url.query)
-                        selector = dict(
-                            kv.split("=", 1) for kv in unquote(query.get("labelSelector", [""])[0]).split(",") if kv
-                        )
-                        items = [
-                            copy.deepcopy(p)
-                            for p in api._pods.values()
-                            if all(p["metadata"]["labels"].get(k) == v for k, v in selector.items())
-                        ]
-                        body = {"kind": "PodList", "apiVersion": "v1",
-                                "metadata": {"resourceVersion": str(api._version)}, "items": items}  # fmt: skip
-                    self._send(200, body)
-                    return
-                self._status(404, "NotFound", f"no such resource: {url.path}")
-
-            def do_PATCH(self) -> None:  # noqa: N802
-                if not self._authorised():
-                    return
-                url = urlparse(self.path)
-                m = RAYCLUSTERS.match(url.path)
-                if not (m and m["ns"] == api.namespace and m["name"] == api.name):
-                    self._status(404, "NotFound", f"no such resource: {url.path}")
-                    return
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
-                kind = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-                with api._lock:
-                    try:
-                        if kind == "application/json-patch+json":
-                            new = json_patch(api._cluster, body)
-                        elif kind == "application/merge-patch+json":
-                            new = merge_patch(api._cluster, body)
-                        else:
-                            self._status(415, "UnsupportedMediaType", f"patch type {kind!r}")
-                            return
-                    except PatchError as exc:
-                        self._status(422, "Invalid", str(exc))
-                        return
-                    api._cluster = new
-                    api._bump(api._cluster)
-                    api.patches.append(body)
-                    out = copy.deepcopy(api._cluster)
-                self._send(200, out)
-
-        return Handler
+            except PatchError as exc:
+                self._status(422, "Invalid", str(exc))
+                return
+            api._cluster = new
+            api._bump(api._cluster)
+            api.patches.append(body)
+            out = copy.deepcopy(api._cluster)
+        self._send(200, out)

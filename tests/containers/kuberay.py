@@ -372,39 +372,32 @@ def _version_at_least(version: str, minimum: tuple[int, ...]) -> bool:
         return False
 
 
-def build_pod(obj: dict, node_type: str, name: str, group: int = 0) -> dict:
-    """The pod KubeRay creates for the head (node_type "head") or worker group `group` of the
-    rendered RayJob/RayCluster `obj`, whose RayCluster is called `name`: a pod template (metadata
-    labels, spec) with KubeRay's command, env, init container, probes and volumes, plus
-    `rayStartCommand` (the value of KUBERAY_GEN_RAY_START_CMD) at the top level."""
-    spec = cluster_spec(obj)
-    _check_supported(spec)
-    namespace = obj["metadata"].get("namespace", "default")
-    head_spec = spec["headGroupSpec"]
-    g = head_spec if node_type == "head" else spec["workerGroupSpecs"][group]
-    template = copy.deepcopy(g["template"])
-    pod_spec = template["spec"]
-    params = {k: str(v) for k, v in (g.get("rayStartParams") or {}).items()}
-    port = head_port(head_spec.get("rayStartParams") or {})
-    fqdn_ray_ip = fqdn(head_service_name(name, spec), namespace)
-    ray = pod_spec["containers"][0]
+def _wait_gcs_ready_container(ray: dict, fqdn_ray_ip: str, port: str) -> dict:
+    """pod.go DefaultWorkerPodTemplate's wait-gcs-ready init container (env and mounts: a copy of the Ray
+    container's, taken first)."""
+    script = _wait_gcs_script(fqdn_ray_ip, port)
+    return {
+        "name": "wait-gcs-ready",
+        "image": ray["image"],
+        "imagePullPolicy": ray.get("imagePullPolicy"),
+        "command": ["/bin/bash", "-c", "--"],
+        "args": [script],
+        "securityContext": copy.deepcopy(ray.get("securityContext", {})),
+        "env": copy.deepcopy(ray.get("env", [])),
+        "volumeMounts": copy.deepcopy(ray.get("volumeMounts", [])),
+        "resources": {"limits": {"cpu": "200m", "memory": "256Mi"}, "requests": {"cpu": "200m", "memory": "256Mi"}},
+    }
 
-    # DefaultHeadPodTemplate / DefaultWorkerPodTemplate
+
+def _default_pod_template(
+    template: dict, spec: dict, g: dict, node_type: str, name: str, params: dict, port: str, fqdn_ray_ip: str
+) -> dict | None:
+    """pod.go DefaultHeadPodTemplate / DefaultWorkerPodTemplate, on `template` and `params` in place: the
+    head's autoscaler container when it gets one, else None."""
+    pod_spec = template["spec"]
+    ray = pod_spec["containers"][0]
     if node_type == "worker":
-        # wait-gcs-ready init container (env and mounts: a copy of the Ray container's, taken first)
-        script = _wait_gcs_script(fqdn_ray_ip, port)
-        init = {
-            "name": "wait-gcs-ready",
-            "image": ray["image"],
-            "imagePullPolicy": ray.get("imagePullPolicy"),
-            "command": ["/bin/bash", "-c", "--"],
-            "args": [script],
-            "securityContext": copy.deepcopy(ray.get("securityContext", {})),
-            "env": copy.deepcopy(ray.get("env", [])),
-            "volumeMounts": copy.deepcopy(ray.get("volumeMounts", [])),
-            "resources": {"limits": {"cpu": "200m", "memory": "256Mi"}, "requests": {"cpu": "200m", "memory": "256Mi"}},
-        }
-        pod_spec.setdefault("initContainers", []).append(init)
+        pod_spec.setdefault("initContainers", []).append(_wait_gcs_ready_container(ray, fqdn_ray_ip, port))
     update_params_resources(params, g.get("resources"))
     update_params_labels(params, g.get("labels"))
     labels = {**template.get("metadata", {}).get("labels", {}), **(g.get("labels") or {})}
@@ -424,13 +417,12 @@ def build_pod(obj: dict, node_type: str, name: str, group: int = 0) -> dict:
         for c in pod_spec.get("initContainers", []):
             if c["name"] == "wait-gcs-ready":
                 set_token_auth_env(c, name, spec)
+    return autoscaler
 
-    # BuildPod
-    if "plasma-directory" not in params:
-        add_empty_dir(ray, pod_spec, "shared-mem", "/dev/shm", "Memory")
-    if autoscaler is not None:
-        add_empty_dir(ray, pod_spec, "ray-logs", "/tmp/ray", None)
-        add_empty_dir(autoscaler, pod_spec, "ray-logs", "/tmp/ray", None)
+
+def _set_ray_command(template: dict, ray: dict, node_type: str, params: dict) -> str:
+    """pod.go BuildPod: the Ray container's command becomes its own then `ulimit; ray start ...` unless it
+    already starts Ray or the template keeps its command (ray.io/overwrite-container-cmd); the `ray start`."""
     cmd = "".join(f" {a} " for a in ray.get("command", [])) + "".join(f" {a} " for a in ray.get("args", []))
     ulimit = "ulimit -n ${RAY_START_ULIMIT_OPEN_FILES:-65536}"
     start = generate_ray_start_command(node_type, params, ray.get("resources", {}))
@@ -442,6 +434,43 @@ def build_pod(obj: dict, node_type: str, name: str, group: int = 0) -> dict:
         generated = f"{ulimit}; {start}"
         ray["command"] = ["/bin/bash", "-c", "--"]
         ray["args"] = [f"{cmd} && {generated}" if cmd else generated]
+    return start
+
+
+def _set_default_probes(ray: dict, spec: dict, node_type: str, params: dict) -> None:
+    """pod.go BuildPod: KubeRay's probes where the Ray container lacks its own."""
+    if "livenessProbe" not in ray or "readinessProbe" not in ray:
+        if not _version_at_least(spec.get("rayVersion", ""), (2, 53)):
+            raise NotImplementedError("exec probes of Ray < 2.53")
+        for k, v in probes(node_type, params).items():
+            ray.setdefault(k, v)
+
+
+def build_pod(obj: dict, node_type: str, name: str, group: int = 0) -> dict:
+    """The pod KubeRay creates for the head (node_type "head") or worker group `group` of the
+    rendered RayJob/RayCluster `obj`, whose RayCluster is called `name`: a pod template (metadata
+    labels, spec) with KubeRay's command, env, init container, probes and volumes, plus
+    `rayStartCommand` (the value of KUBERAY_GEN_RAY_START_CMD) at the top level."""
+    spec = cluster_spec(obj)
+    _check_supported(spec)
+    namespace = obj["metadata"].get("namespace", "default")
+    head_spec = spec["headGroupSpec"]
+    g = head_spec if node_type == "head" else spec["workerGroupSpecs"][group]
+    template = copy.deepcopy(g["template"])
+    pod_spec = template["spec"]
+    params = {k: str(v) for k, v in (g.get("rayStartParams") or {}).items()}
+    port = head_port(head_spec.get("rayStartParams") or {})
+    fqdn_ray_ip = fqdn(head_service_name(name, spec), namespace)
+    ray = pod_spec["containers"][0]
+    autoscaler = _default_pod_template(template, spec, g, node_type, name, params, port, fqdn_ray_ip)
+
+    # BuildPod
+    if "plasma-directory" not in params:
+        add_empty_dir(ray, pod_spec, "shared-mem", "/dev/shm", "Memory")
+    if autoscaler is not None:
+        add_empty_dir(ray, pod_spec, "ray-logs", "/tmp/ray", None)
+        add_empty_dir(autoscaler, pod_spec, "ray-logs", "/tmp/ray", None)
+    start = _set_ray_command(template, ray, node_type, params)
     for c in pod_spec.get("initContainers", []):
         # setInitContainerEnvVars
         c.setdefault("env", []).extend(
@@ -449,11 +478,7 @@ def build_pod(obj: dict, node_type: str, name: str, group: int = 0) -> dict:
         )
     # raycluster_controller.go getCreatorCRDType: a RayJob's cluster carries originated-from-crd RayJob.
     set_container_env(ray, node_type, fqdn_ray_ip, port, start, creator=obj["kind"])
-    if "livenessProbe" not in ray or "readinessProbe" not in ray:
-        if not _version_at_least(spec.get("rayVersion", ""), (2, 53)):
-            raise NotImplementedError("exec probes of Ray < 2.53")
-        for k, v in probes(node_type, params).items():
-            ray.setdefault(k, v)
+    _set_default_probes(ray, spec, node_type, params)
     template["rayStartCommand"] = start
     template["rayStartParams"] = params
     return template

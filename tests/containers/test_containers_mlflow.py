@@ -227,19 +227,9 @@ def _mlflow_pod_with(stack, db: str, root: Path) -> tuple[Cluster, dict, list[di
     return cluster, dep, dep["spec"]["initContainers"]
 
 
-def test_an_older_database_is_backed_up_migrated_before_any_server_and_restorable(stack):
-    """A database created by MLflow 3.1.0 (with SQLAlchemy 2.0 and psycopg2, what it ran with: an experiment and a
-    run with a metric) goes through the MLflow pod's init containers alone, no server started: the plan finds the
-    pending change, the backup step dumps it to the PVC, the migration brings the schema to this MLflow's head
-    revision. The control, a copy of the same database through the same init containers without `db-upgrade`,
-    stays at the old revision (so the check fails when the migration is missing; without the init containers
-    MLflow 3.17's server would migrate it itself at its first request, from each --workers process and with no
-    backup). The dump restores, with the restore Job of deploy/restore, into a fresh PostgreSQL and reads back
-    at the old revision with its run; the server then serves the migrated database."""
-    from mlflow.store.db.utils import _get_latest_schema_revision
-
-    head = _get_latest_schema_revision()  # this checkout's MLflow: the image's version (a test checks the pin)
-    pg = next(n for n in stack.cluster.containers if n.startswith("postgres-0"))
+def _seed_older_database(stack, pg: str, head: str) -> str:
+    """Database mlflow_old as MLflow PREVIOUS_MLFLOW made it (an experiment, a run with a metric), and its copy
+    mlflow_ctrl; their schema revision."""
     podman("exec", pg, "psql", "-U", "mlflow", "-d", "mlflow", "-c", "CREATE DATABASE mlflow_old")
     password = stack.secrets["postgres-credentials"]["password"]
     script = (
@@ -258,75 +248,125 @@ def test_an_older_database_is_backed_up_migrated_before_any_server_and_restorabl
     before = _sql(pg, "mlflow_old", "SELECT version_num FROM alembic_version")
     assert before and before != head, (before, head)
     podman("exec", pg, "psql", "-U", "mlflow", "-d", "mlflow", "-c", "CREATE DATABASE mlflow_ctrl TEMPLATE mlflow_old")
+    return before
+
+
+def _check_control_stays_old(
+    ctrl: Cluster, dep: dict, inits: list[dict], pg: str, before: str, logs: dict[str, str]
+) -> None:
+    """The same init containers without the migration step leave the control at the old revision."""
+    dep["spec"]["initContainers"] = [c for c in inits if c["name"] != "db-upgrade"]
+    ctrl.run_pod("mlflow-ctrl", dep, containers=[])
+    logs.update(ctrl.init_logs)
+    assert "migration pending" in ctrl.init_logs["mlflow-ctrl/db-plan"], ctrl.init_logs
+    assert _sql(pg, "mlflow_ctrl", "SELECT version_num FROM alembic_version") == before
+
+
+def _migrate_without_server(
+    cluster: Cluster, dep: dict, inits: list[dict], pg: str, root: Path, before: str, head: str, logs: dict[str, str]
+) -> Path:
+    """The init containers as deployed, and no server: planned, backed up, migrated; the PVC's backup folder."""
+    assert [c["name"] for c in inits] == ["wait-for-db", "db-plan", "db-backup", "db-upgrade"]
+    cluster.run_pod("mlflow-old", dep, containers=[])
+    logs.update(cluster.init_logs)
+    assert f"tracking schema {before} -> {head}" in cluster.init_logs["mlflow-old/db-plan"], cluster.init_logs
+    assert "backup written: /backups/tracking-" in cluster.init_logs["mlflow-old/db-backup"], cluster.init_logs
+    assert "schemas are current" in cluster.init_logs["mlflow-old/db-upgrade"], cluster.init_logs
+    assert _sql(pg, "mlflow_old", "SELECT version_num FROM alembic_version") == head
+    backups = root / "migrated" / "pvc" / "mlflow-db-backups"
+    dumps = sorted(backups.glob("tracking-*.dump"))
+    assert len(dumps) == 1 and dumps[0].stat().st_size > 0, list(backups.iterdir())
+    assert f"{before} -> {head}" in dumps[0].with_name(dumps[0].name + ".txt").read_text()
+    assert not (root / "migrated" / "pods" / "mlflow-old" / "db-plan" / "pg_service.conf").exists()
+    return backups
+
+
+def _check_second_start_backs_up_nothing(cluster: Cluster, dep: dict, backups: Path) -> None:
+    """A second start finds nothing to do: no new backup."""
+    cluster.run_pod("mlflow-old", dep, containers=[])
+    assert "no migration, no backup needed" in cluster.init_logs["mlflow-old/db-plan"]
+    assert "no schema change pending" in cluster.init_logs["mlflow-old/db-backup"]
+    assert len(list(backups.glob("tracking-*.dump"))) == 1
+
+
+def _restore_into_fresh_postgres(stack, restore_cluster: Cluster, before: str, logs: dict[str, str]) -> None:
+    """The backup restored with the restore Job into a fresh PostgreSQL (as deploy/README.md says), read back at the
+    old revision with its run; a second restore is refused."""
+    password = stack.secrets["postgres-credentials"]["password"]
+    tpl = find_template(stack.resources, "StatefulSet", "postgres")
+    tpl["metadata"] = {"labels": {}}  # not the `postgres` Service: a server of its own
+    fresh = restore_cluster.run_pod("postgres-restore", tpl, aliases=[RESTORE_DB])["postgres"]
+    restore_cluster.wait_ready(fresh, tpl["spec"]["containers"][0], timeout=180)
+    restore_cluster.secrets["mlflow-db"]["backend-store-uri"] = (
+        f"postgresql://mlflow:{password}@{RESTORE_DB}:5432/mlflow?sslmode=verify-full"
+    )
+    job = yaml.safe_load((images.REPO / "deploy" / "restore" / "mlflow-db-restore-job.yaml").read_text())
+    spec = job["spec"]["template"]["spec"]
+    out = restore_cluster.run_container("mlflow-db-restore", spec, spec["containers"][0], labels={}, detach=False)
+    logs["restore"] = out.stdout + out.stderr
+    assert out.returncode == 0 and "restored /backups/tracking-" in out.stdout, logs["restore"]
+    assert _sql(fresh, "mlflow", "SELECT version_num FROM alembic_version") == before
+    assert _sql(fresh, "mlflow", "SELECT name FROM experiments WHERE name = 'made-by-previous-mlflow'")
+    assert _sql(fresh, "mlflow", "SELECT r.name || ':' || m.value FROM runs r JOIN metrics m USING (run_uuid)") == (
+        "old-run:0.125"
+    )
+    again = restore_cluster.run_container("mlflow-db-restore", spec, spec["containers"][0], labels={}, detach=False)
+    assert again.returncode != 0 and "restore into an empty database" in again.stderr, again.stderr
+
+
+def _check_server_serves_migrated(stack, cluster: Cluster) -> None:
+    """The server on the migrated database, its init containers already run, serves the old experiment."""
+    port = free_port()
+    name, container = start_mlflow(cluster, stack.resources, "mlflow-old", port, with_init=False, service=False)
+    cluster.wait_ready(name, container, timeout=300)
+    admin = stack.secrets["mlflow-auth"]  # this database's only user (the sweep's user is the stack's)
+    status, body = _http(
+        f"https://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=made-by-previous-mlflow",
+        (admin["admin-username"], admin["admin-password"]),
+    )
+    assert status == 200, body
+
+
+def test_an_older_database_is_backed_up_migrated_before_any_server_and_restorable(stack):
+    """A database created by MLflow 3.1.0 (with SQLAlchemy 2.0 and psycopg2, what it ran with: an experiment and a
+    run with a metric) goes through the MLflow pod's init containers alone, no server started: the plan finds the
+    pending change, the backup step dumps it to the PVC, the migration brings the schema to this MLflow's head
+    revision. The control, a copy of the same database through the same init containers without `db-upgrade`,
+    stays at the old revision (so the check fails when the migration is missing; without the init containers
+    MLflow 3.17's server would migrate it itself at its first request, from each --workers process and with no
+    backup). The dump restores, with the restore Job of deploy/restore, into a fresh PostgreSQL and reads back
+    at the old revision with its run; the server then serves the migrated database."""
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    head = _get_latest_schema_revision()  # this checkout's MLflow: the image's version (a test checks the pin)
+    pg = next(n for n in stack.cluster.containers if n.startswith("postgres-0"))
+    before = _seed_older_database(stack, pg, head)
 
     root = stack.cluster.workdir / "old"
     logs: dict[str, str] = {}
-    restore_cluster = None
+    # each Cluster is stopped in `finally` once made, whichever phase fails
+    ctrl: Cluster | None = None
+    cluster: Cluster | None = None
+    restore_cluster: Cluster | None = None
     try:
         # control: the same init containers without the migration step
         ctrl, dep, inits = _mlflow_pod_with(stack, "mlflow_ctrl", root / "control")
-        dep["spec"]["initContainers"] = [c for c in inits if c["name"] != "db-upgrade"]
-        ctrl.run_pod("mlflow-ctrl", dep, containers=[])
-        logs.update(ctrl.init_logs)
-        assert "migration pending" in ctrl.init_logs["mlflow-ctrl/db-plan"], ctrl.init_logs
-        assert _sql(pg, "mlflow_ctrl", "SELECT version_num FROM alembic_version") == before
+        _check_control_stays_old(ctrl, dep, inits, pg, before, logs)
 
         # the init containers as deployed, and no server
         cluster, dep, inits = _mlflow_pod_with(stack, "mlflow_old", root / "migrated")
-        assert [c["name"] for c in inits] == ["wait-for-db", "db-plan", "db-backup", "db-upgrade"]
-        cluster.run_pod("mlflow-old", dep, containers=[])
-        logs.update(cluster.init_logs)
-        assert f"tracking schema {before} -> {head}" in cluster.init_logs["mlflow-old/db-plan"], cluster.init_logs
-        assert "backup written: /backups/tracking-" in cluster.init_logs["mlflow-old/db-backup"], cluster.init_logs
-        assert "schemas are current" in cluster.init_logs["mlflow-old/db-upgrade"], cluster.init_logs
-        assert _sql(pg, "mlflow_old", "SELECT version_num FROM alembic_version") == head
-        backups = root / "migrated" / "pvc" / "mlflow-db-backups"
-        dumps = sorted(backups.glob("tracking-*.dump"))
-        assert len(dumps) == 1 and dumps[0].stat().st_size > 0, list(backups.iterdir())
-        assert f"{before} -> {head}" in dumps[0].with_name(dumps[0].name + ".txt").read_text()
-        assert not (root / "migrated" / "pods" / "mlflow-old" / "db-plan" / "pg_service.conf").exists()
-
-        # a second start finds nothing to do: no new backup
-        cluster.run_pod("mlflow-old", dep, containers=[])
-        assert "no migration, no backup needed" in cluster.init_logs["mlflow-old/db-plan"]
-        assert "no schema change pending" in cluster.init_logs["mlflow-old/db-backup"]
-        assert len(list(backups.glob("tracking-*.dump"))) == 1
+        backups = _migrate_without_server(cluster, dep, inits, pg, root, before, head, logs)
+        _check_second_start_backs_up_nothing(cluster, dep, backups)
 
         # restore into a fresh PostgreSQL with the restore Job, as deploy/README.md says
         restore_cluster, _, _ = _mlflow_pod_with(stack, "mlflow", root / "migrated")
-        tpl = find_template(stack.resources, "StatefulSet", "postgres")
-        tpl["metadata"] = {"labels": {}}  # not the `postgres` Service: a server of its own
-        fresh = restore_cluster.run_pod("postgres-restore", tpl, aliases=[RESTORE_DB])["postgres"]
-        restore_cluster.wait_ready(fresh, tpl["spec"]["containers"][0], timeout=180)
-        restore_cluster.secrets["mlflow-db"]["backend-store-uri"] = (
-            f"postgresql://mlflow:{password}@{RESTORE_DB}:5432/mlflow?sslmode=verify-full"
-        )
-        job = yaml.safe_load((images.REPO / "deploy" / "restore" / "mlflow-db-restore-job.yaml").read_text())
-        spec = job["spec"]["template"]["spec"]
-        out = restore_cluster.run_container("mlflow-db-restore", spec, spec["containers"][0], labels={}, detach=False)
-        logs["restore"] = out.stdout + out.stderr
-        assert out.returncode == 0 and "restored /backups/tracking-" in out.stdout, logs["restore"]
-        assert _sql(fresh, "mlflow", "SELECT version_num FROM alembic_version") == before
-        assert _sql(fresh, "mlflow", "SELECT name FROM experiments WHERE name = 'made-by-previous-mlflow'")
-        assert _sql(fresh, "mlflow", "SELECT r.name || ':' || m.value FROM runs r JOIN metrics m USING (run_uuid)") == (
-            "old-run:0.125"
-        )
-        again = restore_cluster.run_container("mlflow-db-restore", spec, spec["containers"][0], labels={}, detach=False)
-        assert again.returncode != 0 and "restore into an empty database" in again.stderr, again.stderr
+        _restore_into_fresh_postgres(stack, restore_cluster, before, logs)
 
         # the server on the migrated database, its init containers already run
-        port = free_port()
-        name, container = start_mlflow(cluster, stack.resources, "mlflow-old", port, with_init=False, service=False)
-        cluster.wait_ready(name, container, timeout=300)
-        admin = stack.secrets["mlflow-auth"]  # this database's only user (the sweep's user is the stack's)
-        status, body = _http(
-            f"https://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=made-by-previous-mlflow",
-            (admin["admin-username"], admin["admin-password"]),
-        )
-        assert status == 200, body
+        _check_server_serves_migrated(stack, cluster)
     finally:
         (stack.logs / "old-db-init.json").write_text(json.dumps(logs, indent=1))
-        for c in (locals().get("ctrl"), locals().get("cluster"), restore_cluster):
+        for c in (ctrl, cluster, restore_cluster):
             if c is not None:
                 for n in list(c.containers):
                     c.stop(n)
