@@ -80,7 +80,7 @@ def select(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | 
     ok = sorted((r for r in records if r.ok), key=lambda r: r.trial_id)
     if not ok:
         raise ValueError("no trial completed with finite validation metrics: nothing to select")
-    check_inputs(ok, cfg, reps, cfg.rule, RULE_SPECS[cfg.rule])  # the refusal every rule shares, once
+    check_inputs(ok, cfg, reps, RULE_SPECS[cfg.rule])  # the refusal every rule shares, once
     return RULES[cfg.rule].pick(ok, cfg, reps)
 
 

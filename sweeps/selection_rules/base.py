@@ -160,11 +160,11 @@ def not_worse_than(reps: Replicates, champion: TrialRecord, r: TrialRecord, metr
     return not less_accurate and not worse
 
 
-def check_inputs(ok: list[TrialRecord], cfg: Any, reps: Replicates | None, rule: str, spec: RuleSpec) -> None:
-    """Refuse, in one line, what `rule` cannot judge: a candidate without selection.metric (when the rule reads it),
+def check_inputs(ok: list[TrialRecord], cfg: Any, reps: Replicates | None, spec: RuleSpec) -> None:
+    """Refuse, in one line, what rule `spec` cannot judge: a candidate without selection.metric (when it reads it),
     or a candidate without bootstrap replicates of its val accuracy (when the rule needs them)."""
     if spec.needs_replicates and (reps is None or any(not reps.has(r.trial_id, "val_accuracy") for r in ok)):
-        raise ValueError(f"selection.rule {rule} needs bootstrap replicates of every completed trial")
+        raise ValueError(f"selection.rule {spec.name} needs bootstrap replicates of every completed trial")
     missing = [r.trial_id for r in ok if cfg.metric not in r.metrics] if "metric" in spec.reads else []
     if missing:
         raise ValueError(f"selection.metric {cfg.metric!r} missing from trials {missing}")
