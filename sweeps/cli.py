@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", help="sweep name: Ray experiment name, MLflow parent run and Optuna study name")
     p.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="registered model the champion goes to (tracking.registered_model; default: named after the data, "
+        "with a digest of a data file's content)",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="continue the sweep NAME where it stopped (starts it if there is nothing to resume; "
@@ -128,6 +134,7 @@ def resolve_config(args: argparse.Namespace) -> SweepConfig:
         "tracking_uri": "tracking.uri",
         "storage_path": "storage_path",
         "name": "name",
+        "model_name": "tracking.registered_model",
     }
     for attr, key in flag_map.items():
         value = getattr(args, attr)

@@ -128,10 +128,12 @@ CLASSIC_ML = "custom_model_development"
 CHAMPION_ALIAS = "champion"
 MEMORY = "memory"  # search.storage: keep the Optuna study only in Ray Tune's experiment state
 CHALLENGER_ALIAS = "challenger"  # a new sweep's pick that the champion gate did not let through
+# A pick whose accuracy interval reaches the majority-class rate: registered under this alias only, never @champion
+NO_BETTER_ALIAS = "no-better-than-majority"
 # The champion gate's record on each registered champion's run (sweeps/integrations/mlflow/champion_gate.py).
 GATE_DIR = "gate"
 GATE_ROWS_FILE = "rows.npz"  # hashes of the raw rows of the training and validation splits
-GATE_DATA_FILE = "data.json"  # dataset, input shape, class count, standardisation
+GATE_DATA_FILE = "data.json"  # dataset, input shape, class count and names, input columns, standardisation
 TAG_GATE = "calib.gate"  # on a model version: the gate's one-line decision
 
 
@@ -234,7 +236,8 @@ class SweepResult:
     timings: dict[str, float] = field(default_factory=dict, repr=False)
     best_config: dict[str, Any] = field(default_factory=dict, repr=False)  # the champion's searched values
     errors: list[dict[str, str]] = field(default_factory=list, repr=False)  # trials that did not complete
-    alias: str = "champion"  # the alias this sweep's version got: "champion", or "challenger" (the champion gate)
+    # the alias this sweep's version got: "champion", "challenger" (the champion gate) or "no-better-than-majority"
+    alias: str = "champion"
     gate: str = field(default="", repr=False)  # the champion gate's line ("" when there was nothing to compare)
     # (name, study_storage) -> the Optuna study: integrations/optuna/study.load_study, set by run_sweep and
     # load_result (this module imports no third-party library)

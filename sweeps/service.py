@@ -22,6 +22,7 @@ from ray import tune
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     NOTE_TAG,
+    SPLITS,
     SweepError,
     SweepIncomplete,
     SweepResult,
@@ -361,7 +362,13 @@ def _choose_and_register(
         clock.end("select")
         board, ranks = log_selection(store, parent_id, records, chosen, why, reps, cfg)
         clock.end("report")
-        version, alias, gate_line = register_champion(cfg, store, chosen, promote)
+        # its accuracy intervals by split, to tell a champion from one no better than the majority class
+        acc = {
+            s: _float_pair(reps.interval(chosen.trial_id, f"{s}_accuracy"))
+            for s in SPLITS
+            if reps.has(chosen.trial_id, f"{s}_accuracy")
+        }
+        version, alias, gate_line = register_champion(cfg, store, chosen, promote, acc)
         mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial, cfg.search.storage_outage_timeout_s)
         report_path = write_report(
             cfg, store, parent_id, experiment_id, run.exp_path, records, chosen, why, gate_line, reps, board

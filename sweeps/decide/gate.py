@@ -5,8 +5,9 @@ test rows minus every row of the current champion's training and validation spli
 by a hash of their raw values, before each model's own standardisation, so sweeps with other seeds or
 split fractions are comparable). A paired bootstrap over those rows then asks two one-sided questions at
 the sweep's confidence level: is the new model less accurate, is it worse calibrated (ECE)? The alias
-moves only if neither is significant. Too few shared rows, another input shape or class count, or a
-preprocessing that cannot be mapped between the two models: the alias stays and the reason says so.
+moves only if neither is significant. Too few shared rows, another task (input shape, classes, a table's input
+columns: task_difference), or a preprocessing that cannot be mapped between the two models: the alias stays and
+the reason says so.
 """
 
 from __future__ import annotations
@@ -72,6 +73,45 @@ def row_hashes(raw: np.ndarray) -> np.ndarray:
 def held_out_mask(new_test_hashes: np.ndarray, old_seen_hashes: np.ndarray) -> np.ndarray:
     """True for the new test rows the current champion neither trained nor was selected on."""
     return ~np.isin(new_test_hashes, old_seen_hashes)
+
+
+def task_record(data: Any) -> dict[str, Any]:
+    """What task a model was trained for (`DataSplits`): input shape, class count, and, where the data names them,
+    the class names and the input columns (a table's), for `task_difference`."""
+    record = dict(getattr(data, "preprocessing", None) or {})
+    columns = [str(c["name"]) for c in record["columns"]] if record.get("columns") else None
+    names = record.get("class_names")
+    return {
+        "input_shape": [int(s) for s in data.input_shape],
+        "num_classes": int(data.num_classes),
+        "class_names": [str(c) for c in names] if names else None,
+        "columns": columns,
+    }
+
+
+def _clip_list(items: list[Any], keep: int = 4) -> str:
+    shown = ", ".join(str(i) for i in items[:keep])
+    return f"[{shown}{', ...' if len(items) > keep else ''}] ({len(items)})"
+
+
+def task_difference(new: dict[str, Any], old: dict[str, Any]) -> str | None:
+    """How the new model's task differs from the current champion's (`task_record`s; a record from before class
+    names and columns were kept is compared on what it has), in a few words; None when it is the same task."""
+    parts = []
+    if list(new["input_shape"]) != list(old["input_shape"]):
+        parts.append(f"input shape {tuple(new['input_shape'])} vs {tuple(old['input_shape'])}")
+    if int(new["num_classes"]) != int(old["num_classes"]):
+        parts.append(f"{new['num_classes']} classes vs {old['num_classes']}")
+    for key, what in (("class_names", "classes"), ("columns", "input columns")):
+        a, b = new.get(key), old.get(key)
+        if a is not None and b is not None and list(a) != list(b):
+            parts.append(f"{what} {_clip_list(list(a))} vs {_clip_list(list(b))}")
+    if not parts:
+        return None
+    return (
+        f"the models differ in input shape or classes, another task ({'; '.join(parts)}): nothing to compare; "
+        "a model for other data takes a name of its own (--model-name NAME)"
+    )
 
 
 def _pct(v: float) -> str:

@@ -3,11 +3,13 @@ what it saw recorded, and `@champion` moved to the new version only if it holds 
 decision: sweeps/decide/gate.py).
 
 At registration every version's run gets two small artifacts under `gate/`: `rows.npz` (hashes of the raw rows
-of its training and validation splits: what it trained and was selected on) and `data.json` (dataset, input
-shape, class count, standardisation). The gate reads them for the current champion; the new sweep's test rows
-are regenerated in the driver from the champion trial's run config (the trial's own split, checked against its
-stored labels). Outcomes, one line each: the alias moves; or the new version gets `@challenger` and the
-champion stays (significantly worse, or nothing comparable, with the reason); `promote=True` moves it anyway.
+of its training and validation splits: what it trained and was selected on) and `data.json` (dataset, its task:
+input shape, class count and names, a table's input columns; standardisation). The gate reads them for the current
+champion; the new sweep's test rows are regenerated in the driver from the champion trial's run config (the
+trial's own split, checked against its stored labels). Outcomes, one line each: the alias moves; or the new version
+gets `@challenger` and the champion stays (significantly worse, another task, or nothing comparable, with the
+reason); `promote=True` moves it anyway. A pick no better than the majority class (sweeps/decide/majority.py) gets
+`@no-better-than-majority` only, whatever the gate or `promote` would say.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sweeps.contract import (
     GATE_DATA_FILE,
     GATE_DIR,
     GATE_ROWS_FILE,
+    NO_BETTER_ALIAS,
     PREDICTIONS_FILE,
     SUMMARY_FILE,
     TAG_GATE,
@@ -33,7 +36,17 @@ from sweeps.contract import (
     TS_PREFIX,
     TS_SUMMARY_KEY,
 )
-from sweeps.decide.gate import GateDecision, compare, held_out_mask, model_inputs, raw_inputs, row_hashes
+from sweeps.decide.gate import (
+    GateDecision,
+    compare,
+    held_out_mask,
+    model_inputs,
+    raw_inputs,
+    row_hashes,
+    task_difference,
+    task_record,
+)
+from sweeps.decide.majority import majority_rate, no_better_than_majority
 from sweeps.decide.selection import POST_TS, TrialRecord
 from sweeps.integrations.mlflow.store import MlflowStore
 
@@ -59,12 +72,7 @@ def record_rows(store: MlflowStore, run_id: str, run_config: dict[str, Any], dat
         if raw is None:
             return None
         seen.append(row_hashes(raw))
-    desc = {
-        "dataset": data.name,
-        "input_shape": list(data.input_shape),
-        "num_classes": int(data.num_classes),
-        "stats": data.stats,
-    }
+    desc = {"dataset": data.name, **task_record(data), "stats": data.stats}
     have = {a.path for a in store.client.list_artifacts(run_id, GATE_DIR)}
     if f"{GATE_DIR}/{GATE_ROWS_FILE}" not in have:
         with tempfile.TemporaryDirectory(prefix="calib-gate-") as tmp:
@@ -112,12 +120,9 @@ def decide(
     data = _splits(new_run_config) if data is None else data
     if data.tasks is not None:
         return GateDecision(False, "multi-task models are not compared by the gate")
-    if list(data.input_shape) != list(old_desc["input_shape"]) or int(data.num_classes) != int(old_desc["num_classes"]):
-        return GateDecision(
-            False,
-            f"the models differ in input shape or classes ({tuple(data.input_shape)}, {data.num_classes} classes vs "
-            f"{tuple(old_desc['input_shape'])}, {old_desc['num_classes']} classes)",
-        )
+    other_task = task_difference(task_record(data), old_desc)
+    if other_task:
+        return GateDecision(False, other_task)
     raw = raw_inputs(data.test.x.numpy(), data.stats)
     old_x = model_inputs(raw, old_desc["stats"]) if raw is not None else None
     if raw is None or old_x is None:
@@ -153,12 +158,19 @@ def move_alias(
     num_bins: int,
     promote: bool = False,
     prefix: str = "",
+    no_better: str | None = None,
 ) -> tuple[str, str]:
-    """Point `@champion` (or `@challenger`) at the new version through the gate; (alias, one line saying why)."""
+    """Point `@champion` (or `@challenger`) at the new version through the gate; (alias, one line saying why).
+    `no_better`: why the new version is no better than the majority class (majority_reason): it gets
+    `@no-better-than-majority` instead, and `@champion` stays where it is."""
     data = _splits(run_config)  # once: recorded for this version, and the gate's rows
     record_rows(store, run_id, run_config, data)
     current = store.alias_version(model_name, CHAMPION_ALIAS)
-    if current is None or current == version:
+    if no_better and current != version:
+        alias = NO_BETTER_ALIAS
+        stays = f"version {current} stays @champion" if current else "no version is @champion"
+        line = f"Champion gate: version {version} is @{alias}, not @champion ({stays}): {no_better}"
+    elif current is None or current == version:
         alias, line = CHAMPION_ALIAS, ""
     elif promote:
         alias, line = CHAMPION_ALIAS, f"Champion gate: --promote: version {version} replaces version {current}"
@@ -188,9 +200,26 @@ def move_alias(
     return alias, line
 
 
-def register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord, promote: bool) -> tuple[str, str, str]:
+def majority_reason(predictions: str | Path, intervals: dict[str, tuple[float, float]]) -> str | None:
+    """Why the champion is no better than the majority class (sweeps/decide/majority.py), from its accuracy
+    `intervals` by split and the labels its trial stored; None when it is better, or for multi-task models."""
+    with np.load(predictions, allow_pickle=False) as z:
+        if "tasks" in z.files:
+            return None  # per-task labels: the mean accuracy over tasks has no single majority rate
+        rates = {s: majority_rate(z[f"{s}_labels"]) for s in ("val", "test") if f"{s}_labels" in z.files}
+    return no_better_than_majority(intervals, rates)
+
+
+def register_champion(
+    cfg: SweepConfig,
+    store: MlflowStore,
+    chosen: TrialRecord,
+    promote: bool,
+    accuracy_intervals: dict[str, tuple[float, float]] | None = None,
+) -> tuple[str, str, str]:
     """The champion's portable model logged on its run and registered, then `@champion` moved through the
-    champion gate (or `@challenger` set); (version, its alias, the gate's line or "")."""
+    champion gate (or `@challenger` set; `@no-better-than-majority` when its accuracy interval by split,
+    `accuracy_intervals`, reaches that split's majority-class rate); (version, its alias, the gate's line or "")."""
     from sweeps.integrations.mlflow.model_export import log_and_register
 
     assert cfg.tracking.uri and chosen.run_id is not None  # the champion's trial logged an MLflow run
@@ -225,5 +254,6 @@ def register_champion(cfg: SweepConfig, store: MlflowStore, chosen: TrialRecord,
             num_bins=cfg.run.train.num_bins,
             promote=promote,
             prefix=TS_PREFIX if temperatures is not None else "",
+            no_better=majority_reason(Path(d) / PREDICTIONS_FILE, accuracy_intervals or {}),
         )
     return version, alias, line
