@@ -63,8 +63,8 @@ MAX_IMAGE_SIDE = 4096  # data.image_size, in pixels
 # The file-format datasets and the DataConfig fields each one reads (every other dataset leaves them unset).
 FILE_FIELDS: dict[str, tuple[str, ...]] = {
     "image_folder": ("path", "image_size", "image_mode", "normalize"),
-    "table": ("path", "label_column", "feature_columns", "categorical", "missing", "normalize"),
-    "arrays": ("path", "normalize"),
+    "table": ("path", "label_column", "feature_columns", "categorical", "text_columns", "missing", "normalize"),
+    "arrays": ("path", "x_key", "y_key", "normalize"),
     "breast_cancer": ("normalize",),
 }
 FILE_FIELD_FORMATS: dict[str, list[str]] = {}
@@ -89,7 +89,7 @@ def absolute_path(v: str | None) -> str | None:
 FILE_PATH_HELP = {
     "image_folder": "a folder with one sub-folder of images per class",
     "table": "a .csv or .parquet file",
-    "arrays": "an .npz file with arrays x and y, or a folder with x.npy and y.npy",
+    "arrays": "an .npz file with arrays x and y (or X/y, data/target, features/labels), or a folder of .npy files",
 }
 
 
@@ -132,7 +132,7 @@ class DataConfig(_Strict):
     path: str | None = Field(
         default=None,
         description="image_folder: the folder with one sub-folder per class; table: a .csv or .parquet file; "
-        "arrays: an .npz file with x and y, or a folder with x.npy and y.npy",
+        "arrays: an .npz file with x and y (data.x_key, data.y_key), or a folder with x.npy and y.npy",
     )
     label_column: str | None = Field(default=None, description="table: the column that holds the class labels")
     feature_columns: list[str] | None = Field(
@@ -141,6 +141,22 @@ class DataConfig(_Strict):
     categorical: Literal["onehot", "reject"] = Field(
         default="reject",
         description="table: non-numeric feature columns one-hot encoded (categories from the train split) or refused",
+    )
+    text_columns: Literal["reject", "drop", "onehot"] = Field(
+        default="reject",
+        description="table: free-text columns (more than 20 distinct values, over half of the non-empty cells "
+        "distinct or the typical value 3+ words; calib_core/data/table.py) refused, left out of the model's "
+        "inputs, or one-hot encoded as categories",
+    )
+    x_key: str | None = Field(
+        default=None,
+        description="arrays: the features' array in the .npz (or <x_key>.npy in a folder); None: whichever of x, X, "
+        "data, features the file holds",
+    )
+    y_key: str | None = Field(
+        default=None,
+        description="arrays: the labels' array in the .npz (or <y_key>.npy in a folder); None: whichever of y, "
+        "target, labels the file holds",
     )
     missing: Literal["reject", "impute_mean"] = Field(
         default="reject",
@@ -164,6 +180,14 @@ class DataConfig(_Strict):
     @classmethod
     def _absolute_path(cls, v: str | None) -> str | None:
         return absolute_path(v)
+
+    @field_validator("x_key", "y_key")
+    @classmethod
+    def _check_array_key(cls, v: str | None) -> str | None:
+        # an .npz member name: numpy saves array `k` as `k.npy`, so a path separator cannot name one
+        if v is not None and (not v.strip() or "/" in v or "\\" in v or v.endswith(".npy")):
+            raise ValueError(f"must be an array name as saved by numpy.savez (like X or y), got {v!r}")
+        return v
 
     @field_validator("image_size")
     @classmethod
@@ -197,6 +221,8 @@ class DataConfig(_Strict):
                 raise ValueError(f"data.{field} applies to {', '.join(where)} only, not {self.name!r}; leave it unset")
         if self.name in FILE_PATH_HELP and self.path is None:
             raise ValueError(f"data.path must be set for {self.name} ({FILE_PATH_HELP[self.name]})")
+        if self.x_key is not None and self.x_key == self.y_key:
+            raise ValueError(f"data.x_key and data.y_key name the same array {self.x_key!r}; the labels need their own")
         if self.name == "table" and self.label_column is None:
             raise ValueError("data.label_column must be set for table (the column that holds the class labels)")
         if self.normalize == "imagenet" and self.name in FILE_FIELDS and self.name != "image_folder":

@@ -2,7 +2,11 @@
 and `y.npy`.
 
     run:
-      data: {name: arrays, path: features.npz}
+      data: {name: arrays, path: features.npz}     # x_key: X, y_key: y to name the arrays
+
+Without `data.x_key` / `data.y_key` the features are whichever of X_KEYS (x, X, data, features: numpy's, sklearn's
+and the common names) the file holds and the labels whichever of Y_KEYS (y, target, labels); none, or two of them,
+is refused naming the arrays the file holds and the setting. In a folder, a key `k` is the file `k.npy`.
 
 `x` is (N, D) for feature vectors or (N, C, ...) for signals and images (channels first), any real dtype; `y` is
 (N,) integer class labels 0..K-1 (floats with integral values are accepted), K = max(y) + 1, every class with at
@@ -43,6 +47,8 @@ from calib_core.data.splits import DataSplits, channel_stats, standardize
 
 WHAT = "arrays"
 BYTES_PER_VALUE = 4 + 4  # float32 features, float32 standardised splits (plus the file's own dtype)
+X_KEYS = ("x", "X", "data", "features")
+Y_KEYS = ("y", "target", "labels")
 
 
 def _npz_header(zf: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -53,42 +59,68 @@ def _npz_header(zf: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.d
     return tuple(shape), np.dtype(dtype)
 
 
-def _headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Shape and dtype of `x` and `y` read from the file headers only (nothing loaded yet)."""
-    out = {}
+def _members(path: Path) -> dict[str, str]:
+    """Array name -> where it is: the .npz member, or the .npy file in the folder."""
     if path.is_dir():
-        for key in ("x", "y"):
-            f = path / f"{key}.npy"
-            if not f.is_file():
-                raise DataError(
-                    f"{WHAT}: {path} has no {key}.npy (data.path: a folder with x.npy and y.npy, or an .npz)"
-                )
-            try:
-                a = np.load(f, mmap_mode="r", allow_pickle=False)
-            except Exception as exc:  # noqa: BLE001
-                raise DataError(
-                    f"{WHAT}: cannot read {f} ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
-                ) from None
-            out[key] = (tuple(a.shape), a.dtype)
-        return out
+        return {f.stem: f.name for f in sorted(path.glob("*.npy")) if f.is_file()}
+    with zipfile.ZipFile(path) as zf:
+        return {Path(n).stem: n for n in zf.namelist() if n.endswith(".npy")}
+
+
+def pick_key(
+    members: list[str], kind: str, field: str, key: str | None, candidates: tuple[str, ...], path: Path, taken: str
+) -> str:
+    """The array `key` names, else the one of `candidates` (but `taken`, the other side's) the file holds; a missing
+    or ambiguous one is one line."""
+    held = f"its arrays: {some(sorted(members), 12) or 'none'}"
+    if key is not None:
+        if key not in members:
+            raise DataError(f"{WHAT}: {path} has no array {key!r} (data.{field}); {held}")
+        return key
+    found = [k for k in candidates if k in members and k != taken]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise DataError(
+            f"{WHAT}: {path} has no {kind} array named {', '.join(candidates)} ({held}); set data.{field} to the "
+            "one that holds them"
+        )
+    raise DataError(
+        f"{WHAT}: {path} has several {kind} arrays ({', '.join(found)}); set data.{field} to one of them"
+    )
+
+
+def _headers(path: Path, x_key: str | None, y_key: str | None) -> dict[str, tuple[str, tuple[int, ...], np.dtype]]:
+    """For "x" and "y": the array's name, shape and dtype, read from the file headers only (nothing loaded yet)."""
     try:
-        with zipfile.ZipFile(path) as zf:
-            members = {Path(n).stem: n for n in zf.namelist() if n.endswith(".npy")}
-            for key in ("x", "y"):
-                if key not in members:
-                    raise DataError(f"{WHAT}: {path} has no array {key!r} (it has: {some(sorted(members)) or 'none'})")
-                out[key] = _npz_header(zf, members[key])
-    except DataError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types for a broken file
+        members = _members(path)
+    except Exception as exc:  # noqa: BLE001 - zipfile raises many types for a broken file
         raise DataError(
             f"{WHAT}: cannot read {path} as .npz ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
         ) from None
+    # a key given for one side is never the other side's guess
+    xk = pick_key(list(members), "features", "x_key", x_key, X_KEYS, path, taken=y_key or "")
+    yk = pick_key(list(members), "labels", "y_key", y_key, Y_KEYS, path, taken=xk)
+    out = {}
+    for role, key in (("x", xk), ("y", yk)):
+        try:
+            if path.is_dir():
+                a = np.load(path / members[key], mmap_mode="r", allow_pickle=False)
+                out[role] = (key, tuple(a.shape), a.dtype)
+            else:
+                with zipfile.ZipFile(path) as zf:
+                    out[role] = (key, *_npz_header(zf, members[key]))
+        except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types for a broken file
+            raise DataError(
+                f"{WHAT}: cannot read array {key!r} of {path} ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:120]})"
+            ) from None
     return out
 
 
-def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) of an .npz or an x.npy/y.npy folder, checked for presence, shapes and memory first."""
+def read_arrays(path: Path, x_key: str | None = None, y_key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of an .npz or a folder of .npy files (module docstring), checked for presence, shapes and memory
+    first."""
     if not path.exists():
         raise DataError(f"{WHAT}: {path} does not exist (data.path)")
     if path.is_file() and path.suffix.lower() == ".npy":
@@ -97,25 +129,25 @@ def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{WHAT}: {path} is empty")
     if path.is_file() and path.suffix.lower() != ".npz":
         raise DataError(f"{WHAT}: {path} is not an .npz file (data.path: an .npz, or a folder with x.npy and y.npy)")
-    heads = _headers(path)
-    (xs, xd), (ys, _) = heads["x"], heads["y"]
+    heads = _headers(path, x_key, y_key)
+    (xk, xs, xd), (yk, ys, _) = heads["x"], heads["y"]
     if len(xs) < 2:
-        raise DataError(f"{WHAT}: x in {path} has shape {xs}; it needs (N, D) or (N, C, ...)")
+        raise DataError(f"{WHAT}: {xk} in {path} has shape {xs}; it needs (N, D) or (N, C, ...)")
     if len(ys) != 1 or ys[0] != xs[0]:
-        raise DataError(f"{WHAT}: y in {path} has shape {ys}; it needs ({xs[0]},), one label per row of x {xs}")
+        raise DataError(f"{WHAT}: {yk} in {path} has shape {ys}; it needs ({xs[0]},), one label per row of {xk} {xs}")
     if xs[0] == 0:
         raise DataError(f"{WHAT}: {path} holds no examples")
     if xd.kind not in "biuf":
-        raise DataError(f"{WHAT}: x in {path} has dtype {xd}; it needs numbers")
+        raise DataError(f"{WHAT}: {xk} in {path} has dtype {xd}; it needs numbers")
     per_row = int(np.prod(xs[1:]))
     need = xs[0] * per_row * (BYTES_PER_VALUE + xd.itemsize)
-    check_fits_memory(WHAT, path, need, f"x of shape {xs}")
+    check_fits_memory(WHAT, path, need, f"{xk} of shape {xs}")
     try:
         if path.is_dir():
-            x, y = (np.load(path / f"{k}.npy", allow_pickle=False) for k in ("x", "y"))
+            x, y = (np.load(path / f"{k}.npy", allow_pickle=False) for k in (xk, yk))
         else:
             with np.load(path, allow_pickle=False) as z:
-                x, y = z["x"], z["y"]
+                x, y = z[xk], z[yk]
     except Exception as exc:  # noqa: BLE001
         raise DataError(
             f"{WHAT}: cannot read {path} ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
@@ -126,7 +158,7 @@ def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def load_arrays(cfg: DataConfig, seed: int) -> DataSplits:
     """The `arrays` dataset (module docstring)."""
     path = data_path(cfg)
-    x_np, y_raw = read_arrays(path)
+    x_np, y_raw = read_arrays(path, cfg.x_key, cfg.y_key)
     y_np = integer_labels(y_raw, WHAT, path)
     num_classes = int(y_np.max()) + 1
     check_classes(y_np, num_classes, WHAT, path)

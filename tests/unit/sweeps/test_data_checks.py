@@ -186,7 +186,18 @@ CASES: dict[str, tuple[Callable[[Path], None], dict[str, Any], list[str], list[s
         [],
         ["/a.npz has NaN or inf features in 1 rows (the first is row 2)"],
     ),
-    "arrays_no_y": (lambda d: np.savez(d / "a.npz", x=np.ones((4, 2))), ARR, [], ["/a.npz has no array 'y'"]),
+    "arrays_no_y": (
+        lambda d: np.savez(d / "a.npz", x=np.ones((4, 2))),
+        ARR,
+        [],
+        ["/a.npz has no labels array named y, target, labels (its arrays: x); set data.y_key"],
+    ),
+    "arrays_two_feature_keys": (
+        lambda d: np.savez(d / "a.npz", x=np.ones((20, 2)), X=np.ones((20, 2)), y=np.arange(20) % 2),
+        ARR,
+        [],
+        ["/a.npz has several features arrays (x, X); set data.x_key to one of them"],
+    ),
     "torchvision_root_empty": (
         lambda d: (d / "empty").mkdir(),
         {"name": "cifar10", "root": "empty"},
