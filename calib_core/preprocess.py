@@ -8,8 +8,9 @@ loader did, or raises `InvalidInputError` in one line naming what does not fit.
 
 Records (`format`):
 - `table`: calib_core/data/table.py's record. Raw input: a pandas DataFrame (or a dict of columns, or a list of
-  row dicts) with the feature columns by name, in any order; the label column, if present, is ignored; any
-  other column, or a missing one, is an error naming them. Numeric columns are standardised with the train
+  row dicts) with the feature columns by name, in any order; the label column and the free-text columns the
+  loader dropped (`dropped_columns`), if present, are ignored; any other column, or a missing one, is an error
+  naming them. Numeric columns are standardised with the train
   mean/std (empty cells filled with the train mean when the model was trained with `missing: impute_mean`),
   categorical columns one-hot encoded with the train categories (an unseen value: all zeros, as in training).
 - `image_folder` (also the torchvision sets, derived): pixel arrays, uint8 (integers 0..255), a batch
@@ -165,7 +166,9 @@ def _table(record: Mapping[str, Any], raw: Any) -> np.ndarray:
     wanted = [str(c["name"]) for c in record["columns"]]
     have = list(df.columns)
     missing = [c for c in wanted if c not in have]
-    unknown = [c for c in have if c not in wanted and c != record.get("label_column")]
+    # the label and the free-text columns the loader dropped (text_columns: drop) may ride along: rows as in the file
+    ignored = {record.get("label_column"), *record.get("dropped_columns", [])}
+    unknown = [c for c in have if c not in wanted and c not in ignored]
     if missing or unknown:
         parts = ([f"missing column(s) {_some(missing)}"] if missing else []) + (
             [f"unknown column(s) {_some(unknown)}"] if unknown else []

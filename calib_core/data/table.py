@@ -5,13 +5,20 @@ same code.
     run:
       data: {name: table, path: patients.csv, label_column: outcome,
              feature_columns: [age, dose, site],      # default: every column but the label
-             categorical: onehot, missing: impute_mean}
+             categorical: onehot, text_columns: drop, missing: impute_mean}
 
 The split is seeded and stratified as for the embedded datasets. Then, with statistics of the TRAIN rows only:
 - numeric columns (bool counts as 0/1) are standardised, (v - mean) / std (population std; a constant column
   keeps std 1); `data.normalize: none` leaves them as they are;
 - non-numeric columns are refused (`categorical: reject`, the default) or one-hot encoded (`onehot`) with the
   categories seen in the train rows, sorted; a value the train rows lack encodes as all zeros;
+- free text is not a category: a non-numeric column whose non-empty cells hold more than TEXT_MIN_DISTINCT (20)
+  distinct values, and either more distinct values than TEXT_DISTINCT_SHARE (half) of its non-empty cells (notes,
+  names, ids) or a typical (median) distinct value of TEXT_MIN_WORDS (3) or more words (sentences), is refused
+  whatever `categorical` says (`text_columns: reject`, the default), left out of the model's inputs (`drop`; the
+  champion then ignores the column in raw rows), or one-hot encoded as a categorical column (`onehot`);
+- every refused column is named in one line (the label or a feature column the file lacks too, with the closest
+  names the file has);
 - empty cells are refused (`missing: reject`, the default) or filled (`impute_mean`): a numeric cell with the
   train rows' mean of its column, a categorical cell as all zeros;
 - labels (numbers or strings) become classes 0..K-1 in sorted order; numeric labels must be integers.
@@ -20,6 +27,7 @@ The split is seeded and stratified as for the embedded datasets. Then, with stat
 
     {"format": "table", "source": str, "label_column": str, "class_names": [str, ...] (class k's label),
      "normalize": "train" | "none", "missing": "reject" | "impute_mean",
+     "dropped_columns": [str, ...] (free-text columns left out with `text_columns: drop`),
      "columns": [{"name": str, "kind": "numeric", "mean": float, "std": float, "fill": float | None}
                  | {"name": str, "kind": "categorical", "categories": [str, ...]}, ...],
      "feature_names": [str, ...] (the model's input columns: a numeric column's name, "col=category" per one-hot
@@ -31,6 +39,7 @@ The split is seeded and stratified as for the embedded datasets. Then, with stat
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +55,6 @@ from calib_core.data.files import (
     feature_stats,
     integer_labels,
     make_splits,
-    some,
     split_rows,
 )
 from calib_core.data.splits import DataSplits
@@ -54,6 +62,15 @@ from calib_core.data.splits import DataSplits
 TABLE_SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 CSV_MEMORY_FACTOR = 6  # bytes in memory per byte of CSV: pandas' frame, the float64 features, the float32 splits
 PARQUET_MEMORY_FACTOR = 3  # per byte of uncompressed Parquet data
+# free text versus categories (module docstring): a handful of distinct values is a category whatever it reads like
+TEXT_MIN_DISTINCT = 20
+TEXT_DISTINCT_SHARE = 0.5
+TEXT_MIN_WORDS = 3
+TEXT_RULE = "over 20 distinct values, mostly unique or of 3+ words"
+# an error line is read by a person (and the CLI cuts one at 300 characters): the lists of columns in it are
+# shortened to fit, with a count of the rest, so that the advice at its end stays whole
+LINE_CHARS = 270
+MIN_LIST_CHARS = 40
 
 
 def read_table(path: Path) -> Any:
@@ -131,6 +148,7 @@ def encode_table(
     df = df.set_axis([str(c) for c in df.columns], axis=1)
     features = _feature_columns(list(df.columns), label, cfg, what, source)
     assert label is not None  # _feature_columns refuses a missing label column
+    features, dropped = _check_kinds(df, features, cfg, what, source)
     y_np, classes = _label_classes(df[label], what, source)
     if len(classes) < 2:
         raise DataError(
@@ -147,6 +165,7 @@ def encode_table(
         "class_names": names,
         "normalize": cfg.normalize,
         "missing": cfg.missing,
+        "dropped_columns": dropped,
         "columns": [e.encoding for e in encoded],
         "feature_names": [n for e in encoded for n in e.names],
         "input_shape": [x.shape[1]],
@@ -169,8 +188,14 @@ def _feature_columns(columns: list[str], label: str | None, cfg: DataConfig, wha
     wanted = [label] + list(cfg.feature_columns or [])
     absent = [c for c in wanted if c not in columns]
     if absent:
-        field = "data.label_column" if absent[0] == label else "data.feature_columns"
-        raise DataError(f"{what}: column {absent[0]!r} ({field}) is not in {source}; its columns: {some(columns, 12)}")
+        named = [_absent(c, "data.label_column" if c == label else "data.feature_columns", columns) for c in absent]
+        which = "column" if len(named) == 1 else "columns"
+        are = "is" if len(named) == 1 else "are"
+        raise DataError(
+            fit_line(
+                [f"{what}: {which} ", named, f" {are} not in {source}, which has {len(columns)} columns: ", columns]
+            )
+        )
     features = list(cfg.feature_columns) if cfg.feature_columns else [c for c in columns if c != label]
     if label in features:
         raise DataError(f"{what}: the label column {label!r} is also a feature column (data.feature_columns)")
@@ -180,6 +205,96 @@ def _feature_columns(columns: list[str], label: str | None, cfg: DataConfig, wha
     if not features:
         raise DataError(f"{what}: {source} has no feature columns besides the label {label!r}")
     return features
+
+
+def _absent(name: str, field: str, columns: list[str]) -> str:
+    """`'outcom' (data.label_column; did you mean 'outcome'?)`: the closest column names, case aside."""
+    lowered: dict[str, str] = {}
+    for c in columns:
+        lowered.setdefault(c.strip().lower(), c)
+    close = difflib.get_close_matches(name.strip().lower(), list(lowered), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(lowered[m]) for m in close)}?" if close else ""
+    return f"{name!r} ({field}{hint})"
+
+
+def _is_numeric(col: Any) -> bool:
+    import pandas as pd
+
+    return bool(pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col))
+
+
+def is_free_text(col: Any) -> bool:
+    """Whether a non-numeric column reads as free text rather than categories (TEXT_* rule, module docstring)."""
+    values = col[~col.isna()].astype(str)
+    distinct = values.unique()
+    if len(distinct) <= TEXT_MIN_DISTINCT:
+        return False
+    if len(distinct) > TEXT_DISTINCT_SHARE * len(values):
+        return True
+    return float(np.median([len(v.split()) for v in distinct])) >= TEXT_MIN_WORDS
+
+
+def _shortened(items: list[str], budget: int) -> str:
+    """`items` comma-separated, as many as fit in `budget` characters (at least one), then "(and N more)"."""
+    shown = items[:1]
+    for item in items[1:]:
+        rest = len(items) - len(shown) - 1
+        if len(", ".join([*shown, item])) + (len(f" (and {rest} more)") if rest else 0) > budget:
+            break
+        shown.append(item)
+    more = len(items) - len(shown)
+    return ", ".join(shown) + (f" (and {more} more)" if more else "")
+
+
+def fit_line(parts: list[str | list[str]]) -> str:
+    """Text and lists joined in one line, the lists shortened (with a count) so the line fits LINE_CHARS; an
+    earlier list takes what it needs first, leaving MIN_LIST_CHARS to each later one."""
+    later = sum(isinstance(p, list) for p in parts)
+    left = LINE_CHARS - sum(len(p) for p in parts if isinstance(p, str))
+    out = []
+    for p in parts:
+        if isinstance(p, list):
+            later -= 1
+            p = _shortened(p, max(MIN_LIST_CHARS, left - MIN_LIST_CHARS * later))
+            left -= len(p)
+        out.append(p)
+    return "".join(out)
+
+
+def _quoted(names: list[str]) -> list[str]:
+    return [repr(c) for c in names]
+
+
+def _check_kinds(df: Any, features: list[str], cfg: DataConfig, what: str, source: str) -> tuple[list[str], list[str]]:
+    """(the feature columns kept, the free-text ones dropped); every refused column named in one line."""
+    other = [c for c in features if not _is_numeric(df[c])]
+    text = [c for c in other if is_free_text(df[c])]
+    categories = [c for c in other if c not in text]
+    refuse_categories = bool(categories) and cfg.categorical == "reject"
+    refuse_text = bool(text) and cfg.text_columns == "reject"
+    both = refuse_categories and refuse_text  # then the line holds two lists and two settings: no examples
+    parts: list[str | list[str]] = [f"{what}: {source} has "]
+    if refuse_categories:
+        sample = df[categories[0]].dropna().astype(str)
+        example = f" (values like {sample.iloc[0]!r})" if len(sample) and not both else ""
+        parts += [f"non-numeric column{'s' * (len(categories) > 1)} ", _quoted(categories), example]
+    if refuse_text:
+        parts += [" and free-text ones " if both else f"free-text column{'s' * (len(text) > 1)} ", _quoted(text)]
+        parts += ["" if both else f" ({TEXT_RULE})"]
+    settings = (["data.categorical: onehot (allowed: reject, onehot)"] if refuse_categories else []) + (
+        ["data.text_columns: drop or onehot (allowed: reject, drop, onehot)"] if refuse_text else []
+    )
+    if settings:
+        parts += [f"; set {' and '.join(settings)}, or list data.feature_columns"]
+        raise DataError(fit_line(parts))
+    dropped = text if cfg.text_columns == "drop" else []
+    kept = [c for c in features if c not in dropped]
+    if not kept:
+        advice = "); set data.text_columns: onehot (allowed: reject, drop, onehot), or add numeric columns"
+        raise DataError(
+            fit_line([f"{what}: every feature column of {source} is free text (", _quoted(dropped), advice])
+        )
+    return kept, dropped
 
 
 @dataclass(frozen=True)
@@ -196,16 +311,14 @@ class _Encoded:
 
 def _encode_column(col: Any, c: str, train_rows: np.ndarray, cfg: DataConfig, what: str, source: str) -> _Encoded:
     """A numeric (or boolean) column standardised on the train rows, or a text column one-hot encoded."""
-    import pandas as pd
-
     empty = col.isna().to_numpy()
     if empty.any() and cfg.missing == "reject":
         raise DataError(
             f"{what}: column {c!r} of {source} has {int(empty.sum())} empty (NaN) cells (the first in row "
             f"{int(np.flatnonzero(empty)[0])}); set data.missing: impute_mean, or fill them"
         )
-    if not (pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col)):
-        return _one_hot(col, c, empty, train_rows, cfg, what, source)
+    if not _is_numeric(col):
+        return _one_hot(col, c, empty, train_rows)
     v = col.to_numpy(dtype=np.float64, na_value=np.nan)
     inf = np.isinf(v)
     if inf.any():
@@ -229,17 +342,9 @@ def _encode_column(col: Any, c: str, train_rows: np.ndarray, cfg: DataConfig, wh
     return _Encoded(((v - mean) / std)[:, None], [c], [mean], [std], encoding)
 
 
-def _one_hot(
-    col: Any, c: str, empty: np.ndarray, train_rows: np.ndarray, cfg: DataConfig, what: str, source: str
-) -> _Encoded:
-    """A text column as one indicator per category seen in the train rows (data.categorical: onehot)."""
-    if cfg.categorical == "reject":
-        sample = col[~col.isna()].astype(str)
-        example = sample.iloc[0] if len(sample) else ""
-        raise DataError(
-            f"{what}: column {c!r} of {source} is not numeric (values like {example!r}); set "
-            "data.categorical: onehot, or leave it out of data.feature_columns"
-        )
+def _one_hot(col: Any, c: str, empty: np.ndarray, train_rows: np.ndarray) -> _Encoded:
+    """A text column as one indicator per category seen in the train rows (data.categorical or text_columns:
+    onehot; _check_kinds refused the others)."""
     text = col.astype(str).to_numpy()
     cats = sorted(set(text[train_rows][~empty[train_rows]].tolist()))
     onehot = (text[:, None] == np.asarray(cats, dtype=object)[None, :]) & ~empty[:, None]

@@ -33,7 +33,11 @@ TIMEOUT_S = 300.0
 
 def _data_error(name: str, exc: BaseException) -> str:
     """A loader's or a check's failure as one line: a ValueError says what (and names the file) already."""
+    from calib_core.data.files import DataError
+
     first = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, DataError):
+        return f"run.data: {first}"  # the loaders' own lines: lists already shortened, the advice at the end kept
     if isinstance(exc, ValueError):
         return f"run.data: {clip(first, 260)}"
     return f"run.data.name: loading dataset {name!r} failed: {type(exc).__name__}: {clip(first, 200)}"

@@ -118,7 +118,7 @@ CASES: dict[str, tuple[Callable[[Path], None], dict[str, Any], list[str], list[s
         lambda d: _table(d, a=range(20), y=_labels()),
         {**TAB, "feature_columns": ["a", "dose"]},
         [],
-        ["column 'dose' (data.feature_columns) is not in", "/t.csv; its columns: a, y"],
+        ["column 'dose' (data.feature_columns) is not in", "/t.csv, which has 2 columns: a, y"],
     ),
     "label_column_not_in_table": (
         lambda d: _table(d, a=range(20), y=_labels()),
@@ -154,7 +154,22 @@ CASES: dict[str, tuple[Callable[[Path], None], dict[str, Any], list[str], list[s
         lambda d: _table(d, a=range(20), c=["red", "blue"] * 10, y=_labels()),
         TAB,
         [],
-        ["column 'c' of", "is not numeric (values like 'red'); set data.categorical: onehot"],
+        ["/t.csv has non-numeric column 'c' (values like 'red'); set data.categorical: onehot"],
+    ),
+    "table_free_text": (
+        lambda d: _table(d, a=range(30), note=[f"said {i} things" for i in range(30)], y=_labels(30)),
+        TAB,
+        [],
+        [
+            "/t.csv has free-text column 'note' (over 20 distinct",
+            "set data.text_columns: drop or onehot (allowed: reject, drop, onehot), or list data.feature_columns",
+        ],
+    ),
+    "label_column_typo": (
+        lambda d: _table(d, age=range(20), outcome=_labels()),
+        {**TAB, "label_column": "outcom"},
+        [],
+        ["column 'outcom' (data.label_column; did you mean 'outcome'?) is not in", "which has 2 columns: age, outcome"],
     ),
     "table_too_large": (
         _sparse,
