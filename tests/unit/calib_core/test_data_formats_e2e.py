@@ -42,16 +42,18 @@ def _table(d: Path, suffix: str) -> list[str]:
     frame = load_breast_cancer(as_frame=True).frame
     frame["target"] = frame["target"].map({0: "malignant", 1: "benign"})
     frame["site"] = np.where(np.arange(len(frame)) % 3 == 0, "left", "right")
+    frame["note"] = [f"seen on visit {i}" for i in range(len(frame))]  # free text: left out, and in the raw rows
     path = d / f"patients{suffix}"
     frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path)
-    return [f"run.data.path={path.name}", "run.data.label_column=target", "run.data.categorical=onehot"]
+    sets = [f"run.data.path={path.name}", "run.data.label_column=target", "run.data.categorical=onehot"]
+    return [*sets, "run.data.text_columns=drop"]
 
 
 def _npz(d: Path) -> list[str]:
     rng = np.random.default_rng(0)
     y = np.arange(300) % 3
     x = rng.normal(size=(300, 8)) + y[:, None]
-    np.savez(d / "features.npz", x=x, y=y)
+    np.savez(d / "features.npz", X=x, y=y)  # scikit-learn's names, found without data.x_key
     return ["run.data.path=features.npz"]
 
 
@@ -99,7 +101,7 @@ def _raw_test_rows(cwd: Path, cfg, fmt: str):
         labels = np.unique(raw[data.label_column].astype(str).to_numpy(), return_inverse=True)[1]
     elif fmt == "arrays":
         with np.load(cwd / data.path) as z:
-            raw, labels = z["x"], z["y"]
+            raw, labels = z["X"], z["y"]
     else:
         from PIL import Image
 
