@@ -136,6 +136,18 @@ GATE_ROWS_FILE = "rows.npz"  # hashes of the raw rows of the training and valida
 GATE_DATA_FILE = "data.json"  # dataset, input shape, class count and names, input columns, standardisation
 TAG_GATE = "calib.gate"  # on a model version: the gate's one-line decision
 
+# ---------------------------------------------------------------------------- the leaderboard
+# sweep/leaderboard.csv on the parent run: one row per candidate. Beside its metrics, what the selection rule judged
+# (sweeps.selection_rules.choice.Standing), enough to recompute the selection sentence from the file alone.
+LEADERBOARD_FILE = "leaderboard.csv"
+BOARD_CHAMPION = "champion"  # the rule's pick
+BOARD_MOST_ACCURATE = "most_accurate"  # the candidate the accuracy comparisons are made against
+BOARD_ACCURACY_GAP = "accuracy_gap"  # its val accuracy minus this one's (point estimates, a fraction, >= 0)
+# the one-sided lower confidence bound of (this one's - the most accurate's) val accuracy (margin rule; 0 for itself)
+BOARD_ACCURACY_LOWER = "accuracy_lower_bound"
+BOARD_ACCURACY_P = "accuracy_p_value"  # one-sided p of "less accurate than the most accurate" (noise_aware rule)
+BOARD_ELIGIBLE = "eligible"  # in the set the rule picks from
+
 
 # ---------------------------------------------------------------------------- the tracking store
 class TrackingStore(Protocol):

@@ -25,7 +25,7 @@ from sweeps.contract import (
     is_number,
     memory_failure,
 )
-from sweeps.decide.selection import POST_TS, TrialRecord, on_top_candidates
+from sweeps.decide.selection import POST_TS, Choice, TrialRecord, on_top_candidates
 from sweeps.decide.uncertainty import (
     FULL_DETAIL_TRIALS,
     Replicates,
@@ -123,14 +123,14 @@ def log_selection(
     store: TrackingStore,
     parent_id: str,
     records: list[TrialRecord],
-    chosen: TrialRecord,
-    why: str,
+    choice: Choice,
     reps: Replicates,
     cfg: SweepConfig,
 ) -> Any:
     """The sweep's report files, the trials' intervals and the champion's tags and metrics on the parent run."""
+    chosen, why = choice.champion, choice.sentence
     with tempfile.TemporaryDirectory() as d:
-        board, ranks, files = sweep_report_files(Path(d), records, chosen, why, reps, cfg)
+        board, ranks, files = sweep_report_files(Path(d), records, choice, reps, cfg)
         store.log_artifacts(parent_id, files)
     log_intervals(store, records, reps)
     tags = {TAG_CHAMPION_TRIAL: chosen.trial, TAG_CHAMPION_CANDIDATE: chosen.trial_id}

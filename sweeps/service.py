@@ -27,7 +27,7 @@ from sweeps.contract import (
     SweepIncomplete,
     SweepResult,
 )
-from sweeps.decide.selection import TrialRecord, select, trial_errors
+from sweeps.decide.selection import TrialRecord, choose, trial_errors
 from sweeps.finish import (
     add_detail,
     build_result,
@@ -355,12 +355,13 @@ def _choose_and_register(
         try:
             reps = sweep_replicates(records, cfg)
             clock.end("bootstrap")
-            chosen, why = select(records, cfg.selection, reps)
+            choice = choose(records, cfg.selection, reps)
+            chosen, why = choice.champion, choice.sentence
             add_detail(reps, records, cfg, chosen.trial_id)
         except ValueError as exc:
             raise SweepError(str(exc)) from None
         clock.end("select")
-        board, ranks = log_selection(store, parent_id, records, chosen, why, reps, cfg)
+        board, ranks = log_selection(store, parent_id, records, choice, reps, cfg)
         clock.end("report")
         # its accuracy intervals by split, to tell a champion from one no better than the majority class
         acc = {

@@ -19,6 +19,7 @@ from sweeps.selection_rules.base import (
     not_worse_than,
     pareto_front,
 )
+from sweeps.selection_rules.choice import Choice
 
 if TYPE_CHECKING:
     from sweeps.decide.uncertainty import Replicates
@@ -27,8 +28,10 @@ if TYPE_CHECKING:
 __all__ = [
     "POST_TS",
     "RULES",
+    "Choice",
     "SelectionRule",
     "TrialRecord",
+    "choose",
     "method_family",
     "not_worse_than",
     "on_top_candidates",
@@ -69,19 +72,29 @@ class SelectionRule:
     with its choice in selection.json)."""
 
     name: str
-    pick: Callable[[list[TrialRecord], SelectionConfig, Replicates | None], tuple[TrialRecord, str]]
+    pick: Callable[[list[TrialRecord], SelectionConfig, Replicates | None], Choice]
     needs_replicates: bool
     summary: str
     settings: tuple[str, ...] = ()
 
 
-def select(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None = None) -> tuple[TrialRecord, str]:
-    """Pick the champion by the configured rule; return it and a sentence saying why and what it trades."""
+def choose(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None = None) -> Choice:
+    """The configured rule's decision: the champion, every completed candidate's standing (what the leaderboard
+    writes) and the sentence saying why and what it trades, read from those standings."""
     ok = sorted((r for r in records if r.ok), key=lambda r: r.trial_id)
     if not ok:
         raise ValueError("no trial completed with finite validation metrics: nothing to select")
     check_inputs(ok, cfg, reps, RULE_SPECS[cfg.rule])  # the refusal every rule shares, once
-    return RULES[cfg.rule].pick(ok, cfg, reps)
+    choice = RULES[cfg.rule].pick(ok, cfg, reps)
+    if set(choice.standings) != {r.trial_id for r in ok}:  # the leaderboard writes one standing per candidate
+        raise ValueError(f"selection.rule {cfg.rule} judged other candidates than the {len(ok)} it was given")
+    return choice
+
+
+def select(records: list[TrialRecord], cfg: SelectionConfig, reps: Replicates | None = None) -> tuple[TrialRecord, str]:
+    """Pick the champion by the configured rule; return it and a sentence saying why and what it trades."""
+    choice = choose(records, cfg, reps)
+    return choice.champion, choice.sentence
 
 
 # Each rule of sweeps/selection_rules/ as the service runs it.

@@ -8,8 +8,22 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweeps.contract import PREDICTIONS_FILE, SHIFT_FILE, SPLITS, SUMMARY_FILE, is_number, status_words
-from sweeps.decide.selection import TrialRecord, not_worse_than, pareto_front
+from sweeps.contract import (
+    BOARD_ACCURACY_GAP,
+    BOARD_ACCURACY_LOWER,
+    BOARD_ACCURACY_P,
+    BOARD_CHAMPION,
+    BOARD_ELIGIBLE,
+    BOARD_MOST_ACCURATE,
+    LEADERBOARD_FILE,
+    PREDICTIONS_FILE,
+    SHIFT_FILE,
+    SPLITS,
+    SUMMARY_FILE,
+    is_number,
+    status_words,
+)
+from sweeps.decide.selection import Choice, TrialRecord, not_worse_than, pareto_front
 
 # pandas and matplotlib are imported where used (pyplot()): the sweep's driver imports this module
 # before its trials start.
@@ -115,16 +129,24 @@ def trial_report_files(ckpt: Path, out: Path, result: dict[str, Any], num_bins: 
     return files
 
 
+def write_leaderboard(
+    out: Path, records: list[TrialRecord], choice: Choice, reps: Replicates | None, cfg: SelectionConfig
+) -> pd.DataFrame:
+    """The leaderboard with the rule's standings, written to `out`/LEADERBOARD_FILE as the sweep logs it."""
+    board = leaderboard(records, choice.champion, reps, cfg, choice)
+    board.to_csv(out / LEADERBOARD_FILE, index=False)
+    return board
+
+
 def sweep_report_files(
-    out: Path, records: list[TrialRecord], chosen: TrialRecord, why: str, reps: Replicates, cfg: SweepConfig
+    out: Path, records: list[TrialRecord], choice: Choice, reps: Replicates, cfg: SweepConfig
 ) -> tuple[pd.DataFrame, pd.DataFrame, ReportFiles]:
     """The sweep's leaderboard, rank agreement, Pareto plot and selection.json, written under `out`;
     returns (leaderboard, rank agreement, files)."""
-
-    board = leaderboard(records, chosen, reps, cfg.selection)
+    chosen, why = choice.champion, choice.sentence
+    board = write_leaderboard(out, records, choice, reps, cfg.selection)
     ranks = rank_agreement(records)
     champion_ci = {k: list(reps.interval(chosen.trial_id, k)) for k in reps.values.get(chosen.trial_id, {})}
-    board.to_csv(out / "leaderboard.csv", index=False)
     ranks.to_csv(out / "rank_agreement_spearman.csv")
     pareto_plot(records, chosen, out / "pareto.png", reps)
     settings = cfg.selection.rule_settings()  # what the rule read, as it read it
@@ -147,7 +169,7 @@ def sweep_report_files(
             indent=1,
         )
     )
-    names = ("leaderboard.csv", "rank_agreement_spearman.csv", "pareto.png", "selection.json")
+    names = (LEADERBOARD_FILE, "rank_agreement_spearman.csv", "pareto.png", "selection.json")
     return board, ranks, [(out / name, SWEEP_FOLDER) for name in names]
 
 
@@ -161,9 +183,11 @@ def leaderboard(
     champion: TrialRecord | None = None,
     reps: Replicates | None = None,
     cfg: SelectionConfig | None = None,
+    choice: Choice | None = None,
 ) -> pd.DataFrame:
-    """One row per trial: calibrator, lr, champion and Pareto flags, metrics with interval bounds;
-    sorted by val ECE then trial id."""
+    """One row per trial: calibrator, lr, champion and Pareto flags, the rule's standing of each candidate (`choice`:
+    most accurate, accuracy gap, lower bound or p-value, eligible), metrics with interval bounds; sorted by val ECE
+    then trial id."""
     ok = [r for r in records if r.ok]
     front_ids = {ok[i].trial_id for i in pareto_front(ok)} if ok else set()
     metric, mode = (cfg.metric, cfg.mode) if cfg is not None else ("val_ece", "min")
@@ -176,10 +200,17 @@ def leaderboard(
             "calibrator": r.params.get("calibrator"),
             "calibrator_lr": r.params.get("calibrator_lr"),
             "status": r.status,
-            "champion": champion is not None and r.trial_id == champion.trial_id,
+            BOARD_CHAMPION: champion is not None and r.trial_id == champion.trial_id,
             "pareto": r.trial_id in front_ids,
             "run_id": r.run_id,
         }
+        standing = choice.standings.get(r.trial_id) if choice is not None else None
+        if choice is not None and standing is not None:
+            row[BOARD_MOST_ACCURATE] = r.trial_id == choice.most_accurate.trial_id
+            row[BOARD_ACCURACY_GAP] = standing.accuracy_gap
+            row[BOARD_ACCURACY_LOWER] = standing.lower_bound
+            row[BOARD_ACCURACY_P] = standing.p_value
+            row[BOARD_ELIGIBLE] = standing.eligible
         if champion is not None and reps is not None and r.ok and reps.has(r.trial_id, "val_accuracy"):
             row["not_worse_than_champion"] = not_worse_than(reps, champion, r, metric, mode)
         for k, v in sorted(r.metrics.items()):

@@ -102,6 +102,16 @@ def ci(reps: Replicates | None, r: TrialRecord, key: str) -> str:
     return f" [{lo:.4f}, {hi:.4f}]"
 
 
+def points(value: float, threshold: float, sign: str = "") -> str:
+    """A rate in points (`sign` "+": always signed) to one decimal, or to more where one would round it onto or
+    across `threshold` (in points), the value it is compared with: -1.96 against -2 reads -1.96, not -2.0."""
+    v = 100 * value
+    for decimals in range(1, 7):
+        if (round(v, decimals) > threshold) == (v > threshold) and (round(v, decimals) < threshold) == (v < threshold):
+            break
+    return f"{v:{sign}.{decimals}f}"
+
+
 def is_rate(key: str) -> bool:
     """Metrics printed in percent: accuracy and the calibration errors (not NLL, Brier or AURC)."""
     return not key.endswith(("nll", "brier", "aurc"))
@@ -118,10 +128,20 @@ def fmt_metric(key: str, v: float) -> str:
     return pct(v) if is_rate(key) and 0.0 <= v <= 1.0 else f"{v:.4f}"
 
 
+def most_accurate(ok: list[TrialRecord]) -> TrialRecord:
+    """The most accurate candidate on validation: then the lowest val ECE, then the first of `ok` (sorted by id)."""
+    return max(ok, key=lambda r: (r.metrics["val_accuracy"], -r.metrics["val_ece"]))
+
+
+def accuracy_gaps(ok: list[TrialRecord], top: TrialRecord) -> dict[str, float]:
+    """Each candidate's val accuracy gap to `top` (point estimates; >= 0 when `top` is the most accurate)."""
+    return {r.trial_id: top.metrics["val_accuracy"] - r.metrics["val_accuracy"] for r in ok}
+
+
 def accuracy_candidates(ok: list[TrialRecord], reps: Replicates) -> tuple[TrialRecord, dict[str, float]]:
     """The most accurate trial on validation and, per trial, the one-sided p-value of
     "this trial is less accurate than it" (small = significantly less accurate)."""
-    best_acc = max(ok, key=lambda r: (r.metrics["val_accuracy"], -r.metrics["val_ece"]))  # first of ties
+    best_acc = most_accurate(ok)
     pvals = {
         r.trial_id: (
             1.0 if r is best_acc else reps.significantly_greater(best_acc.trial_id, r.trial_id, "val_accuracy")[1]
@@ -134,7 +154,7 @@ def accuracy_candidates(ok: list[TrialRecord], reps: Replicates) -> tuple[TrialR
 def accuracy_lower_bounds(ok: list[TrialRecord], reps: Replicates) -> tuple[TrialRecord, dict[str, float]]:
     """The most accurate candidate on validation and, per candidate, the one-sided lower confidence bound (at the
     replicates' level) of its paired accuracy difference to it (0 for the most accurate itself)."""
-    best_acc = max(ok, key=lambda r: (r.metrics["val_accuracy"], -r.metrics["val_ece"]))  # first of ties
+    best_acc = most_accurate(ok)
     lower = {}
     for r in ok:
         if r is best_acc:

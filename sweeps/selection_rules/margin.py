@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
-import numpy as np
 from pydantic import Field
 
 from sweeps.selection_rules.base import (
     Replicates,
     TrialRecord,
+    accuracy_gaps,
     accuracy_lower_bounds,
     ci,
     fmt_metric,
     is_rate,
     metric_name,
     pct,
+    points,
 )
+from sweeps.selection_rules.choice import Choice, Standing
 from sweeps.selection_rules.spec import SHARED, RuleSpec, Settings
 
 
@@ -35,60 +38,103 @@ class MarginSettings(Settings):
     )
 
 
-def within_margin(ok: list[TrialRecord], cfg: Any, reps: Replicates) -> tuple[TrialRecord, list[TrialRecord]]:
-    """The most accurate candidate and the candidates non-inferior to it within selection.max_accuracy_loss:
-    the one-sided lower confidence bound of the paired accuracy difference lies above minus the margin."""
+def judge(ok: list[TrialRecord], cfg: Any, reps: Replicates) -> tuple[TrialRecord, dict[str, Standing]]:
+    """The most accurate candidate and every candidate's standing: its point accuracy gap to it, the one-sided lower
+    confidence bound of the paired difference, and whether that bound lies above minus selection.max_accuracy_loss
+    (non-inferiority shown; the most accurate candidate itself always in)."""
     best_acc, lower = accuracy_lower_bounds(ok, reps)
-    margin = cfg.max_accuracy_loss / 100.0
-    return best_acc, [r for r in ok if lower[r.trial_id] > -margin or r is best_acc]
+    margin, gap = cfg.max_accuracy_loss / 100.0, accuracy_gaps(ok, best_acc)
+    return best_acc, {
+        r.trial_id: Standing(gap[r.trial_id], r is best_acc or lower[r.trial_id] > -margin, lower[r.trial_id])
+        for r in ok
+    }
 
 
-def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> tuple[TrialRecord, str]:
-    """The champion by this rule, and the sentence saying why and what it trades."""
+def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> Choice:
+    """The champion by this rule, every candidate's standing, and the sentence read from them."""
     assert reps is not None  # (select() refused a missing one: RULE needs the replicates)
-    best_acc, kept = within_margin(ok, cfg, reps)
+    best_acc, standings = judge(ok, cfg, reps)
     sign = 1.0 if cfg.mode == "min" else -1.0
     m = cfg.metric
+    kept = [r for r in ok if standings[r.trial_id].eligible]
     best = min(kept, key=lambda r: (sign * r.metrics[m], r.metrics.get("val_nll", math.inf), r.trial_id))
-    level = f"{100 * reps.level:.0f} %"
-    margin = f"{cfg.max_accuracy_loss:g} pt"
-    head = (
+    choice = Choice(best, best_acc, standings)
+    lines = (head_line(choice, cfg, reps), trade_line(choice, cfg, reps), rule_line(ok, choice, cfg, reps))
+    return replace(choice, sentence="\n".join((*lines, family_line(ok, choice, cfg, reps))))
+
+
+def head_line(choice: Choice, cfg: Any, reps: Replicates) -> str:
+    """The champion with its intervals."""
+    best, m = choice.champion, cfg.metric
+    return (
         f"{best.label} ({best.family}): val {metric_name(m)} {fmt_metric(m, best.metrics[m])}{ci(reps, best, m)}, "
-        f"val acc {pct(best.metrics['val_accuracy'])}{ci(reps, best, 'val_accuracy')} ({level} bootstrap intervals)"
+        f"val acc {pct(best.metrics['val_accuracy'])}{ci(reps, best, 'val_accuracy')} "
+        f"({100 * reps.level:.0f} % bootstrap intervals)"
     )
-    if best is best_acc:
-        trade = "Trade: none, it is also the most accurate candidate."
-    else:
-        gap = best_acc.metrics["val_accuracy"] - best.metrics["val_accuracy"]
-        lo, hi = reps.difference_interval(best.trial_id, best_acc.trial_id, "val_accuracy")
-        lower = float(np.quantile(reps.difference(best.trial_id, best_acc.trial_id, "val_accuracy"), 1 - reps.level))
-        trade = (
-            f"Trade: {100 * gap:.1f} pt less accurate on validation than the most accurate candidate {best_acc.label} "
-            f"({best_acc.family}; difference {100 * -gap:+.1f} pt [{100 * lo:+.1f}, {100 * hi:+.1f}], one-sided lower "
-            f"bound {100 * lower:+.1f} pt, within the {margin} margin), for val {metric_name(m)} "
-            f"{fmt_metric(m, best.metrics[m])} against its {fmt_metric(m, best_acc.metrics[m])}."
+
+
+def trade_line(choice: Choice, cfg: Any, reps: Replicates) -> str:
+    """What the champion gives up against the most accurate candidate, with the bound that let it in."""
+    best, top, m = choice.champion, choice.most_accurate, cfg.metric
+    if best is top:
+        return "Trade: none, it is also the most accurate candidate."
+    standing, margin = choice.standings[best.trial_id], cfg.max_accuracy_loss
+    if standing.accuracy_gap == 0:  # tied on accuracy and (by the pick) on the metric: a tie break, not a trade
+        return (
+            f"Trade: none, it ties the most accurate candidate {top.label} ({top.family}) on val accuracy and val "
+            f"{metric_name(m)}."
         )
-    rule = (
-        f"Rule: {'lowest' if cfg.mode == 'min' else 'highest'} val {metric_name(m)} among the {len(kept)} of "
-        f"{len(ok)} candidates whose val accuracy is at most {margin} below the most accurate's (selection."
-        f"max_accuracy_loss; one-sided {level} paired bootstrap lower bound of the difference above -{margin})"
+    lo, hi = reps.difference_interval(best.trial_id, top.trial_id, "val_accuracy")
+    assert standing.lower_bound is not None
+    return (
+        f"Trade: {points(standing.accuracy_gap, margin)} pt less accurate on validation than the most accurate "
+        f"candidate {top.label} ({top.family}; difference {100 * -standing.accuracy_gap:+.1f} pt [{100 * lo:+.1f}, "
+        f"{100 * hi:+.1f}], one-sided {100 * reps.level:.0f} % lower bound {points(standing.lower_bound, -margin, '+')}"
+        f" pt, above -{margin:g} pt), for val {metric_name(m)} {fmt_metric(m, best.metrics[m])} against its "
+        f"{fmt_metric(m, top.metrics[m])}."
     )
-    return best, f"{head}\n{trade}\n{rule}.\n{family_line(ok, kept, best, cfg, reps)}"
 
 
-def family_line(
-    ok: list[TrialRecord], kept: list[TrialRecord], champion: TrialRecord, cfg: Any, reps: Replicates
-) -> str:
-    """Which family won and by how much: each other family's best candidate within the margin set, with the paired
-    difference of the selection metric to the champion and its interval; the families outside the margin."""
+def rule_line(ok: list[TrialRecord], choice: Choice, cfg: Any, reps: Replicates) -> str:
+    """The criterion in words, the count it admitted, and why the others are out: a point gap of at least the margin,
+    or an interval too wide to show a smaller gap within it."""
+    margin = f"{cfg.max_accuracy_loss:g} pt"
+    kept = choice.eligible(ok)
+    line = (
+        f"Rule: {'lowest' if cfg.mode == 'min' else 'highest'} val {metric_name(cfg.metric)} among the {len(kept)} of "
+        f"{len(ok)} candidates shown to be within {margin} of the most accurate candidate's val accuracy (one-sided "
+        f"{100 * reps.level:.0f} % paired bootstrap lower bound of the difference above -{margin}; "
+        "selection.max_accuracy_loss)."
+    )
+    left = [choice.standings[r.trial_id] for r in ok if not choice.standings[r.trial_id].eligible]
+    if left:
+        wide = sum(100 * s.accuracy_gap < cfg.max_accuracy_loss for s in left)
+        line += (
+            f" Left out: {len(left)} ({wide} within {margin} by point estimate but not shown to be, "
+            f"{len(left) - wide} at least {margin} below)."
+        )
+    return line
+
+
+def family_line(ok: list[TrialRecord], choice: Choice, cfg: Any, reps: Replicates) -> str:
+    """Which family won and by how much: each other family's best candidate in the set, with the paired difference
+    of the selection metric to the champion and its interval; each family with no candidate in the set, with its
+    closest point gap (said to be within the margin where it is) and its highest lower bound."""
+    champion, margin = choice.champion, cfg.max_accuracy_loss
     m, sign = cfg.metric, (1.0 if cfg.mode == "min" else -1.0)
     scale, unit = (100.0, " pt") if is_rate(m) else (1.0, "")
     inside, outside = [], []
     for fam in sorted({r.family for r in ok} - {champion.family}):
-        mine = [r for r in kept if r.family == fam]
+        mine = [r for r in choice.eligible(ok) if r.family == fam]
         if not mine:
-            best_acc = max(r.metrics["val_accuracy"] for r in ok if r.family == fam)
-            outside.append(f"{fam} (best val acc {pct(best_acc)})")
+            judged = [choice.standings[r.trial_id] for r in ok if r.family == fam]
+            closest = min(s.accuracy_gap for s in judged)
+            highest = max(s.lower_bound for s in judged if s.lower_bound is not None)
+            wide = f", within {margin:g} pt by point estimate but not shown to be" if 100 * closest < margin else ""
+            outside.append(
+                f"{fam} (closest {points(closest, margin)} pt below{wide}, "
+                f"highest lower bound {points(highest, -margin, '+')} pt)"
+            )
             continue
         top = min(mine, key=lambda r: (sign * r.metrics[m], r.trial_id))
         text = f"{fam} {fmt_metric(m, top.metrics[m])}"
@@ -99,16 +145,16 @@ def family_line(
         inside.append(text)
     parts = [f"Won by family {champion.family} (val {metric_name(m)} {fmt_metric(m, champion.metrics[m])})"]
     if inside:
-        parts.append(f"Others within the margin, against it: {'; '.join(inside)}")
+        parts.append(f" Others in that set, against it: {'; '.join(inside)}")
     if outside:
-        parts.append(f"Outside the margin: {', '.join(outside)}")
-    return ". ".join(parts) + "."
+        parts.append(f" Families with no candidate in that set: {'; '.join(outside)}")
+    return ".".join(parts) + "."
 
 
 RULE = RuleSpec(
     "margin",
-    "lowest val calibration error among the candidates whose val accuracy is non-inferior to the most "
-    "accurate's within selection.max_accuracy_loss points (one-sided paired bootstrap lower bound)",
+    "lowest val calibration error among the candidates shown to be within selection.max_accuracy_loss points of "
+    "the most accurate's val accuracy (one-sided paired bootstrap lower bound of the difference above minus it)",
     MarginSettings,
     SHARED,
     True,

@@ -11,11 +11,13 @@ from sweeps.selection_rules.base import (
     Replicates,
     TrialRecord,
     accuracy_candidates,
+    accuracy_gaps,
     ci,
     fmt_metric,
     metric_name,
     pct,
 )
+from sweeps.selection_rules.choice import Choice, Standing
 from sweeps.selection_rules.spec import SHARED, RuleSpec, Settings
 
 
@@ -30,15 +32,20 @@ class NoiseAwareSettings(Settings):
     dominance_factor: float | None = Field(default=0.5, gt=0.0, lt=1.0)
 
 
-def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> tuple[TrialRecord, str]:
-    """The champion by this rule, and the sentence saying why and what it trades."""
+def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> Choice:
+    """The champion by this rule, every candidate's standing (its p-value against the most accurate; in the pool when
+    not significantly less accurate), and the sentence saying why and what it trades."""
     assert reps is not None  # (select() refused a missing one: RULE needs the replicates)
     alpha = 1.0 - cfg.confidence
     adjusted = cfg.multiple_comparisons == "bonferroni" and len(ok) > 2
     if adjusted:
         alpha /= len(ok) - 1
     best_acc, pvals = accuracy_candidates(ok, reps)
-    near = [r for r in ok if pvals[r.trial_id] >= alpha]
+    gap = accuracy_gaps(ok, best_acc)
+    standings = {
+        r.trial_id: Standing(gap[r.trial_id], pvals[r.trial_id] >= alpha, p_value=pvals[r.trial_id]) for r in ok
+    }
+    near = [r for r in ok if standings[r.trial_id].eligible]
     sign = 1.0 if cfg.mode == "min" else -1.0
     m = cfg.metric
 
@@ -71,7 +78,7 @@ def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> tuple[Tria
         test += f", Bonferroni over {len(ok) - 1} comparisons: p < {alpha:.3f}"
     rule = (
         f"Rule: {'lowest' if cfg.mode == 'min' else 'highest'} val {metric_name(m)} among the {len(near)} of "
-        f"{len(ok)} completed trials not significantly less accurate than the most accurate ({test})"
+        f"{len(ok)} candidates not significantly less accurate than the most accurate ({test})"
     )
     if moves:
         rule += (
@@ -84,15 +91,16 @@ def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> tuple[Tria
                 "accurate trial (the margin rule, selection.rule: margin, never leaves its set)"
             )
     if best is best_acc:
-        return best, f"{head}\nTrade: none, it is also the most accurate trial.\n{rule}."
+        return Choice(
+            best, best_acc, standings, f"{head}\nTrade: none, it is also the most accurate candidate.\n{rule}."
+        )
     p = reps.significantly_greater(best_acc.trial_id, best.trial_id, "val_accuracy")[1]
-    gap = best_acc.metrics["val_accuracy"] - best.metrics["val_accuracy"]
     trade = (
-        f"Trade: {100 * gap:.1f} pt below the most accurate trial {best_acc.label} (p = {p:.3f}, "
+        f"Trade: {100 * gap[best.trial_id]:.1f} pt below the most accurate candidate {best_acc.label} (p = {p:.3f}, "
         f"{'not significant' if p >= alpha else 'significant'}), whose val {metric_name(m)} is "
         f"{fmt_metric(m, best_acc.metrics[m])}{ci(reps, best_acc, m)}"
     )
-    return best, f"{head}\n{trade}.\n{rule}."
+    return Choice(best, best_acc, standings, f"{head}\n{trade}.\n{rule}.")
 
 
 RULE = RuleSpec(

@@ -22,8 +22,9 @@ class NoSettings(Settings):
     """A rule with no setting of its own."""
 
 
-# (the completed candidates, the selection config, the bootstrap replicates or None) -> (champion, sentence)
-Pick = Callable[[list[Any], Any, Any], tuple[Any, str]]
+# (the completed candidates, the selection config, the bootstrap replicates or None) -> choice.Choice: the champion,
+# every candidate's standing and the sentence made from them
+Pick = Callable[[list[Any], Any, Any], Any]
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ def test_champion_registered_and_printed(sweep_dir):
     assert mv.tags.get("source_run_id") == champion.info.run_id
     out = (sweep_dir / "stdout.txt").read_text()
     assert "Leaderboard" in out and "mlflow ui --backend-store-uri sqlite:///" in out
-    assert "Selection: " in out and "at most 2 pt below the most accurate's" in out
+    assert "Selection: " in out and "shown to be within 2 pt of the most accurate candidate's val accuracy" in out
     assert "Won by family" in out and "References: CE with early stopping" in out
     assert "val ECE" in out.split("Selection: ")[1] and "[" in out.split("Selection: ")[1]
 

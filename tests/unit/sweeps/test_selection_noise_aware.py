@@ -62,7 +62,7 @@ def test_small_validation_set_prefers_the_calibrated_trial_within_noise() -> Non
     assert acc["A"] > acc["B"] > acc["C"]  # A is the most accurate as simulated
     chosen, why = select(records, SelectionConfig(rule="noise_aware"), reps)
     assert chosen.trial_id == "B", why
-    assert "below the most accurate trial cal-A" in why and "not significant" in why
+    assert "below the most accurate candidate cal-A" in why and "not significant" in why
     assert "val ECE" in why and "[" in why and "%" in why
     # the old rule collapses to the most accurate trial
     old, _ = select(records, SelectionConfig(rule="pareto_min_ece_near_best_accuracy"), reps)
@@ -73,7 +73,7 @@ def test_large_validation_set_makes_the_accuracy_gap_significant() -> None:
     records, reps = _sweep(20000, SPECS)
     chosen, why = select(records, SelectionConfig(rule="noise_aware"), reps)
     assert chosen.trial_id == "A", why
-    assert "it is also the most accurate trial" in why
+    assert "it is also the most accurate candidate" in why
 
 
 def test_champion_is_never_dominated_within_noise() -> None:

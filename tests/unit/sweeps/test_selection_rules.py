@@ -72,6 +72,8 @@ NEW_RULE = """
 
 from pydantic import Field
 
+from sweeps.selection_rules.base import accuracy_gaps, most_accurate
+from sweeps.selection_rules.choice import Choice, Standing
 from sweeps.selection_rules.spec import RuleSpec, Settings
 
 
@@ -82,7 +84,10 @@ class LowestNllSettings(Settings):
 def pick(ok, cfg, reps):
     pool = [r for r in ok if r.metrics["val_accuracy"] >= cfg.min_accuracy] or ok
     best = min(pool, key=lambda r: (r.metrics["val_nll"], r.trial_id))
-    return best, f"{best.label}: lowest val NLL of {len(pool)}"
+    top = most_accurate(ok)
+    gap = accuracy_gaps(ok, top)
+    standings = {r.trial_id: Standing(gap[r.trial_id], r in pool) for r in ok}
+    return Choice(best, top, standings, f"{best.label}: lowest val NLL of {len(pool)}")
 
 
 RULE = RuleSpec(
