@@ -286,8 +286,8 @@ class _SelectionShared(_Strict):
     and sit here flat, as configs write them: `selection.max_accuracy_loss`, not `selection.margin.max_accuracy_loss`.
     """
 
-    # margin (default): among candidates whose val accuracy is non-inferior to the most accurate's within
-    # `max_accuracy_loss` points (one-sided paired bootstrap lower bound at `confidence`), the best `metric`;
+    # margin (default): among candidates shown to be within `max_accuracy_loss` points of the most accurate's val
+    # accuracy (one-sided paired bootstrap lower bound at `confidence` above minus it), the best `metric`;
     # ties broken by val NLL. `--help` ends with every rule and what it reads.
     rule: str = DEFAULT_RULE
     metric: str = "val_ece"
