@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sweep test test-slow test-containers lint bench clean distclean
+.PHONY: setup sweep test test-slow test-containers lint bench stage-data clean distclean
 
 $(STAMP): pyproject.toml constraints.txt tests/tools/install_kustomize.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,6 +44,12 @@ test-containers: setup
 lint: setup
 	@rc=0; $(BIN)/ruff check . || rc=1; $(BIN)/ruff format --check . || rc=1; $(BIN)/mypy || rc=1; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_import_contracts.py || rc=1; exit $$rc
+
+# Stage a torchvision dataset into the object store for the cluster (deploy/README.md, "Stage the datasets"), from a
+# machine with internet access: make stage-data DATASET=cifar10 DEST=s3://calib-sweeps-ray-results/datasets
+stage-data: setup
+	@test -n "$(DATASET)" -a -n "$(DEST)" || { echo "stage-data: set DATASET (e.g. cifar10) and DEST (s3://bucket/datasets)" >&2; exit 2; }
+	$(BIN)/python -m calib_core.data.stage stage $(DATASET) $(DEST) --root $(or $(ROOT),data) $(ARGS)
 
 bench: setup
 	$(BIN)/python -m benchmarks.perf.bench_metrics

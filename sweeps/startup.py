@@ -1,7 +1,8 @@
 """Every check before a sweep's first write, in one pass: `check_all` returns every problem it finds.
 
 Values first (checks/preflight.py's `check_config`: no file system, no network), on a resume the recorded search
-space, and the URLs' syntax; if those hold, the environment: this machine's data folder and resources, then the
+space, and the URLs' syntax; if those hold, the environment: this machine's data folder and resources (with
+`--cluster`: the dataset on the shared volume or staged, checks/staged_data.py), then the
 model/data check (started in a child process: it loads torch while the others run), the storage path, for
 `--cluster` the connection to the cluster and its resources (integrations/ray/cluster.py), the tracking server,
 the study's database, a remote storage path, the stores (integrations/mlflow/existing.py: name taken, nothing to
@@ -27,6 +28,7 @@ from sweeps.checks.preflight import (
     check_resume_search_space,
 )
 from sweeps.checks.servers import check_study_storage, check_tracking, check_uri_syntax, is_loopback, uri_host
+from sweeps.checks.staged_data import check_cluster_data
 
 if TYPE_CHECKING:
     from sweeps.config import SweepConfig
@@ -68,6 +70,8 @@ def check_all(cfg: SweepConfig, cluster: bool, resume: bool = False, grow: bool 
     if not cluster:  # this machine's data folder and resources: cheap, read here
         data_ok, _ = _collect(found, "run.data.root", check_local_data, cfg)
         _collect(found, None, check_local_resources, cfg)
+    else:  # the shared data volume, else the staged copy the trials sync from: refused here, before any trial
+        data_ok, _ = _collect(found, "run.data.root", check_cluster_data, cfg)
     return _environment(cfg, cluster, resume, grow, found, data_ok)
 
 

@@ -1,7 +1,8 @@
 """CIFAR-10, CIFAR-100, SVHN, MNIST and FashionMNIST through torchvision, held in memory.
 
 The files are torchvision's on-disk layout under `data.root` (nothing is downloaded unless
-`data.download` is true):
+`data.download` is true; without it, missing files are synced from a staged copy when CALIB_DATASETS_URI
+names one: calib_core/data/staging.py):
 
     cifar10       <root>/cifar-10-batches-py/{data_batch_1..5, test_batch, batches.meta}
     cifar100      <root>/cifar-100-python/{train, test, meta}
@@ -36,6 +37,7 @@ from torch import Tensor
 from torchvision.datasets import CIFAR10, CIFAR100, MNIST, SVHN, FashionMNIST
 
 from calib_core.config import DataConfig
+from calib_core.data import staging
 from calib_core.data.fetch import ensure_files, some, verify_md5
 from calib_core.data.splits import CropFlip, DataSplits, Split, channel_stats, split_indices, standardize
 
@@ -150,20 +152,25 @@ def read_raw(cfg: DataConfig) -> RawArrays:
     spec = SPECS[cfg.name]
     root = dataset_root(cfg)
 
+    # A cluster's workers reach no public address: without data.download the missing files come from the staged
+    # copy (CALIB_DATASETS_URI, calib_core/data/staging.py), synced under the same lock a download takes.
+    source = None if cfg.download else staging.staged_source()
+
     def not_found(missing: list[Path]) -> str:
         where = "does not exist" if not root.is_dir() else f"lacks {some([str(p) for p in missing])}"
         return (
             f"{spec.name}: dataset files not found: data.root={root} {where}. Place torchvision's "
-            f"{spec.name} files there ({', '.join(spec.files[:2])}, ...), or set data.download=true "
-            "on a machine with internet access."
+            f"{spec.name} files there ({', '.join(spec.files[:2])}, ...), set data.download=true "
+            f"on a machine with internet access, or stage them ({staging.stage_step(spec.name, None)}) "
+            f"and set {staging.SOURCE_ENV}."
         )
 
     ensure_files(
         spec.name,
         root,
         lambda: missing_files(spec, root),
-        lambda: spec.read(root, True),
-        allowed=cfg.download,
+        (lambda: staging.sync(spec.name, source, root, spec.files)) if source else (lambda: spec.read(root, True)),
+        allowed=cfg.download or source is not None,
         not_found=not_found,
     )
     if cfg.verify_checksums:
