@@ -570,6 +570,35 @@ def check_datasets_cached(resources: list[dict]) -> list[str]:
     return problems
 
 
+def check_data_reachable(resources: list[dict]) -> list[str]:
+    """The RayJob's data is reachable under the overlay's own policies: no download at run time unless the Ray
+    pods may reach public addresses (components/public-https-egress); otherwise ray-env names the staged copy
+    (CALIB_DATASETS_URI) in the Tune results bucket, whose key the Ray pods hold (deploy/README.md, "Stage the
+    datasets")."""
+    public = any(r["kind"] == "NetworkPolicy" and r["metadata"]["name"] == "egress-ray-public-https" for r in resources)
+    staged = config_map(resources, "ray-env").get("CALIB_DATASETS_URI", "")
+    problems = []
+    for r in resources:
+        if r["kind"] != "RayJob":
+            continue
+        opts = entrypoint_options(r)
+        sets = dict(s.split("=", 1) for s in opts.get("--set", []) if "=" in s)
+        if sets.get("run.data.download", "false").lower() == "true":
+            if not public:
+                problems.append(
+                    f"{_where(r, 'entrypoint')}: run.data.download=true, but the Ray pods reach no public address; "
+                    "stage the data (make stage-data) or add components/public-https-egress"
+                )
+            continue
+        bucket = (opts.get("--storage-path") or [""])[0].removeprefix("s3://").split("/")[0]
+        if not staged.startswith(f"s3://{bucket}/"):
+            problems.append(
+                f"ConfigMap/ray-env: CALIB_DATASETS_URI={staged!r} must be under s3://{bucket}/ (the Tune bucket, "
+                "whose key the Ray pods hold), where make stage-data put the datasets"
+            )
+    return problems
+
+
 def check_token_auth(resources: list[dict]) -> list[str]:
     problems = []
     for r in ray_objects(resources):
@@ -670,6 +699,7 @@ CHECKS: dict[str, Callable[[list[dict]], list[str]]] = {
         check_head_not_evicted,
         check_telemetry_off,
         check_datasets_cached,
+        check_data_reachable,
         check_token_auth,
         check_ray_version,
         check_pod_hardening,

@@ -201,6 +201,19 @@ def namespace_in_overlay(rs):
     rs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "calib-sweeps"}})
 
 
+# ---- regressions of the issue #44 fix (data the cluster can reach)
+
+
+def entrypoint_downloads_without_egress(rs):
+    for r in rs:
+        if r["kind"] == "RayJob":
+            r["spec"]["entrypoint"] = r["spec"]["entrypoint"].replace("download=false", "download=true")
+
+
+def staged_datasets_not_named(rs):
+    _named(rs, "ConfigMap", "ray-env")["data"].pop("CALIB_DATASETS_URI")
+
+
 REVIEW = [
     gcs_port_6380,
     dashboard_port_renamed,
@@ -235,7 +248,8 @@ ISSUE_37 = [
     db_client_without_verify_full,
     db_ca_not_mounted_on_the_head,
 ]
-MUTATIONS = REVIEW + ISSUE_14 + ISSUE_37
+ISSUE_44 = [entrypoint_downloads_without_egress, staged_datasets_not_named]
+MUTATIONS = REVIEW + ISSUE_14 + ISSUE_37 + ISSUE_44
 
 
 def test_the_review_list_has_fifteen_mistakes():
