@@ -62,7 +62,7 @@ MAX_IMAGE_SIDE = 4096  # data.image_size, in pixels
 
 # The file-format datasets and the DataConfig fields each one reads (every other dataset leaves them unset).
 FILE_FIELDS: dict[str, tuple[str, ...]] = {
-    "image_folder": ("path", "image_size", "image_mode", "normalize"),
+    "image_folder": ("path", "image_size", "image_mode", "normalize", "mean", "std"),
     "table": ("path", "label_column", "feature_columns", "categorical", "text_columns", "missing", "normalize"),
     "arrays": ("path", "x_key", "y_key", "normalize"),
     "breast_cancer": ("normalize",),
@@ -170,10 +170,19 @@ class DataConfig(_Strict):
     image_mode: Literal["RGB", "L"] = Field(
         default="RGB", description="image_folder: decode as 3-channel colour (RGB) or 1-channel grey (L)"
     )
-    normalize: Literal["train", "imagenet", "none"] = Field(
+    normalize: Literal["train", "imagenet", "model", "none"] = Field(
         default="train",
         description="image_folder, table, arrays: standardise with the train split's mean/std ('train'), with "
-        "ImageNet's (image_folder only, for backbones pretrained on it), or not at all",
+        "ImageNet's (image_folder only, for backbones pretrained on it), with the backbone's own ('model': "
+        "data.mean/data.std, filled from a torchvision/ or timm/ model), or not at all",
+    )
+    mean: tuple[float, float, float] | None = Field(
+        default=None,
+        description="image_folder with normalize 'model': the per-channel (R, G, B) mean the backbone's weights "
+        "expect; filled from run.model.name for torchvision/ and timm/ models",
+    )
+    std: tuple[float, float, float] | None = Field(
+        default=None, description="image_folder with normalize 'model': the per-channel (R, G, B) std, > 0"
     )
 
     @field_validator("path")
@@ -225,10 +234,12 @@ class DataConfig(_Strict):
             raise ValueError(f"data.x_key and data.y_key name the same array {self.x_key!r}; the labels need their own")
         if self.name == "table" and self.label_column is None:
             raise ValueError("data.label_column must be set for table (the column that holds the class labels)")
-        if self.normalize == "imagenet" and self.name in FILE_FIELDS and self.name != "image_folder":
+        if self.normalize in ("imagenet", "model") and self.name in FILE_FIELDS and self.name != "image_folder":
             raise ValueError(
-                f"data.normalize 'imagenet' applies to image_folder only; for {self.name} use train or none"
+                f"data.normalize {self.normalize!r} applies to image_folder only; for {self.name} use train or none"
             )
+        if self.std is not None and min(self.std) <= 0:
+            raise ValueError(f"data.std must be > 0 per channel, got {list(self.std)}")
         return self
 
 
@@ -373,6 +384,42 @@ class RunConfig(_Strict):
         if not re.match(r"\A(auto|cpu|cuda(:\d+)?)\Z", v):
             raise ValueError("must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
         return v
+
+    @model_validator(mode="after")
+    def _library_input(self) -> RunConfig:
+        """A torchvision/ or timm/ backbone on an image folder: the input size and normalisation its weights
+        expect become the data's defaults (calib_core/models/library.py), so training and the champion use them."""
+        from calib_core.registry import split_library_name  # imports nothing of the project
+
+        d = self.data
+        if split_library_name(self.model.name) is None or d.name != "image_folder":
+            if d.normalize == "model" and (d.mean is None or d.std is None):
+                raise ValueError(
+                    "data.normalize 'model' needs data.mean and data.std (filled by itself for a torchvision/ or "
+                    "timm/ run.model.name); allowed otherwise: train, imagenet, none"
+                )
+            return self
+        if d.image_mode != "RGB":
+            raise ValueError(
+                f"data.image_mode {d.image_mode!r}: {self.model.name} takes 3-channel images; use RGB (grey images "
+                "become 3 equal channels)"
+            )
+        fill_norm = d.normalize == "model" and (d.mean is None or d.std is None)
+        fill_norm = fill_norm or (d.normalize == "train" and "normalize" not in d.model_fields_set)
+        if d.image_size is None or fill_norm:
+            from calib_core.models.library import input_spec  # imports torch and the library
+
+            try:
+                spec = input_spec(self.model.name)
+            except ValueError as exc:
+                raise ValueError(str(exc).removeprefix("run.")) from None
+            if d.image_size is None:
+                d.image_size = spec.size
+            if fill_norm:
+                d.mean = d.mean or spec.mean
+                d.std = d.std or spec.std
+                d.normalize = "model"
+        return self
 
 
 class ConfigError(ValueError):

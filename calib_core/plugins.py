@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from calib_core.config import ConfigError, RunConfig, apply_overrides, build_model, read_yaml
-from calib_core.registry import REGISTRIES
+from calib_core.registry import REGISTRIES, library_name_problem, split_library_name
 
 PLUGINS_ENV = "CALIB_PLUGINS"
 KINDS = ("model", "dataset", "calibrator")
@@ -89,10 +89,13 @@ def name_problem(kind: str, field: str, name: str) -> str | None:
     """'field: unknown kind 'name'; registered: ...' when `name` is not registered, else None."""
     if name in REGISTRIES[kind]:  # a built-in, or a plugin already loaded: no import needed
         return None
+    if kind == "model" and split_library_name(name) is not None:  # torchvision/<arch>, timm/<arch>
+        return library_name_problem(name, field)
     names = registered(kind)
     if name in names:
         return None
-    return f"{field}: unknown {kind} {name!r}; registered: {', '.join(names)} (a plugin adds more: docs/extending.md)"
+    listed = ", ".join([*names, "torchvision/<arch>", "timm/<arch>"] if kind == "model" else names)
+    return f"{field}: unknown {kind} {name!r}; registered: {listed} (a plugin adds more: docs/extending.md)"
 
 
 def run_config_problems(run: Any, prefix: str = "") -> list[str]:

@@ -20,6 +20,7 @@ This module imports nothing of the project.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -121,6 +122,33 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+# Architectures of other libraries by name, "<library>/<architecture>" (built by calib_core/models/library.py)
+MODEL_LIBRARIES = ("torchvision", "timm")
+
+
+def split_library_name(name: str) -> tuple[str, str] | None:
+    """('torchvision', 'resnet50') for 'torchvision/resnet50'; None for a name of the project's own registry."""
+    library, sep, arch = name.partition("/") if isinstance(name, str) else ("", "", "")
+    if not sep or library not in MODEL_LIBRARIES:
+        return None
+    return library, arch
+
+
+def library_name_problem(name: str, field: str = "run.model.name") -> str | None:
+    """One line when a library name is malformed or its library is not installed (nothing imported); else None.
+    Whether the architecture exists is checked where the model is built (the pre-flight's child process)."""
+    parts = split_library_name(name)
+    if parts is None:
+        return None
+    library, arch = parts
+    if not arch or "/" in arch:
+        return f"{field}: {name!r} must be {library}/<architecture>, e.g. torchvision/resnet50 or timm/resnet18"
+    if importlib.util.find_spec(library) is None:
+        extra = " (pip install 'calib-sweep[timm]')" if library == "timm" else ""
+        return f"{field}: {name!r} needs the {library} package, which is not installed{extra}"
+    return None
 
 
 MODELS: Registry[Any] = Registry("model")

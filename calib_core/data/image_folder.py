@@ -12,14 +12,15 @@ files with an image suffix, sorted), so class k is `ImageFolder(path).classes[k]
 `image_mode` (RGB: 3 channels, L: 1) and, with `image_size`, resized with PIL's bilinear filter to
 (height, width); without it every image must have the size of the first. Pixels are scaled to [0, 1] and
 standardised per channel with the mean/std of the TRAIN split (`normalize: train`), ImageNet's
-(`imagenet`: for a backbone pretrained on ImageNet; L images use the mean of its three channels), or not at
-all (`none`). The split is seeded and stratified as for the embedded datasets.
+(`imagenet`: for a backbone pretrained on ImageNet; L images use the mean of its three channels), the
+backbone's own (`model`: `data.mean`/`data.std`, filled from a torchvision/ or timm/ `run.model.name`), or not
+at all (`none`). The split is seeded and stratified as for the embedded datasets.
 
 `DataSplits.preprocessing` (how a raw image becomes a model input):
 
     {"format": "image_folder", "source": str, "class_names": [str, ...], "image_mode": "RGB" | "L",
      "image_size": [height, width], "resize": "PIL bilinear" | None, "scale": 1/255,
-     "normalize": "train" | "imagenet" | "none", "mean": [per channel], "std": [per channel],
+     "normalize": "train" | "imagenet" | "model" | "none", "mean": [per channel], "std": [per channel],
      "layout": "CHW", "input_shape": [C, H, W]}
 
 i.e. model input = (pixels_CHW * scale - mean) / std after the conversion and resize.
@@ -125,6 +126,12 @@ def load_image_folder(cfg: DataConfig, seed: int) -> DataSplits:
             else ((float(np.mean(IMAGENET_MEAN)),), (float(np.mean(IMAGENET_STD)),))
         )
         mean, std = torch.tensor(m, dtype=torch.float64), torch.tensor(s, dtype=torch.float64)
+    elif cfg.normalize == "model":  # the backbone's own (calib_core/models/library.py fills data.mean/std)
+        if cfg.mean is None or cfg.std is None:
+            raise DataError(f"{WHAT}: data.normalize 'model' needs data.mean and data.std")
+        mean, std = torch.tensor(cfg.mean, dtype=torch.float64), torch.tensor(cfg.std, dtype=torch.float64)
+        if channels == 1:
+            mean, std = mean.mean().reshape(1), std.mean().reshape(1)
     else:
         mean, std = torch.zeros(channels, dtype=torch.float64), torch.ones(channels, dtype=torch.float64)
     xs = standardize(x, mean * 255.0, std * 255.0)

@@ -8,7 +8,12 @@ The file is read on the CPU, nothing is downloaded:
   refuses pickled code); a checkpoint dict holding it under "state_dict" or "model" is accepted, and a
   "module." prefix (DataParallel, DDP) is removed;
 - a TorchScript file (`torch.jit.save(torch.jit.script(model), path)`), read with `torch.jit.load`; its
-  parameters and buffers are the state dict.
+  parameters and buffers are the state dict;
+- a safetensors file (`safetensors.torch.save_file(model.state_dict(), path)`, timm's and Hugging Face's format),
+  read with `safetensors.torch.load_file` (tensors only, by design).
+
+A torchvision or timm architecture (`run.model.name: torchvision/<arch>`, `timm/<arch>`) takes the file as that
+library saves it; calib_core/models/library.py maps its keys (`LibraryBackbone.adapt_state_dict`).
 
 The keys must be the model's: a missing key, an unexpected key or a shape that differs is a ValueError of one
 line naming the file, the keys and the shapes, before anything is loaded. The head's keys (`head.weight`,
@@ -44,8 +49,19 @@ def _shape(t: Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
-def _some(keys: list[str], limit: int = 4) -> str:
-    return ", ".join(keys[:limit]) + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
+def _some(keys: list[str], limit: int = 3) -> str:
+    """At most `limit` keys, each at most 60 characters: the list is shortened so the advice after it stays whole."""
+    shown = ", ".join(k if len(k) <= 60 else k[:57] + "..." for k in keys[:limit])
+    return shown + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def _is_safetensors(path: Path) -> bool:
+    """A safetensors file starts with an 8-byte little-endian header length and a JSON header."""
+    if path.suffix == ".safetensors":
+        return True
+    with path.open("rb") as fh:
+        head = fh.read(9)
+    return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < path.stat().st_size
 
 
 def _is_torchscript(path: Path) -> bool:
@@ -73,13 +89,17 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     try:
         if _is_torchscript(p):
             obj = torch.jit.load(str(p), map_location="cpu").state_dict()
+        elif _is_safetensors(p):
+            from safetensors.torch import load_file
+
+            obj = load_file(str(p), device="cpu")
         else:
             obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - unpickling and archive errors come in many types
         first = " ".join(str(exc).split())[:160]
         raise ValueError(
-            f"{FIELD}: cannot read {p} as a state dict (torch.save, weights_only) or TorchScript file "
-            f"({type(exc).__name__}: {first})"
+            f"{FIELD}: cannot read {p} as a state dict (torch.save, weights_only), safetensors or TorchScript "
+            f"file ({type(exc).__name__}: {first})"
         ) from None
     if isinstance(obj, Mapping):
         for key in ("state_dict", "model"):
@@ -127,7 +147,11 @@ def check_state_dict(model: nn.Module, sd: Mapping[str, Tensor], source: str) ->
 def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
     """Load the weights file into `model` (in place, checked first) and return it."""
     sd = read_state_dict(path)
-    check_state_dict(model, sd, str(Path(path).expanduser().absolute()))
+    source = str(Path(path).expanduser().absolute())
+    adapt = getattr(model, "adapt_state_dict", None)  # a library's architecture: its own key layout
+    if callable(adapt):
+        sd = adapt(sd, source)
+    check_state_dict(model, sd, source)
     own = model.state_dict()
     with torch.no_grad():
         model.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()}, strict=False)

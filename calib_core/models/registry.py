@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from calib_core.models.classifier import Classifier, check_input_shape, check_num_classes
 from calib_core.registry import MODELS
+from calib_core.registry import split_library_name as split_name
 
 C = TypeVar("C", bound=type[Classifier])
 
@@ -37,9 +38,16 @@ def list_models() -> list[str]:
 
 
 def get_model_class(name: str) -> type[Classifier]:
-    """The class registered under `name` (ValueError listing the allowed names otherwise)."""
+    """The class registered under `name`, or LibraryBackbone for torchvision/ and timm/ names (ValueError
+    listing the allowed names otherwise)."""
+    if split_name(name) is not None:
+        from calib_core.models.library import LibraryBackbone
+
+        return LibraryBackbone
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(list_models())}")
+        raise ValueError(
+            f"unknown model {name!r}; allowed: {', '.join(list_models())}, torchvision/<arch>, timm/<arch>"
+        )
     return MODELS.get(name)  # type: ignore[no-any-return]
 
 
@@ -50,9 +58,13 @@ def create_model(name: str, num_classes: int, input_shape: tuple[int, ...] | lis
     flat vectors. Unknown names, bad `num_classes`/`input_shape` and keyword arguments the
     model does not accept raise ValueError naming the value.
     """
-    cls = get_model_class(name)
     num_classes = check_num_classes(num_classes)
     input_shape = check_input_shape(input_shape)
+    if split_name(name) is not None:  # torchvision/<arch>, timm/<arch>: the library checks its own kwargs
+        from calib_core.models.library import LibraryBackbone
+
+        return LibraryBackbone(num_classes, input_shape, name=name, **kwargs)
+    cls = get_model_class(name)
     accepted = _accepted_kwargs(cls)
     unknown = sorted(set(kwargs) - accepted)
     if unknown:

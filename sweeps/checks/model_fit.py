@@ -94,6 +94,8 @@ def measure(
             out = net(torch.zeros(2, *input_shape))
     except Exception as exc:  # noqa: BLE001 - any failure is the mismatch to report
         first = " ".join(str(exc).split()) or type(exc).__name__
+        if first.startswith("run.model."):  # the builder's own line (an unknown architecture, its kwargs, channels)
+            return {"error": first}
         return {
             "error": f"run.model.name: {model['name']!r} cannot take {data_name}'s inputs of shape {input_shape}: "
             f"{clip(first, 160)}"
@@ -114,8 +116,9 @@ def measure(
                 loaded(torch.zeros(2, *input_shape))
         except Exception as exc:  # noqa: BLE001 - the file's own problem, said in one line
             first = " ".join(str(exc).split()) or type(exc).__name__
-            line = first if first.startswith("run.model.") else f"run.model.weights: {type(exc).__name__}: {first}"
-            return {"error": clip(line, 280)}
+            # our own lines are short by construction (lists shortened, never the advice): not clipped
+            own = first.startswith("run.model.")
+            return {"error": first if own else clip(f"run.model.weights: {type(exc).__name__}: {first}", 280)}
         problem = _trainer_ignores_weights(model, loaded, num_classes, input_shape)
         if problem:
             return {"error": problem}
