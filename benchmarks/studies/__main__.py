@@ -38,6 +38,10 @@ STUDIES: dict[str, tuple[str, str]] = {
         "benchmarks.studies.bench_selection",
         "champion rules judged on test; `--heldout`, `--v3`: the pre-registered follow-ups",
     ),
+    "selection_v4": (
+        "benchmarks.studies.selection_v4",
+        "the simplest selection rule the evidence supports (issue #45): `--analyse`, `--power`",
+    ),
     "bench_search": ("benchmarks.studies.bench_search", "TPE vs random vs grid on a tabulated objective"),
     "study_compact": (
         "benchmarks.studies.study_compact",

@@ -129,10 +129,10 @@ def _candidate_metrics(t: dict[str, Any], prefix: str) -> dict[str, float]:
     return out
 
 
-def evaluate(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
-    """Every rule's champion on one sweep (validation only), and its test numbers."""
-    from sweeps.config import SelectionConfig
-    from sweeps.decide.selection import POST_TS, TrialRecord, select
+def candidates(sweep: dict[str, Any], num_resamples: int) -> tuple[list[Any], Any]:
+    """The sweep's candidates as selection sees them (every trial, and every completed trial + TS) and their paired
+    bootstrap replicates (accuracy, ECE, NLL on validation and test; seeded by the sweep's seed)."""
+    from sweeps.decide.selection import POST_TS, TrialRecord
     from sweeps.decide.uncertainty import compute_replicates
     from sweeps.trial_params import describe_params
 
@@ -159,6 +159,15 @@ def evaluate(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
     reps = compute_replicates(
         preds, num_bins=15, num_resamples=num_resamples, seed=sweep["seed"], names=("accuracy", "ece", "nll")
     )
+    return records, reps
+
+
+def evaluate(sweep: dict[str, Any], num_resamples: int) -> dict[str, Any]:
+    """Every rule's champion on one sweep (validation only), and its test numbers."""
+    from sweeps.config import SelectionConfig
+    from sweeps.decide.selection import select
+
+    records, reps = candidates(sweep, num_resamples)
     ok = [r for r in records if r.ok]
     best_test_acc = max(r.metrics["test_accuracy"] for r in ok)
     out: dict[str, Any] = {
