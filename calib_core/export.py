@@ -133,6 +133,14 @@ def output_classes(spec: Mapping[str, Any]) -> list[tuple[str | None, int]]:
     return [(None, int(spec["num_classes"]))]
 
 
+def class_names(spec: Mapping[str, Any]) -> list[str]:
+    """Class k's name for a single-task spec: its preprocessing record's (a table's label values, an image folder's
+    sub-folders, calib_core.preprocess), else "k"."""
+    k = output_classes(spec)[0][1]
+    names = [str(n) for n in ((spec.get("preprocessing") or {}).get("class_names") or ())]
+    return names if len(names) == k and len(set(names)) == k else [str(i) for i in range(k)]
+
+
 def build_calibrated_model(spec: Mapping[str, Any]) -> nn.Module:
     """A freshly initialised module with the structure `spec` describes (eval mode)."""
     from calib_core.plugins import load_plugins
@@ -278,6 +286,7 @@ __all__ = [
     "SPEC_VERSION",
     "accepted_input_shapes",
     "build_calibrated_model",
+    "class_names",
     "expected_input_text",
     "load_calibrated_model",
     "load_tensors",

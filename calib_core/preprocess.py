@@ -8,15 +8,19 @@ loader did, or raises `InvalidInputError` in one line naming what does not fit.
 
 Records (`format`):
 - `table`: calib_core/data/table.py's record. Raw input: a pandas DataFrame (or a dict of columns, or a list of
-  row dicts) with the feature columns by name, in any order; the label column and the free-text columns the
-  loader dropped (`dropped_columns`), if present, are ignored; any other column, or a missing one, is an error
-  naming them. Numeric columns are standardised with the train
-  mean/std (empty cells filled with the train mean when the model was trained with `missing: impute_mean`),
-  categorical columns one-hot encoded with the train categories (an unseen value: all zeros, as in training).
-- `image_folder` (also the torchvision sets, derived): pixel arrays, uint8 (integers 0..255), a batch
-  (N, H, W, C) channels last as PIL and numpy give them, (N, C, H, W) channels first, or (N, H, W) grey.
-  Each image is converted to the model's mode (RGB / L) and, when the model was trained with a resize, resized
-  with PIL's bilinear filter to its size, as the loader did; then scaled and standardised per channel.
+  row dicts) with the feature columns by name, in any order; other columns (the label, the free-text columns the
+  loader dropped, an id) are ignored. A column may be left out only where the model fills empty cells (a numeric
+  column under `missing: impute_mean`, a categorical one unless `missing: reject`): it reads as empty in every row,
+  with a warning naming it; any other missing column, or all of them, is an error naming them (and the ignored
+  columns, in case one is a missing one misspelt). Numeric
+  columns are standardised with the train mean/std (empty cells filled with the train mean when the model was
+  trained with `missing: impute_mean`), categorical columns one-hot encoded with the train categories (an unseen
+  value: all zeros, as in training).
+- `image_folder` (also the torchvision sets, derived): images as users hold them (calib_core/image_inputs.py):
+  arrays (N, H, W) grey, (N, H, W, C) channels last as PIL and numpy give them or (N, C, H, W), uint8 or float
+  (0..255, or 0..1); PIL images; PNG/JPEG files as bytes or base64 text. Each image is converted to the model's
+  mode (RGB / L) and, when the model was trained with a resize, resized with the recorded PIL filter to its size,
+  as the loader did; then scaled and standardised per channel.
 - `arrays` (also mnist1d and digits, derived): the raw feature arrays (N, *input_shape) (or the flat / one-channel
   layouts of calib_core.export.accepted_input_shapes), any real dtype, standardised along `axis` (`feature`,
   `channel`, or `all`: one mean/std for every value), after an optional `scale`.
@@ -26,6 +30,7 @@ Datasets without a record (CelebA's several tasks, a plugin that records none) t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -111,7 +116,10 @@ def describe_raw_inputs(record: Mapping[str, Any]) -> str:
     if fmt in IMAGE_FORMATS:
         h, w = record["image_size"]
         size = f"any size (resized to {h}x{w})" if record.get("resize") else f"{h}x{w}"
-        return f"uint8 pixel arrays (N, H, W, C) or (N, C, H, W), {record['image_mode']}, {size}"
+        return (
+            f"images, converted to {record['image_mode']}, {size}: pixel arrays (N, H, W), (N, H, W, C) or "
+            "(N, C, H, W) (uint8, or float 0..255 or 0..1), PIL images, or PNG/JPEG files as bytes or base64 text"
+        )
     return f"raw feature arrays {_shapes_text(_raw_array_shapes(record['input_shape']))}, real numbers"
 
 
@@ -129,13 +137,16 @@ def _raw_array_shapes(input_shape: Any) -> list[tuple[int, ...]]:
 
 
 # ---------------------------------------------------------------------------- applying it
-def apply_record(record: Mapping[str, Any], raw: Any, *, layout: str | None = None) -> np.ndarray:
-    """Raw inputs to the model's finite float32 array (N, *input_shape), or `InvalidInputError`."""
+def apply_record(
+    record: Mapping[str, Any], raw: Any, *, layout: str | None = None, pixels: str | None = None
+) -> np.ndarray:
+    """Raw inputs to the model's finite float32 array (N, *input_shape), or `InvalidInputError`; `layout` ("HWC" /
+    "CHW") and `pixels` ("0..255" / "0..1") settle image batches that could be read either way."""
     fmt = record.get("format")
     if fmt == "table":
         out = _table(record, raw)
     elif fmt in IMAGE_FORMATS:
-        out = _images(record, raw, layout)
+        out = _images(record, raw, layout, pixels)
     elif fmt == "arrays":
         out = _arrays(record, raw)
     else:
@@ -158,6 +169,22 @@ def _as_frame(raw: Any) -> Any:
     )
 
 
+def _fill(record: Mapping[str, Any], column: Mapping[str, Any]) -> float | None:
+    """The value a numeric column's empty cells take (None: they are refused)."""
+    fill = column.get("fill")
+    if fill is None and record.get("missing") == "impute_mean" and record.get("normalize") == "train":
+        fill = column["mean"]  # the train rows' mean of the column (what imputation would have used)
+    return None if fill is None else float(fill)
+
+
+def _optional(record: Mapping[str, Any], column: Mapping[str, Any]) -> bool:
+    """Whether raw rows may leave the column out: its empty cells are filled (numeric) or encode as all zeros
+    (categorical, unless the model was trained with missing: reject)."""
+    if column["kind"] == "numeric":
+        return _fill(record, column) is not None
+    return record.get("missing", "reject") != "reject"
+
+
 def _table(record: Mapping[str, Any], raw: Any) -> np.ndarray:
     import pandas as pd
 
@@ -165,15 +192,25 @@ def _table(record: Mapping[str, Any], raw: Any) -> np.ndarray:
     df = df.set_axis([str(c) for c in df.columns], axis=1)
     wanted = [str(c["name"]) for c in record["columns"]]
     have = list(df.columns)
-    missing = [c for c in wanted if c not in have]
-    # the label and the free-text columns the loader dropped (text_columns: drop) may ride along: rows as in the file
-    ignored = {record.get("label_column"), *record.get("dropped_columns", [])}
-    unknown = [c for c in have if c not in wanted and c not in ignored]
-    if missing or unknown:
-        parts = ([f"missing column(s) {_some(missing)}"] if missing else []) + (
-            [f"unknown column(s) {_some(unknown)}"] if unknown else []
+    missing = [c for c in record["columns"] if str(c["name"]) not in have]
+    required = [str(c["name"]) for c in missing if not _optional(record, c)]
+    if missing and len(missing) == len(wanted):  # filling every column would answer the train means for any rows
+        required = wanted
+    if required:
+        # other columns are ignored (the label, the free-text columns the loader dropped, an id); named here since
+        # one of them may be the missing column misspelt
+        ignored = {*wanted, str(record.get("label_column")), *map(str, record.get("dropped_columns") or ())}
+        unknown = [c for c in have if c not in ignored]
+        also = f"; unknown column(s) {_some(unknown)} (ignored)" if unknown else ""
+        raise InvalidInputError(
+            f"missing column(s) {_some(required)}{also}; the model takes the columns {_some(wanted, 40)}"
         )
-        raise InvalidInputError(f"{'; '.join(parts)}; the model takes the columns {_some(wanted, 40)}")
+    if missing:  # columns whose empty cells the model fills: left out, they read as empty in every row
+        left_out = [str(c["name"]) for c in missing]
+        warnings.warn(
+            f"column(s) {_some(left_out)} left out: read as empty in every row (filled as in training)", stacklevel=3
+        )
+        df = df.assign(**{name: np.nan for name in left_out})
     blocks: list[np.ndarray] = []
     for c in record["columns"]:
         name = str(c["name"])
@@ -194,9 +231,7 @@ def _table(record: Mapping[str, Any], raw: Any) -> np.ndarray:
                     f"column {name!r} holds infinite values (row {int(np.flatnonzero(np.isinf(v))[0])})"
                 )
             if empty.any():
-                fill = c.get("fill")
-                if fill is None and record.get("missing") == "impute_mean" and record.get("normalize") == "train":
-                    fill = c["mean"]  # the train rows' mean of the column (what imputation would have used)
+                fill = _fill(record, c)
                 if fill is None:
                     raise InvalidInputError(
                         f"column {name!r} has {int(empty.sum())} empty cell(s) (the first in row "
@@ -218,64 +253,24 @@ def _table(record: Mapping[str, Any], raw: Any) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def _to_chw(arr: np.ndarray, channels: int, layout: str | None) -> tuple[np.ndarray, str]:
-    """(N, C', H, W) and the layout read, from (N, H, W), (N, H, W, C) or (N, C, H, W)."""
-    if arr.ndim == 3:
-        return arr[:, None], "HW"
-    if arr.ndim != 4:
-        raise InvalidInputError(
-            f"expected a batch of images (N, H, W, C), (N, C, H, W) or (N, H, W); got shape {tuple(arr.shape)}"
-        )
-    last, first = arr.shape[-1] in (1, 3, 4), arr.shape[1] in (1, 3, 4)
-    if layout is None:
-        layout = "HWC" if last and (not first or arr.shape[-1] == channels) else "CHW" if first else ""
-    if layout == "HWC":
-        return arr.transpose(0, 3, 1, 2), layout
-    if layout == "CHW":
-        return arr, layout
-    raise InvalidInputError(
-        f"cannot tell the channels of images of shape {tuple(arr.shape)}: neither the last nor the second dimension "
-        "is 1, 3 or 4 (expected (N, H, W, C) or (N, C, H, W))"
-    )
-
-
-def _images(record: Mapping[str, Any], raw: Any, layout: str | None) -> np.ndarray:
+def _images(record: Mapping[str, Any], raw: Any, layout: str | None, pixels: str | None) -> np.ndarray:
     from calib_core.data.splits import standardize
+    from calib_core.image_inputs import pixel_batch
 
-    arr = raw.detach().cpu().numpy() if isinstance(raw, torch.Tensor) else np.asarray(raw)
-    channels, h, w = (int(s) for s in record["input_shape"])
-    if not np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
-        raise InvalidInputError(f"expected pixel values as integers 0..255 (uint8); got dtype {arr.dtype}")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 255):
-        raise InvalidInputError(f"pixel values must lie in 0..255; got {int(arr.min())}..{int(arr.max())}")
-    chw, _ = _to_chw(arr.astype(np.uint8), channels, layout)
-    if chw.shape[1] == channels and chw.shape[2:] == (h, w):
-        x_u8 = chw
-    else:
-        if chw.shape[2:] != (h, w) and not record.get("resize"):
-            raise InvalidInputError(
-                f"expected images of {h}x{w} pixels (the model was trained without a resize); got "
-                f"{chw.shape[2]}x{chw.shape[3]}"
-            )
-        x_u8 = np.stack([_pil(img, str(record["image_mode"]), (h, w)) for img in chw]) if len(chw) else chw
+    _, h, w = (int(s) for s in record["input_shape"])
+    resize = record.get("resize")
+    x_u8 = pixel_batch(
+        raw,
+        mode=str(record["image_mode"]),
+        size=(h, w),
+        resize=str(resize) if resize else None,
+        layout=layout,
+        pixels=pixels,
+    )
     mean = torch.tensor(record["mean"], dtype=torch.float64)
     std = torch.tensor(record["std"], dtype=torch.float64)
     scale = float(record.get("scale", 1.0 / 255.0))
     return standardize(torch.from_numpy(np.ascontiguousarray(x_u8)), mean / scale, std / scale).numpy()
-
-
-def _pil(chw: np.ndarray, mode: str, size: tuple[int, int]) -> np.ndarray:
-    """One image (C', H, W) converted to `mode` and resized as calib_core/data/image_folder.py decodes a file."""
-    from PIL import Image
-
-    hwc = chw[0] if chw.shape[0] == 1 else chw.transpose(1, 2, 0)
-    if hwc.ndim == 3 and hwc.shape[2] not in (3, 4):
-        raise InvalidInputError(f"an image has {hwc.shape[2]} channels; expected 1, 3 or 4")
-    im = Image.fromarray(np.ascontiguousarray(hwc)).convert(mode)
-    if im.size != (size[1], size[0]):
-        im = im.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-    a = np.asarray(im, dtype=np.uint8)
-    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
 
 def _arrays(record: Mapping[str, Any], raw: Any) -> np.ndarray:
