@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate the images' hash locks from constraints.txt (the one place versions are chosen):
-#   docker/locks/ray-image.txt        the project's dependencies with the `postgres` extra, plus
+#   docker/locks/ray-image.txt        the project's dependencies with the `postgres` and `timm` extras, plus
 #                                     docker/locks/ray-image.in (Ray's dashboard) (docker/Dockerfile)
 #   docker/locks/ray-image-torch.txt  ray-image.txt's torch and CUDA entries (torch, triton, nvidia-*,
 #                                     cuda-*), line for line: docker/Dockerfile installs them first, in
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 UV=${UV:-uv}
 common=(--constraint constraints.txt --python-version 3.11 --python-platform x86_64-manylinux_2_28
         --generate-hashes --no-header --quiet)
-"$UV" pip compile pyproject.toml docker/locks/ray-image.in --extra postgres "${common[@]}" \
+"$UV" pip compile pyproject.toml docker/locks/ray-image.in --extra postgres --extra timm "${common[@]}" \
       --output-file docker/locks/ray-image.txt
 "$UV" pip compile docker/locks/mlflow-image.in "${common[@]}" --output-file docker/locks/mlflow-image.txt
 # The torch/CUDA part: each entry of ray-image.txt (its `name==version \` line, the hash lines and the
