@@ -9,10 +9,9 @@ What gets logged (a models-from-code pyfunc; no pickled Python object anywhere):
   state_dict, tensors only, loaded with `torch.load(weights_only=True)`);
 - `code/calib_core/`, the calib_core package (`code_paths`), so the model loads where
   neither this repository nor `sweeps` is importable;
-- exact pip requirements (torch, numpy, pydantic, pyyaml, mlflow pinned to the versions
-  installed here), a signature (the raw inputs when the spec records its preprocessing: a table's named,
-  typed columns, uint8 images, float32 arrays; float32 model inputs otherwise; params `inputs` and `layout`;
-  output float64 (-1, K) probabilities, or one (-1, K_t) output per task) and an input example.
+- exact pip requirements (torch, numpy, pydantic, pyyaml, pillow, mlflow pinned to the versions
+  installed here), a signature (`model_signature`: what MLflow checks before `predict` runs, kept permissive
+  where the model takes several forms, since MLflow's refusal prints the whole input) and an input example.
 
 Before logging, the module rebuilt from the spec and the weights is checked against the
 trained one on the input example. The registered version gets a description (dataset,
@@ -57,8 +56,9 @@ from sweeps.integrations.mlflow.store import MlflowStore
 
 LOGGED_MODEL_NAME = "model"
 MODEL_CODE = Path(__file__).with_name("champion_pyfunc.py")
-# distributions the model imports when it loads (calib_core.trainer needs pydantic and pyyaml)
-REQUIRED_DISTRIBUTIONS = ("torch", "numpy", "pydantic", "pyyaml", "mlflow")
+# distributions the model imports when it loads (calib_core.trainer needs pydantic and pyyaml; pillow decodes and
+# resizes images, pinned since its resize is part of the preprocessing)
+REQUIRED_DISTRIBUTIONS = ("torch", "numpy", "pydantic", "pyyaml", "pillow", "mlflow")
 EXPORT_FORMAT = "mlflow-models-from-code/calib_core-spec-v1"
 EXPORT_FORMAT_TS = EXPORT_FORMAT + "+temperature-on-top"  # the trial's model with temperature scaling on top
 VAL_METRICS = (
@@ -113,40 +113,46 @@ def pip_requirements() -> list[str]:
 
 
 def model_signature(spec: dict[str, Any]) -> ModelSignature:
-    """The raw inputs when the spec has a preprocessing record (calib_core.preprocess): a table's columns by name
-    with their types (as pandas reads the source file), uint8 pixel arrays (-1, -1, -1, -1) for images, none for raw
-    arrays (any real dtype, the flat or the per-example shape: the model checks them); without a record, float32
-    model inputs with the data's number of dimensions. Sizes are -1 (the model checks them itself: MLflow's own
-    shape check answers with the whole input array in its message). Params: `inputs` ("raw" or "standardised")
-    and `layout` ("HWC" or "CHW", images). Output float64 (-1, K), or one named (-1, K_t) per task. The exact
-    input shape is the model's metadata (`calib_core_spec.input_shape`)."""
+    """What MLflow shows and checks before `predict` runs. Inputs: with a preprocessing record
+    (calib_core.preprocess), a table's columns by name, each optional and of any type (extra columns are dropped by
+    MLflow, the order is free; which may be left out and what a column holds the model checks itself: MLflow's
+    refusal prints the whole frame), and no schema for images and raw arrays (they come in several ranks, dtypes and
+    types: arrays, PIL images, encoded files); without a record, float32 model inputs with the data's number of
+    dimensions (sizes -1: the model checks them). Params: `inputs` ("raw" or "standardised"), `layout` ("HWC" or
+    "CHW", images), `pixels` ("0..255" or "0..1", float images) and `output` ("frame" or "array"). Outputs: a
+    float64 column per class named as the record names the classes (what a DataFrame input gets back; an array's
+    column k is class k), float64 (-1, K) without class names, or one named (-1, K_t) per task. The exact input
+    shape is the model's metadata (`calib_core_spec.input_shape`)."""
     from mlflow.types import ColSpec, ParamSchema, ParamSpec
+    from mlflow.types.schema import AnyType
 
-    from calib_core.export import output_classes
-    from calib_core.preprocess import IMAGE_FORMATS, table_column_types
+    from calib_core.export import class_names, output_classes
+    from calib_core.preprocess import IMAGE_FORMATS
 
     record = spec.get("preprocessing")
     dims = (-1, *(-1 for _ in spec["input_shape"]))
     inputs: Schema | None
     if record and record.get("format") == "table":
-        types = table_column_types(record)
-        inputs = Schema([ColSpec(types[str(c["name"])], str(c["name"])) for c in record["columns"]])
-    elif record and record.get("format") in IMAGE_FORMATS:
-        inputs = Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1, -1))])
+        inputs = Schema([ColSpec(AnyType(), str(c["name"]), required=False) for c in record["columns"]])
     elif record:
-        # raw arrays come as the user holds them: float64 or float32, (N, 64) or (N, 8, 8) for (1, 8, 8); a tensor
-        # spec fixes one dtype and one rank and MLflow would refuse the rest, so the model checks them itself
-        inputs = None
+        inputs = None  # images and raw arrays: every rank, dtype and type the model takes (calib_core.preprocess)
     else:
         inputs = Schema([TensorSpec(np.dtype(np.float32), dims)])
     params = ParamSchema(
-        [ParamSpec("inputs", "string", "raw" if record else "standardised"), ParamSpec("layout", "string", "")]
+        [
+            ParamSpec("inputs", "string", "raw" if record else "standardised"),
+            ParamSpec("layout", "string", ""),
+            *([ParamSpec("pixels", "string", "")] if record and record.get("format") in IMAGE_FORMATS else []),
+            ParamSpec("output", "string", ""),
+        ]
     )
     outs = output_classes(spec)
-    if outs[0][0] is None:
-        outputs = Schema([TensorSpec(np.dtype(np.float64), (-1, outs[0][1]))])
-    else:
+    if outs[0][0] is not None:
         outputs = Schema([TensorSpec(np.dtype(np.float64), (-1, k), name=name) for name, k in outs])
+    elif record and record.get("class_names"):
+        outputs = Schema([ColSpec("double", name) for name in class_names(spec)])
+    else:
+        outputs = Schema([TensorSpec(np.dtype(np.float64), (-1, outs[0][1]))])
     return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 
 
@@ -170,7 +176,7 @@ def _fmt_metric(key: str, value: float) -> str:
 
 def default_description(summary: dict[str, Any], metrics: dict[str, Any], spec: dict[str, Any], run_id: str) -> str:
     """Markdown for the model version: dataset, model, calibrator and its lr, validation metrics."""
-    from calib_core.export import output_classes
+    from calib_core.export import class_names, output_classes
 
     rc = summary.get("run_config") or {}
     train = rc.get("train") or {}
@@ -191,7 +197,12 @@ def default_description(summary: dict[str, Any], metrics: dict[str, Any], spec: 
             vals.append(f"{label} {_fmt_metric(key, float(v))}")
     outs = output_classes(spec)
     if outs[0][0] is None:
-        output = f"(N, {outs[0][1]}) calibrated class probabilities"
+        names = class_names(spec)
+        shown = ", ".join(names[:12]) + (f" (and {len(names) - 12} more)" if len(names) > 12 else "")
+        output = (
+            f"(N, {outs[0][1]}) calibrated class probabilities, classes {shown} in that order (a DataFrame with "
+            "those columns for a DataFrame input)"
+        )
     else:
         output = "{" + ", ".join(f"{n}: (N, {k})" for n, k in outs) + "} calibrated probabilities per task"
     model = rc.get("model") or {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -128,9 +129,9 @@ def test_table_standardised_path_and_signature(table):
     std = py.predict(None, data.test.x.numpy(), params={"inputs": "standardised"})
     np.testing.assert_allclose(std, expected, atol=1e-6, rtol=0)
     sig = model.metadata.get_input_schema()
-    cols = {c.name: str(c.type) for c in sig.inputs}
-    assert cols["site"] == "DataType.string" and cols["visits"] == "DataType.long"
-    assert cols["mean radius"] == "DataType.double" and "target" not in cols
+    # named, optional, any type: MLflow's own refusal would print the whole frame, so the model checks them
+    cols = {c.name: (str(c.type), c.required) for c in sig.inputs}
+    assert cols["site"] == cols["visits"] == cols["mean radius"] == ("Any", False) and "target" not in cols
     assert "raw data as on disk: a table" in mv.description
 
 
@@ -170,7 +171,9 @@ def test_mlflow_models_serve_takes_raw_table_rows(table, tmp_path):
         split = json.loads(rows.to_json(orient="split", index=False))
         status, body = _post(f"{url}/invocations", {"dataframe_split": split})
         assert status == 200, body
-        np.testing.assert_allclose(np.asarray(json.loads(body)["predictions"]), expected, atol=1e-6, rtol=0)
+        records = json.loads(body)["predictions"]  # a DataFrame in, a DataFrame out: records by class name
+        got = [[r["benign"], r["malignant"]] for r in records]
+        np.testing.assert_allclose(np.asarray(got), expected, atol=1e-6, rtol=0)
         bad = json.loads(rows.drop(columns=["site"]).to_json(orient="split", index=False))
         status, body = _post(f"{url}/invocations", {"dataframe_split": bad})
         assert 400 <= status < 500 and "site" in body, (status, body[:500])
@@ -185,7 +188,7 @@ def test_mlflow_models_serve_takes_raw_table_rows(table, tmp_path):
         log.close()
 
 
-def test_table_missing_and_unknown_columns_named_in_one_error(table):
+def test_table_missing_and_unknown_columns_named_in_one_error(table, monkeypatch):
     from mlflow.exceptions import MlflowException
 
     from calib_core.export import InvalidInputError
@@ -195,9 +198,16 @@ def test_table_missing_and_unknown_columns_named_in_one_error(table):
     with pytest.raises(InvalidInputError) as e:
         model.unwrap_python_model().model_inputs(bad)
     msg = str(e.value)
-    assert "\n" not in msg and "missing column(s) site, visits" in msg and "unknown column(s) visitz" in msg
-    with pytest.raises(MlflowException, match=r"missing inputs \['site', 'visits'\]"):
+    assert "\n" not in msg and "missing column(s) site, visits; unknown column(s) visitz (ignored)" in msg
+    # through MLflow's predict: the same line (MLflow drops the columns its signature does not name first)
+    with pytest.raises(MlflowException) as e:
         model.predict(bad)
+    assert e.value.message.startswith("missing column(s) site, visits; the model takes the columns mean radius")
+    assert "\n" not in e.value.message
+    from tests.unit.sweeps.test_champion_inputs import _serve  # mlflow models serve's app, in-process
+
+    status, reply = _serve(model, {"dataframe_split": json.loads(bad.to_json(orient="split"))}, monkeypatch)
+    assert status == 400 and reply["message"] == e.value.message, reply
     with pytest.raises(MlflowException, match="column 'visits' holds values that are not numbers"):
         model.unwrap_python_model().predict(None, rows.assign(visits="many"))
 
@@ -233,15 +243,16 @@ def test_image_folder_raw_pixels_give_the_trainers_probabilities(images):
     np.testing.assert_allclose(np.asarray(model.predict(pixels)), expected, atol=1e-6, rtol=0)
     chw = np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))
     np.testing.assert_allclose(np.asarray(model.predict(chw)), expected, atol=1e-6, rtol=0)
-    assert "uint8 pixel arrays" in mv.description
+    assert "pixel arrays (N, H, W), (N, H, W, C) or (N, C, H, W) (uint8, or float" in mv.description
+    assert "classes circle, square in that order" in mv.description
 
 
 def test_image_folder_bad_inputs_one_line(images):
     from mlflow.exceptions import MlflowException
 
     model, _, pixels, _ = images
-    with pytest.raises(MlflowException, match="expected pixel values as integers 0..255"):
-        model.unwrap_python_model().predict(None, pixels.astype(np.float32))
+    with pytest.raises(MlflowException, match=r"^integer pixel values must lie in 0\.\.255; got -1\.\."):
+        model.unwrap_python_model().predict(None, pixels.astype(np.int64) - 1)
     with pytest.raises(MlflowException, match="cannot tell the channels"):
         model.predict(np.zeros((2, 5, 6, 7), dtype=np.uint8))
 
@@ -342,8 +353,8 @@ def test_the_gate_feeds_a_raw_input_champion_its_standardised_rows(tmp_path, mon
 @pytest.mark.slow
 def test_a_csv_sweeps_champion_predicts_on_raw_rows_and_its_runs_name_their_data(tmp_path):
     """`python sweeps/launch.py` on a CSV with a one-hot column: the champion registers as
-    calibrated-table-patients, its probabilities on the raw test rows of the file equal the ones its trial stored
-    (the + TS candidate's when it won), and every trial's run has the CSV as its dataset input."""
+    calibrated-table-patients-<digest>, its probabilities on the raw test rows of the file equal the ones its trial
+    stored (the + TS candidate's when it won), and every trial's run has the CSV as its dataset input."""
     import mlflow
     from sklearn.datasets import load_breast_cancer
 
@@ -367,20 +378,22 @@ def test_a_csv_sweeps_champion_predicts_on_raw_rows_and_its_runs_name_their_data
     config = ROOT / "sweeps" / "configs" / "tabular_demo.yaml"
     proc = launch(tmp_path, "--config", str(config), "--name", "raw-csv", "--num-samples", "2", *args, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "the champion registers as 'calibrated-table-patients'" in proc.stdout
-    assert "Registered: models:/calibrated-table-patients@champion" in proc.stdout
+    named = re.search(r"the champion registers as '(calibrated-table-patients-[0-9a-f]{8})'", proc.stdout)
+    assert named, proc.stdout[-3000:]
+    name = named.group(1)  # the file's name and a digest of its content (issue #44 item 4)
+    assert f"Registered: models:/{name}@champion" in proc.stdout
     client = store(tmp_path)
     (parent,), children = sweep_runs(client, "raw-csv")
     for run in children:
         (inp,) = run.inputs.dataset_inputs
         assert inp.dataset.name == "table:patients.csv" and inp.dataset.source_type == "local"
     assert len({r.inputs.dataset_inputs[0].dataset.digest for r in children}) == 1  # one seed, one split
-    mv = client.get_model_version_by_alias("calibrated-table-patients", "champion")
+    mv = client.get_model_version_by_alias(name, "champion")
     with contextlib.chdir(tmp_path):
         z = np.load(client.download_artifacts(mv.run_id, "predictions/predictions.npz", str(tmp_path)))
         prefix = "ts_" if parent.data.tags["calib.champion_candidate"].endswith("+ts") else ""
         mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
-        model = mlflow.pyfunc.load_model("models:/calibrated-table-patients@champion")
+        model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     cfg = RunConfig.model_validate(
         json.loads(Path(client.download_artifacts(mv.run_id, "run_config.json", str(tmp_path))).read_text())
     )
