@@ -103,10 +103,18 @@ class CalibratedClassifierModel(PythonModel):
 
 
 # ---------------------------------------------------------------------------- pieces
-def pip_requirements() -> list[str]:
-    """`name==version` for every distribution the model needs, as installed here."""
+# what a backbone of another library needs where the champion loads (calib_core/models/library.py builds it)
+LIBRARY_DISTRIBUTIONS = {"torchvision": ("torchvision",), "timm": ("torchvision", "timm", "safetensors")}
+
+
+def pip_requirements(spec: dict[str, Any] | None = None) -> list[str]:
+    """`name==version` for every distribution the model (of `spec`, when given) needs, as installed here."""
+    from calib_core.registry import split_library_name
+
+    library = split_library_name(str(((spec or {}).get("model") or {}).get("name", "")))
+    extra = LIBRARY_DISTRIBUTIONS[library[0]] if library else ()
     out = []
-    for dist in REQUIRED_DISTRIBUTIONS:
+    for dist in (*REQUIRED_DISTRIBUTIONS, *extra):
         version = metadata.version(dist).split("+")[0]  # torch's local tag (+cpu, +cu12x) is not on PyPI
         out.append(f"{dist}=={version}")
     return out
@@ -304,7 +312,7 @@ def _log_portable_model(
                     python_model=str(MODEL_CODE),
                     artifacts={"spec": str(out / "spec.json"), "weights": str(out / "weights.pt")},
                     code_paths=[str(out / "code" / "calib_core")],
-                    pip_requirements=pip_requirements(),
+                    pip_requirements=pip_requirements(spec),
                     signature=model_signature(spec),
                     input_example=logged_input_example(spec),
                     metadata={"calib_core_spec": spec},

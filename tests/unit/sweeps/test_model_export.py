@@ -609,3 +609,19 @@ def test_mlflow_models_serve_answers_on_loopback(store, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=20)
         log.close()
+
+
+def test_requirements_name_the_backbones_library():
+    from importlib import metadata
+
+    from sweeps.integrations.mlflow.model_export import pip_requirements
+
+    base = pip_requirements()
+    assert not any(r.startswith(("torchvision==", "timm==")) for r in base)
+    tv = pip_requirements({"model": {"name": "torchvision/resnet18"}})
+    assert tv == [*base, f"torchvision=={metadata.version('torchvision').split('+')[0]}"]
+    timm_reqs = pip_requirements({"model": {"name": "timm/resnet18"}})
+    assert (
+        f"timm=={metadata.version('timm')}" in timm_reqs
+        and f"safetensors=={metadata.version('safetensors')}" in timm_reqs
+    )
