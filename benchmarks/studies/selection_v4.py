@@ -272,7 +272,9 @@ def _header(rows: list[dict[str, str]], command: str) -> list[str]:
     return [
         "# Selection v4: the simplest rule the evidence supports (benchmarks/studies/selection_v4.py)",
         "",
-        f"Command: `{command}`; generated {utc_now()} UTC from `benchmarks/results/selection_v4/sweeps.csv.gz`.  ",
+        "Command: `python -m benchmarks.studies.selection_v4 --threads 1` (the sweeps, resumable; run at `nice -n 19`), "
+        f"then `{command}` (this report, generated {utc_now()} UTC from `benchmarks/results/selection_v4/sweeps.csv.gz` "
+        "alone).  ",
         f"Protocol: `benchmarks/studies/protocols/selection_v4.md`, committed before any sweep ran. Rows made at {made}; "
         f"{clean} of {len(rows)} from a clean tree; torch {first.get('torch', '-')}, numpy {first.get('numpy', '-')}, "
         f"{first.get('threads', '-')} thread(s), CPU {first.get('cpu_model', '-')}.",
