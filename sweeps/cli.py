@@ -164,9 +164,18 @@ def resource_plan(cfg: SweepConfig) -> str:
     )
 
 
+ADVICE_CHARS = 120  # a cut line keeps its end: the advice (the setting to change, the step to run) comes last
+
+
 def _one_line(exc: BaseException) -> str:
-    """The error as one line, every URI in it without its secrets (sweeps/redaction.py)."""
-    return clip(redact_text(" ".join(str(exc).split())) or type(exc).__name__, ERROR_LINE_CHARS - len("error: "))
+    """The error as one line, every URI in it without its secrets (sweeps/redaction.py); a long one loses its
+    middle (lists, echoed values), never its start (the field) or its end (the advice)."""
+    text = redact_text(" ".join(str(exc).split())) or type(exc).__name__
+    limit = ERROR_LINE_CHARS - len("error: ")
+    if len(text) <= limit:
+        return text
+    cut = f" …({len(text)} characters)… "
+    return text[: limit - ADVICE_CHARS - len(cut)] + cut + text[-ADVICE_CHARS:]
 
 
 def _redacting_excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
