@@ -251,7 +251,8 @@ class TrackingConfig(_Strict):
     uri: str | None = None
     experiment: str = "calib-sweeps"
     # Left unset, with_defaults names it after the data (default_registered_model: calibrated-mnist1d,
-    # calibrated-table-patients, ...), so a sweep on other data never competes with another dataset's @champion.
+    # calibrated-table-patients-<digest of the file>, ...), so a sweep on other data never competes with another
+    # dataset's @champion. The CLI's --model-name sets it.
     registered_model: str = "calibrated-classifier"
     # True when with_defaults named it after the data (the user left it unset): a resumed sweep then keeps the name
     # it started with, which may be an older default (sweeps/integrations/mlflow/existing.py, started_registered_model)
