@@ -1,11 +1,13 @@
-"""The README's result blocks, generated from the result files (issue #21 item 7).
+"""The docs' result blocks, generated from the result files (issue #21 item 7; issue #45: README and docs/).
 
-    python -m benchmarks.readme_results           # rewrite the blocks in README.md
-    python -m benchmarks.readme_results --check   # exit 1 if README.md differs from the result files
+    python -m benchmarks.readme_results           # rewrite the blocks in README.md and docs/*.md
+    python -m benchmarks.readme_results --check   # exit 1 if a block differs from the result files
 
-A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` in README.md; its text is
-made here from benchmarks/results/*.json only, with the verdict words of the study's own rules, so
-a number or a verdict in those blocks cannot drift from its file (tests/unit/benchmarks/test_readme_results.py).
+A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` in the file HOLDERS names for it
+(the one place that says which file holds which block); its text is made here from benchmarks/results/* only, with
+the verdict words of the study's own rules, so a number or a verdict in those blocks cannot drift from its file
+(tests/unit/benchmarks/test_readme_results.py). A block written on one line (`<!-- generated:x -->...<!-- /... -->`)
+is inline: its text has no newline.
 """
 
 from __future__ import annotations
@@ -346,8 +348,42 @@ def tabular_demo(results: Path = RESULTS_DIR) -> str:
     return "\n".join(L)
 
 
+def backbone_lr(results: Path = RESULTS_DIR) -> str:
+    """Protocol A's tuned backbone learning rates, one-go temperature against plain CE and CE_es (inline)."""
+    tuning = read_json(json_path(results / "method_study_v2a.json"))["tuning"]
+
+    def span(method: str) -> str:
+        lrs = [v["params"]["lr"] for k, v in tuning.items() if k.split("/")[1] == method]
+        fmt = lambda x: f"{x:.4f}" if x < 0.001 else f"{x:.3f}"  # noqa: E731
+        return f"{fmt(min(lrs))}-{fmt(max(lrs))}"
+
+    return f"{span('onego_ts')} against plain CE's {span('ce')} and CE with early stopping's {span('ce_es')}"
+
+
+def lead_accuracy(results: Path = RESULTS_DIR) -> str:
+    """How much less accurate one-go temperature alone was than CE_es + TS under protocol C: the range of the
+    per-regime mean test accuracy differences (claim c1), in pt (inline, for the README's lead)."""
+    rec = json.loads((results / "method_study_c.json").read_text())
+    diffs = [-100 * r["metrics"]["accuracy"]["mean"] for r in rec["claims"]["c1_no_posthoc"]["per_regime"].values()]
+    return f"{min(diffs):.1f}-{max(diffs):.1f} pt"
+
+
+def demo_wall(results: Path = RESULTS_DIR) -> str:
+    """What the default demo sweep (`make sweep`) took in its recorded runs (bench_reference_arms.json; inline)."""
+    path = results / "bench_reference_arms.json"
+    if not path.is_file():
+        return "no recorded run yet"
+    rec = json.loads(path.read_text())
+    walls = sorted(r["wall_s"] for r in rec["runs"]["with arms and TS on top (default)"])
+    span = f"{walls[0]:.0f}-{walls[-1]:.0f} s" if len(walls) > 1 else f"{walls[0]:.0f} s"
+    return f"{span} wall in {len(walls)} run{'s' if len(walls) > 1 else ''} on one shared 2-core machine (`benchmarks/results/bench_reference_arms.md`)"
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "backbone_lr": backbone_lr,
     "demo_selection": demo_selection,
+    "demo_wall": demo_wall,
+    "lead_accuracy": lead_accuracy,
     "method_study_c": method_study_c,
     "method_study_c_slice": method_study_c_slice,
     "method_study_v2": method_study_v2,
@@ -357,31 +393,71 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "tabular_demo": tabular_demo,
 }
 
+# Which file holds which block (paths from the repository root): the one place that says so. A block moves with
+# its markers; move its entry here with it.
+HOLDERS: dict[str, str] = {
+    "backbone_lr": "README.md",
+    "lead_accuracy": "README.md",
+    "demo_wall": "README.md",
+    "demo_selection": "docs/selection.md",
+    "selection_heldout": "docs/selection.md",
+    "selection_v3": "docs/selection.md",
+    "tabular_demo": "docs/own-data.md",
+    "method_study_c": "docs/evidence.md",
+    "method_study_c_slice": "docs/evidence.md",
+    "method_study_v2": "docs/evidence.md",
+    "method_study_v2a": "docs/evidence.md",
+}
 
-def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
-    """`text` with every generated block replaced by its freshly generated content."""
+
+def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS, where: str = "README.md") -> str:
+    """`text` with every block of `blocks` replaced by its freshly generated content (`where` names the file)."""
     for name, make in blocks.items():
-        pat = re.compile(rf"(<!-- generated:{name} -->\n)(?:.*?\n)?(<!-- /generated:{name} -->)", re.S)
-        if not pat.search(text):
-            raise SystemExit(f"README.md has no block <!-- generated:{name} -->")
+        pat = re.compile(rf"(<!-- generated:{name} -->)(\n?)(.*?)(\n?<!-- /generated:{name} -->)", re.S)
+        m = pat.search(text)
+        if not m:
+            raise SystemExit(f"{where} has no block <!-- generated:{name} -->")
         body = make()
-        text = pat.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
+        if not m.group(2):  # inline
+            if "\n" in body:
+                raise SystemExit(f"{where}: block {name} is inline, but its text has several lines")
+            new = m.group(1) + body + m.group(4)
+        else:
+            new = m.group(1) + "\n" + body + "\n" + m.group(4).lstrip("\n")
+        text = text[: m.start()] + new + text[m.end() :]
     return text
 
 
+def blocks_of(path: str) -> dict[str, Callable[[], str]]:
+    """The blocks HOLDERS puts in `path`."""
+    return {name: BLOCKS[name] for name, holder in HOLDERS.items() if holder == path}
+
+
+def render_all(root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    """Per holding file: (its text now, its text with every block regenerated)."""
+    out = {}
+    for path in sorted(set(HOLDERS.values())):
+        old = (root / path).read_text()
+        out[path] = (old, render(old, blocks_of(path), path))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite (or --check) the README's generated blocks."""
+    """Rewrite (or --check) the generated blocks of every holding file."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true")
     args = p.parse_args(argv)
-    old = README.read_text()
-    new = render(old)
-    if args.check:
+    stale = []
+    for path, (old, new) in render_all().items():
         if new != old:
-            print("README.md's generated blocks differ from the result files: run python -m benchmarks.readme_results")
-            return 1
-        return 0
-    README.write_text(new)
+            stale.append(path)
+            if not args.check:
+                (ROOT / path).write_text(new)
+    if args.check and stale:
+        print(
+            f"generated blocks differ from the result files in {', '.join(stale)}: run python -m benchmarks.readme_results"
+        )
+        return 1
     return 0
 
 

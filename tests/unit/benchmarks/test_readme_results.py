@@ -1,4 +1,5 @@
-"""The README's result statements come from the result files (issue #21 item 7)."""
+"""The docs' result statements come from the result files (issue #21 item 7): every generated block, in whichever
+file readme_results.HOLDERS says holds it (README.md, docs/*.md)."""
 
 import json
 
@@ -7,8 +8,21 @@ from benchmarks.common import ROOT
 
 
 def test_readme_result_blocks_match_the_result_files():
-    text = (ROOT / "README.md").read_text()
-    assert readme_results.render(text) == text, "run: python -m benchmarks.readme_results"
+    for path, (old, new) in readme_results.render_all(ROOT).items():
+        assert new == old, f"{path}: run python -m benchmarks.readme_results"
+
+
+def test_every_block_is_held_once_and_only_where_holders_says():
+    assert set(readme_results.HOLDERS) == set(readme_results.BLOCKS)
+    docs = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").glob("*.md")))]
+    for name in readme_results.BLOCKS:
+        holding = [d for d in docs if f"<!-- generated:{name} -->" in (ROOT / d).read_text()]
+        assert holding == [readme_results.HOLDERS[name]], (name, holding)
+
+
+def test_inline_blocks_stay_inline():
+    text = "a <!-- generated:x -->old<!-- /generated:x --> b\n"
+    assert readme_results.render(text, {"x": lambda: "new"}) == "a <!-- generated:x -->new<!-- /generated:x --> b\n"
 
 
 def _heldout(ratio_lo: float) -> dict:

@@ -570,9 +570,11 @@ def _post(url: str, payload: dict, timeout: float = 30) -> tuple[int, str]:
 def test_mlflow_models_serve_answers_on_loopback(store, tmp_path):
     port = _free_port()
     log = open(tmp_path / "serve.log", "w")
-    # the README's command, as written, with this test's port and store
+    # the user guide's command (docs/guide.md), as written, with this test's port and store
     line = next(
-        ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("PATH=") and "models serve" in ln
+        ln
+        for ln in (ROOT / "docs" / "guide.md").read_text().splitlines()
+        if ln.startswith("PATH=") and "models serve" in ln
     )
     (tmp_path / ".venv").symlink_to(VENV_PY.parent.parent)  # run from a folder with the venv, as a clone is
     cmd = line.replace('"sqlite:///$PWD/mlflow.db"', store.uri).replace("-p 5001", f"-p {port}")

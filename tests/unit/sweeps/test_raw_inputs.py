@@ -151,7 +151,9 @@ def test_mlflow_models_serve_takes_raw_table_rows(table, tmp_path):
     model, mv, rows, expected, _ = table
     port = _free_port()
     line = next(
-        ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("PATH=") and "models serve" in ln
+        ln
+        for ln in (ROOT / "docs" / "guide.md").read_text().splitlines()
+        if ln.startswith("PATH=") and "models serve" in ln
     )
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
     cmd = line.replace('"sqlite:///$PWD/mlflow.db"', model.uri).replace("-p 5001", f"-p {port}")
