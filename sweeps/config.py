@@ -250,9 +250,8 @@ class TrackingConfig(_Strict):
 
     uri: str | None = None
     experiment: str = "calib-sweeps"
-    # Left unset, with_defaults names it after the data (default_registered_model: calibrated-mnist1d,
-    # calibrated-table-patients-<digest of the file>, ...), so a sweep on other data never competes with another
-    # dataset's @champion. The CLI's --model-name sets it.
+    # Left unset, with_defaults names it after the data (calibrated-mnist1d; calibrated-table-patients-<digest> for
+    # patients.csv: default_registered_model), so other data never meets another's @champion. CLI: --model-name.
     registered_model: str = "calibrated-classifier"
     # True when with_defaults named it after the data (the user left it unset): a resumed sweep then keeps the name
     # it started with, which may be an older default (sweeps/integrations/mlflow/existing.py, started_registered_model)
