@@ -295,6 +295,63 @@ def method_study_c(results: Path = RESULTS_DIR) -> str:
     return "\n".join(L)
 
 
+_METRIC_WORDS = {"ece": "ECE", "debiased_l2_ce": "debiased L2", "nll": "NLL", "accuracy": "accuracy"}
+_REGIME_WORDS = {
+    "overconf": "plain CE over-confident",
+    "noise20": "20 % label noise",
+    "imbalance10": "class imbalance",
+    "mtl": "multi-task",
+}
+_CLAIM_WORDS = {
+    "c1_no_posthoc": "one-go temperature alone matches CE_es + TS",
+    "c2_before_ts": "one-go + TS beats CE_es + TS",
+    "c3_vs_ce_es": "one-go temperature beats CE_es without TS",
+    "c1_ll": "the one-go last layer alone matches CE_es + TS",
+    "c2_ll": "the one-go last layer + TS beats CE_es + TS",
+}
+
+
+def _verdict_words(v: dict) -> str:
+    """'refuted on NLL, accuracy' / 'not settled (established on ECE only)': the verdict and the metrics whose
+    pre-registered test decided it (Holm-adjusted, protocol C's rule: refuted if any co-primary metric refutes)."""
+    ms = v["metrics"]
+    refutes = [_METRIC_WORDS.get(k, k) for k, m in ms.items() if isinstance(m, dict) and m.get("refutes")]
+    establishes = [_METRIC_WORDS.get(k, k) for k, m in ms.items() if isinstance(m, dict) and m.get("establishes")]
+    if v["verdict"] == "refuted":
+        return f"refuted on {', '.join(refutes)}"
+    if v["verdict"] == "not settled" and establishes:
+        return f"not settled (established on {', '.join(establishes)} only)"
+    return v["verdict"]
+
+
+def method_study_c_answer(results: Path = RESULTS_DIR) -> str:
+    """The users' question answered per regime from protocol C's verdicts: each claim's verdict and the metrics whose
+    test decided it, no number (the numbers are in the method_study_c block)."""
+    path = results / "method_study_c.json"
+    if not path.is_file():
+        return "_No protocol C result yet (`benchmarks/results/method_study_c.json`)._"
+    import yaml
+
+    rec = json.loads(path.read_text())
+    spec = yaml.safe_load((PROTOCOLS / "method_study_c.yaml").read_text())
+    primary = [n for n, c in spec["claims"].items() if not c.get("secondary")]
+    secondary = [n for n, c in spec["claims"].items() if c.get("secondary")]
+    L = []
+    for regime in spec["regimes"]:
+        if not rec["complete"].get(regime):
+            L.append(f"- **{regime}**: still running; its verdicts are pending.")
+            continue
+        per = {n: rec["claims"][n]["per_regime"][regime] for n in primary + secondary if n in rec["claims"]}
+        answer = "no" if all(per[n]["verdict"] != "established" for n in primary if n in per) else "in part"
+        words = "; ".join(f"{_CLAIM_WORDS.get(n, n)}: {_verdict_words(per[n])}" for n in primary if n in per)
+        ll = "; ".join(f"{_CLAIM_WORDS.get(n, n)}: {_verdict_words(per[n])}" for n in secondary if n in per)
+        L.append(
+            f"- **{regime}** ({_REGIME_WORDS.get(regime, regime)}): **{answer}.** {words[:1].upper() + words[1:]}."
+            + (f" Secondary: {ll}." if ll else "")
+        )
+    return "\n".join(L)
+
+
 def demo_selection(results: Path = RESULTS_DIR) -> str:
     """The demo's selection sentence as one run printed it (benchmarks/perf/bench_reference_arms.py keeps it)."""
     path = results / "bench_reference_arms.json"
@@ -385,6 +442,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "demo_wall": demo_wall,
     "lead_accuracy": lead_accuracy,
     "method_study_c": method_study_c,
+    "method_study_c_answer": method_study_c_answer,
     "method_study_c_slice": method_study_c_slice,
     "method_study_v2": method_study_v2,
     "method_study_v2a": method_study_v2a,
@@ -404,6 +462,7 @@ HOLDERS: dict[str, str] = {
     "selection_v3": "docs/selection.md",
     "tabular_demo": "docs/own-data.md",
     "method_study_c": "docs/evidence.md",
+    "method_study_c_answer": "docs/evidence.md",
     "method_study_c_slice": "docs/evidence.md",
     "method_study_v2": "docs/evidence.md",
     "method_study_v2a": "docs/evidence.md",
