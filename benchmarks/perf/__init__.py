@@ -8,7 +8,9 @@ Run from the repository root as modules, e.g. ``python -m benchmarks.perf.bench_
 - bench_sweep: the service's overhead and concurrency against a plain loop, and (--startup) its start-up phases;
 - bench_reference_arms: what the reference arms and TS on top cost in the demo sweep;
 - bench_scale: how the service's costs grow with the number of trials;
-- soak: a long sweep under killed workers, the driver's memory against trials finished.
+- soak: a long sweep under killed workers, the driver's memory against trials finished;
+- gpu_acceptance: the device paths on one CUDA device (tests, metrics vs torchmetrics, a fractional-GPU sweep,
+  ResNet epochs), prepared to run when a device is lent; `--dry-run` on CPU (tests/unit/test_gpu_acceptance.py).
 
 Each writes its figures under benchmarks/results/ (benchmarks/results/INDEX.md lists them).
 """
