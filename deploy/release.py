@@ -6,6 +6,8 @@
     python deploy/release.py release deploy/overlays/gpu-cluster --registry registry.example.com/calib-sweeps \\
         --version 0.1.0 [--builder docker|podman]               # build, push, pin the pushed digests
     python deploy/release.py digests deploy/overlays/dev           # re-read third-party digests from their registries
+    python deploy/release.py operator-values                       # the KubeRay operator's helm values, refused
+                                                                   # while its image is not pinned by digest
 
 The rules (`problems()`): every container image of the rendered overlay (init containers, the Ray
 autoscaler's) is `name[:tag]@sha256:<64 hex>`. A third-party image (anything but our
@@ -189,6 +191,29 @@ def problems(resources: list[dict], for_apply: bool = False) -> list[str]:
     return found
 
 
+OPERATOR_VALUES = REPO / "deploy" / "cluster" / "kuberay-operator-values.yaml"
+OPERATOR_VERSION = "v1.7.0"  # the CRDs the tests validate against (deploy/schemas/kuberay-v1.7.0)
+
+
+def operator_problems(values: dict) -> list[str]:
+    """What stops the KubeRay operator's helm values: its image not `quay.io/kuberay/operator:<version>@sha256:<64
+    hex>` with a real digest, at the version whose CRDs the manifests are checked against."""
+    image = values.get("image") or {}
+    ref = f"{image.get('repository', '')}:{image.get('tag', '')}"
+    m = REF.match(ref)
+    where = f"{OPERATOR_VALUES.relative_to(REPO)}: image {ref}"
+    if not m or not m.group("digest") or not m.group("tag"):
+        return [f"{where} is not pinned by digest (tag: {OPERATOR_VERSION}@sha256:<64 hex>)"]
+    found = []
+    if m.group("tag") != OPERATOR_VERSION:
+        found.append(f"{where}: the manifests are checked against KubeRay {OPERATOR_VERSION}'s CRDs")
+    if m.group("digest") == PLACEHOLDER:
+        found.append(f"{where}: placeholder digest (crane digest quay.io/kuberay/operator:{OPERATOR_VERSION})")
+    if values.get("singleNamespaceInstall"):
+        found.append(f"{where}: production runs one cluster-wide operator (singleNamespaceInstall: false)")
+    return found
+
+
 # ------------------------------------------------------------------------------------------ release
 
 
@@ -272,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("check", "render", "digests"):
         sub.add_parser(name).add_argument("overlay", type=Path)
+    sub.add_parser("operator-values").add_argument("--values", type=Path, default=OPERATOR_VALUES)
     rel = sub.add_parser("release")
     rel.add_argument("overlay", type=Path)
     rel.add_argument("--registry", required=True, help="ending with /calib-sweeps: registry.example.com/calib-sweeps")
@@ -279,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     rel.add_argument("--builder", default="docker", choices=("docker", "podman"))
     args = p.parse_args(argv)
     try:
+        if args.cmd == "operator-values":
+            text = args.values.read_text()
+            found = operator_problems(yaml.safe_load(text) or {})
+            if found:
+                print("\n".join(found), file=sys.stderr)
+                return 1
+            sys.stdout.write(text)
+            return 0
         if args.cmd == "release":
             pushed = build_and_push(args.builder, args.registry, args.version)
             set_images(args.overlay, pushed)

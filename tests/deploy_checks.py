@@ -599,6 +599,76 @@ def check_data_reachable(resources: list[dict]) -> list[str]:
     return problems
 
 
+def _env_value(resources: list[dict], kind: str, name: str, container: str, var: str) -> str | None:
+    for r in resources:
+        if r["kind"] == kind and r["metadata"]["name"] == name:
+            for _, spec in dr.pod_specs(r):
+                for c in spec.get("containers", []):
+                    if c["name"] == container:
+                        return next((e.get("value") for e in c.get("env", []) if e["name"] == var), None)
+    return None
+
+
+def check_tenant_references(resources: list[dict]) -> list[str]:
+    """Every reference follows the tenant: a `<namespace>/<secret>` annotation names the object's own namespace, and
+    where the overlay carries tenant values (ConfigMap calib-tenant: the UI host, the buckets) every place that uses
+    one holds it (deploy/tenant writes them; a tenant that wrapped the overlay without listing it keeps the default
+    tenant's host, buckets and namespace)."""
+    problems = []
+    for r in resources:
+        ns = r["metadata"].get("namespace")
+        for key, value in (r["metadata"].get("annotations") or {}).items():
+            if key.endswith("-secret") and isinstance(value, str) and "/" in value and value.split("/", 1)[0] != ns:
+                problems.append(f"{r['kind']}/{r['metadata']['name']}: {key}={value} names another namespace than {ns}")
+    values = next(
+        (r.get("data", {}) for r in resources if r["kind"] == "ConfigMap" and r["metadata"]["name"] == "calib-tenant"),
+        None,
+    )
+    if values is None:
+        return problems
+
+    def want(where: str, got, expected) -> None:
+        if got != expected:
+            problems.append(
+                f"{where} is {got!r}, not the tenant's {expected!r} (ConfigMap calib-tenant; deploy/tenant)"
+            )
+
+    host = values.get("UI_HOST")
+    for r in resources:
+        if r["kind"] == "Ingress" and r["metadata"]["name"] == "mlflow":
+            spec = r["spec"]
+            want("Ingress/mlflow host", [x.get("host") for x in spec.get("rules", [])], [host])
+            want("Ingress/mlflow tls hosts", [h for x in spec.get("tls", []) for h in x.get("hosts", [])], [host])
+        if r["kind"] == "HTTPRoute" and r["metadata"]["name"] == "mlflow":
+            want("HTTPRoute/mlflow hostnames", r["spec"].get("hostnames"), [host])
+    allowed = _env_value(resources, "Deployment", "mlflow", "mlflow", "MLFLOW_SERVER_ALLOWED_HOSTS") or ""
+    want("Deployment/mlflow MLFLOW_SERVER_ALLOWED_HOSTS's first host", allowed.split(",")[0], host)
+    origins = _env_value(resources, "Deployment", "mlflow", "mlflow", "MLFLOW_SERVER_CORS_ALLOWED_ORIGINS")
+    want("Deployment/mlflow MLFLOW_SERVER_CORS_ALLOWED_ORIGINS", origins, f"https://{host}")
+    artifacts = _env_value(resources, "Deployment", "mlflow", "mlflow", "MLFLOW_ARTIFACTS_DESTINATION")
+    want("Deployment/mlflow MLFLOW_ARTIFACTS_DESTINATION", artifacts, values.get("MLFLOW_ARTIFACTS_URI"))
+    for r in resources:
+        if r["kind"] == "RayJob":
+            want(
+                f"{_where(r, 'entrypoint')} --storage-path",
+                entrypoint_options(r).get("--storage-path"),
+                [values.get("TUNE_STORAGE_URI")],
+            )
+    ray_env = config_map(resources, "ray-env")
+    want("ConfigMap/ray-env RAY_LOGS_URI", ray_env.get("RAY_LOGS_URI"), values.get("RAY_LOGS_URI"))
+    want("ConfigMap/ray-env CALIB_DATASETS_URI", ray_env.get("CALIB_DATASETS_URI"), values.get("DATASETS_URI"))
+    backup = next(
+        (
+            r.get("data", {})
+            for r in resources
+            if r["kind"] == "ConfigMap" and re.fullmatch(r"db-backup(-[a-z0-9]{10})?", r["metadata"]["name"])
+        ),
+        {},
+    )
+    want("ConfigMap/db-backup BACKUP_S3_URI", backup.get("BACKUP_S3_URI"), values.get("BACKUP_S3_URI"))
+    return problems
+
+
 def check_token_auth(resources: list[dict]) -> list[str]:
     problems = []
     for r in ray_objects(resources):
@@ -700,6 +770,7 @@ CHECKS: dict[str, Callable[[list[dict]], list[str]]] = {
         check_telemetry_off,
         check_datasets_cached,
         check_data_reachable,
+        check_tenant_references,
         check_token_auth,
         check_ray_version,
         check_pod_hardening,

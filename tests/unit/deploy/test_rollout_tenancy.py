@@ -20,21 +20,65 @@ IDS = [p.name for p in OVERLAYS]
 EXAMPLES = dr.DEPLOY / "examples"
 
 
-def render_into(tmp: Path, target: Path, namespace: str) -> list[dict]:
-    """TARGET rendered by a kustomization of its own that only sets `namespace:` (what a tenant writes)."""
-    d = tmp / f"{namespace}-{target.name}-{abs(hash(str(target))) % 10**6}"
-    d.mkdir(parents=True)
-    (d / "kustomization.yaml").write_text(
-        yaml.safe_dump(
+TENANT = dr.DEPLOY / "tenant"
+# What each tenant sets (the README's "Tenants"): the UI host and the buckets, all its own.
+TENANT_VALUES = {
+    ns: {
+        "UI_HOST": f"mlflow.{ns}.example.org",
+        "MLFLOW_ARTIFACTS_URI": f"s3://{ns}-artifacts",
+        "TUNE_STORAGE_URI": f"s3://{ns}-results/tune",
+        "RAY_LOGS_URI": f"s3://{ns}-results/ray-logs",
+        "DATASETS_URI": f"s3://{ns}-results/datasets",
+        "BACKUP_S3_URI": f"s3://{ns}-backups/mlflow",
+    }
+    for ns in ("team-a", "team-b")
+}
+# The default tenant's (the overlay as committed): its host and buckets must appear in no other tenant's render.
+DEFAULT_NAMES = (
+    "mlflow.example.com",
+    "calib-sweeps-mlflow-artifacts",
+    "calib-sweeps-ray-results",
+    "calib-sweeps-db-backups",
+)
+
+
+def has_tenant_values(target: Path) -> bool:
+    return any(r["kind"] == "ConfigMap" and r["metadata"]["name"] == "calib-tenant" for r in dr.render(target))
+
+
+def tenant_kustomization(d: Path, target: Path, namespace: str, values: dict | None) -> dict:
+    """What the README tells a tenant to write: its namespace, and for an overlay with tenant values (gpu-cluster)
+    its own values and ../deploy/tenant (which writes them, and the namespace, into every reference)."""
+    k: dict = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": namespace,
+        "resources": [os.path.relpath(target, d)],
+    }
+    if values is not None:
+        k["configMapGenerator"] = [
             {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "namespace": namespace,
-                "resources": [os.path.relpath(target, d)],
+                "name": "calib-tenant",
+                "behavior": "replace",
+                "options": {"disableNameSuffixHash": True},
+                "literals": [f"{key}={v}" for key, v in values.items()],
             }
-        )
-    )
+        ]
+        k["transformers"] = [os.path.relpath(TENANT, d)]
+    return k
+
+
+def render_into(tmp: Path, target: Path, namespace: str, values: dict | None = None) -> list[dict]:
+    """TARGET rendered by a kustomization of its own (tenant_kustomization)."""
+    d = tmp / f"{namespace}-{target.name}-{abs(hash(str(target))) % 10**6}-{values is not None}"
+    d.mkdir(parents=True)
+    (d / "kustomization.yaml").write_text(yaml.safe_dump(tenant_kustomization(d, target, namespace, values)))
     return dr.render(d)
+
+
+def render_tenant(tmp: Path, overlay: Path, namespace: str) -> list[dict]:
+    values = TENANT_VALUES[namespace] if has_tenant_values(overlay) else None
+    return render_into(tmp, overlay, namespace, values)
 
 
 def _strings(node, path=()):
@@ -48,33 +92,77 @@ def _strings(node, path=()):
         yield path, node
 
 
-# the default namespace as a DNS label or namespace value (not the `calib-sweeps/...` label keys, image
-# names, bucket names or the part-of label value, which are names of the project, not of the namespace)
-NAMESPACE_REF = re.compile(r"(?:^|[.\s=:,@])calib-sweeps(?:$|[.\s:,])")
+def namespace_ref(namespace: str) -> re.Pattern:
+    """NAMESPACE as a value, a DNS label (svc.NAMESPACE.svc) or the namespace of a `NAMESPACE/name` reference (an
+    ingress-nginx annotation, a Prometheus job); not the part of an image name (`.../calib-sweeps/ray`)."""
+    return re.compile(rf"(?:^|[.\s=:,@\"'])({re.escape(namespace)})(?:$|[.\s:,/\"'])")
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS, ids=IDS)
-def test_two_namespaces_side_by_side_without_collision(tmp_path, overlay):
+def foreign_references(resources: list[dict], others: list[str], names: tuple[str, ...]) -> list[str]:
+    """'Kind/name path: value' for every string that names one of the OTHERS namespaces or holds one of NAMES (the
+    other tenants' hosts and buckets)."""
+    found = []
+    patterns = [namespace_ref(ns) for ns in others]
+    for r in resources:
+        for path, s in _strings(r):
+            if path[-1] in ("app.kubernetes.io/part-of", "SWEEP_EXPERIMENTS", "image"):
+                continue  # the app's name, the MLflow experiment's (the sweep's default), image names: not namespaces
+            if any(p.search(s) for p in patterns) or any(n in s for n in names):
+                found.append(f"{r['kind']}/{r['metadata'].get('name')} {'/'.join(path)}: {s[:160]}")
+    return found
+
+
+TENANT_TARGETS = [*OVERLAYS, *sorted(p for p in EXAMPLES.iterdir() if p.name.startswith("gpu-cluster"))]
+
+
+@pytest.mark.parametrize("overlay", TENANT_TARGETS, ids=[p.name for p in TENANT_TARGETS])
+def test_two_tenants_name_nothing_of_each_other(tmp_path, overlay):
+    """Two teams wrap the same overlay as the README shows: no object collides, and no string of one names the other's
+    namespace, host or bucket, nor the default tenant's (calib-sweeps, mlflow.example.com, calib-sweeps-* buckets)."""
     renders = {}
     for ns in ("team-a", "team-b"):
-        renders[ns] = render_into(tmp_path, overlay, ns) + render_into(tmp_path, dr.persistent_dir(overlay), ns)
+        persistent = dr.persistent_dir(
+            overlay if overlay.parent.name == "overlays" else dr.DEPLOY / "overlays" / "gpu-cluster"
+        )
+        renders[ns] = render_tenant(tmp_path, overlay, ns) + render_into(tmp_path, persistent, ns)
     ids = [dr.resource_id(r) for rs in renders.values() for r in rs]
     assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
+    gpu = has_tenant_values(overlay)
     for ns, resources in renders.items():
         other = "team-b" if ns == "team-a" else "team-a"
         scoped = [r for r in resources if r["kind"] in dr.CLUSTER_SCOPED]
-        # the only cluster-scoped object a tenant applies is its own Namespace
+        # the only cluster-scoped object a tenant applies is its own Namespace (the platform part: deploy/cluster)
         assert [(r["kind"], r["metadata"]["name"]) for r in scoped] == [("Namespace", ns)], scoped
         assert {r["metadata"].get("namespace") for r in resources if r["kind"] not in dr.CLUSTER_SCOPED} == {ns}
-        for r in resources:
-            for path, s in _strings(r):
-                if path[-1] in ("app.kubernetes.io/part-of", "SWEEP_EXPERIMENTS"):
-                    continue  # the app's name and the MLflow experiment's (the sweep's default), not namespaces
-                assert not NAMESPACE_REF.search(s), (r["kind"], r["metadata"].get("name"), "/".join(path), s)
-                assert other not in s, (r["kind"], r["metadata"].get("name"), "/".join(path), s)
-        # every deploy check holds in the tenant's namespace as in the default one
-        problems = {k: v for k, v in dc.run_checks(render_into(tmp_path / "again", overlay, ns)).items() if v}
+        names = (*TENANT_VALUES[other].values(), *DEFAULT_NAMES) if gpu else ()
+        names = tuple(n.removeprefix("s3://").split("/")[0] for n in names)  # hosts and bucket names
+        assert foreign_references(resources, [other, "calib-sweeps"], names) == []
+        if gpu:  # and its own values are where they belong
+            text = yaml.safe_dump_all(resources)
+            for v in TENANT_VALUES[ns].values():
+                assert text.count(v) >= 2, v  # the calib-tenant ConfigMap and at least one reference
+        problems = {k: v for k, v in dc.run_checks(render_tenant(tmp_path / "again", overlay, ns)).items() if v}
         assert problems == {}, problems
+
+
+def test_a_tenant_without_the_tenant_transformer_is_caught(tmp_path):
+    """What the README showed before (the overlay wrapped with `namespace:` alone): the Ingress's proxy-ssl-secret
+    kept `calib-sweeps/mlflow-tls`, and host and buckets stayed the default tenant's. Both the render test's finder
+    and the deploy check see it."""
+    overlay = dr.DEPLOY / "overlays" / "gpu-cluster"
+    resources = render_into(tmp_path, overlay, "team-b")
+    found = foreign_references(resources, ["calib-sweeps"], ())
+    assert any("proxy-ssl-secret: calib-sweeps/mlflow-tls" in f for f in found), found
+    assert foreign_references(resources, [], DEFAULT_NAMES)  # the default host and buckets
+    # values changed but the transformer not listed: every reference disagrees with them
+    d = tmp_path / "no-transformer"
+    d.mkdir()
+    k = tenant_kustomization(d, overlay, "team-b", TENANT_VALUES["team-b"])
+    del k["transformers"]
+    (d / "kustomization.yaml").write_text(yaml.safe_dump(k))
+    problems = dc.check_tenant_references(dr.render(d))
+    assert len(problems) >= 7, problems
+    assert any("proxy-ssl-secret" in p for p in problems) and any("--storage-path" in p for p in problems), problems
 
 
 def test_default_render_still_uses_calib_sweeps():
@@ -263,7 +351,7 @@ def test_quota_check_sees_a_sweep_grown_beyond_it(overlay):
 def test_kueue_example_queues_the_rayjob_at_a_fixed_size():
     resources = dr.render(EXAMPLES / "gpu-cluster-kueue")
     job = next(r for r in resources if r["kind"] == "RayJob")
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "calib-sweeps"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "sweeps"
     spec = job["spec"]
     cluster = spec["rayClusterSpec"]
     # what Kueue requires of a RayJob, and what makes its admission reserve every GPU the sweep uses
@@ -278,3 +366,54 @@ def test_kueue_example_queues_the_rayjob_at_a_fixed_size():
     assert problems == {}, problems
     base = {dr.resource_id(r) for r in dr.render(dr.DEPLOY / "overlays" / "gpu-cluster")}
     assert {dr.resource_id(r) for r in resources} == base
+
+
+# --------------------------------------------------------------------------- the platform-owned part
+
+
+def test_cluster_scoped_objects_live_in_the_platform_part_only():
+    """PriorityClasses (and the KubeRay CRDs, with the operator's chart) belong to the platform: deploy/cluster holds
+    every PriorityClass a pod names, and no overlay or example carries a cluster-scoped object."""
+    platform = dr.render(dr.DEPLOY / "cluster")
+    assert {r["kind"] for r in platform} == {"PriorityClass"}
+    classes = {r["metadata"]["name"] for r in platform}
+    for target in TENANT_TARGETS:
+        resources = dr.render(target)
+        assert [r["kind"] for r in resources if r["kind"] in dr.CLUSTER_SCOPED] == [], target.name
+        named = {spec.get("priorityClassName") for r in resources for _, spec in dr.pod_specs(r)}
+        assert named <= classes, (target.name, named - classes)
+
+
+def test_production_admits_the_shared_operator_to_the_dashboard_only():
+    """gpu-cluster: the cluster-wide KubeRay operator (kuberay-system) reaches the Ray head's dashboard (8265) and
+    nothing else; other namespaces reach no Ray port."""
+    resources = dr.render(dr.DEPLOY / "overlays" / "gpu-cluster")
+    policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
+    operator = ("kuberay-system", {"app.kubernetes.io/name": "kuberay-operator"})
+    head = {"calib-sweeps/ray-node": "true", "app.kubernetes.io/component": "ray-head"}
+    worker = {"calib-sweeps/ray-node": "true", "app.kubernetes.io/component": "ray-worker"}
+    assert dc.policy_allows(policies, "calib-sweeps", operator, head, 8265)
+    assert not dc.policy_allows(policies, "calib-sweeps", operator, head, 6379)
+    assert not dc.policy_allows(policies, "calib-sweeps", operator, worker, 8265)
+    assert not dc.policy_allows(policies, "calib-sweeps", ("team-b", operator[1]), head, 8265)
+    assert not dc.policy_allows(policies, "calib-sweeps", ("kuberay-system", {"app": "other"}), head, 8265)
+
+
+def test_operator_values_refuse_a_placeholder_digest_and_a_per_namespace_install(tmp_path, capsys):
+    from deploy import release
+
+    committed = yaml.safe_load(release.OPERATOR_VALUES.read_text())
+    assert committed["singleNamespaceInstall"] is False
+    assert committed["image"]["tag"].startswith(release.OPERATOR_VERSION + "@sha256:")
+    assert any("placeholder digest" in p for p in release.operator_problems(committed))
+    assert release.main(["operator-values"]) == 1  # the committed file: placeholder
+    assert "placeholder digest" in capsys.readouterr().err
+    real = {**committed, "image": {**committed["image"], "tag": release.OPERATOR_VERSION + "@sha256:" + "ab" * 32}}
+    assert release.operator_problems(real) == []
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(real))
+    assert release.main(["operator-values", "--values", str(path)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == real
+    assert release.operator_problems({**real, "image": {**real["image"], "tag": "v1.7.0"}})  # a tag alone
+    assert release.operator_problems({**real, "image": {**real["image"], "tag": "v1.6.0@sha256:" + "ab" * 32}})
+    assert release.operator_problems({**real, "singleNamespaceInstall": True})
