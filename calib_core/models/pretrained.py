@@ -22,8 +22,12 @@ are refused ("trained for 10 classes, the data has 3"), saying how to drop them.
 
 `freeze: head_only` (a linear probe with the one-go calibrator on top) turns every parameter outside `model.head`
 into a buffer of the same name (same state-dict keys, so checkpoints and the exported model load as before; the
-trainer's optimizers see the head only) and sets momentum 0 on the batch-norm layers outside it, so their running
-statistics stay those of the file (in train mode a batch is still normalised with its own statistics, as usual).
+trainer's optimizers see the head only) and keeps every module outside it in inference mode, whatever mode the
+model is put in: batch norms normalise with the file's running statistics and leave them as they are, dropout is
+off. The head then learns on the features it is evaluated on (a linear probe on fixed features); in train mode a
+frozen batch norm would otherwise normalise each batch with that batch's statistics, features the evaluation never
+sees (on a small batch of a small dataset, far from them). Being a fixed function, the backbone's features are
+computed once per image (calib_core/models/feature_memo.py).
 With the `last_layer` calibrator the head is the calibrator's, so nothing is left for the backbone player: use
 another calibrator (temperature, vector, matrix, dirichlet) with a frozen backbone;
 `freeze: none` fine-tunes everything (`train.lr` for the backbone, `train.head_lr` for the head).
@@ -31,6 +35,7 @@ another calibrator (temperature, vector, matrix, dirichlet) with a frozen backbo
 
 from __future__ import annotations
 
+import types
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -158,10 +163,19 @@ def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
     return model
 
 
+FROZEN_ATTR = "_calib_frozen"  # set on a module that freeze_backbone keeps in inference mode
+
+
+def _stay_in_inference(self: nn.Module, mode: bool = True) -> nn.Module:
+    """`train` of a frozen module: it stays in inference mode (its children were put there when it was frozen)."""
+    self.training = False
+    return self
+
+
 def freeze_backbone(model: nn.Module) -> nn.Module:
     """Only `model.head` trains: every other parameter becomes a buffer of the same name (so it is in the state
-    dict under its key, moves with the model, and is in no optimizer and no gradient), and the batch norms outside
-    the head keep their running statistics (momentum 0). Returns `model`."""
+    dict under its key, moves with the model, and is in no optimizer and no gradient), and every module outside
+    the head stays in inference mode whatever `model.train()` says (module docstring). Returns `model`."""
     head = getattr(model, "head", None)
     if not isinstance(head, nn.Module):
         raise ValueError(f"run.model.freeze: model {type(model).__name__} has no `head` to train")
@@ -173,8 +187,15 @@ def freeze_backbone(model: nn.Module) -> nn.Module:
             if p is not None:
                 del m._parameters[name]
                 m.register_buffer(name, p.detach().requires_grad_(False))
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.momentum = 0.0
+        if any(c is head for c in m.modules()):  # the model itself (or a module holding the head) keeps its mode
+            continue
+        m.training = False
+        m.train = types.MethodType(_stay_in_inference, m)  # type: ignore[method-assign]
+        setattr(m, FROZEN_ATTR, True)
+    if callable(getattr(model, "features", None)):  # a fixed function now: each image's features computed once
+        from calib_core.models.feature_memo import FeatureMemo
+
+        model.features = FeatureMemo(model.features)  # type: ignore[method-assign,arg-type,assignment]
     return model
 
 

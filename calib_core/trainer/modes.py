@@ -82,11 +82,13 @@ def forward_is_mode_free(model: nn.Module) -> bool:
 class ModeSwitch:
     """`set(model, training)` as `model.train(training)` does it (every module's flag), by a
     flat loop over the modules listed once; models with a module that overrides `train` keep
-    `model.train`."""
+    `model.train`. A frozen backbone's modules (calib_core/models/pretrained.py) stay in inference mode."""
 
     def __init__(self, model: nn.Module) -> None:
+        from calib_core.models.pretrained import FROZEN_ATTR
+
         self.model = model
-        self.modules = list(model.modules())
+        self.modules = [m for m in model.modules() if not getattr(m, FROZEN_ATTR, False)]
         self.flat = all(type(m).train is nn.Module.train for m in self.modules)
 
     def set(self, training: bool) -> None:

@@ -165,6 +165,24 @@ def test_frozen_batch_norm_keeps_the_loaded_running_statistics():
     assert all(torch.equal(b.running_mean, m) for b, m in zip(bns, before))
 
 
+def test_frozen_backbone_computes_in_inference_mode_while_the_head_trains():
+    """A linear probe learns on the features it is evaluated on: the frozen batch norms use their running
+    statistics in train mode too (a batch's own statistics would give features evaluation never sees)."""
+    from calib_core.models import freeze_backbone
+    from calib_core.trainer.modes import ModeSwitch
+
+    torch.manual_seed(0)
+    net = freeze_backbone(create_model("cnn2d", 3, (1, 8, 8)))
+    x = torch.randn(16, 1, 8, 8) * 5 + 3
+    with torch.no_grad():
+        want = net.eval()(x)
+        assert torch.equal(net.train()(x), want) and net.training and net.head.training
+        switch = ModeSwitch(net)
+        switch.set(True)
+        assert torch.equal(net(x), want)
+    assert all(not m.training for m in net.modules() if m is not net and m is not net.head)
+
+
 def test_a_mismatched_checkpoint_stops_the_sweep_before_anything_is_written(tmp_path):
     torch.save(_mlp(classes=10, hidden=(64, 64)).state_dict(), tmp_path / "w.pt")
     (tmp_path / "c.yaml").write_text(
@@ -227,3 +245,23 @@ def test_a_frozen_backbone_with_the_last_layer_calibrator_is_refused_in_one_line
         None, [f"run.model.weights={weights}", "run.model.freeze=head_only", "search.calibrators=[temperature]"]
     )
     assert ok.run.model.freeze == "head_only"
+
+
+def test_frozen_features_are_computed_once_per_image():
+    """A linear probe's backbone is a fixed function: each image's features are computed once (FeatureMemo), and
+    what comes back equals a plain forward whatever the batch holds."""
+    from calib_core.models import freeze_backbone
+
+    torch.manual_seed(0)
+    plain = create_model("cnn2d", 3, (1, 8, 8)).eval()
+    net = freeze_backbone(create_model("cnn2d", 3, (1, 8, 8)))
+    net.load_state_dict(plain.state_dict())
+    x = torch.randn(20, 1, 8, 8)
+    memo = net.features
+    with torch.no_grad():
+        first = net.train()(x[:12])
+        assert (memo.computed, memo.hits) == (12, 0)
+        again = net(x[torch.tensor([3, 15, 0, 19, 7])])  # three seen rows, two new ones
+        assert (memo.computed, memo.hits) == (14, 3)
+        torch.testing.assert_close(first, plain(x[:12]), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(again, plain(x[torch.tensor([3, 15, 0, 19, 7])]), rtol=1e-5, atol=1e-6)
