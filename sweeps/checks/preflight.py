@@ -241,8 +241,22 @@ def _cgroup_cpu_quota() -> float | None:
         return None
 
 
+def cuda_devices_hidden() -> bool:
+    """CUDA_VISIBLE_DEVICES hides every device: set but empty, or its first entry not a device ('-1'; CUDA reads
+    the list up to its first invalid entry, and HIP honours the variable too). torch then sees none."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return False
+    first = value.split(",", 1)[0].strip()
+    return first == "" or first.startswith("-")
+
+
 def local_gpus() -> int:
-    """CUDA devices torch sees (imports torch: call only when a trial asks for GPUs)."""
+    """CUDA devices torch sees. Imports torch (seconds, tens of them on a loaded machine, and serial before the
+    other checks, which overlap with the model/data check's own import in its child) unless CUDA_VISIBLE_DEVICES
+    already says there are none: call only when a trial asks for GPUs."""
+    if cuda_devices_hidden():
+        return 0
     import torch
 
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
@@ -260,7 +274,8 @@ def check_local_resources(cfg: SweepConfig) -> None:
     if r.gpus_per_trial > 0:
         gpus = local_gpus()
         if r.gpus_per_trial > gpus:
-            has = "no GPU (torch sees no CUDA device)" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
+            why = "CUDA_VISIBLE_DEVICES hides every device" if cuda_devices_hidden() else "torch sees no CUDA device"
+            has = f"no GPU ({why})" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
             raise ConfigError(
                 f"resources.gpus_per_trial: a trial asks for {r.gpus_per_trial:g} GPUs but this "
                 f"machine has {has}; lower it or use --cluster"

@@ -62,6 +62,26 @@ def test_local_cpus_within_the_machine():
     assert 1 <= preflight.local_cpus() <= (os.cpu_count() or 1)
 
 
+@pytest.mark.parametrize(
+    ("value", "hidden"), [("", True), ("-1", True), (" -1,0", True), ("0", False), ("GPU-5f3a,1", False), (None, False)]
+)
+def test_cuda_visible_devices_that_hide_every_device(monkeypatch, value, hidden):
+    if value is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert preflight.cuda_devices_hidden() is hidden
+
+
+def test_no_gpu_is_known_without_importing_torch():
+    """CUDA_VISIBLE_DEVICES='' answers the local GPU count without torch's import (seconds in the driver, serial
+    before the other checks: the --gpus-per-trial case of test_cli_malformed overran its limit under load)."""
+    code = "import sys; from sweeps.checks import preflight; print(preflight.local_gpus(), 'torch' in sys.modules)"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["0", "False"], proc.stdout + proc.stderr
+
+
 def test_dry_run_checks_values_but_not_the_environment(capsys):
     from sweeps.cli import main
 
