@@ -45,3 +45,17 @@ def test_a_broken_link_fails_the_build(tmp_path):
     (docs / "guide.md").write_text("# Guide\n\n## Another heading\n\nBack [home](index.md).\n")
     proc = _build(tmp_path / "mkdocs.yml", tmp_path / "anchor")
     assert proc.returncode != 0 and "the-sweep" in proc.stdout + proc.stderr
+
+
+def test_the_readme_links_resolve():
+    """README.md is read on the forge, outside the site: its relative links must name files that exist, and every
+    docs page it points to is in the site's nav."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [ln for ln in links if "://" not in ln]
+    assert local, "the README links into the docs"
+    assert [ln for ln in local if not (ROOT / ln).exists()] == []
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert [ln for ln in local if ln.startswith("docs/") and ln.removeprefix("docs/") not in nav] == []
