@@ -24,6 +24,7 @@ error of ~1e-6), which is ample for confidence intervals; point estimates come f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -325,8 +326,11 @@ def percentile_interval(replicates: Tensor, level: float = 0.95) -> tuple[float,
     return float(q[0]), float(q[1])
 
 
-def centered_interval(replicates: Tensor, point: float, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the replicates shifted so that their mean is the point estimate.
+def centered_interval(
+    replicates: Tensor, point: float, level: float = 0.95, bounds: tuple[float, float] = (-math.inf, math.inf)
+) -> tuple[float, float]:
+    """Percentile interval of the replicates shifted so that their mean is the point estimate, kept within the
+    metric's own `bounds` (an accuracy's [0, 1]: the shift can push a small split's interval past them).
 
     Binned calibration errors are biased upwards, and more so on resamples (duplicated rows),
     so plain percentile intervals of a well-calibrated model's ECE can lie entirely above its
@@ -338,7 +342,8 @@ def centered_interval(replicates: Tensor, point: float, level: float = 0.95) -> 
     finite = r[torch.isfinite(r)]
     if finite.numel() == 0 or not np.isfinite(point):
         return float(point), float(point)
-    return percentile_interval(finite - (finite.mean() - point), level)
+    lo, hi = percentile_interval(finite - (finite.mean() - point), level)
+    return max(lo, bounds[0]), min(hi, bounds[1])
 
 
 def prob_not_greater(replicates: Tensor) -> float:

@@ -16,6 +16,7 @@ bootstrap interval: their null needs K rows per example and would double the sel
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +80,8 @@ class Replicates:
         null = self.nulls.get(trial_id, {}).get(key)
         if null is not None:
             return calibration_interval(reps, point, _tensor(null), self.level)
-        return centered_interval(reps, point, self.level)
+        bounds = (0.0, 1.0) if key.endswith("accuracy") else (-math.inf, math.inf)  # a share of rows
+        return centered_interval(reps, point, self.level, bounds)
 
     def difference(self, a: str, b: str, key: str) -> np.ndarray:
         """Replicates of metric(a) - metric(b), paired when the two trials share their split,

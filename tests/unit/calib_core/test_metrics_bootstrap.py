@@ -160,3 +160,18 @@ def test_centered_interval_contains_the_estimate_and_keeps_the_spread() -> None:
     assert hi - lo == pytest.approx(phi - plo)
     assert lo == pytest.approx(plo - 0.04)
     assert centered_interval(torch.tensor([float("nan")]), 0.1) == (0.1, 0.1)
+
+
+def test_centered_interval_stays_within_the_metrics_bounds():
+    """On a small split a share's replicates pile up at 0, and centring them on the point estimate (their mean a
+    little above it) moved the interval below 0: a sweep printed 'val acc 28.6 % [-0.5, 70.9]'. Within the
+    accuracy's bounds it cannot."""
+    from calib_core.metrics import centered_interval
+
+    reps = torch.cat([torch.zeros(100), torch.full((800,), 2 / 7), torch.full((100,), 4 / 7)]).double()
+    point = 2 / 7 - 0.02  # the replicates' mean is 2/7 + 0.0286: a resample's share is not the point's
+    free = centered_interval(reps, point)
+    assert free[0] < 0  # hand-computed: 0 - (mean - point) = -0.0486
+    assert abs(free[0] - (0 - (float(reps.mean()) - point))) < 1e-12
+    lo, hi = centered_interval(reps, point, bounds=(0.0, 1.0))
+    assert lo == 0.0 and hi == free[1]
