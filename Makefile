@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sweep test test-slow test-containers lint bench stage-data clean distclean
+.PHONY: setup sweep test test-slow test-containers lint bench stage-data deploy clean distclean
 
 $(STAMP): pyproject.toml constraints.txt tests/tools/install_kustomize.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,7 +31,7 @@ test: setup
 # Whole sweeps, two test files at a time (each file's fixtures stay in one worker); the 25 longest tests are listed
 # (CI's slow tier took 15 min in one run and 40 min in the next: the list says where the time goes).
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile --durations=25 $(ARGS)
+	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile --no-loadscope-reorder --durations=25 $(ARGS)
 
 # The images built and run with podman (installed and configured by tests/containers/setup_podman.sh,
 # which needs root): stand-in bases, docker/ unchanged, the MLflow stack and a Ray cluster from the
@@ -50,6 +50,13 @@ lint: setup
 stage-data: setup
 	@test -n "$(DATASET)" -a -n "$(DEST)" || { echo "stage-data: set DATASET (e.g. cifar10) and DEST (s3://bucket/datasets)" >&2; exit 2; }
 	$(BIN)/python -m calib_core.data.stage stage $(DATASET) $(DEST) --root $(or $(ROOT),data) $(ARGS)
+
+# The README's deploy step (deploy/README.md, "4. Deploy"): render OVERLAY with every check, refuse placeholder digests
+# and address ranges and a change to a running sweep's RayJob, name each Job after its spec, then kubectl apply -f -.
+#   make deploy OVERLAY=deploy/overlays/gpu-cluster [ARGS="-l app.kubernetes.io/name!=calib-sweep"]
+deploy: setup
+	@test -n "$(OVERLAY)" || { echo "deploy: set OVERLAY (e.g. deploy/overlays/gpu-cluster)" >&2; exit 2; }
+	$(BIN)/python deploy/release.py apply $(OVERLAY) $(ARGS)
 
 bench: setup
 	$(BIN)/python -m benchmarks.perf.bench_metrics

@@ -6,6 +6,8 @@
     python deploy/release.py release deploy/overlays/gpu-cluster --registry registry.example.com/calib-sweeps \\
         --version 0.1.0 [--builder docker|podman]               # build, push, pin the pushed digests
     python deploy/release.py digests deploy/overlays/dev           # re-read third-party digests from their registries
+    python deploy/release.py apply   deploy/overlays/gpu-cluster [-l SELECTOR]   # render (as `render`), then
+                                                                   # `kubectl apply -f -`: the README's deploy step
     python deploy/release.py operator-values                       # the KubeRay operator's helm values, refused
                                                                    # while its image is not pinned by digest
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import ipaddress
 import json
 import os
@@ -191,6 +194,104 @@ def problems(resources: list[dict], for_apply: bool = False) -> list[str]:
     return found
 
 
+# ---------------------------------------------------------------------------------- Jobs, re-applied
+# A Job's pod template is immutable: `kubectl apply` of a Job whose spec changed (a new image digest, a new script)
+# fails with "field is immutable" while the old Job exists. `render` and `apply` therefore name every Job after
+# its spec: `<name>-<first 10 hex of sha256(spec)>`, with the label calib-sweeps/job=<name> to find it by. A new
+# release makes a new Job (which runs once more: the set-up Jobs are idempotent); an unchanged one keeps its name,
+# so re-applying is a no-op; the old one goes with its ttlSecondsAfterFinished (every Job has one: tested).
+# (Kustomize hashes the names of generated ConfigMaps and Secrets only; a Job generator or plugin would have
+# to be installed wherever kustomize runs, and ttlSecondsAfterFinished alone leaves the window until it
+# expires, which is how the issue's failure came about.)
+JOB_LABEL = "calib-sweeps/job"
+
+
+def job_spec_hash(job: dict) -> str:
+    return hashlib.sha256(json.dumps(job.get("spec", {}), sort_keys=True, separators=(",", ":")).encode()).hexdigest()[
+        :10
+    ]
+
+
+def name_jobs_by_spec(resources: list[dict]) -> list[dict]:
+    """RESOURCES with every batch/v1 Job renamed `<name>-<hash of its spec>` and labelled calib-sweeps/job=<name>
+    (a Job already carrying that label keeps its base name from it: idempotent)."""
+    out = []
+    for r in resources:
+        if r.get("kind") == "Job" and r.get("apiVersion") == "batch/v1":
+            r = json.loads(json.dumps(r))
+            meta = r["metadata"]
+            labels = meta.setdefault("labels", {})
+            base = labels.get(JOB_LABEL) or meta["name"]
+            labels[JOB_LABEL] = base
+            meta["name"] = f"{base}-{job_spec_hash(r)}"
+            if len(meta["name"]) > 63:
+                raise ReleaseError(f"Job {base}: {meta['name']} is longer than 63 characters")
+        out.append(r)
+    return out
+
+
+# ------------------------------------------------------------------------------- a running sweep
+# KubeRay builds every retry's Ray cluster from the RayJob's *current* spec: applying a new Ray image while a sweep
+# runs makes its next retry resume the old Tune state on the new Ray (deploy/UPGRADING.md). `apply` asks the
+# cluster for the RayJobs it would change and refuses a change to a RayJob that is still running.
+RUNNING = {"", "New", "Initializing", "Running", "Waiting", "Retrying", "Suspending", "Resuming"}
+
+
+def running_rayjob_changes(resources: list[dict], live: dict[str, dict]) -> list[str]:
+    """'RayJob/<name> ...' for every rendered RayJob whose spec differs from LIVE's (name -> the object in the
+    cluster) while that one has not finished (status.jobDeploymentStatus not Complete/Failed)."""
+    found = []
+    for r in resources:
+        if r.get("kind") != "RayJob":
+            continue
+        name = r["metadata"]["name"]
+        current = live.get(name)
+        if current is None:
+            continue
+        status = (current.get("status") or {}).get("jobDeploymentStatus", "")
+        if status not in RUNNING or current.get("spec", {}).get("suspend"):
+            continue
+        want = r.get("spec", {}).get("rayClusterSpec", {})
+        have = current.get("spec", {}).get("rayClusterSpec", {})
+        if json.dumps(want, sort_keys=True) != json.dumps(have, sort_keys=True) or r["spec"].get("entrypoint") != (
+            current.get("spec", {}).get("entrypoint")
+        ):
+            found.append(
+                f"RayJob/{name} is {status or 'starting'}: its next retry would resume the sweep on the new spec; "
+                "wait for it to finish, or delete it first (deploy/UPGRADING.md), or --allow-running-sweep"
+            )
+    return found
+
+
+def live_rayjobs(kubectl: str, namespace: str) -> dict[str, dict]:
+    proc = subprocess.run(
+        [kubectl, "get", "rayjobs.ray.io", "-n", namespace, "-o", "json"], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        if "NotFound" in proc.stderr or "doesn't have a resource type" in proc.stderr:
+            return {}
+        raise ReleaseError(f"{kubectl} get rayjobs -n {namespace} failed: {proc.stderr.strip()[-500:]}")
+    return {i["metadata"]["name"]: i for i in json.loads(proc.stdout or "{}").get("items", [])}
+
+
+def select(resources: list[dict], selector: str | None) -> list[dict]:
+    """The objects a `-l` label selector of `=`, `==` and `!=` terms keeps (what `kubectl apply -l` would)."""
+    if not selector:
+        return resources
+    terms = []
+    for term in selector.split(","):
+        m = re.fullmatch(r"\s*([\w./-]+)\s*(!=|==|=)\s*([\w.-]*)\s*", term)
+        if not m:
+            raise ReleaseError(f"-l {selector}: only key=value and key!=value terms are understood")
+        terms.append(m.groups())
+    out = []
+    for r in resources:
+        labels = r.get("metadata", {}).get("labels") or {}
+        if all((labels.get(k) == v) == (op != "!=") for k, op, v in terms):
+            out.append(r)
+    return out
+
+
 OPERATOR_VALUES = REPO / "deploy" / "cluster" / "kuberay-operator-values.yaml"
 OPERATOR_VERSION = "v1.7.0"  # the CRDs the tests validate against (deploy/schemas/kuberay-v1.7.0)
 
@@ -298,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("check", "render", "digests"):
         sub.add_parser(name).add_argument("overlay", type=Path)
     sub.add_parser("operator-values").add_argument("--values", type=Path, default=OPERATOR_VALUES)
+    app = sub.add_parser("apply", help="render with every check, then pipe to kubectl apply -f -")
+    app.add_argument("overlay", type=Path)
+    app.add_argument("-l", "--selector", help="apply only these objects (key=value, key!=value)")
+    app.add_argument("--kubectl", default=os.environ.get("KUBECTL", "kubectl"))
+    app.add_argument("--allow-running-sweep", action="store_true", help="apply a changed RayJob while it runs")
+    app.add_argument("--dry-run", action="store_true", help="print what would be applied instead")
     rel = sub.add_parser("release")
     rel.add_argument("overlay", type=Path)
     rel.add_argument("--registry", required=True, help="ending with /calib-sweeps: registry.example.com/calib-sweeps")
@@ -329,12 +436,36 @@ def main(argv: list[str] | None = None) -> int:
                 if current != pinned:
                     wrong.append(image)
             return 1 if wrong else 0
-        found = problems(resources, for_apply=args.cmd in ("render", "release"))
+        found = problems(resources, for_apply=args.cmd in ("render", "release", "apply"))
         if found:
             print("\n".join(found), file=sys.stderr)
+            if args.cmd == "apply":
+                print("release.py apply: nothing applied", file=sys.stderr)
             return 1
+        if args.cmd in ("render", "apply"):
+            resources = name_jobs_by_spec(resources)
         if args.cmd == "render":
             sys.stdout.write(yaml.safe_dump_all(resources, sort_keys=False))
+        if args.cmd == "apply":
+            resources = select(resources, args.selector)
+            text = yaml.safe_dump_all(resources, sort_keys=False)
+            if args.dry_run:
+                sys.stdout.write(text)
+                return 0
+            kubectl = shutil.which(args.kubectl) or args.kubectl
+            if not args.allow_running_sweep:
+                namespaces = sorted(
+                    {r["metadata"].get("namespace") for r in resources if r["kind"] == "RayJob"} - {None}
+                )
+                live: dict[str, dict] = {}
+                for ns in namespaces:
+                    live.update(live_rayjobs(kubectl, ns))
+                found = running_rayjob_changes(resources, live)
+                if found:
+                    print("\n".join(found), file=sys.stderr)
+                    print("release.py apply: nothing applied", file=sys.stderr)
+                    return 1
+            return subprocess.run([kubectl, "apply", "-f", "-"], input=text, text=True).returncode
         return 0
     except ReleaseError as e:
         print(f"release.py: {e}", file=sys.stderr)
