@@ -593,7 +593,8 @@ def _pct_ci(c: dict[str, float | None]) -> str:
 
 
 def _pct(c: dict[str, float | None]) -> str:
-    return "n/a" if c.get("value") is None else f"{100 * float(c['value']):.1f} %"
+    value = c.get("value")
+    return "n/a" if value is None else f"{100 * float(value):.1f} %"
 
 
 def tabular_demo(results: Path = RESULTS_DIR) -> str:
