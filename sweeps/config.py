@@ -11,6 +11,7 @@ from pydantic import Field, PrivateAttr, create_model, field_validator, model_va
 
 from calib_core.config import ConfigError, RunConfig, _Strict, apply_overrides, build_model, read_yaml
 from calib_core.registry import CALIBRATORS
+from sweeps.config_evaluation import EvaluationConfig  # noqa: F401 (re-exported: sweeps.config.EvaluationConfig)
 
 # The metric names live in sweeps.contract (what trials report); the config validates against them.
 from sweeps.contract import (  # noqa: F401
@@ -317,28 +318,6 @@ if TYPE_CHECKING:
 else:
     SelectionConfig = create_model("SelectionConfig", __base__=_SelectionShared, __module__=__name__, **rule_fields())
     SelectionConfig.__doc__ = _SelectionShared.__doc__
-
-
-class EvaluationConfig(_Strict):
-    """Extra evaluation after training: calibration under dataset shift (calib_core.shift) and
-    out-of-distribution detection against synthetic inputs (calib_core.evaluation.make_ood_inputs)."""
-
-    shift: bool = False
-    ood: Literal["none", "gaussian_noise", "permuted"] = "none"
-    # Temperature scaling on top of every completed trial: a second candidate per trial, its validation metrics
-    # k-fold cross-fitted on the trial's validation logits (fit for selection), its test metrics with the
-    # temperature fitted on all validation rows (calib_core.posthoc_on_top). False: off (--no-reference-arms).
-    temperature_on_top: bool = True
-    temperature_folds: int = Field(default=5, ge=2, le=50)
-    shift_corruptions: list[str] | None = None
-    shift_severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
-
-    @field_validator("shift_severities")
-    @classmethod
-    def _severities(cls, v: list[int]) -> list[int]:
-        if not v or any(s not in (1, 2, 3, 4, 5) for s in v):
-            raise ValueError("severities must be a non-empty list drawn from 1..5")
-        return v
 
 
 class SweepConfig(_Strict):

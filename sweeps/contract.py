@@ -52,6 +52,16 @@ TS_PREFIX = "ts_"
 # The Optuna study trial of a reference arm carries its name under this user attribute (no sampled value).
 REFERENCE_ATTR = "reference_arm"
 TS_SUMMARY_KEY = "temperature_on_top"
+# Conformal prediction sets of every candidate (evaluation.conformal_alphas, calib_core.conformal): per method and
+# alpha, <split>_<conformal_key> (val cross-fitted on validation folds, test from the quantile of all validation rows),
+# and in PREDICTIONS_FILE each row's covered flag and set size under conformal_rows_key (TS_PREFIX for "+ TS").
+CONFORMAL_METHODS = ("lac", "aps", "aps_randomized", "raps")
+CONFORMAL_MEASURES = ("coverage", "size", "worst_class_coverage", "worst_size_coverage")
+CONFORMAL_ROWS = ("covered", "size")  # the measures with bootstrap intervals: the means of these rows
+# The champion's conformal quantiles: the key of its model spec ({method: {alpha: quantile}}) and the alphas it
+# stores besides the sweep's own (a request for another alpha is refused, naming these)
+CONFORMAL_SPEC_KEY = "conformal"
+CONFORMAL_SERVED_ALPHAS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 # The multi-objective search: validation accuracy up, validation ECE down.
 MULTI_OBJECTIVE = (("val_accuracy", "max"), ("val_ece", "min"))
 
@@ -66,6 +76,21 @@ def metric_key(split: str, name: str) -> str:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     return f"{split}_{name}"
+
+
+def alpha_tag(alpha: float) -> str:
+    """alpha in a metric key: 0.1 -> 'a10', 0.025 -> 'a2p5' (percent, no dot)."""
+    return "a" + f"{100 * alpha:g}".replace(".", "p")
+
+
+def conformal_key(method: str, alpha: float, measure: str) -> str:
+    """The key of a conformal measure without its split, e.g. cp_aps_a10_size (metric_key adds val_ / test_)."""
+    return f"cp_{method}_{alpha_tag(alpha)}_{measure}"
+
+
+def conformal_rows_key(method: str, alpha: float, split: str, what: str) -> str:
+    """The PREDICTIONS_FILE array of each row's `what` (CONFORMAL_ROWS) on `split`, e.g. cp_lac_a10_val_covered."""
+    return f"cp_{method}_{alpha_tag(alpha)}_{split}_{what}"
 
 
 def final_only_keys(shift: bool, ood: bool) -> list[str]:

@@ -25,6 +25,7 @@ from sweeps.contract import (
     is_number,
     memory_failure,
 )
+from sweeps.decide.conformal import conformal_replicates, load_rows
 from sweeps.decide.selection import POST_TS, Choice, TrialRecord, on_top_candidates
 from sweeps.decide.uncertainty import (
     FULL_DETAIL_TRIALS,
@@ -89,23 +90,27 @@ def sweep_replicates(records: list[TrialRecord], cfg: SweepConfig, extra: frozen
     metrics selection reads for all of them, every metric for the trials worth a closer look (all of them in a
     sweep of up to FULL_DETAIL_TRIALS; beyond, detail_ids and `extra`). The same resamples either way, so
     selection's answer does not depend on the split."""
-    predictions = {}
+    predictions, sets = {}, {}
     for rec in records:
         if rec.ok and rec.checkpoint is not None:
             with rec.checkpoint.as_directory() as d:
                 prefix = TS_PREFIX if rec.post == POST_TS else ""
                 predictions[rec.trial_id] = load_predictions(Path(d) / PREDICTIONS_FILE, prefix)
+                sets[rec.trial_id] = load_rows(Path(d) / PREDICTIONS_FILE, prefix)  # conformal sets' rows
     settings: dict[str, Any] = {
         "num_bins": cfg.run.train.num_bins,
         "num_resamples": cfg.selection.num_resamples,
         "level": cfg.selection.confidence,
         "seed": cfg.search.seed,
     }
+    cp = conformal_replicates(sets, **{k: v for k, v in settings.items() if k != "num_bins"})
     if len(predictions) <= FULL_DETAIL_TRIALS:
-        return compute_replicates(predictions, **settings)
-    reps = compute_replicates(predictions, names=core_metrics(cfg.selection.metric), **settings)
-    detail = (detail_ids(reps.points) | set(extra)) & set(predictions)
-    reps.merge(compute_replicates({t: predictions[t] for t in sorted(detail)}, **settings))
+        reps = compute_replicates(predictions, **settings)
+    else:
+        reps = compute_replicates(predictions, names=core_metrics(cfg.selection.metric), **settings)
+        detail = (detail_ids(reps.points) | set(extra)) & set(predictions)
+        reps.merge(compute_replicates({t: predictions[t] for t in sorted(detail)}, **settings))
+    reps.merge(cp)
     return reps
 
 
@@ -158,6 +163,7 @@ def write_report(
     """The sweep's HTML report (sweeps/report/html.py), logged on the parent run as sweep/report.html and written
     into Ray Tune's experiment folder when that is local; the local path or None."""
     from sweeps.integrations.optuna.study import param_importances
+    from sweeps.report.conformal import conformal_section
     from sweeps.report.files import pareto_plot, pyplot
     from sweeps.report.html import REPORT_FILE, render_report
 
@@ -177,6 +183,9 @@ def write_report(
         d = Path(tmp)
         pareto_plot(records, chosen, d / "pareto.png", reps)
         diagrams = _reliability_diagrams(chosen, most_accurate, d, run.train.num_bins)
+        sets_html = conformal_section(
+            chosen, board, cfg.evaluation.conformal_alphas, cfg.evaluation.conformal_methods, d
+        )
         text = render_report(
             title=f"Sweep {cfg.name}",
             summary=summary,
@@ -193,6 +202,7 @@ def write_report(
             importance_note=note,
             params=list(s.params),
             links=links,
+            conformal_html=sets_html,
         )
         out = d / REPORT_FILE
         out.write_text(text, encoding="utf-8")

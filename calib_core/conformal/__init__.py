@@ -8,7 +8,16 @@ quantile only); probabilities in, never logits.
 
 from .measures import class_coverage, covered, set_sizes, stratum_coverage, summary, worst
 from .quantile import CONVENTIONS, FINITE_SAMPLE, MAPIE, TORCH_UNCERTAINTY, conformal_quantile, finite_sample_rank
-from .split import METHODS, Method, calibrate, calibration_scores, get_method, prediction_sets, uniform_draws
+from .split import (
+    METHODS,
+    Method,
+    calibrate,
+    calibration_scores,
+    get_method,
+    label_scores,
+    prediction_sets,
+    uniform_draws,
+)
 
 __all__ = [
     "CONVENTIONS",
@@ -24,6 +33,7 @@ __all__ = [
     "covered",
     "finite_sample_rank",
     "get_method",
+    "label_scores",
     "prediction_sets",
     "set_sizes",
     "stratum_coverage",

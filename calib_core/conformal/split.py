@@ -64,6 +64,15 @@ def _label_scores(m: Method, p: Tensor, u: Any, options: dict[str, Any]) -> Tens
     return m.scores(p, draws, **options)
 
 
+def label_scores(method: str, probs: Any, *, u: Any = None, **options: Any) -> Tensor:
+    """Every label's score, (N, K); a randomised method needs its draws `u` (N,)."""
+    m = get_method(method)
+    p = check_probs(probs)
+    if m.randomized and u is None:
+        raise ValueError(f"{method} is randomised: pass u, one uniform draw per row")
+    return _label_scores(m, p, u if m.randomized else None, options)
+
+
 def calibration_scores(method: str, probs: Any, labels: Any, *, u: Any = None, **options: Any) -> Tensor:
     """Each calibration row's score at its label, (N,); a randomised method needs its draws `u` (N,)."""
     m = get_method(method)
@@ -118,4 +127,13 @@ def uniform_draws(n: int, seed: int) -> Tensor:
     return torch.rand(n, generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float64)
 
 
-__all__ = ["METHODS", "Method", "calibrate", "calibration_scores", "get_method", "prediction_sets", "uniform_draws"]
+__all__ = [
+    "METHODS",
+    "Method",
+    "calibrate",
+    "calibration_scores",
+    "get_method",
+    "label_scores",
+    "prediction_sets",
+    "uniform_draws",
+]

@@ -193,8 +193,9 @@ def render_report(
     importance_note: str,
     params: Sequence[str],
     links: ReportLinks,
+    conformal_html: str = "",
 ) -> str:
-    """The whole report as one HTML string."""
+    """The whole report as one HTML string (`conformal_html`: the conformal section's body, sweeps.report.conformal)."""
     exp_page = (
         f"{links.mlflow_root}#/experiments/{links.experiment_id}?workflowType=machine_learning"
         if links.mlflow_root
@@ -242,6 +243,7 @@ resamples for every trial, so differences between trials are paired).</p>
 {parallel_coordinates(records, champion, params)}
 <h2 id="importance">Parameter importance (Optuna)</h2>
 {_importance_html(importances, importance_note)}
+{conformal_html and f'<h2 id="conformal">Conformal prediction sets</h2>{conformal_html}'}
 <h2 id="reliability">Reliability diagrams (test split)</h2>
 <p>{"The champion is also the most accurate trial." if same else "The champion and the most accurate trial."}</p>
 {diag_html}

@@ -32,7 +32,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "sweeps.selection_rules",
         ),
     ),
-    (1, ("sweeps.config", "sweeps.trial_params")),
+    (1, ("sweeps.config", "sweeps.config_evaluation", "sweeps.trial_params")),
     (2, ("sweeps.checks", "sweeps.decide")),
     (3, ("sweeps.report",)),
     (4, ("sweeps.integrations",)),

@@ -39,6 +39,7 @@ from sweeps.contract import (
     memory_failure,
     metric_key,
 )
+from sweeps.integrations.ray.conformal_scores import conformal_scores
 from sweeps.trial_params import describe_params, resolve_run_config
 
 # torch and calib_core's data and trainer are imported where used: the sweep's driver imports this
@@ -404,6 +405,9 @@ def _score(
         on_top, arrays, temperatures = _temperature_on_top(trainer, result, run_cfg, data, evaluation)
         metrics.update(on_top)
         scored.arrays.update(arrays)
+    sets, rows = conformal_scores(scored.arrays, evaluation, run_cfg.seed)  # after TS: both candidates' sets
+    metrics.update(sets)
+    scored.arrays.update(rows)
     return metrics, scored, temperatures
 
 

@@ -1,0 +1,59 @@
+"""The sweep's conformal sets without a sweep: a trial's metrics and rows (sweeps/integrations/ray/conformal_scores.py),
+their paired bootstrap (sweeps/decide/conformal.py) and the report's section."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sweeps.config import EvaluationConfig
+from sweeps.contract import TS_PREFIX, conformal_key, conformal_rows_key
+from sweeps.decide.conformal import conformal_replicates, load_rows
+from sweeps.integrations.ray.conformal_scores import conformal_scores
+
+
+def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for split, n in (("val", 300), ("test", 200)):
+        p = torch.softmax(2 * torch.randn(n, 4, generator=g), 1)
+        y = torch.multinomial(p, 1, generator=g).squeeze(1)
+        for prefix, t in (("", 1.0), (TS_PREFIX, 1.5)):
+            out[f"{prefix}{split}_probs"] = torch.softmax(p.log() / t, 1).float().numpy()
+            out[f"{prefix}{split}_labels"] = y.numpy()
+    return out
+
+
+def test_trial_reports_both_candidates_and_the_bootstrap_reads_them(tmp_path) -> None:
+    ev = EvaluationConfig(conformal_alphas=[0.2, 0.1], conformal_methods=["lac", "aps_randomized"])
+    metrics, rows = conformal_scores(_arrays(), ev, seed=3)
+    for prefix in ("", TS_PREFIX):
+        for split in ("val", "test"):
+            for m in ("lac", "aps_randomized"):
+                for a in (0.1, 0.2):
+                    for measure in ("coverage", "size", "worst_class_coverage", "worst_size_coverage"):
+                        assert f"{prefix}{split}_{conformal_key(m, a, measure)}" in metrics
+                    covered = rows[prefix + conformal_rows_key(m, a, split, "covered")]
+                    key = f"{prefix}{split}_{conformal_key(m, a, 'coverage')}"
+                    assert covered.mean() == pytest.approx(metrics[key])
+    assert metrics["test_cp_lac_a10_coverage"] >= 0.8  # 200 rows: near 0.9, never far below
+    np.savez(tmp_path / "p.npz", **_arrays(), **rows)
+    loaded = {"t": load_rows(tmp_path / "p.npz"), "t+ts": load_rows(tmp_path / "p.npz", TS_PREFIX)}
+    assert set(loaded["t"]["val"]) == {
+        f"{conformal_key(m, a, w)}" for m in ("lac", "aps_randomized") for a in (0.1, 0.2) for w in ("coverage", "size")
+    }
+    reps = conformal_replicates(loaded, num_resamples=200, level=0.95, seed=0)
+    for tid, prefix in (("t", ""), ("t+ts", TS_PREFIX)):
+        for split in ("val", "test"):
+            key = f"{split}_{conformal_key('lac', 0.1, 'size')}"
+            assert reps.points[tid][key] == pytest.approx(metrics[prefix + key])
+            lo, hi = reps.interval(tid, key)
+            assert lo <= reps.points[tid][key] <= hi and hi > lo
+
+
+def test_off_and_multitask_measure_nothing() -> None:
+    assert conformal_scores(_arrays(), EvaluationConfig(conformal_alphas=[]), 0) == ({}, {})
+    assert conformal_scores({**_arrays(), "tasks": np.array(["a"])}, EvaluationConfig(), 0) == ({}, {})
+    with pytest.raises(ValueError, match="miscoverage levels"):
+        EvaluationConfig(conformal_alphas=[1.0])
