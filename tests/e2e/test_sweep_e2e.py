@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,14 @@ def sweep_dir(tmp_path_factory) -> Path:
     (d / "stdout.txt").write_text(proc.stdout)
     (d / "stderr.txt").write_text(proc.stderr)
     return d
+
+
+@pytest.fixture(scope="module")
+def ui_url(sweep_dir) -> Iterator[str]:
+    """One MLflow server on the sweep's store for the tests that open its UI in Chromium (they only read it; one
+    server start instead of one per test)."""
+    with mlflow_server(f"sqlite:///{sweep_dir}/mlflow.db", sweep_dir / "mlartifacts") as url:
+        yield url
 
 
 def test_terminal_output_is_made_for_people(sweep_dir):
@@ -316,19 +325,16 @@ def test_optuna_dashboard_shows_trials_and_pareto_front(sweep_dir):
     assert ("calibrator" in text or "reference_arm ce_es" in text) and "Complete" in text
 
 
-def test_mlflow_ui_compare_view_shows_the_sweep(sweep_dir):
+def test_mlflow_ui_compare_view_shows_the_sweep(sweep_dir, ui_url):
     paths = _chromium()
     client = store(sweep_dir)
     parents, children = sweep_runs(client, "e2e")
     exp_id = children[0].info.experiment_id
     ids = [r.info.run_id for r in children]
     ARTIFACTS.mkdir(exist_ok=True)
-    with (
-        mlflow_server(f"sqlite:///{sweep_dir}/mlflow.db", sweep_dir / "mlartifacts") as url,
-        headless_chromium(paths, "1600,3200") as driver,
-    ):
+    with headless_chromium(paths, "1600,3200") as driver:
         driver.get(
-            f"{url}/#/compare-runs?runs={json.dumps(ids).replace(' ', '')}"
+            f"{ui_url}/#/compare-runs?runs={json.dumps(ids).replace(' ', '')}"
             f"&experiments={json.dumps([exp_id]).replace(' ', '')}"
         )
         names = [r.info.run_name for r in children]
@@ -371,7 +377,7 @@ def _scroll_metrics_grid(driver, wanted: tuple[str, ...]) -> set[str]:
     return found
 
 
-def test_printed_mlflow_link_opens_the_classic_runs_view(sweep_dir):
+def test_printed_mlflow_link_opens_the_classic_runs_view(sweep_dir, ui_url):
     """The 'Compare runs' line's page (MLflow 3.17 opens experiments in its GenAI view unless the URL asks for
     the classic one) shows the runs table with the sweep's runs in headless Chromium; the parent's description
     carries the same page and the dashboard command."""
@@ -384,20 +390,19 @@ def test_printed_mlflow_link_opens_the_classic_runs_view(sweep_dir):
     (parent,), children = sweep_runs(client, "e2e")
     note = parent.data.tags["mlflow.note.content"]
     assert page in note and "optuna-dashboard sqlite:///" in note
-    with mlflow_server(f"sqlite:///{sweep_dir}/mlflow.db", sweep_dir / "mlartifacts") as url:
-        with headless_chromium(paths, "1600,1200") as driver:
-            driver.get(f"{url}/{page}")
-            deadline, text = time.time() + 60, ""
-            while time.time() < deadline:
-                text = driver.find_element("tag name", "body").text
-                if "Run Name" in text and parent.info.run_name in text:
-                    break
-                time.sleep(0.5)
-            shot = sweep_dir / "mlflow_runs_view.png"
-            driver.save_screenshot(str(shot))
-            ARTIFACTS.mkdir(exist_ok=True)
-            (ARTIFACTS / shot.name).write_bytes(shot.read_bytes())
-            assert "/runs" in driver.current_url and "workflowType=machine_learning" in driver.current_url
+    with headless_chromium(paths, "1600,1200") as driver:
+        driver.get(f"{ui_url}/{page}")
+        deadline, text = time.time() + 60, ""
+        while time.time() < deadline:
+            text = driver.find_element("tag name", "body").text
+            if "Run Name" in text and parent.info.run_name in text:
+                break
+            time.sleep(0.5)
+        shot = sweep_dir / "mlflow_runs_view.png"
+        driver.save_screenshot(str(shot))
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / shot.name).write_bytes(shot.read_bytes())
+        assert "/runs" in driver.current_url and "workflowType=machine_learning" in driver.current_url
     assert "Run Name" in text and parent.info.run_name in text, text[:2000]
     assert "No data available for the selected time range" not in text  # the GenAI overview's empty charts
 
