@@ -19,25 +19,21 @@ if TYPE_CHECKING:
     from sweeps.config import SweepConfig
 
 READ_TIMEOUT_S = 20.0  # an object store that does not answer is a problem, not a hang
-GUIDE = 'deploy/README.md, "Stage the datasets"'
+GUIDE = "deploy/README.md"
 
 
 def staged_data_problem(name: str, root: str, missing: list[str], source: str | None, staged: str | None) -> str | None:
     """The refusal when `missing` files of dataset `name` are not under `root` and no complete staged copy is at
     `source` (`staged`: why the staged copy is unusable, None when it is complete); None when the sweep can run."""
-    from calib_core.data.fetch import some
-    from calib_core.data.staging import SOURCE_ENV, dataset_uri, stage_step
+    from calib_core.data.staging import SOURCE_ENV, stage_step
 
     if not missing or (source and staged is None):
         return None
-    if source:
-        where = f"not staged at {clip(dataset_uri(source, name), 120)} ({clip(staged or '', 160)})"
-    else:
-        where = f"no staged copy is named ({SOURCE_ENV} is not set)"
+    why = clip(staged or "", 70) if source else f"{SOURCE_ENV} is not set"
+    # kept under the CLI's 300-character error line: the step is never cut
     return (
-        f"run.data.root: {name} is not under {root} (missing {some(missing)}) and {where}; the cluster's workers "
-        f"do not download it: stage it once from a machine with internet access with "
-        f"`{stage_step(name, source)}` ({GUIDE})"
+        f"run.data.root: {name} is neither under {root} ({len(missing)} files missing) nor staged ({why}); "
+        f"stage it from a machine with internet access: `{stage_step(name, source)}` ({GUIDE})"
     )
 
 
@@ -51,6 +47,8 @@ def _staged_reason(source: str, name: str, files: tuple[str, ...], timeout: floa
         try:
             staging.read_manifest(source, name, files)
             reason.append(None)
+        except FileNotFoundError:
+            reason.append(f"no {staging.MANIFEST} in DEST/{name}/")  # the step below names DEST
         except Exception as exc:  # noqa: BLE001 - a store's failures come in many types; each is the reason
             reason.append(" ".join(str(exc).split()) or type(exc).__name__)
 

@@ -21,14 +21,16 @@ def test_problem_is_none_when_the_files_are_there_or_staged():
     assert staged_data_problem("cifar10", "/data/datasets", ["a"], "s3://b/datasets", None) is None
 
 
-def test_problem_names_the_staging_step_and_why():
+def test_problem_names_the_staging_step_and_why_within_one_short_line():
     line = staged_data_problem("cifar10", "/data/datasets", ["a", "b", "c", "d"], None, None)
     assert line is not None and "\n" not in line
-    assert line.startswith("run.data.root: cifar10 is not under /data/datasets (missing a, b, c and 1 more)")
+    assert line.startswith("run.data.root: cifar10 is neither under /data/datasets (4 files missing) nor staged")
     assert "CALIB_DATASETS_URI is not set" in line and f"`{STEP}s3://<bucket>/datasets`" in line
-    line = staged_data_problem("cifar10", "/d", ["a"], "s3://b/datasets", "no calib-manifest.json at s3://b/...")
-    assert line is not None and "not staged at s3://b/datasets/cifar10 (no calib-manifest.json" in line
-    assert f"`{STEP}s3://b/datasets`" in line and 'deploy/README.md, "Stage the datasets"' in line
+    src = "s3://calib-sweeps-ray-results/datasets"
+    line = staged_data_problem("cifar10", "/data/datasets", ["a"] * 7, src, "no calib-manifest.json in DEST/cifar10/")
+    assert line is not None and "nor staged (no calib-manifest.json in DEST/cifar10/);" in line
+    assert line.endswith(f"`{STEP}{src}` (deploy/README.md)")
+    assert len(line) <= 280, len(line)  # sweeps/cli.py cuts an error line at 300 characters with its frame
 
 
 def _cfg(tmp_path: Path, root: Path, download: bool = False):
@@ -45,7 +47,7 @@ def test_cluster_check_refuses_absent_data_and_accepts_staged_or_present(tmp_pat
     with pytest.raises(ConfigError, match="CALIB_DATASETS_URI is not set"):
         check_cluster_data(_cfg(tmp_path, root))
     monkeypatch.setenv(staging.SOURCE_ENV, str(store))
-    with pytest.raises(ConfigError, match=rf"not staged at {store}/cifar10 \(no calib-manifest.json .*{STEP}{store}`"):
+    with pytest.raises(ConfigError, match=rf"nor staged \(no calib-manifest.json in DEST/cifar10/\).*{STEP}{store}`"):
         check_cluster_data(_cfg(tmp_path, root))
     fabricate_cifar10(tmp_path / "download")
     stage.stage("cifar10", str(store), tmp_path / "download", download=False, verify_checksums=False)
@@ -59,7 +61,7 @@ def test_cluster_check_refuses_absent_data_and_accepts_staged_or_present(tmp_pat
 def test_cluster_check_gives_up_on_a_store_that_does_not_answer(tmp_path, monkeypatch):
     monkeypatch.setenv(staging.SOURCE_ENV, "s3://b/datasets")
     monkeypatch.setattr(staging, "read_manifest", lambda *a: __import__("time").sleep(5))
-    with pytest.raises(ConfigError, match=r"not staged at s3://b/datasets/cifar10 \(no answer within 0.2 s\)"):
+    with pytest.raises(ConfigError, match=r"nor staged \(no answer within 0.2 s\)"):
         check_cluster_data(_cfg(tmp_path, tmp_path / "data"), timeout=0.2)
 
 
