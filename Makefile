@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sweep test test-slow test-containers lint bench stage-data deploy clean distclean
+.PHONY: setup sweep test test-slow test-containers lint bench stage-data deploy setup-promtool clean distclean
 
 $(STAMP): pyproject.toml constraints.txt tests/tools/install_kustomize.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml constraints.txt tests/tools/install_kustomize.py
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# promtool for the alert rules' tests (tests/unit/deploy/test_alerts.py): Debian's prometheus package (needs root; .ci/run
+# does the same). Not part of `setup`, which needs no root.
+setup-promtool:
+	command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
 sweep: setup
 	$(BIN)/python sweeps/launch.py $(ARGS)

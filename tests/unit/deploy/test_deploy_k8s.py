@@ -63,7 +63,9 @@ def test_builtin_resources_validate_strictly(overlay, version):
 def test_only_ray_custom_resources_are_used():
     for overlay in OVERLAYS:
         custom = {(r["apiVersion"], r["kind"]) for r in dr.render(overlay) if not dr.is_builtin(r)}
-        assert custom <= {("ray.io/v1", "RayJob"), ("ray.io/v1", "RayCluster")}, custom
+        # and the Prometheus Operator's, where monitoring is on (gpu-cluster: components/monitoring)
+        monitoring = {("monitoring.coreos.com/v1", k) for k in ("PodMonitor", "ServiceMonitor", "PrometheusRule")}
+        assert custom <= {("ray.io/v1", "RayJob"), ("ray.io/v1", "RayCluster"), *monitoring}, custom
 
 
 def test_strict_mode_rejects_a_misspelled_builtin_field():
