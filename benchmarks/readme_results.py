@@ -110,9 +110,7 @@ def selection_heldout(results: Path = RESULTS_DIR) -> str:
             f"({verdict}); regret {100 * g[0]:.2f} pt [{100 * g[1]:.2f}, {100 * g[2]:.2f}]; accuracy "
             f"{100 * a[0]:.2f} pt below the sweep's best [{100 * a[1]:.2f}, {100 * a[2]:.2f}]"
         )
-    from benchmarks.studies.bench_selection import heldout_criteria
-
-    crit = heldout_criteria(rec["summary"])
+    crit = rec["meta"]["criteria"]  # per rule, by the protocol's decision rule, as the study recorded it
     d = crit[default]
     passing = [n for n, c in crit.items() if c["meets"]]
     if d["meets"]:
@@ -137,7 +135,7 @@ def selection_heldout(results: Path = RESULTS_DIR) -> str:
     confirm = json_path(results / "selection_confirm.json")
     if passing and confirm.is_file():
         crec = read_json(confirm)
-        ccrit = heldout_criteria(crec["summary"])
+        ccrit = crec["meta"]["criteria"]
         seeds = f"{crec['meta']['first_seed']}-{crec['meta']['first_seed'] + crec['meta']['seeds'] - 1}"
         for name in passing:
             c = ccrit[name]

@@ -64,6 +64,26 @@ def _from_markdown(text: str) -> dict[str, str]:
 JOURNAL = ".journal.csv"
 
 
+# Results whose code has left the tree (issue #45 item 5: superseded studies retired to history): result stem ->
+# (a commit that holds the code, the command that reproduces the result there, from the repository root of that
+# checkout). The result files and their protocols stay; each command is the one the result records, in the runner's form
+# at that commit. A test checks that each stem has files here, that the script is gone from the tree and that the
+# commit holds it.
+SUPERSEDED_AT = "dad0c155e4daba9bb35c335734b7facffcff5d74"  # the last commit with the superseded studies' code
+RETIRED: dict[str, tuple[str, str]] = {
+    "ablation_head_lr": ("e9bf36ffb3df05cbd70d55ee50b9cd39261db0fa", "python benchmarks/ablation_head_lr.py"),
+    "selection": (SUPERSEDED_AT, "python -m benchmarks.studies bench_selection"),
+    "selection_heldout": (SUPERSEDED_AT, "python -m benchmarks.studies bench_selection --heldout --threads 1"),
+    "selection_confirm": (SUPERSEDED_AT, "python -m benchmarks.studies bench_selection --confirm --threads 1"),
+}
+
+# Results whose recorded command no longer runs because the code moved (it is in the tree, under another name):
+# result stem -> the command that writes it now.
+MOVED: dict[str, str] = {
+    "selection_v3": "python -m benchmarks.studies selection_v3 --report-only",
+}
+
+
 def _kept(f: Path) -> bool:
     return f.is_file() and not f.name.endswith(JOURNAL)
 
@@ -116,6 +136,7 @@ def entries(results: Path = RESULTS) -> list[dict[str, str]]:
         names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in paths)
         out.append(
             {
+                "stem": stem,
                 "files": names,
                 "size": _human(sum(_size(p) for p in paths)),
                 "command": info.get("command", NOT_RECORDED),
@@ -145,7 +166,35 @@ def render(results: Path = RESULTS) -> str:
         cmd = r["command"].replace("|", "\\|")
         cmd = f"`{cmd}`" if r["command"] != NOT_RECORDED and not cmd.startswith("read by") else cmd
         lines.append(f"| {r['files']} | {r['size']} | {cmd} | {r['commit']} | {r['date']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _retired_lines(results)) + "\n"
+
+
+def _retired_lines(results: Path) -> list[str]:
+    """The sections naming, for each result whose code moved, the command now, and for each whose code has left the
+    tree, the commit and command that reproduce it."""
+    files = {e["stem"]: e["files"] for e in entries(results)}
+    lines = []
+    moved = [stem for stem in MOVED if stem in files]
+    if moved:
+        lines += ["", "## Moved study code", "", "| files | run now as |", "|---|---|"]
+        lines += [f"| {files[stem]} | `{MOVED[stem]}` |" for stem in moved]
+    shown = [stem for stem in RETIRED if stem in files]
+    if not shown:
+        return lines
+    lines += [
+        "",
+        "## Retired study code",
+        "",
+        "These results come from studies that later ones superseded; their code has left the tree (issue #45), their",
+        "result files and protocols stay. Each is reproduced from history, from the repository root:",
+        "",
+        "| files | reproduce with |",
+        "|---|---|",
+    ]
+    for stem in shown:
+        commit, command = RETIRED[stem]
+        lines.append(f"| {files[stem]} | `git checkout {commit[:10]} && {command}` |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,8 @@
 `python -m benchmarks.studies method_study_c full --regimes overconf` is `python -m benchmarks.studies.method_study_c
 full --regimes overconf`: the study runs as the main module (its worker processes too), with the arguments as given.
 Run from the repository root; the protocols the studies follow are in benchmarks/studies/protocols/, their results in
-benchmarks/results/ (INDEX.md names the command of each).
+benchmarks/results/ (INDEX.md names the command of each, and for a superseded study whose code has left the tree, the
+commit that reproduces its result).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ STUDIES: dict[str, tuple[str, str]] = {
         "the untuned method matrix; `--no-matrix`: the one-go overhead per epoch (overhead.md)",
     ),
     "reproduce_mtl": ("benchmarks.studies.reproduce_mtl", "the untuned multi-task matrix (mnist1d_mtl)"),
-    "bench_selection": (
-        "benchmarks.studies.bench_selection",
-        "champion rules judged on test; `--heldout`, `--v3`: the pre-registered follow-ups",
+    "selection_v3": (
+        "benchmarks.studies.selection_v3",
+        "the margin rule with reference arms and TS on top, judged on new seeds (the current default's study)",
     ),
     "selection_v4": (
         "benchmarks.studies.selection_v4",

@@ -1,22 +1,30 @@
 """Selection v3 (benchmarks/studies/protocols/selection_v3.md, pre-registered): the margin rule over every trial and every
 trial + TS, with the CE-early-stopping reference arm, judged on new seeds against the previous default.
 
-    python -m benchmarks.studies.bench_selection --v3                    # 12 sweeps x 5 regimes (seeds 2200-2211)
-    python -m benchmarks.studies.bench_selection --v3 --regimes digits   # one regime (resumable: sweeps are cached)
-    python -m benchmarks.studies.bench_selection --v3 --report-only      # the report from the cached sweeps
+    python -m benchmarks.studies selection_v3                    # 12 sweeps x 5 regimes (seeds 2200-2211)
+    python -m benchmarks.studies selection_v3 --regimes digits   # one regime (resumable: sweeps are cached)
+    python -m benchmarks.studies selection_v3 --report-only      # the report from the cached sweeps
 
-Each sweep is trained as the service now trains it (bench_selection.run_sweep_offline's loop, with the study's first
-trial the reference arm and temperature scaling on top of every completed trial, calib_core.posthoc_on_top); the
-rules of RULES_V3 then pick from validation data only and the champion is looked at on test. Writes
-benchmarks/results/selection_v3.md and .json.
+Each sweep is trained as the service trained it at the protocol's commit (Optuna's seeded multi-objective TPE over the
+demo space, calib_core's trainer in this process, no Ray or MLflow), with the study's first trial the reference arm and
+temperature scaling on top of every completed trial (calib_core.posthoc_on_top); the rules of RULES_V3 then pick
+from validation data only and the champion is looked at on test. Writes benchmarks/results/selection_v3.md and
+.json.gz. (The result files were written by `benchmarks/studies/bench_selection.py --v3`, this study's driver until
+issue #45 retired the earlier selection studies: the same code, moved here.) selection_v4 reuses its sweeps and
+candidates (`run_sweep`, `candidates`).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.common import RESULTS_DIR, ROOT, command_line, write_json, write_text
 
 SEEDS = tuple(range(2200, 2212))  # new to the project (protocol: design 0-19, audit 1000-1011, 2000-2011, 2100-2111)
 KEYS = ("val_probs", "val_labels", "test_probs", "test_labels", "ts_val_probs", "ts_test_probs")
@@ -36,19 +44,34 @@ RULES_V3: dict[str, dict[str, Any]] = {
 }
 REFERENCE = "previous default, 8 trials as trained"  # what the service did before the protocol's commit
 MARGINS = {"margin 0.5": 0.005, "margin 1": 0.01, "margin 2": 0.02}
+# The held-out protocol's four regimes (benchmarks/studies/protocols/selection_heldout.md): a demo config plus overrides.
+_OVERCONF = [
+    "run.data.num_samples=3000",
+    "run.data.val_fraction=0.2",
+    "run.data.test_fraction=0.4",
+    "run.train.lr=0.01",
+    "run.train.weight_decay=0.0",
+    "run.train.lr_schedule=none",
+    "run.train.epochs=25",
+    "run.train.batch_size=64",
+]
+HELDOUT_REGIMES: dict[str, tuple[str, list[str]]] = {
+    "mnist1d": ("mnist1d_demo.yaml", []),
+    "digits": ("digits_demo.yaml", []),
+    # the over-confident MNIST-1D regime of the method study v2 (3k samples, lr 0.01, no weight decay)
+    "mnist1d_overconf": ("mnist1d_demo.yaml", _OVERCONF),
+    "mnist1d_noise20": ("mnist1d_demo.yaml", [*_OVERCONF[:3], "run.data.label_noise=0.2", *_OVERCONF[3:]]),
+}
 
 
 def regimes() -> dict[str, tuple[str, list[str]]]:
-    """The protocol's five regimes: bench_selection's four and mnist1d_imbalance10."""
-    from benchmarks.studies.bench_selection import REGIMES
-
-    overconf = REGIMES["mnist1d_overconf"]
-    return {**REGIMES, "mnist1d_imbalance10": (overconf[0], [*overconf[1], "run.data.imbalance_ratio=10"])}
+    """The protocol's five regimes: the held-out protocol's four and mnist1d_imbalance10."""
+    overconf = HELDOUT_REGIMES["mnist1d_overconf"]
+    return {**HELDOUT_REGIMES, "mnist1d_imbalance10": (overconf[0], [*overconf[1], "run.data.imbalance_ratio=10"])}
 
 
 def sweep_config(regime: str, seed: int, quick: bool) -> Any:
     """The regime's demo config with the service's defaults of the protocol's commit: the ce_es reference arm."""
-    from benchmarks.common import ROOT
     from sweeps.config import load_sweep_config
 
     config, extra = regimes()[regime]
@@ -208,10 +231,16 @@ def _ratio(num: list[float], den: list[float]) -> dict[str, float]:
     }
 
 
+def _ci_mean(values: list[float]) -> tuple[float, float, float]:
+    """Mean and a 95 % bootstrap CI of the mean over sweeps."""
+    a = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    means = a[rng.integers(0, len(a), (5000, len(a)))].mean(axis=1)
+    return float(a.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
 def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per regime and rule: means with CIs over sweeps, the test ECE ratio to the reference, family counts."""
-    from benchmarks.studies.bench_selection import _ci_mean
-
     out: dict[str, Any] = {}
     for regime in dict.fromkeys(r["dataset"] for r in results):
         sub = [r for r in results if r["dataset"] == regime]
@@ -276,7 +305,7 @@ def markdown(summary: dict[str, Any], verdict: dict[str, Any], meta: dict[str, A
     """The report: one table per regime, the decision."""
     pct = lambda t: f"{100 * t[0]:.2f} [{100 * t[1]:.2f}, {100 * t[2]:.2f}]"  # noqa: E731
     L = [
-        "# Selection v3: the margin rule with reference arms and TS on top (benchmarks/studies/bench_selection.py --v3)",
+        "# Selection v3: the margin rule with reference arms and TS on top (benchmarks/studies/selection_v3.py)",
         "",
         "Protocol: `benchmarks/studies/protocols/selection_v3.md`, committed before any of these sweeps ran. "
         f"Seeds {meta['seeds'][0]}-{meta['seeds'][-1]} (new); command `{meta['command']}`; generated {meta['date']} "
@@ -337,3 +366,91 @@ def markdown(summary: dict[str, Any], verdict: dict[str, Any], meta: dict[str, A
             "(`selection.max_accuracy_loss`)."
         )
     return "\n".join(L) + "\n"
+
+
+def save_sweep(path: Path, sweep: dict[str, Any], keys: tuple[str, ...] = KEYS) -> None:
+    """One sweep's trials to a compressed .npz (arrays per trial, the rest as JSON), written atomically."""
+    arrays: dict[str, np.ndarray] = {}
+    meta = []
+    for i, t in enumerate(sweep["trials"]):
+        meta.append({k: t[k] for k in ("params", "status", "seconds", "temperature") if k in t})
+        for k in keys:
+            if k in t:
+                arrays[f"t{i}_{k}"] = t[k]
+    arrays["meta"] = np.array(json.dumps({"dataset": sweep["dataset"], "seed": sweep["seed"], "trials": meta}))
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    tmp.replace(path)
+
+
+def load_sweep(path: Path, keys: tuple[str, ...] = KEYS) -> dict[str, Any]:
+    """A sweep as `save_sweep` wrote it."""
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        for i, t in enumerate(meta["trials"]):
+            for k in keys:
+                if f"t{i}_{k}" in z.files:
+                    t[k] = z[f"t{i}_{k}"]
+    return meta
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache", default=str(ROOT / "benchmarks" / ".cache" / "selection"))
+    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--resamples", type=int, default=1000)
+    p.add_argument("--quick", action="store_true", help="tiny sweeps (smoke test), one seed")
+    p.add_argument("--regimes", default=None, help="a comma-separated subset of the regimes (resumable)")
+    p.add_argument("--report-only", action="store_true", help="the report from the cached sweeps only")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train (or reuse) the protocol's sweeps, apply its rules, write its report."""
+    args = _parse_args(argv)
+    t0 = time.perf_counter()
+    cache = Path(args.cache) / ("v3_quick" if args.quick else "v3")
+    cache.mkdir(parents=True, exist_ok=True)
+    names = list(regimes()) if args.regimes is None else args.regimes.split(",")
+    seeds = SEEDS[:1] if args.quick else SEEDS
+    results, train_seconds, missing = [], 0.0, []
+    for regime in names:
+        for seed in seeds:
+            path = cache / f"{regime}_seed{seed}.npz"
+            if not path.is_file():
+                if args.report_only:
+                    missing.append(path.name)
+                    continue
+                t = time.perf_counter()
+                save_sweep(path, run_sweep(regime, seed, args.quick, args.threads))
+                print(f"{regime} seed {seed}: trials trained in {time.perf_counter() - t:.0f} s", flush=True)
+            sweep = load_sweep(path)
+            train_seconds += sum(t["seconds"] for t in sweep["trials"])
+            results.append(evaluate(sweep, args.resamples))
+    if missing:
+        print(f"not reported: {len(missing)} sweeps not trained yet ({', '.join(missing[:4])}, ...)")
+        return 1
+    meta = {
+        "command": command_line(__file__, argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "seconds": time.perf_counter() - t0,
+        "train_seconds": train_seconds,
+        "seeds": list(seeds),
+    }
+    summary = summarise(results)
+    verdict = decide(summary)
+    text = markdown(summary, verdict, meta)
+    if args.regimes is None or set(names) == set(regimes()):
+        suffix = "_quick" if args.quick else ""
+        write_text(Path(args.out_dir) / f"selection_v3{suffix}.md", text)
+        write_json(
+            Path(args.out_dir) / f"selection_v3{suffix}.json.gz",
+            {"meta": meta, "summary": summary, "verdict": verdict, "sweeps": results},
+        )
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,8 +4,16 @@ records (a hand-made results folder)."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+from pathlib import Path
 
-from benchmarks.results_index import INDEX, NOT_RECORDED, entries, render
+import pytest
+
+from benchmarks import results_index
+from benchmarks.results_index import INDEX, MOVED, NOT_RECORDED, RETIRED, entries, render
+from benchmarks.studies.__main__ import STUDIES
+from tests.paths import ROOT
 
 
 def test_the_committed_index_is_what_the_result_files_say():
@@ -25,6 +33,7 @@ def test_entries_read_command_commit_and_date_from_the_files(tmp_path):
     (tmp_path / "d" / "rows.npz").write_bytes(b"\0" * 2048)
     got = {e["files"]: e for e in entries(tmp_path)}
     assert got["a.json, a.md"] | {"size": "-"} == {
+        "stem": "a",
         "files": "a.json, a.md",
         "size": "-",
         "command": "python benchmarks/a.py --n 3",
@@ -81,3 +90,41 @@ def test_the_results_folder_stays_under_its_budget():
         if f.parent != root:
             per_folder[f.parent.name] = per_folder.get(f.parent.name, 0) + n
     assert all(n < 10e6 for n in per_folder.values()), per_folder
+
+
+def _script(command: str) -> str:
+    """The script a command runs: `python -m benchmarks.studies NAME ...` or `python benchmarks/x.py ...`."""
+    if m := re.match(r"python -m benchmarks\.studies (\w+)", command):
+        return f"benchmarks/studies/{m.group(1)}.py"
+    return command.split()[1]
+
+
+def test_each_retired_result_is_here_its_code_only_in_history():
+    """Issue #45 item 5: a retired study's results stay, its script is gone from the tree and from the runner, and the
+    commit INDEX.md names holds that script (so `git checkout <commit> && <command>` reproduces the result)."""
+    stems = {e["stem"] for e in entries()}
+    assert set(RETIRED) <= stems
+    for stem, (commit, command) in RETIRED.items():
+        script = _script(command)
+        assert not (ROOT / script).exists(), f"{stem}: {script} is still in the tree"
+        assert Path(script).stem not in STUDIES, stem
+        assert re.fullmatch(r"[0-9a-f]{40}", commit), stem
+        held = subprocess.run(["git", "cat-file", "-e", f"{commit}:{script}"], cwd=ROOT, capture_output=True)
+        if held.returncode and subprocess.run(["git", "cat-file", "-e", commit], cwd=ROOT).returncode:
+            pytest.skip(f"{commit} is not in this clone (shallow)")
+        assert held.returncode == 0, f"{stem}: {commit} holds no {script}"
+    for stem, command in MOVED.items():
+        assert stem in stems and (ROOT / _script(command)).is_file(), stem
+
+
+def test_retired_and_moved_results_are_named_in_the_index(tmp_path, monkeypatch):
+    (tmp_path / "old.json").write_text(json.dumps({"command": "python benchmarks/old.py"}))
+    (tmp_path / "new.md").write_text("# New\n\nCommand: `python benchmarks/x.py`\n")
+    monkeypatch.setattr(results_index, "RETIRED", {})
+    monkeypatch.setattr(results_index, "MOVED", {})
+    assert "## Retired" not in render(tmp_path) and "## Moved" not in render(tmp_path)
+    monkeypatch.setattr(results_index, "RETIRED", {"old": ("a" * 40, "python -m benchmarks.studies old --n 2")})
+    monkeypatch.setattr(results_index, "MOVED", {"new": "python -m benchmarks.studies new"})
+    text = render(tmp_path)
+    assert "| old.json | `git checkout aaaaaaaaaa && python -m benchmarks.studies old --n 2` |" in text
+    assert "| new.md | `python -m benchmarks.studies new` |" in text
