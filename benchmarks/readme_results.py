@@ -399,6 +399,13 @@ def performance_aims(results: Path = RESULTS_DIR) -> str:
     boot = b["total_s"]["compiled"]
     rss = sc["driver_peak_rss"] / 1e9
     sel = sc["phases_s"]["bootstrap"]
+    from benchmarks.perf.bench_scale import CONCURRENT
+
+    # bench_scale's own definition: the trial phase's wall time per trial minus the trial's compute per slot
+    over = (
+        sc["phases_s"]["trials"] / sc["m"]
+        - json.loads((results / "scale.json").read_text())["trial_compute_s"] / CONCURRENT
+    )
     rows = [
         (
             "streaming accumulator >= 0.5x one-shot throughput at 10^6 x 100 (10^4-row chunks)",
@@ -436,9 +443,10 @@ def performance_aims(results: Path = RESULTS_DIR) -> str:
             "`startup.json`",
         ),
         (
-            "a 1,000-trial sweep of tiny trials: driver peak RSS <= 1.5 GB, selection's bootstrap <= 30 s",
-            f"{rss:.2f} GB, bootstrap {sel:.1f} s (closing the trials before it {sc['phases_s']['closing']:.1f} s)",
-            f"{'yes' if rss <= 1.5 else 'no'}, {'yes' if sel <= 30 else 'no'}",
+            "a 1,000-trial sweep of tiny trials on 2 cores: driver peak RSS <= 1.5 GB, service overhead <= 1 s per "
+            "trial, selection's bootstrap <= 30 s",
+            f"{rss:.2f} GB, {over:.2f} s, {sel:.1f} s (closing the trials before it {sc['phases_s']['closing']:.1f} s)",
+            f"{'yes' if rss <= 1.5 else 'no'}, {'yes' if over <= 1 else 'no'}, {'yes' if sel <= 30 else 'no'}",
             "`scale.json`, `scale.md`",
         ),
         (
