@@ -53,16 +53,27 @@ def run_sweep(
     With resume=True, an override of search.num_samples above the finished count grows the sweep.
     """
     from sweeps.service import execute
+    from sweeps.start_steps import SIGNALS, Startup
     from sweeps.startup import preflight
 
-    cfg = resolve(config, overrides, cluster=cluster, workdir=workdir)
-    # a trial count given with resume=True may grow a finished sweep, as `--resume --num-samples N` does
-    grow = resume and any(o.split("=", 1)[0].strip() == "search.num_samples" for o in overrides)
-    nothing_to_do = preflight(cfg, cluster=cluster, resume=resume, grow=grow)
-    if nothing_to_do:
-        print(nothing_to_do)
-        return load_result(cfg)
-    return execute(cfg, cluster=cluster, resume=resume, verbose=verbose, grow=grow, promote=promote)
+    startup = Startup()  # the steps before the first trial, timed (SweepResult.timings) and Ctrl+C honoured
+    try:
+        with SIGNALS.installed():
+            with startup.step("config"):
+                cfg = resolve(config, overrides, cluster=cluster, workdir=workdir)
+            # a trial count given with resume=True may grow a finished sweep, as `--resume --num-samples N` does
+            grow = resume and any(o.split("=", 1)[0].strip() == "search.num_samples" for o in overrides)
+            with startup.step("checks"):
+                nothing_to_do = preflight(cfg, cluster=cluster, resume=resume, grow=grow)
+            if nothing_to_do:
+                print(nothing_to_do)
+                return load_result(cfg)
+            return execute(
+                cfg, cluster=cluster, resume=resume, verbose=verbose, grow=grow, promote=promote, startup=startup
+            )
+    except KeyboardInterrupt:
+        SIGNALS.clear()  # reported (the caller's KeyboardInterrupt): a next sweep in this process starts afresh
+        raise
 
 
 def resolve(

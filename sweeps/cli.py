@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from calib_core.config import ConfigError, clip
 from sweeps.redaction import redact, redact_text, redact_values
 from sweeps.selection_rules import describe as describe_rules
+from sweeps.start_steps import SIGNALS, Startup
 
 if TYPE_CHECKING:
     from sweeps.config import SweepConfig
@@ -191,17 +192,44 @@ def main(argv: list[str] | None = None) -> int:
     Every check that can run before anything is written does (sweeps/checks/preflight.py): a bad
     value, path, server or resource request is one `error:` line on stderr, exit 2, and
     nothing is created (no mlflow.db, mlartifacts, ray_results, or run in an existing store).
-    """
-    sys.excepthook = _redacting_excepthook
-    args = build_parser().parse_args(argv)
-    try:
-        from sweeps.checks.preflight import check_config
 
-        cfg = resolve_config(args)
-        check_config(cfg, cluster=args.cluster)
-    except ConfigError as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_CONFIG
+    Ctrl+C or SIGTERM at any moment stops it with exit 130 (sweeps/start_steps.py): before the sweep's parent
+    run exists nothing was written; after, its runs are KILLED and `--resume` continues it."""
+    sys.excepthook = _redacting_excepthook
+    startup = Startup()
+    seen: dict[str, argparse.Namespace] = {}  # the parsed flags, once parsed
+    try:
+        with SIGNALS.installed():
+            startup.end_imports()
+            return _main(argv, startup, seen)
+    except KeyboardInterrupt:
+        SIGNALS.clear()
+        return _interrupted(startup, seen.get("args"))
+
+
+def _interrupted(startup: Startup, args: argparse.Namespace | None) -> int:
+    """The line for a stop signal, by what start-up had made: exit 130."""
+    if "store" in startup.ended:  # the sweep's parent run exists: KILLED with its trials' runs
+        print("interrupted: runs marked KILLED; continue with --resume", file=sys.stderr)
+    elif args is not None and args.resume:
+        print("interrupted before the sweep continued; nothing was changed; continue with --resume", file=sys.stderr)
+    else:
+        print("interrupted before the sweep started; nothing was written", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None, startup: Startup, seen: dict[str, argparse.Namespace]) -> int:
+    """`main` under the stop handlers; a stop signal is raised out of it as KeyboardInterrupt."""
+    with startup.step("config"):
+        args = seen["args"] = build_parser().parse_args(argv)
+        try:
+            from sweeps.checks.preflight import check_config
+
+            cfg = resolve_config(args)
+            check_config(cfg, cluster=args.cluster)
+        except ConfigError as exc:
+            print(f"error: {_one_line(exc)}", file=sys.stderr)
+            return EXIT_CONFIG
     if args.dry_run:
         import yaml
 
@@ -213,13 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     from sweeps.startup import preflight
 
     try:
-        nothing_to_do = preflight(cfg, cluster=args.cluster, resume=args.resume, grow=_grows(args))
+        with startup.step("checks"):
+            nothing_to_do = preflight(cfg, cluster=args.cluster, resume=args.resume, grow=_grows(args))
     except ConfigError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
-    except KeyboardInterrupt:
-        print("interrupted before the sweep started; nothing was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
     if nothing_to_do:
         if not args.cluster and cfg.storage_path and "://" not in cfg.storage_path:
             from sweeps.integrations.ray.session import reap_stale
@@ -238,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             verbose=args.verbose,
             grow=_grows(args),
             promote=args.promote,
+            startup=startup,
         )
     except SweepIncomplete as exc:
         print(redact_text(str(exc)), file=sys.stderr)
@@ -245,7 +272,4 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, SweepError, ResourcesUnavailable) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
-    except KeyboardInterrupt:
-        print("interrupted: runs marked KILLED; continue with --resume", file=sys.stderr)
-        return EXIT_INTERRUPTED
     return EXIT_OK

@@ -8,6 +8,18 @@ if __name__ == "__main__":
     _here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
-    from sweeps.cli import main
+    # Ctrl+C and SIGTERM stop the sweep from here on, whatever this process inherited (sweeps/start_steps.py)
+    from sweeps.start_steps import launched
 
-    sys.exit(main())
+    launched()
+    try:
+        from sweeps.cli import main
+    except KeyboardInterrupt:  # during the imports: nothing has been read or written yet
+        print("interrupted before the sweep started; nothing was written", file=sys.stderr)
+        sys.exit(130)
+    try:
+        code = main()  # a stop is reported there (exit 130, the --resume hint where there is something to resume)
+    except KeyboardInterrupt:  # one more Ctrl+C while main reported the first
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)

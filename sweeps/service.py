@@ -11,9 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +36,11 @@ from sweeps.finish import (
     write_report,
 )
 from sweeps.integrations.mlflow.champion_gate import register_champion
-from sweeps.integrations.mlflow.existing import started_registered_model
-from sweeps.integrations.mlflow.store import MlflowStore
 from sweeps.integrations.mlflow.sweep_runs import (
     close_trials,
     deliver_missed_completions,
-    open_parent,
     runs_closed_on_failure,
     tracking_callback,
-)
-from sweeps.integrations.mlflow.tracking import (
-    source_tags,
 )
 from sweeps.integrations.optuna.study import MEMORY, StudyOutageGuard, make_searcher, mark_champion
 from sweeps.integrations.ray.live_hooks import installed
@@ -56,38 +48,58 @@ from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, q
 from sweeps.integrations.ray.tuner import (
     StopWatch,
     build_tuner,
-    connect_ray,
     fit_resuming_lost_workers,
     grow_sweep,
-    grown_to,
     make_trainable,
     result_loggers,
-    should_restore,
     tune_sigint_undone,
 )
 from sweeps.outage import Unavailable
 from sweeps.report.summary import intro, print_summary, sweep_note
 from sweeps.report.timing import PhaseClock
+from sweeps.service_start import Run, started
+from sweeps.start_steps import SIGNALS, Startup
 
 
 def execute(
-    cfg: SweepConfig, *, cluster: bool, resume: bool, verbose: bool = False, grow: bool = False, promote: bool = False
+    cfg: SweepConfig,
+    *,
+    cluster: bool,
+    resume: bool,
+    verbose: bool = False,
+    grow: bool = False,
+    promote: bool = False,
+    startup: Startup | None = None,
 ) -> SweepResult:
     """Run (or resume) a checked sweep (sweeps.checks.preflight ran); the champion is selected and registered.
 
-    Raises SweepIncomplete when trials were left unfinished, SweepError when the sweep failed.
+    Raises SweepIncomplete when trials were left unfinished, SweepError when the sweep failed, KeyboardInterrupt
+    on Ctrl+C or SIGTERM before the trials or after them (its runs KILLED, if it has any yet).
     Output is made for people (sweeps/integrations/ray/progress.py) unless `verbose`, which keeps Ray Tune's default
-    output and every library's log lines.
+    output and every library's log lines. `startup`: the start-up's steps so far (sweeps/start_steps.py; the
+    CLI's, from the process's start), continued here.
 
     The sweep name's lock (sweeps/sweep_lock.py) is taken before anything is written and held to
     the end: a second launch of the same name raises SweepRunning (a ConfigError) naming this one."""
     from sweeps import sweep_lock
 
+    startup = startup or Startup()
     stops = StopWatch(quiet=not verbose)
-    with quiet_output(not verbose), _sigterm_as_sigint(stops), sweep_lock.hold(cfg.storage_path, cfg.name):
+    with SIGNALS.installed(), contextlib.ExitStack() as held_to_the_end:
+        with startup.step("lock"):
+            held_to_the_end.enter_context(quiet_output(not verbose))
+            held_to_the_end.enter_context(_sigterm_as_sigint(stops))
+            held_to_the_end.enter_context(sweep_lock.hold(cfg.storage_path, cfg.name))
         try:
             return _execute(
-                cfg, cluster=cluster, resume=resume, verbose=verbose, grow=grow, promote=promote, stops=stops
+                cfg,
+                cluster=cluster,
+                resume=resume,
+                verbose=verbose,
+                grow=grow,
+                promote=promote,
+                stops=stops,
+                startup=startup,
             )
         except Unavailable as exc:  # MLflow or the study's database away past its limit: resumable
             raise SweepError(str(exc)) from None
@@ -208,70 +220,28 @@ def _execute(
     grow: bool = False,
     promote: bool = False,
     stops: StopWatch | None = None,
+    startup: Startup | None = None,
 ) -> SweepResult:
     """The sweep's phases in order, on one clock: start (Ray and the parent run), trials, closing, selection
     (bootstrap, rule, report files), registration."""
     stops = stops or StopWatch()
+    startup = startup or Startup()
     clock = PhaseClock()
-    run = _start(cfg, cluster, resume, verbose)
-    records, incomplete = _run_trials(run, verbose, grow, stops, clock)
-    if run.owned:  # the trials are over: Ray's processes and Tune's records go before selection needs the memory
-        from sweeps.integrations.ray.session import end as end_session
+    with started(cfg, cluster, resume, verbose, startup) as run:
+        records, incomplete = _run_trials(run, verbose, grow, stops, clock, startup)
+        if run.owned:  # the trials are over: Ray's processes and Tune's records go before selection needs memory
+            from sweeps.integrations.ray.session import end as end_session
 
-        end_session(run.session)
-        release_memory()
-    clock.end("closing")
-    if incomplete:
-        raise SweepIncomplete(sum(rec.status == "completed" for rec in records), run.cfg.search.num_samples)
-    return _choose_and_register(run, records, promote, verbose, clock)
-
-
-@dataclass(frozen=True)
-class _Run:
-    """What start-up made: the sweep's config (with the registered model's name it keeps), its store, Ray
-    experiment path, parent run and the local Ray session's record (None on a cluster)."""
-
-    cfg: SweepConfig
-    store: MlflowStore
-    exp_path: str
-    opened: _Opened
-    session: Path | None
-    owned: bool  # this driver started or joined Ray itself (a Ray the caller started stays up)
-
-
-def _start(cfg: SweepConfig, cluster: bool, resume: bool, verbose: bool) -> _Run:
-    """Ray started (its processes boot on the other core) while the MLflow store is set up and the parent run
-    opened; a failure of either leaves the runs closed."""
-    from sweeps.integrations.ray.session import reap_stale
-    from sweeps.integrations.ray.session import track as track_session
-
-    assert cfg.tracking.uri and cfg.storage_path
-    exp_path = f"{cfg.storage_path.rstrip('/')}/{cfg.name}"
-    store = MlflowStore(cfg.tracking.uri, outage_timeout_s=cfg.tracking.outage_timeout_s)
-    if not cluster:  # a SIGKILLed driver's local Ray processes: stopped before this one starts its own
-        reap_stale(cfg.storage_path)
-    owned = not ray_connected()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-setup") as pool:
-        opening = pool.submit(_open_tracking, cfg, store, exp_path, resume)
-        try:
-            session_dir = connect_ray(cluster, cfg.plugins)
-            session = None
-            if session_dir:  # stopped at exit; recorded for the next sweep if this driver is killed
-                session = track_session(cfg.storage_path, session_dir, quiet=not verbose)
-        except BaseException:
-            opened = opening.result()  # (its own error, if any, is raised here instead)
-            with runs_closed_on_failure(store, opened.experiment_id, opened.parent_id, cfg.name):
-                raise
-        opened = opening.result()
-    if opened.registered_model != cfg.tracking.registered_model:  # a resumed sweep keeps its model's name
-        cfg = cfg.model_copy(
-            update={"tracking": cfg.tracking.model_copy(update={"registered_model": opened.registered_model})}
-        )
-    return _Run(cfg, store, exp_path, opened, session, owned)
+            end_session(run.session)
+            release_memory()
+        clock.end("closing")
+        if incomplete:
+            raise SweepIncomplete(sum(rec.status == "completed" for rec in records), run.cfg.search.num_samples)
+        return _choose_and_register(run, records, promote, verbose, clock, startup)
 
 
 def _run_trials(
-    run: _Run, verbose: bool, grow: bool, stops: StopWatch, clock: PhaseClock
+    run: Run, verbose: bool, grow: bool, stops: StopWatch, clock: PhaseClock, startup: Startup
 ) -> tuple[list[TrialRecord], bool]:
     """Tune's fit (restored, resumed in process after lost workers, grown), its runs delivered and closed: every
     trial's record, and whether trials were left unfinished."""
@@ -318,13 +288,16 @@ def _run_trials(
         _route_sigterm(stops)
         print(intro(cfg, run.exp_path, parent_id, resumed=opened.restoring), flush=True)
         # the searcher before the trainable: the config passes through Optuna once, then through Tune
-        first_searcher = None if opened.restoring else searcher(0)
-        trainable = make_trainable(cfg, verbose)
-        tuner = (
-            tune.Tuner.restore(run.exp_path, trainable, resume_unfinished=True, resume_errored=True)
-            if first_searcher is None
-            else build_tuner(cfg, trainable, first_searcher)
-        )
+        with startup.step("study"), SIGNALS.held():  # the study's database may be created: not cut short
+            first_searcher = None if opened.restoring else searcher(0)
+        with startup.step("tuner"), SIGNALS.held():  # the search space's record and Tune's own files
+            trainable = make_trainable(cfg, verbose)
+            tuner = (
+                tune.Tuner.restore(run.exp_path, trainable, resume_unfinished=True, resume_errored=True)
+                if first_searcher is None
+                else build_tuner(cfg, trainable, first_searcher)
+            )
+        startup.done()  # from here Ray Tune's fit takes Ctrl+C (a graceful stop), SIGTERM routed to it
         clock.end("ray_start")
         grids = [fit_resuming_lost_workers(tuner, run.exp_path, trainable, cfg.resources.max_failures, stops)]
         if not stops.requested:  # an interrupted sweep (a resume too) stops here; it grows only when it finished
@@ -344,7 +317,7 @@ def _run_trials(
 
 
 def _choose_and_register(
-    run: _Run, records: list[TrialRecord], promote: bool, verbose: bool, clock: PhaseClock
+    run: Run, records: list[TrialRecord], promote: bool, verbose: bool, clock: PhaseClock, startup: Startup
 ) -> SweepResult:
     """The champion chosen on validation (bootstrap, rule), reported, registered (the champion gate) and
     summed up; the parent run FINISHED."""
@@ -399,37 +372,10 @@ def _choose_and_register(
         print(gate_line)
     if report_path:
         print(f"Report: {report_path}")
+    print(startup.line())
     print(clock.line())
-    result.timings = clock.timings()
+    result.timings = {**clock.timings(), **startup.timings()}
     return result
-
-
-@dataclass(frozen=True)
-class _Opened:
-    experiment_id: str
-    parent_id: str
-    restoring: bool
-    grown: list[int]
-    sources: dict[str, str]
-    registered_model: str  # the name the sweep began registering under, kept on --resume (existing.py)
-
-
-def _open_tracking(cfg: SweepConfig, store: MlflowStore, exp_path: str, resume: bool) -> _Opened:
-    """The experiment (the store created or migrated if new) and the sweep's parent run, opened or reopened."""
-    experiment_id = store.ensure_experiment(cfg.tracking.experiment)
-    existing = store.parent_run(experiment_id, cfg.name)
-    restoring = should_restore(cfg, exp_path, resume, exists=existing is not None)
-    sources = source_tags()
-    parent_id = open_parent(cfg, store, experiment_id, sources, new=existing is None)
-    model = started_registered_model(cfg, existing)
-    return _Opened(experiment_id, parent_id, restoring, grown_to(existing), sources, model)
-
-
-def ray_connected() -> bool:
-    """Whether this process is already connected to Ray (someone else started or joined it)."""
-    import ray
-
-    return bool(ray.is_initialized())
 
 
 def release_memory() -> None:

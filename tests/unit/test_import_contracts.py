@@ -30,13 +30,14 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "sweeps.outage",
             "sweeps.run_notes",
             "sweeps.selection_rules",
+            "sweeps.start_steps",
         ),
     ),
     (1, ("sweeps.config", "sweeps.config_evaluation", "sweeps.trial_params")),
     (2, ("sweeps.checks", "sweeps.decide")),
     (3, ("sweeps.report",)),
     (4, ("sweeps.integrations",)),
-    (5, ("sweeps.service", "sweeps.finish")),
+    (5, ("sweeps.service", "sweeps.service_start", "sweeps.finish")),
     (6, ("sweeps.cli", "sweeps.api", "sweeps.launch", "sweeps")),
 ]
 

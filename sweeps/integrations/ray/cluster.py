@@ -86,8 +86,10 @@ def connect_cluster(runtime_env: dict[str, Any] | None = None) -> None:
     reason = probe_tcp(host.strip("[]"), port)
     if reason:
         raise ConfigError(f"--cluster: no Ray cluster answers at {address} ({reason}); start it or fix RAY_ADDRESS")
+    from sweeps.integrations.ray.session import stop_handlers_kept
+
     try:
-        with _stderr_captured() as logged:
+        with _stderr_captured() as logged, stop_handlers_kept():  # Ctrl+C and SIGTERM stay the sweep's
             ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
     except Exception as exc:  # ConnectionError, authentication, version mismatch...
         detail = " ".join(str(exc).split())[:200] or type(exc).__name__

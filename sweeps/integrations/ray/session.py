@@ -56,6 +56,34 @@ def own_session() -> Iterator[None]:
         services.ConsolePopen = original  # type: ignore[misc]
 
 
+@contextlib.contextmanager
+def stop_handlers_kept() -> Iterator[None]:
+    """`ray.init` inside leaves the driver's SIGINT and SIGTERM handlers as they were.
+
+    Ray's init puts its own SIGTERM handler in place at its start (`sys.exit(15)`: a SIGTERM during start-up
+    then ended the driver with exit 15, its parent run FAILED or RUNNING, no --resume hint), and its core worker
+    one at the C level (a log of the signal with a stack, then Python's handler). Inside, the first is not set;
+    after, the handlers from before are installed again, which makes the operating system's action Python's
+    handler once more. Main thread only (where Python runs signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from ray._private import utils as ray_utils
+
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    original = getattr(ray_utils, "set_sigterm_handler", None)
+    if original is not None:
+        ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        if original is not None:
+            ray_utils.set_sigterm_handler = original
+        for signum, handler in saved.items():
+            if handler is not None:  # None: set outside Python, nothing of ours to restore
+                signal.signal(signum, handler)
+
+
 def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:

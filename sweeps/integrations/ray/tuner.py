@@ -55,9 +55,10 @@ def connect_ray(cluster: bool, plugins: list[str]) -> str | None:
         connect_cluster(plugin_runtime_env(plugins))
         return None
     # Ray annotates logging_level as int; it takes a level name too
-    from sweeps.integrations.ray.session import own_session
+    from sweeps.integrations.ray.session import own_session, stop_handlers_kept
 
-    with own_session():  # a signal to the sweep's process group reaches the driver, not Ray's processes
+    # a signal to the sweep's process group reaches the driver, not Ray's processes; the driver's handlers stay
+    with own_session(), stop_handlers_kept():
         ctx = ray.init(include_dashboard=False, configure_logging=True, logging_level="WARNING")  # type: ignore[arg-type]
     return str(ctx.address_info["session_dir"])  # type: ignore[attr-defined]  # a RayContext
 
@@ -217,8 +218,8 @@ def fit_resuming_lost_workers(
 def should_restore(cfg: SweepConfig, exp_path: str, resume: bool, exists: bool) -> bool:
     """Whether Tune's experiment is restored; a sweep that `exists` in MLflow or Tune is refused without --resume,
     a restore that would search another space than the sweep recorded (record_search_space) with one line."""
-    can_restore = tune.Tuner.can_restore(exp_path)
-    if not resume and (exists or can_restore):
+    can_restore = restorable(exp_path)
+    if not resume and (exists or tune.Tuner.can_restore(exp_path)):
         raise SweepError(
             f"sweep {cfg.name!r} already exists ({exp_path} or MLflow experiment "
             f"{cfg.tracking.experiment!r}); pass --resume to continue it or --name for a new one"
@@ -229,6 +230,24 @@ def should_restore(cfg: SweepConfig, exp_path: str, resume: bool, exists: bool) 
         if problem:
             raise ConfigError(problem)
     return resume and can_restore
+
+
+def restorable(exp_path: str) -> bool:
+    """Whether Tune can continue the experiment at `exp_path`: its Tuner file and a snapshot of its state.
+
+    The Tuner file (tuner.pkl) is written when the Tuner is made, the first snapshot once its fit runs: a sweep
+    stopped between the two (a Ctrl+C at the end of start-up) has only the first, and `Tuner.restore(...).fit()`
+    of it fails ("no experiment state file"); `--resume` makes a new Tuner there instead."""
+    if not tune.Tuner.can_restore(exp_path):
+        return False
+    try:
+        from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
+    except ImportError:  # another Ray: Tune's own answer
+        return True
+    try:
+        return _find_newest_experiment_checkpoint(exp_path) is not None
+    except (OSError, ValueError):
+        return True  # unreadable here: Tune's restore says what is wrong
 
 
 def record_search_space(cfg: SweepConfig, exp_path: str) -> None:
@@ -292,7 +311,7 @@ def grow_sweep(
         if unfinished:
             break
         path = f"{cfg.storage_path.rstrip('/')}/{grow_experiment(cfg.name, target)}"  # type: ignore[union-attr]
-        if not tune.Tuner.can_restore(path):
+        if not restorable(path):
             break  # recorded on the parent, but its driver died before Tune wrote anything: started again below
         progress.continue_from(done)
         g = tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True).fit()

@@ -110,17 +110,17 @@ def test_the_cli_resume_of_a_finished_old_sweep_changes_nothing(tmp_path):
 
 
 def test_the_resumed_sweep_opens_with_the_name_it_started_with(tmp_path):
-    """service._open_tracking (what execute registers under) reads the name off the reopened parent run."""
+    """service_start.open_tracking (what execute registers under) reads the name off the reopened parent run."""
     from sweeps.integrations.mlflow.store import MlflowStore
-    from sweeps.service import _open_tracking
+    from sweeps.service_start import open_tracking
 
     parent_id = _old_sweep(tmp_path, "KILLED", register=False)
     cfg = _cfg(tmp_path)
     assert cfg.storage_path
-    opened = _open_tracking(cfg, MlflowStore(cfg.tracking.uri or ""), f"{cfg.storage_path}/old", resume=True)
+    opened = open_tracking(cfg, MlflowStore(cfg.tracking.uri or ""), f"{cfg.storage_path}/old", resume=True)
     assert opened.parent_id == parent_id and opened.registered_model == OLD
     mine = _cfg(tmp_path, "tracking.registered_model=mine")
-    assert _open_tracking(
+    assert open_tracking(
         mine, MlflowStore(cfg.tracking.uri or ""), f"{cfg.storage_path}/old", True
     ).registered_model == ("mine")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweeps import service
+from sweeps import service, service_start
 from sweeps.api import resolve
 from sweeps.contract import ROLE_PARENT, TAG_ROLE
 from sweeps.integrations.mlflow.store import MlflowStore
@@ -26,7 +26,7 @@ def test_a_ray_start_that_fails_ends_the_parent_run_it_raced_with(tmp_path, monk
     def no_ray(cluster, plugins):
         raise error
 
-    monkeypatch.setattr(service, "connect_ray", no_ray)
+    monkeypatch.setattr(service_start, "connect_ray", no_ray)
     with pytest.raises(type(error)):
         service.execute(cfg, cluster=False, resume=False)
     parents = _parents(cfg)
