@@ -19,6 +19,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from statistics import median
 
 from benchmarks.common import PROTOCOLS, RESULTS_DIR, ROOT, json_path, protocol_path, read_json
 
@@ -376,6 +377,23 @@ def bench_sweep(results: Path = RESULTS_DIR) -> str:
     )
 
 
+def _scale_1000(results: Path) -> tuple[dict, float]:
+    """The 1,000-trial sweep of scale.json and its service overhead per trial, as bench_scale defines it: the trial
+    phase's wall time per trial minus the trial's own compute per concurrent slot."""
+    from benchmarks.perf.bench_scale import CONCURRENT
+
+    rec = json.loads((results / "scale.json").read_text())
+    sc = rec["sweeps"]["1000"]
+    return sc, sc["phases_s"]["trials"] / sc["m"] - rec["trial_compute_s"] / CONCURRENT
+
+
+def _startup_runs(results: Path) -> tuple[list[float], list[float]]:
+    """Seconds from process start to the first trial running, per run: this code's and the previous code's."""
+    raw = json.loads((results / "startup.json").read_text())["raw"]
+    after = [r["trial:running"] - r["spawn"] for r in raw["after"]]
+    return after, [r["trial:running"] - r["spawn"] for r in raw["before"]]
+
+
 def performance_aims(results: Path = RESULTS_DIR) -> str:
     """The performance aims and what was measured against each, from their result files."""
     m = json.loads((results / "bench_metrics.json").read_text())
@@ -385,27 +403,13 @@ def performance_aims(results: Path = RESULTS_DIR) -> str:
     st = json.loads((results / "bench_streaming.json").read_text())
     ratios = {r["input"]: r["throughput_ratio"] for r in st["rows"]}
     b = json.loads((results / "bench_bootstrap.json").read_text())
-    sc = json.loads((results / "scale.json").read_text())["sweeps"]["1000"]
-    start = json.loads((results / "startup.json").read_text())
-    import statistics
-
-    def running(r: dict) -> float:
-        return r["trial:running"] - r["spawn"]
-
-    after = [running(r) for r in start["raw"]["after"]]
-    before = [running(r) for r in start["raw"]["before"]]
+    sc, over = _scale_1000(results)
+    after, before = _startup_runs(results)
     streaming_ok = min(ratios.values()) >= 0.5
     ace_ok = m["goals"]["ace_at_most_1s"]
     boot = b["total_s"]["compiled"]
     rss = sc["driver_peak_rss"] / 1e9
     sel = sc["phases_s"]["bootstrap"]
-    from benchmarks.perf.bench_scale import CONCURRENT
-
-    # bench_scale's own definition: the trial phase's wall time per trial minus the trial's compute per slot
-    over = (
-        sc["phases_s"]["trials"] / sc["m"]
-        - json.loads((results / "scale.json").read_text())["trial_compute_s"] / CONCURRENT
-    )
     rows = [
         (
             "streaming accumulator >= 0.5x one-shot throughput at 10^6 x 100 (10^4-row chunks)",
@@ -437,9 +441,9 @@ def performance_aims(results: Path = RESULTS_DIR) -> str:
         ),
         (
             "sweep start-up (process start to first trial running) <= 10 s, demo",
-            f"median {statistics.median(after):.1f} s ({min(after):.1f}-{max(after):.1f}, {len(after)} runs), "
-            f"{statistics.median(before):.1f} s for the previous code run alternately",
-            "yes" if statistics.median(after) <= 10 else "no",
+            f"median {median(after):.1f} s ({min(after):.1f}-{max(after):.1f}, {len(after)} runs), "
+            f"{median(before):.1f} s for the previous code run alternately",
+            "yes" if median(after) <= 10 else "no",
             "`startup.json`",
         ),
         (
