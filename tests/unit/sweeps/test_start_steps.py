@@ -248,3 +248,26 @@ def test_a_tuner_stopped_before_its_fit_is_made_again_on_resume(tmp_path):
     assert not restorable(str(exp))
     (exp / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
     assert restorable(str(exp))
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_the_cli_says_what_a_stop_in_the_checks_left(tmp_path, monkeypatch, capsys, resume):
+    """A stop before the parent run exists: exit 130 and one line, 'nothing was written' (a --resume: the sweep
+    as it was, and how to continue it); the handlers from before are back after main."""
+    from sweeps import cli, startup
+
+    def stopped(*args, **kwargs):
+        _signal()
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(startup, "preflight", stopped)
+    monkeypatch.chdir(tmp_path)
+    before = signal.getsignal(signal.SIGINT)
+    assert cli.main(["--name", "stopped", *(["--resume"] if resume else [])]) == 130
+    assert signal.getsignal(signal.SIGINT) is before
+    err = capsys.readouterr().err.strip().splitlines()
+    if resume:
+        assert err == ["interrupted before the sweep continued; nothing was changed; continue with --resume"]
+    else:
+        assert err == ["interrupted before the sweep started; nothing was written"]
+    assert not (tmp_path / "mlflow.db").exists()
