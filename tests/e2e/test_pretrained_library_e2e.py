@@ -122,8 +122,8 @@ def test_library_weights_frozen_and_fine_tuned(tmp_path, library, freeze):
     probs = np.asarray(champion.predict([Image.open(f) for f in files[:5]]))
     assert probs.shape == (5, 3) and np.allclose(probs.sum(axis=1), 1.0, atol=1e-5)
     # a CalibratedModel holds the backbone under `model.`, wrapped in `inner.` for a champion with TS on top
-    sd = {k.removeprefix("inner."): v for k, v in champion.unwrap_python_model().module.state_dict().items()}
-    body = {k.removeprefix("model.body."): v for k, v in sd.items() if k.startswith("model.body.")}
+    own = {k.removeprefix("inner."): v for k, v in champion.unwrap_python_model().module.state_dict().items()}
+    body = {k.removeprefix("model.body."): v for k, v in own.items() if k.startswith("model.body.")}
     file_body = {k: v for k, v in sd.items() if k in body}
     assert set(file_body) == set(body) and len(body) > 100
     if freeze == "head_only":
