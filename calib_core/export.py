@@ -9,6 +9,10 @@ Nothing here unpickles Python objects: the weights load with `torch.load(weights
 (`load_tensors`), which refuses a file naming any other Python object with `UnsafeFileError`
 instead of running it.
 
+`with_conformal(spec, record)` adds the optional key `conformal` (calib_core.conformal.served.served_record: the
+quantiles of the model's prediction sets, calibrated on its validation rows); like `preprocessing` it changes nothing
+the module computes.
+
 `with_preprocessing(spec, record)` adds the optional key `preprocessing` (calib_core.preprocess.input_record: how
 raw inputs on disk become the module's inputs); the exported model then takes raw inputs by default
 (calib_core.preprocess.apply_record) and standardised ones on request. The key changes nothing the module
@@ -38,6 +42,8 @@ if TYPE_CHECKING:
 
 SPEC_FORMAT = "calib_core.calibrated_classifier"
 SPEC_VERSION = 2  # 2: an optional `temperature_on_top` (per-task temperatures dividing the output logits)
+# the optional key of the model's conformal quantiles (calib_core.conformal.served; sweeps.contract.CONFORMAL_SPEC_KEY)
+CONFORMAL_KEY = "conformal"
 
 
 class InvalidInputError(ValueError):
@@ -206,6 +212,12 @@ def with_preprocessing(spec: Mapping[str, Any], record: Mapping[str, Any]) -> di
     return {**spec, "preprocessing": dict(record)}
 
 
+def with_conformal(spec: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec with its conformal quantiles (calib_core.conformal.served.served_record) under CONFORMAL_KEY; the
+    format version is unchanged: the module is the same, the record only lets the model answer prediction sets."""
+    return {**spec, CONFORMAL_KEY: dict(record)}
+
+
 def load_calibrated_model(spec: Mapping[str, Any], weights: Mapping[str, torch.Tensor] | str | Path) -> nn.Module:
     """`build_calibrated_model(spec)` with `weights` (a state_dict, or a file saved with
     torch.save holding one: loaded with weights_only=True) loaded strictly, in eval mode."""
@@ -280,6 +292,7 @@ def prepare_inputs(x: Any, input_shape: Sequence[int]) -> np.ndarray:
 
 
 __all__ = [
+    "CONFORMAL_KEY",
     "InvalidInputError",
     "SPEC_FORMAT",
     "UnsafeFileError",
@@ -294,6 +307,7 @@ __all__ = [
     "output_classes",
     "prepare_inputs",
     "state_dict_for_export",
+    "with_conformal",
     "with_preprocessing",
     "with_temperature_on_top",
 ]

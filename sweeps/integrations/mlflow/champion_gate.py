@@ -240,6 +240,7 @@ def register_champion(
                 alias=None,
                 temperatures=temperatures,
                 store=store,
+                conformal_alphas=cfg.evaluation.conformal_alphas,  # its sets' quantiles, with the served alphas
             )
         )
         alias, line = store.call(

@@ -19,6 +19,15 @@ Outputs: a DataFrame in, a DataFrame out (one column per class, named as the rec
 label values, the image folder's sub-folders; its index the input's); an array otherwise (column k is class k), or
 as the param `output: "frame" | "array"` asks.
 
+Prediction sets (calib_core.conformal.served): with params `alpha` (a miscoverage level whose quantile the model
+stores: the spec's `conformal` record, calibrated at export on all validation rows with the probabilities this model
+serves) and optionally `method` ("lac", the default, "aps" or "raps"), `predict` returns each row's split conformal
+set as the list of its class names instead of the probabilities: a DataFrame with one column `set` for a DataFrame
+input (its index the input's), a list of lists otherwise (`output` chooses as for probabilities). The sets follow
+the stored convention (finite_sample: {k : score_k <= q}; a set may be empty, and it is every label where the
+calibration rows were too few for that alpha). Randomised APS is not served (one input would get different sets on
+different calls). An alpha or method without a stored quantile is refused in one line naming the stored ones.
+
 A refused input is one line, `InputRefused` (MLflow's INVALID_PARAMETER_VALUE: HTTP 400 when served), naming the
 expected and the received shape or type; MLflow's scoring server would prefix the whole input to the message, which
 `InputRefused` keeps out.
@@ -63,7 +72,8 @@ class CalibratedClassifierPyfunc(PythonModel):
     (N, *input_shape) -> calibrated probabilities (N, K) (float64 rows summing to 1; a DataFrame with the class
     names as columns for a DataFrame input); a multi-task model gives {task name: (N, K_t)}. Params: `layout`
     ("HWC" | "CHW") settles an image batch whose channels could be either, `pixels` ("0..255" | "0..1") the scale
-    of float pixels, `output` ("frame" | "array") the type returned.
+    of float pixels, `output` ("frame" | "array") the type returned, `alpha` and `method` prediction sets instead
+    of probabilities (the module docstring).
 
     Through `mlflow.pyfunc.load_model` / `mlflow models serve`, MLflow's own signature check lets every form
     through (a table's columns are named but optional and of any type; images and raw arrays have no input
@@ -81,6 +91,36 @@ class CalibratedClassifierPyfunc(PythonModel):
         self.outputs = output_classes(self.spec)
         self.preprocessing = self.spec.get("preprocessing")
         self.class_names = class_names(self.spec)
+        from calib_core.export import CONFORMAL_KEY
+
+        self.conformal = self.spec.get(CONFORMAL_KEY)
+
+    def sets_request(self, params: dict[str, Any] | None) -> tuple[str, float] | None:
+        """(method, alpha) when params ask for prediction sets, None for probabilities; InvalidInputError (one
+        line) when they cannot be answered, before any input is read."""
+        from calib_core.conformal.served import DEFAULT_METHOD, served_quantile, stored_alphas
+        from calib_core.export import InvalidInputError
+
+        params = params or {}
+        alpha, method = params.get("alpha"), params.get("method") or None
+        if alpha is None and method is None:
+            return None
+        if self.outputs[0][0] is not None:
+            raise InvalidInputError("prediction sets are served for single-task models only; this one has tasks")
+        if not self.conformal:
+            raise InvalidInputError(
+                "this model stores no conformal quantiles (it was registered without its validation predictions): "
+                "no prediction sets; omit params alpha and method for probabilities"
+            )
+        if alpha is None:
+            stored = ", ".join(f"{a:g}" for a in stored_alphas(self.conformal))
+            raise InvalidInputError(f"params method: {method!r} needs params alpha, one of the stored {stored}")
+        method = str(method or DEFAULT_METHOD)
+        try:
+            served_quantile(self.conformal, method, alpha)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        return method, float(alpha)
 
     def model_inputs(self, model_input: Any, params: dict[str, Any] | None = None) -> np.ndarray:
         """The module's float32 inputs (N, *input_shape): raw inputs through the preprocessing record (the default
@@ -112,6 +152,7 @@ class CalibratedClassifierPyfunc(PythonModel):
 
         try:
             frame = _wants_frame(model_input, params)
+            sets = self.sets_request(params)
             x = self.model_inputs(model_input, params)
         except InvalidInputError as exc:  # MLflow's scoring server answers these with HTTP 400
             raise InputRefused(str(exc)) from None
@@ -121,12 +162,25 @@ class CalibratedClassifierPyfunc(PythonModel):
             k = self.outputs[0][1]
             logits = torch.cat(chunks) if chunks else torch.empty(0, k)
             probs = torch.softmax(logits.double(), dim=-1).numpy()
+            if sets is not None:
+                return self._sets(probs, *sets, model_input, frame)
             return _as_frame(probs, self.class_names, model_input) if frame else probs
         out = {}
         for t, (name, k) in enumerate(self.outputs):
             logits = torch.cat([c[t] for c in chunks]) if chunks else torch.empty(0, k)
             out[name] = torch.softmax(logits.double(), dim=-1).numpy()
         return out
+
+    def _sets(self, probs: np.ndarray, method: str, alpha: float, model_input: Any, frame: bool) -> Any:
+        """Each row's set as its class names: a DataFrame with a `set` column, or a list of lists."""
+        from calib_core.conformal.served import served_sets
+
+        mask = served_sets(self.conformal, probs, alpha=alpha, method=method).numpy() if len(probs) else probs > 2
+        names = [[self.class_names[k] for k in np.flatnonzero(row)] for row in mask]
+        if not frame:
+            return names
+        index = model_input.index if isinstance(model_input, pd.DataFrame) and len(model_input) == len(names) else None
+        return pd.DataFrame({"set": pd.Series(names, index=index, dtype=object)}, index=index)
 
 
 def _wants_frame(model_input: Any, params: dict[str, Any] | None) -> bool:

@@ -5,7 +5,8 @@ What gets logged (a models-from-code pyfunc; no pickled Python object anywhere):
 - `champion_pyfunc.py` (this package's `sweeps/integrations/mlflow/champion_pyfunc.py`), the model's code, which
   `mlflow.pyfunc.load_model` runs; it imports mlflow, torch and calib_core only;
 - artifacts `spec` (JSON, `calib_core.export.model_spec`: backbone name and kwargs,
-  calibrator kind, classes or tasks, input shape) and `weights` (the calibrated module's
+  calibrator kind, classes or tasks, input shape; with the trial's validation predictions, the conformal quantiles
+  of its prediction sets, `conformal_record`) and `weights` (the calibrated module's
   state_dict, tensors only, loaded with `torch.load(weights_only=True)`);
 - `code/calib_core/`, the calib_core package (`code_paths`), so the model loads where
   neither this repository nor `sweeps` is importable;
@@ -25,11 +26,13 @@ second one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -43,9 +46,12 @@ from mlflow.types import Schema, TensorSpec
 
 from sweeps.contract import (
     CHAMPION_ALIAS,
+    CONFORMAL_SERVED_ALPHAS,
+    CONFORMAL_SPEC_KEY,
     FINAL_FILE,
     MODEL_FILE,
     MODEL_SPEC_FILE,
+    PREDICTIONS_FILE,
     SUMMARY_FILE,
     TAG_EXPORT_FORMAT,
     TAG_SOURCE_RUN,
@@ -127,7 +133,8 @@ def model_signature(spec: dict[str, Any]) -> ModelSignature:
     refusal prints the whole frame), and no schema for images and raw arrays (they come in several ranks, dtypes and
     types: arrays, PIL images, encoded files); without a record, float32 model inputs with the data's number of
     dimensions (sizes -1: the model checks them). Params: `inputs` ("raw" or "standardised"), `layout` ("HWC" or
-    "CHW", images), `pixels` ("0..255" or "0..1", float images) and `output` ("frame" or "array"). Outputs: a
+    "CHW", images), `pixels` ("0..255" or "0..1", float images), `output` ("frame" or "array"), `alpha` and
+    `method` (prediction sets instead of probabilities: champion_pyfunc's docstring). Outputs (probabilities): a
     float64 column per class named as the record names the classes (what a DataFrame input gets back; an array's
     column k is class k), float64 (-1, K) without class names, or one named (-1, K_t) per task. The exact input
     shape is the model's metadata (`calib_core_spec.input_shape`)."""
@@ -152,6 +159,9 @@ def model_signature(spec: dict[str, Any]) -> ModelSignature:
             ParamSpec("layout", "string", ""),
             *([ParamSpec("pixels", "string", "")] if record and record.get("format") in IMAGE_FORMATS else []),
             ParamSpec("output", "string", ""),
+            # None: probabilities; a stored alpha: prediction sets (a declared param: MLflow drops undeclared ones)
+            ParamSpec("alpha", "double", None),
+            ParamSpec("method", "string", None),
         ]
     )
     outs = output_classes(spec)
@@ -176,6 +186,46 @@ def input_example(input_shape: tuple[int, ...]) -> np.ndarray:
     """A small float32 batch shaped like the data (standardised inputs, so N(0, 1) values)."""
     rows = 2 if math.prod(input_shape) <= 10_000 else 1
     return np.random.default_rng(0).standard_normal((rows, *input_shape)).astype(np.float32)
+
+
+def conformal_record(
+    ckpt: Path, temperatures: list[float] | None, alphas: tuple[float, ...] | list[float] = ()
+) -> dict[str, Any] | None:
+    """The conformal quantiles the exported model stores (calib_core.conformal.served.served_record): lac, aps and
+    raps at every alpha of CONFORMAL_SERVED_ALPHAS and `alphas` (the sweep's evaluation.conformal_alphas), calibrated
+    on all the trial's validation rows (PREDICTIONS_FILE) with the probabilities the model serves: the trial's own,
+    or with `temperatures` (fitted on all validation rows) on top. None without single-task validation predictions
+    (a multi-task model, or a checkpoint without the file): the model then serves no sets."""
+    from calib_core.conformal.served import served_record, with_temperature
+
+    path = ckpt / PREDICTIONS_FILE
+    if not path.is_file():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        if "tasks" in z.files or "val_probs" not in z.files or "val_labels" not in z.files:
+            return None
+        probs, labels = z["val_probs"], z["val_labels"]
+    if len(labels) == 0:
+        return None
+    # stored as float32 softmax: re-normalised in float64, as the served model normalises its own
+    served = torch.from_numpy(probs).double()
+    served = served / served.sum(dim=1, keepdim=True)
+    if temperatures is not None:
+        served = with_temperature(served, float(temperatures[0]))
+    return served_record(served, labels, (*CONFORMAL_SERVED_ALPHAS, *alphas))
+
+
+def _sets_text(record: dict[str, Any] | None) -> str:
+    if not record:
+        return "none stored (no validation predictions at export)"
+    from calib_core.conformal.served import stored_alphas
+
+    alphas = ", ".join(f"{a:g}" for a in stored_alphas(record))
+    return (
+        f'params {{"alpha": a, "method": "lac" | "aps" | "raps"}} return each row\'s set of class names (split '
+        f"conformal, {record['convention']} quantile on {record['calibration_rows']} validation rows); stored "
+        f"alphas {alphas}; randomised APS is not served"
+    )
 
 
 def _fmt_metric(key: str, value: float) -> str:
@@ -224,6 +274,7 @@ def default_description(summary: dict[str, Any], metrics: dict[str, Any], spec: 
         f"{', '.join(vals) if vals else 'no metrics recorded'}",
         f"- input: {_input_text(spec)}",
         f"- output: {output}",
+        *([] if spec.get("tasks") else [f"- prediction sets: {_sets_text(spec.get(CONFORMAL_SPEC_KEY))}"]),
     ]
     return "\n".join(lines)
 
@@ -298,17 +349,37 @@ def _stage(module: torch.nn.Module, spec: dict[str, Any], out: Path) -> None:
 def _log_portable_model(
     store: MlflowStore, run_id: str, module: torch.nn.Module, spec: dict[str, Any], fmt: str = EXPORT_FORMAT
 ) -> str:
-    """Log the portable model on `run_id` (its status and end time unchanged); return its model id."""
+    """Log the portable model of `run_id`, the run itself untouched (its status, end time and metrics stay as they
+    are: no run is opened); return its model id.
+
+    The logged model is created here with the run as its source (the run's params and the context tags, as MLflow
+    gives them) and linked as the run's output in one request. Logged inside the run, MLflow would reopen the run
+    and copy every metric of the run onto the model, one history request per metric (hundreds once the intervals
+    are logged, each a round trip to a tracking server), and the run's status and end time would then need
+    restoring. MLflow's check of the pins against the installed distributions (it reads the file lists of every
+    installed distribution: ~1.3 s of CPU here) is left out: the pins are read from the installed distributions
+    themselves (pip_requirements)."""
+    from mlflow.entities import LoggedModelOutput
+    from mlflow.tracking.context.registry import resolve_tags
+
     with tempfile.TemporaryDirectory(prefix="calib-export-") as tmp:
         out = Path(tmp)
         _stage(module, spec, out)
-        before = store.get_run(run_id).info
+        run = store.get_run(run_id)
+        model = store.client.create_logged_model(
+            run.info.experiment_id,
+            name=LOGGED_MODEL_NAME,
+            source_run_id=run_id,
+            tags=resolve_tags({TAG_EXPORT_FORMAT: fmt}),
+            params={k: str(v) for k, v in run.data.params.items()},
+        )
         saved_path = list(sys.path)
         try:
             retrying = fluent_http_retries(store.tracking_uri, store.retry is not None)
-            with retrying, mlflow.start_run(run_id=run_id, nested=False):
+            with retrying, _pins_not_rechecked():
                 info = mlflow.pyfunc.log_model(
                     name=LOGGED_MODEL_NAME,
+                    model_id=model.model_id,
                     python_model=str(MODEL_CODE),
                     artifacts={"spec": str(out / "spec.json"), "weights": str(out / "weights.pt")},
                     code_paths=[str(out / "code" / "calib_core")],
@@ -316,16 +387,31 @@ def _log_portable_model(
                     signature=model_signature(spec),
                     input_example=logged_input_example(spec),
                     metadata={"calib_core_spec": spec},
-                    tags={TAG_EXPORT_FORMAT: fmt},
                 )
         finally:
             # MLflow validates the input example by loading the model here, which prepends the
             # model's (temporary) code directory to sys.path.
             sys.path[:] = saved_path
-            # start_run/end_run stamps a new end time; the trial's run keeps its own status and end time.
-            store.terminate(run_id, before.status, end_time=before.end_time)
+        store.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
     store.mark_export_complete(info.model_id)
     return info.model_id
+
+
+@contextlib.contextmanager
+def _pins_not_rechecked() -> Iterator[None]:
+    """MLflow's warn_dependency_requirement_mismatches off for the block (see _log_portable_model); a no-op where
+    MLflow no longer has it."""
+    import mlflow.utils.environment as environment
+
+    check = getattr(environment, "warn_dependency_requirement_mismatches", None)
+    if check is None:
+        yield
+        return
+    environment.warn_dependency_requirement_mismatches = lambda requirements: None
+    try:
+        yield
+    finally:
+        environment.warn_dependency_requirement_mismatches = check
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -340,6 +426,7 @@ def log_and_register(
     alias: str | None = CHAMPION_ALIAS,
     temperatures: list[float] | None = None,
     store: MlflowStore | None = None,
+    conformal_alphas: tuple[float, ...] | list[float] = (),
 ) -> str:
     """Log the champion's portable model on its run, register it, point `alias` at it; return
     the version. Idempotent: a version already registered from `run_id` is reused (only the
@@ -347,7 +434,9 @@ def log_and_register(
     second one. `description` replaces the default one built from the run's summary. `alias=None`: no alias
     is set (the champion gate, sweeps/integrations/mlflow/champion_gate.py, decides which one). `store`: the
     sweep's store on `tracking_uri` (its calls wait out outages and HTTP 500s, so the run's status is restored even
-    when the fluent logging fails and the caller retries the whole call); None: one that fails at once."""
+    when the fluent logging fails and the caller retries the whole call); None: one that fails at once.
+    `conformal_alphas`: alphas whose conformal quantiles the model stores besides CONFORMAL_SERVED_ALPHAS (the
+    sweep's evaluation.conformal_alphas; conformal_record)."""
     mlflow.set_tracking_uri(tracking_uri)  # mlflow.pyfunc.log_model logs through the fluent API
     store = MlflowStore(tracking_uri) if store is None else store
     ckpt = Path(checkpoint_dir)
@@ -374,6 +463,11 @@ def log_and_register(
 
             spec = with_temperature_on_top(spec, temperatures)
             module = TemperatureOnTopModel(module, list(temperatures)).eval()
+        record = conformal_record(ckpt, temperatures, conformal_alphas)
+        if record is not None:
+            from calib_core.export import with_conformal
+
+            spec = with_conformal(spec, record)
         # an earlier call that died between logging and registering left a complete model: reuse it
         model_id = store.completed_export(run_id, fmt) or _log_portable_model(store, run_id, module, spec, fmt)
         if description is None:

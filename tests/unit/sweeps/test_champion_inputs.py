@@ -189,7 +189,8 @@ def test_a_dataframe_in_gives_the_class_names_out(grey):
     model, mv, files, trained = grey
     sig = model.metadata.signature
     assert [c.name for c in sig.outputs.inputs] == ["dark", "light"]  # the MLflow UI shows which column is which
-    assert sig.inputs is None and {p.name for p in sig.params.params} == {"inputs", "layout", "pixels", "output"}
+    assert sig.inputs is None
+    assert {p.name for p in sig.params.params} == {"inputs", "layout", "pixels", "output", "alpha", "method"}
     pngs = [_encode(Image.open(f), "PNG") for f in files]
     frame = pd.DataFrame({"image": pngs}, index=[f"file{i}" for i in range(len(files))])
     got = model.predict(frame)
