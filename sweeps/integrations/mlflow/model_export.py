@@ -26,13 +26,11 @@ second one.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -349,37 +347,17 @@ def _stage(module: torch.nn.Module, spec: dict[str, Any], out: Path) -> None:
 def _log_portable_model(
     store: MlflowStore, run_id: str, module: torch.nn.Module, spec: dict[str, Any], fmt: str = EXPORT_FORMAT
 ) -> str:
-    """Log the portable model of `run_id`, the run itself untouched (its status, end time and metrics stay as they
-    are: no run is opened); return its model id.
-
-    The logged model is created here with the run as its source (the run's params and the context tags, as MLflow
-    gives them) and linked as the run's output in one request. Logged inside the run, MLflow would reopen the run
-    and copy every metric of the run onto the model, one history request per metric (hundreds once the intervals
-    are logged, each a round trip to a tracking server), and the run's status and end time would then need
-    restoring. MLflow's check of the pins against the installed distributions (it reads the file lists of every
-    installed distribution: ~1.3 s of CPU here) is left out: the pins are read from the installed distributions
-    themselves (pip_requirements)."""
-    from mlflow.entities import LoggedModelOutput
-    from mlflow.tracking.context.registry import resolve_tags
-
+    """Log the portable model on `run_id` (its status and end time unchanged); return its model id."""
     with tempfile.TemporaryDirectory(prefix="calib-export-") as tmp:
         out = Path(tmp)
         _stage(module, spec, out)
-        run = store.get_run(run_id)
-        model = store.client.create_logged_model(
-            run.info.experiment_id,
-            name=LOGGED_MODEL_NAME,
-            source_run_id=run_id,
-            tags=resolve_tags({TAG_EXPORT_FORMAT: fmt}),
-            params={k: str(v) for k, v in run.data.params.items()},
-        )
+        before = store.get_run(run_id).info
         saved_path = list(sys.path)
         try:
             retrying = fluent_http_retries(store.tracking_uri, store.retry is not None)
-            with retrying, _pins_not_rechecked():
+            with retrying, mlflow.start_run(run_id=run_id, nested=False):
                 info = mlflow.pyfunc.log_model(
                     name=LOGGED_MODEL_NAME,
-                    model_id=model.model_id,
                     python_model=str(MODEL_CODE),
                     artifacts={"spec": str(out / "spec.json"), "weights": str(out / "weights.pt")},
                     code_paths=[str(out / "code" / "calib_core")],
@@ -387,31 +365,16 @@ def _log_portable_model(
                     signature=model_signature(spec),
                     input_example=logged_input_example(spec),
                     metadata={"calib_core_spec": spec},
+                    tags={TAG_EXPORT_FORMAT: fmt},
                 )
         finally:
             # MLflow validates the input example by loading the model here, which prepends the
             # model's (temporary) code directory to sys.path.
             sys.path[:] = saved_path
-        store.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
+            # start_run/end_run stamps a new end time; the trial's run keeps its own status and end time.
+            store.terminate(run_id, before.status, end_time=before.end_time)
     store.mark_export_complete(info.model_id)
     return info.model_id
-
-
-@contextlib.contextmanager
-def _pins_not_rechecked() -> Iterator[None]:
-    """MLflow's warn_dependency_requirement_mismatches off for the block (see _log_portable_model); a no-op where
-    MLflow no longer has it."""
-    import mlflow.utils.environment as environment
-
-    check = getattr(environment, "warn_dependency_requirement_mismatches", None)
-    if check is None:
-        yield
-        return
-    environment.warn_dependency_requirement_mismatches = lambda requirements: None
-    try:
-        yield
-    finally:
-        environment.warn_dependency_requirement_mismatches = check
 
 
 # ---------------------------------------------------------------------------- entry point
