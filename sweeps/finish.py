@@ -103,7 +103,9 @@ def sweep_replicates(records: list[TrialRecord], cfg: SweepConfig, extra: frozen
         "level": cfg.selection.confidence,
         "seed": cfg.search.seed,
     }
-    cp = conformal_replicates(sets, **{k: v for k, v in settings.items() if k != "num_bins"})
+    # a set's size lies in [0, K]: K of each candidate's single-task predictions (multi-task ones measure no sets)
+    classes = {t: int(p["val"][0][1].shape[1]) for t, p in predictions.items() if len(p["val"]) == 1}
+    cp = conformal_replicates(sets, num_classes=classes, **{k: v for k, v in settings.items() if k != "num_bins"})
     if len(predictions) <= FULL_DETAIL_TRIALS:
         reps = compute_replicates(predictions, **settings)
     else:

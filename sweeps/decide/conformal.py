@@ -5,6 +5,7 @@ against their accuracy, are paired; a mean of per-row values needs one matrix pr
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,23 @@ def load_rows(path: str | Path, prefix: str = "") -> dict[str, dict[str, np.ndar
     return out
 
 
+def measure_bounds(key: str, num_classes: int | None) -> tuple[float, float]:
+    """The range of a conformal mean: a coverage in [0, 1], a mean set size in [0, K] (K unknown: [0, inf))."""
+    if key.endswith("_coverage"):
+        return 0.0, 1.0
+    return 0.0, math.inf if num_classes is None else float(num_classes)
+
+
 def conformal_replicates(
-    rows: dict[str, dict[str, dict[str, np.ndarray]]], *, num_resamples: int, level: float, seed: int
+    rows: dict[str, dict[str, dict[str, np.ndarray]]],
+    *,
+    num_resamples: int,
+    level: float,
+    seed: int,
+    num_classes: dict[str, int] | None = None,
 ) -> Replicates:
-    """Replicates of every candidate's conformal means (keyed <split>_<key>), on the resamples of compute_replicates."""
+    """Replicates of every candidate's conformal means (keyed <split>_<key>), on the resamples of compute_replicates,
+    with their ranges (measure_bounds; `num_classes` per candidate), so their intervals stay within them."""
     import torch
 
     from calib_core.metrics import resample_counts
@@ -60,4 +74,6 @@ def conformal_replicates(
             values.update({f"{split}_{k}": means[:, j].numpy() for j, k in enumerate(keys)})
         reps.values[trial_id] = {k: v[1:] for k, v in values.items()}
         reps.points[trial_id] = {k: float(v[0]) for k, v in values.items()}
+        k_classes = (num_classes or {}).get(trial_id)
+        reps.bounds[trial_id] = {k: measure_bounds(k, k_classes) for k in values}
     return reps

@@ -66,6 +66,9 @@ class Replicates:
     groups: dict[str, dict[str, str]] = field(default_factory=dict)
     # calibration errors under "calibrated" (consistency resampling), same keys as `values`
     nulls: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    # a metric's own range where it is not an accuracy's [0, 1] or unbounded (a conformal set's coverage [0, 1], its
+    # mean size [0, K]): its interval stays within it (calib_core.metrics.centered_interval)
+    bounds: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
 
     def has(self, trial_id: str, key: str) -> bool:
         """True when the trial has replicates of `key`."""
@@ -80,7 +83,9 @@ class Replicates:
         null = self.nulls.get(trial_id, {}).get(key)
         if null is not None:
             return calibration_interval(reps, point, _tensor(null), self.level)
-        bounds = (0.0, 1.0) if key.endswith("accuracy") else (-math.inf, math.inf)  # a share of rows
+        bounds = self.bounds.get(trial_id, {}).get(key)
+        if bounds is None:
+            bounds = (0.0, 1.0) if key.endswith("accuracy") else (-math.inf, math.inf)  # a share of rows
         return centered_interval(reps, point, self.level, bounds)
 
     def difference(self, a: str, b: str, key: str) -> np.ndarray:
@@ -97,7 +102,7 @@ class Replicates:
 
     def merge(self, other: Replicates) -> None:
         """Add `other`'s keys to the trials (the same resamples: computed with the same seed and level)."""
-        for attr in ("values", "points", "nulls", "groups"):
+        for attr in ("values", "points", "nulls", "groups", "bounds"):
             mine, theirs = getattr(self, attr), getattr(other, attr)
             for tid, d in theirs.items():
                 mine.setdefault(tid, {}).update(d)

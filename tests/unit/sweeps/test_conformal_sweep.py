@@ -57,3 +57,24 @@ def test_off_and_multitask_measure_nothing() -> None:
     assert conformal_scores({**_arrays(), "tasks": np.array(["a"])}, EvaluationConfig(), 0) == ({}, {})
     with pytest.raises(ValueError, match="miscoverage levels"):
         EvaluationConfig(conformal_alphas=[1.0])
+
+
+def test_intervals_stay_within_coverage_and_size_ranges() -> None:
+    """A coverage's interval within [0, 1], a mean set size's within [0, K]: centring a small split's replicates on
+    an estimate near a bound would otherwise carry the interval past it (as an accuracy's could, d423b3d)."""
+    covered = np.array([1, 1, 1, 1, 1, 0, 1], dtype=np.float64)  # 7 rows
+    sizes = np.array([4, 4, 4, 3, 4, 4, 1], dtype=np.float64)  # K = 4
+    rows = {"t": {"val": {"cp_lac_a10_coverage": covered, "cp_lac_a10_size": sizes}}}
+    reps = conformal_replicates(rows, num_resamples=300, level=0.95, seed=0, num_classes={"t": 4})
+    assert reps.bounds["t"] == {"val_cp_lac_a10_coverage": (0.0, 1.0), "val_cp_lac_a10_size": (0.0, 4.0)}
+    for key, point, (lo_bound, hi_bound) in (
+        ("val_cp_lac_a10_coverage", 0.995, (0.0, 1.0)),  # an estimate near the top: the shift passes 1
+        ("val_cp_lac_a10_size", 3.99, (0.0, 4.0)),
+    ):
+        reps.points["t"][key] = point
+        lo, hi = reps.interval("t", key)
+        assert lo_bound <= lo <= point <= hi == hi_bound, (key, lo, hi)
+    reps.points["t"]["val_cp_lac_a10_size"] = 0.05  # near 0: the lower end clipped at 0
+    assert reps.interval("t", "val_cp_lac_a10_size")[0] == 0.0
+    unknown_k = conformal_replicates(rows, num_resamples=50, level=0.95, seed=0)
+    assert unknown_k.bounds["t"]["val_cp_lac_a10_size"] == (0.0, float("inf"))
