@@ -24,6 +24,12 @@ where the kustomize binary is installed, the same edit of kustomization.yaml oth
 the overlay with the checks. Apply what `render` prints: `python deploy/release.py render OVERLAY |
 kubectl apply -f -` (`kubectl apply -k` would apply placeholders as well, which no node can pull).
 
+Every command but `operator-values` also refuses, in one line, an overlay whose NetworkPolicies leave the Ray
+head's autoscaler no way to the Kubernetes API (`api_server_route_problem`): judged for the CNI `--cni`
+(`generic`, or `cilium`, which ignores ipBlock for the in-cluster API server and needs
+deploy/components/cilium-api-egress; default $CALIB_CNI) and, with `--api-server ADDR` ($CALIB_API_SERVER), for
+the API server's endpoint addresses (`kubectl get endpoints kubernetes`).
+
 `digests` asks each third-party image's registry for the digest of its tag (with `crane digest`,
 `skopeo inspect` or `docker buildx imagetools inspect`, whichever is installed) and reports every
 pin that differs: run it where the registries are reachable, when bumping a tag, and before a
@@ -170,9 +176,167 @@ def placeholder_ranges(resources: list[dict]) -> list[str]:
     return found
 
 
-def problems(resources: list[dict], for_apply: bool = False) -> list[str]:
-    """What stops the overlay: images not pinned by digest, and (`for_apply`) placeholders left to replace."""
+# ------------------------------------------------------------------- the autoscaler's way to the API server
+# The Ray head's autoscaler sidecar patches the RayCluster through the Kubernetes API; without a way there the
+# sweep never scales up, and nothing says so (the workers just never come). NetworkPolicy names the API server by
+# address (ipBlock), which most CNIs honour. Cilium does not match ipBlock/toCIDR against addresses that belong
+# to the cluster: the API server is the `kube-apiserver` entity there (its endpoints on the control-plane nodes
+# or in the cluster), so an ipBlock rule lets nothing through and the CiliumNetworkPolicy of
+# deploy/components/cilium-api-egress (toEntities: kube-apiserver) is the way. `cni` is "generic" (every
+# NetworkPolicy CNI but Cilium) or "cilium" (given with --cni / CALIB_CNI, or implied by a CiliumNetworkPolicy
+# in the render).
+API_PORTS = (443, 6443)
+CNIS = ("generic", "cilium")
+CILIUM_API_ENTITIES = {"kube-apiserver", "cluster", "all"}
+
+
+def _selects(selector: dict | None, labels: dict) -> bool:
+    """A label selector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) against LABELS."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def _autoscaled_heads(resources: list[dict]) -> list[tuple[str, dict]]:
+    """(where, the head pod's labels as KubeRay sets them) of every RayJob/RayCluster with in-tree autoscaling."""
+    out = []
+    for r in resources:
+        if r.get("kind") not in ("RayJob", "RayCluster"):
+            continue
+        spec = r["spec"].get("rayClusterSpec", {}) if r["kind"] == "RayJob" else r["spec"]
+        if not spec or not spec.get("enableInTreeAutoscaling"):
+            continue
+        labels = dict(spec["headGroupSpec"]["template"].get("metadata", {}).get("labels", {}))
+        labels.update({"ray.io/node-type": "head", "app.kubernetes.io/created-by": "kuberay-operator"})
+        out.append((f"{r['kind']}/{r['metadata']['name']}", labels))
+    return out
+
+
+def _ports_cover(ports: list[dict] | None, port: int) -> bool:
+    if not ports:
+        return True
+    for p in ports:
+        if p.get("protocol", "TCP") != "TCP":
+            continue
+        lo = p.get("port")
+        if lo is None:
+            return True
+        if isinstance(lo, int) and lo <= port <= p.get("endPort", lo):
+            return True
+    return False
+
+
+def _block_holds(peer: dict, address: str | None) -> bool:
+    """Whether an egress peer is an address range holding ADDRESS (any range, where ADDRESS is None)."""
+    block = peer.get("ipBlock")
+    if block is None:
+        return False
+    if address is None:
+        return True
+    ip = ipaddress.ip_address(address)
+    net = ipaddress.ip_network(block["cidr"], strict=False)
+    if ip.version != net.version or ip not in net:
+        return False
+    return not any(ip in ipaddress.ip_network(e, strict=False) for e in block.get("except") or [])
+
+
+def _netpol_route(policies: list[dict], labels: dict, addresses: list[str] | None = None) -> str | None:
+    """'open' when no NetworkPolicy isolates the head's egress, 'ipBlock' when one of its egress rules allows 443
+    or 6443 to an address range (holding every one of ADDRESSES, the API server's, where given), None otherwise."""
+    mine = [
+        p
+        for p in policies
+        if "Egress" in (p["spec"].get("policyTypes") or ["Ingress"]) and _selects(p["spec"].get("podSelector"), labels)
+    ]
+    if not mine:
+        return "open"
+    for p in mine:
+        for rule in p["spec"].get("egress") or []:
+            if not any(_ports_cover(rule.get("ports"), port) for port in API_PORTS):
+                continue
+            peers = rule.get("to")
+            if not peers or all(any(_block_holds(peer, a) for peer in peers) for a in addresses or [None]):
+                return "ipBlock"
+    return None
+
+
+def _cilium_route(resources: list[dict], labels: dict) -> bool:
+    """Whether a CiliumNetworkPolicy selecting the head lets it reach the kube-apiserver entity on 443 or 6443."""
+    for r in resources:
+        if r.get("kind") != "CiliumNetworkPolicy":
+            continue
+        for spec in [r.get("spec"), *(r.get("specs") or [])]:
+            if not spec or not _selects(spec.get("endpointSelector"), labels):
+                continue
+            for rule in spec.get("egress") or []:
+                if not CILIUM_API_ENTITIES & set(rule.get("toEntities") or []):
+                    continue
+                to_ports = rule.get("toPorts") or [{}]
+                for tp in to_ports:
+                    ports = [
+                        {"port": int(p["port"]), "protocol": p.get("protocol", "TCP").upper().replace("ANY", "TCP")}
+                        for p in tp.get("ports") or []
+                    ]
+                    if any(_ports_cover(ports, port) for port in API_PORTS):
+                        return True
+    return False
+
+
+def api_server_route_problem(
+    resources: list[dict], cni: str = "generic", api_addresses: list[str] | None = None
+) -> str | None:
+    """One line saying why the Ray head's autoscaler cannot reach the Kubernetes API under CNI, or None.
+    API_ADDRESSES (`kubectl get endpoints kubernetes`): judged against them; without, any address range on
+    443/6443 counts (the object store's too: give the addresses for a precise answer)."""
+    if any(r.get("kind") == "CiliumNetworkPolicy" for r in resources):
+        cni = "cilium"
+    policies = [r for r in resources if r.get("kind") == "NetworkPolicy"]
+    for where, labels in _autoscaled_heads(resources):
+        route = _netpol_route(policies, labels, api_addresses)
+        if route == "open":
+            continue
+        if cni == "cilium":
+            if _cilium_route(resources, labels):
+                continue
+            why = (
+                "an ipBlock rule, which Cilium does not match against the API server (in-cluster, entity "
+                "kube-apiserver)"
+                if route == "ipBlock"
+                else "no egress rule to 443/6443"
+            )
+            return (
+                f"{where}: the autoscaler cannot reach the Kubernetes API under Cilium ({why}): add "
+                "components/cilium-api-egress (toEntities: kube-apiserver); the sweep would never scale up"
+            )
+        if route is None:
+            to = f"the API server's {', '.join(api_addresses)}" if api_addresses else "an address range"
+            return (
+                f"{where}: the autoscaler cannot reach the Kubernetes API (no egress rule of the head's "
+                f"NetworkPolicies allows TCP 443/6443 to {to}): the sweep would never scale up"
+            )
+    return None
+
+
+def problems(
+    resources: list[dict], for_apply: bool = False, cni: str = "generic", api_addresses: list[str] | None = None
+) -> list[str]:
+    """What stops the overlay: images not pinned by digest, the autoscaler without a way to the Kubernetes API
+    under CNI, and (`for_apply`) placeholders left to replace."""
     found = []
+    no_route = api_server_route_problem(resources, cni, api_addresses)
+    if no_route:
+        found.append(no_route)
     if for_apply:
         found += [
             f"{where}: placeholder address range (set your own: the overlay's egress patch, deploy/README.md)"
@@ -396,8 +560,15 @@ def third_party_digest(image: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
+    cni_help = "the cluster's CNI: the autoscaler's way to the API server differs under Cilium (default: $CALIB_CNI)"
+    cni_default = os.environ.get("CALIB_CNI") or "generic"
+    api_help = "the API server's endpoint address (repeatable; default: $CALIB_API_SERVER, comma-separated)"
+    api_default = [a for a in os.environ.get("CALIB_API_SERVER", "").split(",") if a.strip()]
+    parsers = []
     for name in ("check", "render", "digests"):
-        sub.add_parser(name).add_argument("overlay", type=Path)
+        one = sub.add_parser(name)
+        one.add_argument("overlay", type=Path)
+        parsers.append(one)
     sub.add_parser("operator-values").add_argument("--values", type=Path, default=OPERATOR_VALUES)
     app = sub.add_parser("apply", help="render with every check, then pipe to kubectl apply -f -")
     app.add_argument("overlay", type=Path)
@@ -410,6 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     rel.add_argument("--registry", required=True, help="ending with /calib-sweeps: registry.example.com/calib-sweeps")
     rel.add_argument("--version", required=True, help="the tag pushed beside the digest, e.g. 0.1.0")
     rel.add_argument("--builder", default="docker", choices=("docker", "podman"))
+    for one in (*parsers, app, rel):
+        one.add_argument("--cni", choices=CNIS, default=cni_default, help=cni_help)
+        one.add_argument("--api-server", action="append", default=None, dest="api_server", help=api_help)
     args = p.parse_args(argv)
     try:
         if args.cmd == "operator-values":
@@ -436,7 +610,12 @@ def main(argv: list[str] | None = None) -> int:
                 if current != pinned:
                     wrong.append(image)
             return 1 if wrong else 0
-        found = problems(resources, for_apply=args.cmd in ("render", "release", "apply"))
+        found = problems(
+            resources,
+            for_apply=args.cmd in ("render", "release", "apply"),
+            cni=args.cni,
+            api_addresses=[a.strip() for a in (args.api_server or api_default)] or None,
+        )
         if found:
             print("\n".join(found), file=sys.stderr)
             if args.cmd == "apply":

@@ -729,6 +729,48 @@ def check_mlflow_reachable_only_by_clients(resources: list[dict]) -> list[str]:
     return problems
 
 
+def _scaled(value, total: int, round_up: bool) -> int:
+    """A PDB's intOrString against TOTAL replicas (percentages as the disruption controller scales them)."""
+    if isinstance(value, str) and value.endswith("%"):
+        exact = int(value[:-1]) * total / 100
+        return int(-(-exact // 1)) if round_up else int(exact)
+    return int(value)
+
+
+def check_pdbs_drainable(resources: list[dict]) -> list[str]:
+    """No PodDisruptionBudget leaves its workload no eviction at full health: `minAvailable: 1` on one replica
+    (or `maxUnavailable: 0`) refuses every drain of its node and every cluster-autoscaler scale-down, until
+    someone scales the workload to 0 (issue #46: MLflow's and PostgreSQL's did)."""
+    problems = []
+    workloads = [r for r in resources if r["kind"] in ("Deployment", "StatefulSet", "ReplicaSet")]
+    for pdb in (r for r in resources if r["kind"] == "PodDisruptionBudget"):
+        spec = pdb["spec"]
+        for w in workloads:
+            if not selects(spec.get("selector") or {}, template_labels(w)):
+                continue
+            replicas = w["spec"].get("replicas", 1)
+            if "minAvailable" in spec:
+                allowed = replicas - _scaled(spec["minAvailable"], replicas, round_up=True)
+            else:
+                allowed = _scaled(spec.get("maxUnavailable", 1), replicas, round_up=True)
+            if replicas and allowed < 1:
+                rule = {k: spec[k] for k in ("minAvailable", "maxUnavailable") if k in spec}
+                problems.append(
+                    f"PodDisruptionBudget/{pdb['metadata']['name']}: {rule} on {w['kind']}/{w['metadata']['name']}"
+                    f" ({replicas} replica(s)) allows no eviction: every node drain blocks (use maxUnavailable: 1)"
+                )
+    return problems
+
+
+def check_autoscaler_reaches_api(resources: list[dict]) -> list[str]:
+    """deploy/release.py's preflight: the Ray head's autoscaler has a way to the Kubernetes API under the
+    NetworkPolicies (and, where the render holds a CiliumNetworkPolicy, under Cilium's rules)."""
+    from deploy import release
+
+    problem = release.api_server_route_problem(resources)
+    return [problem] if problem else []
+
+
 @functools.lru_cache(maxsize=512)
 def _schema_errors(text: str) -> tuple[str, ...]:
     import kubernetes_validate
@@ -775,6 +817,8 @@ CHECKS: dict[str, Callable[[list[dict]], list[str]]] = {
         check_ray_version,
         check_pod_hardening,
         check_mlflow_reachable_only_by_clients,
+        check_pdbs_drainable,
+        check_autoscaler_reaches_api,
         check_schemas,
     )
 }

@@ -171,6 +171,11 @@ def autoscaling_enabled(spec: dict) -> bool:
     return bool(spec.get("enableInTreeAutoscaling"))
 
 
+def autoscaler_version(spec: dict) -> str | None:
+    """utils.IsAutoscalingV2Enabled / IsAutoscalingV1Enabled: autoscalerOptions.version, None where unset."""
+    return (spec.get("autoscalerOptions") or {}).get("version")
+
+
 # ----------------------------------------------------------------------- rayStartParams, command
 
 
@@ -409,6 +414,17 @@ def _default_pod_template(
         params["no-monitor"] = "true"
         autoscaler = autoscaler_container(ray["image"], name, spec)
         pod_spec["containers"].append(autoscaler)
+        # v1.7 DefaultHeadPodTemplate: autoscalerOptions.version v2 -> RAY_enable_autoscaler_v2=true and
+        # restartPolicy Never (setAutoscalerV2EnvVars); v1 -> "false"; unset -> nothing (Ray 2.60's `ray start
+        # --head` then picks v2 itself when KubeRay's RAY_CLOUD_INSTANCE_ID and RAY_NODE_TYPE_NAME are set)
+        version = autoscaler_version(spec)
+        if version is not None:
+            value = "true" if version == "v2" else "false"
+            ray.setdefault("env", []).append({"name": "RAY_enable_autoscaler_v2", "value": value})
+    if node_type == "head" and autoscaling_enabled(spec) and autoscaler_version(spec) == "v2":
+        pod_spec["restartPolicy"] = "Never"
+    if node_type == "worker" and autoscaling_enabled(spec) and autoscaler_version(spec) == "v2":
+        pod_spec["restartPolicy"] = "Never"  # DefaultWorkerPodTemplate
     configure_gcs_fault_tolerance(template, spec, node_type, params, name)
     if not any(p.get("name") == "metrics" for p in ray.get("ports", [])):
         ray.setdefault("ports", []).append({"name": "metrics", "containerPort": DEFAULT_METRICS_PORT})

@@ -65,7 +65,9 @@ def test_only_ray_custom_resources_are_used():
         custom = {(r["apiVersion"], r["kind"]) for r in dr.render(overlay) if not dr.is_builtin(r)}
         # and the Prometheus Operator's, where monitoring is on (gpu-cluster: components/monitoring)
         monitoring = {("monitoring.coreos.com/v1", k) for k in ("PodMonitor", "ServiceMonitor", "PrometheusRule")}
-        assert custom <= {("ray.io/v1", "RayJob"), ("ray.io/v1", "RayCluster"), *monitoring}, custom
+        # and the Gateway API's way in (gpu-cluster; validated against its CRDs in test_rollout_portability.py)
+        gateway = {("gateway.networking.k8s.io/v1", k) for k in ("HTTPRoute", "BackendTLSPolicy")}
+        assert custom <= {("ray.io/v1", "RayJob"), ("ray.io/v1", "RayCluster"), *monitoring, *gateway}, custom
 
 
 def test_strict_mode_rejects_a_misspelled_builtin_field():
@@ -569,7 +571,7 @@ def _scanned_files() -> list[Path]:
             for p in root.rglob("*")
             if p.is_file()
             and "__pycache__" not in p.parts
-            and not any(d.name.startswith("kuberay-v") for d in p.parents)
+            and not any(d.name.startswith(("kuberay-v", "gateway-api-v")) for d in p.parents)
         ]  # third-party CRDs
     return [p for p in files if p.exists()]
 

@@ -21,7 +21,7 @@ from tests import deploy_render as dr
 from tests.tools import install_kustomize as ik
 
 PINNED = ik.DEFAULT_DEST
-# kinds each rendering holds at least (the overlays add their own: the dev stack's StatefulSets, an Ingress)
+# kinds each rendering holds at least (the overlays add their own: the dev stack's StatefulSets, an HTTPRoute)
 KINDS = {
     "ConfigMap",
     "CronJob",

@@ -308,7 +308,7 @@ def test_network_policies(resources):
     operator = {"app.kubernetes.io/name": "kuberay-operator"}
     stranger_here = {"app": "something-else"}
     outside = ("other-team", {"calib-sweeps/ray-node": "true", "calib-sweeps/mlflow-client": "true"})
-    ingress = ("ingress-nginx", {"app.kubernetes.io/name": "ingress-nginx"})
+    ingress = ("gateway-system", {"app": "gateway-proxy"})  # the UI's way in: the Gateway's data plane
 
     def ok(src, dst, port):
         return allowed(policies, ns, src, dst, port)

@@ -29,7 +29,7 @@ def endpoints() -> tuple[list[dict], list[netpol.Endpoint]]:
     eps += [
         netpol.Endpoint("kuberay-operator", NS, {"app.kubernetes.io/name": "kuberay-operator"}),
         netpol.Endpoint("kube-dns", "kube-system", {"k8s-app": "kube-dns"}, ports=(53,)),
-        netpol.Endpoint("ingress-controller", "ingress-nginx", {"app.kubernetes.io/name": "ingress-nginx"}),
+        netpol.Endpoint("ingress-controller", "gateway-system", {"app": "gateway-proxy"}),  # the Gateway's proxies
         netpol.Endpoint("kube-apiserver", None, address="10.0.0.1", ports=(6443,)),
         netpol.Endpoint("public-s3", None, address="203.0.113.10", ports=(443,)),  # TEST-NET-3: a public address
         netpol.Endpoint("private-host", None, address="192.168.7.7", ports=(443, 5432)),

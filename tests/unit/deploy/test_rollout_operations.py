@@ -87,7 +87,9 @@ def test_disruption_budgets_cover_mlflow_and_the_in_cluster_postgres(overlay):
         # it selects that workload's pods only
         others = [w for n, w in workloads.items() if n != name]
         assert not any(dc.selects(pdb["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"]) for w in others)
-        assert pdb["spec"]["minAvailable"] == 1 and pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        # never blocking a drain of the one replica (issue #46; tests/unit/deploy/test_rollout_portability.py)
+        assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        assert "minAvailable" not in pdb["spec"]
     assert dc.check_schemas(list(pdbs.values())) == []
 
 
@@ -239,8 +241,9 @@ def test_pod_monitors_select_the_ray_pods_kuberay_builds_on_their_metrics_port(o
             chosen = [n for n, m in monitors.items() if dc.selects(m["spec"]["selector"], labels)]
             assert chosen == [monitor], (obj["kind"], node_type, chosen)
             ports = {p.get("name"): p["containerPort"] for p in pod["spec"]["containers"][0].get("ports", [])}
-            for ep in monitors[monitor]["spec"]["podMetricsEndpoints"]:
-                assert ports.get(ep["port"]) == 8080
+            want = {"metrics": 8080} | ({"as-metrics": 44217, "dash-metrics": 44227} if node_type == "head" else {})
+            scraped = {ep["port"]: ports.get(ep["port"]) for ep in monitors[monitor]["spec"]["podMetricsEndpoints"]}
+            assert scraped == want, (node_type, scraped)
     # nothing else of the namespace is scraped by them
     for r in operations:
         if r["kind"] in ("Deployment", "StatefulSet"):
@@ -258,9 +261,12 @@ def test_prometheus_reaches_the_metrics_port_and_nothing_else(operations):
     recorded = {int(p) for role in ("head", "worker") for p in recorded[role]["fixed"]}
     for node_type in ("head", "worker"):
         labels = built_pod(job, node_type)["metadata"]["labels"]
-        assert dc.policy_allows(policies, ns, PROMETHEUS, labels, 8080), node_type
+        # Ray's metrics everywhere; the autoscaler's (44217) and the dashboard's (44227) on the head only
+        scraped = {8080} | ({44217, 44227} if node_type == "head" else set())
+        for port in scraped:
+            assert dc.policy_allows(policies, ns, PROMETHEUS, labels, port), (node_type, port)
         for port in recorded | {6379, 8265, 10001, 52365, 44217, 44227}:
-            if port != 8080:
+            if port not in scraped:
                 assert not dc.policy_allows(policies, ns, PROMETHEUS, labels, port), (node_type, port)
         # only Prometheus of the monitoring namespace, not any pod there, nor Prometheus elsewhere
         assert not dc.policy_allows(policies, ns, ("monitoring", {"app": "grafana"}), labels, 8080)

@@ -148,8 +148,9 @@ def test_two_tenants_name_nothing_of_each_other(tmp_path, overlay):
 def test_a_tenant_without_the_tenant_transformer_is_caught(tmp_path):
     """What the README showed before (the overlay wrapped with `namespace:` alone): the Ingress's proxy-ssl-secret
     kept `calib-sweeps/mlflow-tls`, and host and buckets stayed the default tenant's. Both the render test's finder
-    and the deploy check see it."""
-    overlay = dr.DEPLOY / "overlays" / "gpu-cluster"
+    and the deploy check see it. (The Ingress is the ingress-nginx example's now; gpu-cluster's HTTPRoute has no
+    namespace in it, its host is checked the same way.)"""
+    overlay = dr.DEPLOY / "examples" / "gpu-cluster-ingress-nginx"
     resources = render_into(tmp_path, overlay, "team-b")
     found = foreign_references(resources, ["calib-sweeps"], ())
     assert any("proxy-ssl-secret: calib-sweeps/mlflow-tls" in f for f in found), found
