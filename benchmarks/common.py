@@ -154,11 +154,6 @@ def fmt_mean_std(m: float, s: float, scale: float = 1.0, nd: int = 2) -> str:
     return f"{m * scale:.{nd}f} ± {s * scale:.{nd}f}"
 
 
-def mean_std_str(vals: Iterable[float | None], scale: float = 1.0, nd: int = 2) -> str:
-    """fmt_mean_std of mean_std(vals)."""
-    return fmt_mean_std(*mean_std(vals), scale, nd)
-
-
 def reading(d: tuple[float, float], better_low: bool) -> str:
     """ "better" / "worse" for a (mean, std) difference whose |mean| exceeds its std, else "~" ("n/a" if undefined)."""
     m, s = d

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
+import numpy as np
+
 from benchmarks.common import PROTOCOLS, RESULTS_DIR, ROOT, json_path, protocol_path, read_json
 
 README = ROOT / "README.md"
@@ -32,10 +34,26 @@ def _ci(c: dict[str, float]) -> str:
     return f"{100 * c['mean']:+.2f} [{100 * c['lo']:+.2f}, {100 * c['hi']:+.2f}] pt"
 
 
-def _paired(d: list[float]) -> dict[str, float]:
-    from benchmarks.studies.method_study import paired_ci
+def paired_ci(d: list[float], level: float = 0.95) -> dict[str, float]:
+    """Mean of paired differences `d` with its two-sided t interval at `level` and the two-sided one-sample t-test
+    p-value of mean 0: the interval protocols B and A report (their study, `method_study.py`'s `paired_ci`, has left
+    the tree; this is it, moved unchanged)."""
+    from scipy.stats import t
 
-    return paired_ci(d)
+    x = np.asarray(d, dtype=np.float64)
+    n = len(x)
+    if n == 0:
+        return {"n": 0, "mean": math.nan, "sd": math.nan, "se": math.nan, "lo": math.nan, "hi": math.nan, "p": math.nan}
+    mean = float(x.mean())
+    sd = float(x.std(ddof=1)) if n > 1 else math.nan
+    se = sd / math.sqrt(n) if n > 1 else math.nan
+    if n < 2:
+        return {"n": n, "mean": mean, "sd": sd, "se": se, "lo": math.nan, "hi": math.nan, "p": math.nan}
+    if se == 0.0:
+        return {"n": n, "mean": mean, "sd": sd, "se": se, "lo": mean, "hi": mean, "p": 1.0 if mean == 0.0 else 0.0}
+    q = float(t.ppf(0.5 + level / 2.0, n - 1))
+    p = float(2.0 * t.sf(abs(mean) / se, n - 1))
+    return {"n": n, "mean": mean, "sd": sd, "se": se, "lo": mean - q * se, "hi": mean + q * se, "p": p}
 
 
 def _study_block(results: Path, stem: str, heading: str) -> str:
@@ -67,7 +85,7 @@ def _study_block(results: Path, stem: str, heading: str) -> str:
             seeds = len(row["seeds"])
             tag = row["verdict"] if row["complete"] else f"pending at {seeds}/{n_eval} seeds"
             parts.append(
-                f"{row['regime']} ECE {_ci(_paired(row['d']['ece']))}, acc {_ci(_paired(row['d']['accuracy']))}: {tag}"
+                f"{row['regime']} ECE {_ci(paired_ci(row['d']['ece']))}, acc {_ci(paired_ci(row['d']['accuracy']))}: {tag}"
             )
         detail = "; ".join(parts) if parts else "no regime yet"
         L.append(f"- ({name}) {claim['text']}: **{v['overall']}**. {detail}.")

@@ -72,6 +72,32 @@ JOURNAL = ".journal.csv"
 SUPERSEDED_AT = "dad0c155e4daba9bb35c335734b7facffcff5d74"  # the last commit with the superseded studies' code
 RETIRED: dict[str, tuple[str, str]] = {
     "ablation_head_lr": ("e9bf36ffb3df05cbd70d55ee50b9cd39261db0fa", "python benchmarks/ablation_head_lr.py"),
+    "method_study": (SUPERSEDED_AT, "python -m benchmarks.studies method_study --note NOTE"),
+    # protocols B and A: the report from the committed compact rows (a fresh run goes to --raw, then study_compact)
+    "method_study_v2": (SUPERSEDED_AT, "python -m benchmarks.studies method_study_v2 --report-only"),
+    "method_study_v2_compact": (
+        SUPERSEDED_AT,
+        "python -m benchmarks.studies method_study_v2 --raw RAW --regimes overconf,noise20,imbalance10,mtl,digits_wide --workers 2 && "
+        "python -m benchmarks.studies study_compact RAW benchmarks/results/method_study_v2_compact",
+    ),
+    "method_study_v2a": (
+        SUPERSEDED_AT,
+        "python -m benchmarks.studies method_study_v2 --protocol benchmarks/studies/protocols/method_study_v2a.yaml --report-only",
+    ),
+    "method_study_v2a_compact": (
+        SUPERSEDED_AT,
+        "python -m benchmarks.studies method_study_v2 --protocol benchmarks/studies/protocols/method_study_v2a.yaml --raw RAW --workers 2 && "
+        "python -m benchmarks.studies study_compact RAW benchmarks/results/method_study_v2a_compact",
+    ),
+    # the untuned multi-task matrix (protocols A and C tune every method)
+    "reproduce_mtl": (
+        SUPERSEDED_AT,
+        "python -m benchmarks.studies reproduce_mtl --seeds 5 --cal-lrs 1e-5,1e-4,1e-3,1e-2,1e-1,1 --resume benchmarks/results/reproduce_mtl_raw.json",
+    ),
+    "reproduce_mtl_raw": (
+        SUPERSEDED_AT,
+        "python -m benchmarks.studies reproduce_mtl --seeds 5 --cal-lrs 1e-5,1e-4,1e-3,1e-2,1e-1,1 --resume benchmarks/results/reproduce_mtl_raw.json",
+    ),
     "selection": (SUPERSEDED_AT, "python -m benchmarks.studies bench_selection"),
     "selection_heldout": (SUPERSEDED_AT, "python -m benchmarks.studies bench_selection --heldout --threads 1"),
     "selection_confirm": (SUPERSEDED_AT, "python -m benchmarks.studies bench_selection --confirm --threads 1"),

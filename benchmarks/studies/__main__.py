@@ -24,17 +24,11 @@ STUDIES: dict[str, tuple[str, str]] = {
         "protocol C (issue #31): `slice` (TS stacked on protocol A's backbones), `full` (the factorial, resumable)",
     ),
     "method_study_c_power": ("benchmarks.studies.method_study_c_power", "protocol C's power table, from A's spread"),
-    "method_study_v2": (
-        "benchmarks.studies.method_study_v2",
-        "protocols B and A (issue #21): one-go vs TS where calibration matters (--protocol picks A)",
-    ),
-    "method_study": ("benchmarks.studies.method_study", "the v1 study (issue #11), well-calibrated regimes: a control"),
     "reproducibility": ("benchmarks.studies.reproducibility", "how far one seed's result moves (threads, machines)"),
     "reproduce": (
         "benchmarks.studies.reproduce",
         "the untuned method matrix; `--no-matrix`: the one-go overhead per epoch (overhead.md)",
     ),
-    "reproduce_mtl": ("benchmarks.studies.reproduce_mtl", "the untuned multi-task matrix (mnist1d_mtl)"),
     "selection_v3": (
         "benchmarks.studies.selection_v3",
         "the margin rule with reference arms and TS on top, judged on new seeds (the current default's study)",

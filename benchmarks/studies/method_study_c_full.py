@@ -51,8 +51,8 @@ import numpy as np
 from benchmarks.common import ROOT, utc_now
 from benchmarks.provenance import FIELDS as PROVENANCE_FIELDS
 from benchmarks.provenance import check_same_commit, provenance
-from benchmarks.studies import method_study_c as msc
-from benchmarks.studies.method_study_v2 import run_config, tpe_search
+from benchmarks.studies import method_study_c_slice as msc
+from benchmarks.studies.protocol_a import run_config, tpe_search
 
 STUDY = "full"
 KEY = ("regime", "stage", "objective", "cell_post", "round", "replicate", "trial", "seed", "post")

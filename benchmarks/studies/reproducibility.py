@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR, command_line, host_line, utc_now, write_json, write_text
-from benchmarks.studies.method_study_v2 import chosen_params, eval_path, execute, load_spec, run_config
+from benchmarks.studies.protocol_a import chosen_params, eval_path, execute, load_spec, run_config
 from benchmarks.studies.study_compact import raw_or_compact
 
 # the protocol-B runs this script re-runs (their compact form, rebuilt, once the raw folder has left the tree)

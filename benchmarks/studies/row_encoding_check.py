@@ -8,7 +8,7 @@ stored form and, where they are stored as uint16, recoded to uint8 with M sub-bi
 A claim row's half-width (`bootstrap_half_width` in `benchmarks/results/method_study_v2.json` (B) and
 `method_study_v2a.json` (A)) is the median over its evaluation seeds of the half-width of the 95 % percentile
 interval of the paired bootstrap ECE(method) - ECE(reference), the study's own computation
-(`method_study.per_seed_bootstrap`: `resample_counts(N, resamples, seed=1000 + seed)`, one ECE per task averaged),
+(the retired `method_study.per_seed_bootstrap`: `resample_counts(N, resamples, seed=1000 + seed)`, one ECE per task averaged),
 here from the compact arrays directly. Prints one table per study (published value, each form's value and its
 difference) and the largest |difference| per form; exit status 1 when one exceeds --tolerance (default 1e-4).
 """
@@ -66,7 +66,7 @@ def ece_replicates(arrays: dict[str, np.ndarray], key: str, seed: int, resamples
 
 def half_widths(study: str, forms: dict[str, tuple[dict[str, np.ndarray], int]]) -> list[dict[str, Any]]:
     """Per claim row of the published report: its half-width, recomputed in each form."""
-    from benchmarks.studies.method_study_v2 import load_spec
+    from benchmarks.studies.protocol_a import load_spec
     from calib_core.metrics.bootstrap import percentile_interval
 
     report, protocol, _ = STUDIES[study]

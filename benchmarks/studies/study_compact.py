@@ -165,7 +165,7 @@ def convert(raw: Path, out: Path) -> dict[str, int]:
 
 
 class CompactNpz:
-    """An evaluation run's compact arrays seen as the raw .npz `method_study.stored_predictions` reads
+    """An evaluation run's compact arrays seen as the raw .npz the retired `method_study.stored_predictions` read
     (top-label confidence, correctness, K per task; labels -1 where missing)."""
 
     def __init__(self, z: Any, key: str) -> None:

@@ -1,4 +1,5 @@
-"""Protocol C's harness (benchmarks/studies/method_study_c.py): compact storage, resumption, provenance, statistics."""
+"""Protocol C's harness (benchmarks/studies/method_study_c_slice.py): compact storage, resumption, provenance,
+statistics."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.provenance import FIELDS
-from benchmarks.studies import method_study_c as msc
+from benchmarks.studies import method_study_c_slice as msc
 from benchmarks.studies.row_encoding import CONF_BINS, CONF_SCALE, SUBBINS, library_bins, quantize_conf
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from benchmarks.provenance import FIELDS
-from benchmarks.studies import method_study_c as msc
 from benchmarks.studies import method_study_c_full as full
+from benchmarks.studies import method_study_c_slice as msc
 
 
 def test_pigeonhole_bootstrap_recovers_a_known_mean_difference():
@@ -248,7 +248,7 @@ def test_a_background_study_stops_on_sigterm_or_an_ignored_sigint_with_its_journ
 
     code = (
         "import sys; from pathlib import Path; "
-        "from benchmarks.studies import method_study_c as msc, method_study_c_full as full; "
+        "from benchmarks.studies import method_study_c_slice as msc, method_study_c_full as full; "
         "full.stop_on_signals(); full.run_full(msc.load_spec(), ['overconf'], Path(sys.argv[1]), tiny=True)"
     )
     for sig in (signal.SIGINT, signal.SIGTERM):

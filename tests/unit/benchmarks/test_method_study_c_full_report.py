@@ -14,8 +14,8 @@ from collections import defaultdict
 import pytest
 
 from benchmarks.common import RESULTS_DIR
-from benchmarks.studies import method_study_c as msc
 from benchmarks.studies import method_study_c_full as full
+from benchmarks.studies import method_study_c_slice as msc
 
 REPORT_JSON = RESULTS_DIR / "method_study_c.json"
 TABLE = RESULTS_DIR / "method_study_c" / "full_runs.csv.gz"

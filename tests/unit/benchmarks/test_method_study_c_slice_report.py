@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from benchmarks.common import RESULTS_DIR
-from benchmarks.studies import method_study_c as msc
+from benchmarks.studies import method_study_c_slice as msc
 
 REPORT_JSON = RESULTS_DIR / "method_study_c_slice.json"
 REPORT_MD = RESULTS_DIR / "method_study_c_slice.md"

@@ -2,6 +2,9 @@
 file readme_results.HOLDERS says holds it (README.md, docs/*.md)."""
 
 import json
+import math
+
+import pytest
 
 from benchmarks import readme_results
 from benchmarks.common import ROOT
@@ -99,3 +102,33 @@ def test_the_slice_block_reads_its_file(tmp_path):
     assert "No slice result yet" in readme_results.method_study_c_slice(tmp_path)
     real = readme_results.method_study_c_slice()
     assert real.count("seeds):") >= 5 and "matches CE_es + TS" in real
+
+
+# Protocols B's and A's blocks give each claim row's paired t interval (readme_results.paired_ci, moved from the
+# retired method_study.py with its tests). With n = 3 seeds the t distribution has 2 degrees of freedom, whose CDF and
+# quantile have closed forms: F(t) = 1/2 + t / (2 sqrt(2 + t^2)) and F^-1(p) = (2p - 1) / sqrt(2 p (1 - p)).
+def cdf2(t: float) -> float:
+    return 0.5 + t / (2.0 * math.sqrt(2.0 + t * t))
+
+
+def q2(p: float) -> float:
+    return (2.0 * p - 1.0) / math.sqrt(2.0 * p * (1.0 - p))
+
+
+def test_closed_forms_are_the_t_distribution_with_2_df():
+    assert q2(0.975) == pytest.approx(4.302652729749464, abs=1e-9)  # the table value
+    assert cdf2(q2(0.95)) == pytest.approx(0.95, abs=1e-12)
+
+
+def test_paired_ci_hand_computed():
+    # d = [1, 2, 6]: mean 3, sd sqrt(((-2)^2 + (-1)^2 + 3^2) / 2) = sqrt(7), se = sqrt(7 / 3)
+    c = readme_results.paired_ci([1.0, 2.0, 6.0])
+    se = math.sqrt(7.0 / 3.0)
+    assert c["n"] == 3 and c["mean"] == pytest.approx(3.0) and c["sd"] == pytest.approx(math.sqrt(7.0))
+    assert c["lo"] == pytest.approx(3.0 - 4.302652729749464 * se, abs=1e-9)  # -3.572411
+    assert c["hi"] == pytest.approx(9.572411, abs=1e-6)
+    # two-sided t-test of mean 0: p = 2 (1 - F(3 / se))
+    assert c["p"] == pytest.approx(2.0 * (1.0 - cdf2(3.0 / se)), abs=1e-12)
+    # paired differences of two methods are what goes in: (a - b) per seed
+    a, b = [0.10, 0.20, 0.65], [0.09, 0.18, 0.59]
+    assert readme_results.paired_ci([x - y for x, y in zip(a, b)])["mean"] == pytest.approx(0.03)
