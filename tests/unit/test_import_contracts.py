@@ -7,6 +7,8 @@ Issue #33: each integration (integrations/ray, mlflow, optuna) imports no other 
 below them; sweeps/contract.py, the bottom of layer 0, imports the standard library only; and no module
 imports an underscore name from another package of sweeps/. Each of these three rules is shown failing on a
 planted import.
+Issue #45: benchmarks/ has no import cycle either (a study imports the module it shares code from, never its caller),
+shown failing on a planted cycle and on a small made-up graph.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
 ]
 
 
-def _modules() -> dict[str, Path]:
+def _modules(packages: tuple[str, ...] = ("calib_core", "sweeps")) -> dict[str, Path]:
     out = {}
-    for pkg in ("calib_core", "sweeps"):
+    for pkg in packages:
         for p in (ROOT / pkg).rglob("*.py"):
             parts = p.relative_to(ROOT).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -53,6 +55,7 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+BENCHMARK_MODULES = _modules(("benchmarks",))
 
 
 def _from_module(name: str, path: Path, node: ast.ImportFrom) -> str:
@@ -64,8 +67,9 @@ def _from_module(name: str, path: Path, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """Every module name an import node in `path` refers to (`from pkg import sub` resolves to pkg.sub)."""
+def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[str]:
+    """Every module name an import node in `path` refers to (`from pkg import sub` resolves to pkg.sub when
+    `modules` holds pkg.sub)."""
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -73,20 +77,21 @@ def _imports(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             mod = _from_module(name, path, node)
             subs = [f"{mod}.{a.name}" for a in node.names]
-            known = [s for s in subs if s in MODULES]
+            known = [s for s in subs if s in modules]
             out.update(known)
             if len(known) < len(subs):
                 out.add(mod)
     return out
 
 
-def _project_deps(name: str) -> set[str]:
+def _project_deps(name: str, modules: dict[str, Path] = MODULES) -> set[str]:
+    """The modules of `modules` that module `name` imports (an import of pkg.mod.attr counts as pkg.mod)."""
     deps = set()
-    for imp in _imports(name, MODULES[name]):
+    for imp in _imports(name, modules[name], modules):
         parts = imp.split(".")
         for k in range(len(parts), 0, -1):
             cand = ".".join(parts[:k])
-            if cand in MODULES:
+            if cand in modules:
                 deps.add(cand)
                 break
     deps.discard(name)
@@ -205,11 +210,11 @@ def test_no_private_helper_is_imported_across_packages():
     assert not bad, "\n".join(bad)
 
 
-def _planted(tmp_path: Path, module: str, lines: str) -> dict[str, Path]:
-    """MODULES with `module` replaced by a copy of its source that has `lines` appended."""
+def _planted(tmp_path: Path, module: str, lines: str, modules: dict[str, Path] = MODULES) -> dict[str, Path]:
+    """`modules` with `module` replaced by a copy of its source that has `lines` appended."""
     copy = tmp_path / (module.replace(".", "_") + ".py")
-    copy.write_text(MODULES[module].read_text() + "\n\n" + lines)
-    return {**MODULES, module: copy}
+    copy.write_text(modules[module].read_text() + "\n\n" + lines)
+    return {**modules, module: copy}
 
 
 def test_the_rules_fail_on_planted_imports(tmp_path):
@@ -237,8 +242,9 @@ def test_the_rules_fail_on_planted_imports(tmp_path):
     ]
 
 
-def test_no_import_cycles():
-    graph = {n: _project_deps(n) for n in MODULES}
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of a graph (module -> the modules it imports): each strongly connected component of more
+    than one module, sorted (Tarjan's algorithm)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -246,12 +252,12 @@ def test_no_import_cycles():
     cycles: list[list[str]] = []
     counter = [0]
 
-    def visit(v: str) -> None:  # Tarjan's strongly connected components, iterative enough for this graph
+    def visit(v: str) -> None:  # recursive: deep enough for these graphs
         index[v] = low[v] = counter[0]
         counter[0] += 1
         stack.append(v)
         on.add(v)
-        for w in graph[v]:
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -271,7 +277,36 @@ def test_no_import_cycles():
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    assert not cycles, cycles
+    return sorted(cycles)
+
+
+def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    return {n: _project_deps(n, modules) for n in modules}
+
+
+def test_no_import_cycles():
+    assert import_cycles(_graph(MODULES)) == []
+
+
+def test_benchmarks_has_no_import_cycle():
+    """Issue #45 item 5: no module of benchmarks/ takes part in an import cycle (function-level imports count)."""
+    assert len(BENCHMARK_MODULES) > 20 and "benchmarks.studies.selection_v3" in BENCHMARK_MODULES
+    assert import_cycles(_graph(BENCHMARK_MODULES)) == []
+
+
+def test_the_cycle_check_fails_on_a_planted_cycle(tmp_path):
+    """A made-up graph's cycles are found (and a chain is not one); so is a cycle planted in a copy of a real module
+    of benchmarks/, through a function-level import, like the two issue #45 removed."""
+    made_up = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": set(), "f": {"g"}, "g": {"f"}}
+    assert import_cycles(made_up) == [["a", "b", "c"], ["f", "g"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    slice_, full = "benchmarks.studies.method_study_c_slice", "benchmarks.studies.method_study_c_full"
+    assert slice_ in _project_deps(full, BENCHMARK_MODULES)  # the full factorial is built on the slice's functions
+    planted = _planted(
+        tmp_path, slice_, "def _planted():\n    from benchmarks.studies import method_study_c_full\n", BENCHMARK_MODULES
+    )
+    cycles = import_cycles(_graph(planted))
+    assert [full, slice_] in cycles or any({full, slice_} <= set(c) for c in cycles), cycles
 
 
 def test_the_walker_sees_function_level_imports(tmp_path):
