@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import Field, field_validator
 
 from calib_core.config import _Strict
 from sweeps.contract import CONFORMAL_METHODS
+
+ConformalMethod = Literal["lac", "aps", "aps_randomized", "raps"]  # sweeps.contract.CONFORMAL_METHODS
 
 MAX_CONFORMAL_ALPHAS = 10
 
@@ -29,8 +31,8 @@ class EvaluationConfig(_Strict):
     # Conformal prediction sets of every candidate at each miscoverage level (split conformal, the finite-sample
     # quantile; validation cross-fitted on temperature_folds folds, test from all validation rows); [] turns it off.
     conformal_alphas: list[float] = Field(default_factory=lambda: [0.1])
-    conformal_methods: list[Literal["lac", "aps", "aps_randomized", "raps"]] = Field(
-        default_factory=lambda: list(CONFORMAL_METHODS), min_length=1
+    conformal_methods: list[ConformalMethod] = Field(
+        default_factory=lambda: list(cast("tuple[ConformalMethod, ...]", CONFORMAL_METHODS)), min_length=1
     )
 
     @field_validator("shift_severities")

@@ -85,9 +85,7 @@ def pick_key(
             f"{WHAT}: {path} has no {kind} array named {', '.join(candidates)} ({held}); set data.{field} to the "
             "one that holds them"
         )
-    raise DataError(
-        f"{WHAT}: {path} has several {kind} arrays ({', '.join(found)}); set data.{field} to one of them"
-    )
+    raise DataError(f"{WHAT}: {path} has several {kind} arrays ({', '.join(found)}); set data.{field} to one of them")
 
 
 def _headers(path: Path, x_key: str | None, y_key: str | None) -> dict[str, tuple[str, tuple[int, ...], np.dtype]]:

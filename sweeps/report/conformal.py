@@ -5,6 +5,7 @@ set size and its worst class and worst size stratum, at each configured alpha an
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ def _champion_arrays(champion: Any) -> dict[str, np.ndarray] | None:
         return {k.removeprefix(prefix): z[k] for k in keys}
 
 
-def conformal_plot(champion: Any, alphas: list[float], methods: list[str], path: Path) -> Path | None:
+def conformal_plot(champion: Any, alphas: list[float], methods: Sequence[str], path: Path) -> Path | None:
     """Left: the champion's test coverage against alpha per method (sets from all validation rows), beside 1 - alpha.
     Right: its test set sizes at the first configured alpha. None when its predictions are not at hand."""
     import torch
@@ -80,7 +81,7 @@ def _cell(row: Any, key: str, pct: bool) -> str:
     return f"{f(v)} [{f(lo)}, {f(hi)}]" if lo is not None and lo == lo else f(v)
 
 
-def conformal_table(board: Any, alphas: list[float], methods: list[str]) -> str:
+def conformal_table(board: Any, alphas: list[float], methods: Sequence[str]) -> str:
     """One HTML table per alpha: a row per candidate, per method its test coverage %, mean test set size (with
     intervals), mean validation set size (cross-fitted), worst class and worst size stratum coverage % (test)."""
     out = []
@@ -111,7 +112,7 @@ def conformal_table(board: Any, alphas: list[float], methods: list[str]) -> str:
     return "".join(out)
 
 
-def conformal_section(champion: Any, board: Any, alphas: list[float], methods: list[str], folder: Path) -> str:
+def conformal_section(champion: Any, board: Any, alphas: list[float], methods: Sequence[str], folder: Path) -> str:
     """The report's conformal section (figure and tables), "" when no candidate has sets; its PNG in `folder`."""
     from sweeps.report.html import _png
 
