@@ -13,7 +13,9 @@ the reason says so.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,6 +70,44 @@ def row_hashes(raw: np.ndarray) -> np.ndarray:
     for i, r in enumerate(rows):
         out[i] = int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=8).digest(), "little")
     return out
+
+
+def seen_record(data: Any) -> tuple[np.ndarray, dict[str, Any]] | None:
+    """What the gate records for a version trained on `data` (DataSplits): the hashes of the raw rows of its training
+    and validation splits (what it trained and was selected on) and its data description (dataset, task_record,
+    standardisation); None for multi-task data or a standardisation that cannot be undone."""
+    if data.tasks is not None:
+        return None  # multi-task models are not gated (yet)
+    seen = []
+    for split in (data.train, data.val):
+        raw = raw_inputs(split.x.numpy(), data.stats)
+        if raw is None:
+            return None
+        seen.append(row_hashes(raw))
+    return np.concatenate(seen), {"dataset": data.name, **task_record(data), "stats": data.stats}
+
+
+def write_seen_record(folder: Path, seen: np.ndarray, desc: dict[str, Any]) -> None:
+    """The gate's two files in `folder` (sweeps.contract GATE_ROWS_FILE, GATE_DATA_FILE), as logged under GATE_DIR."""
+    from sweeps.contract import GATE_DATA_FILE, GATE_ROWS_FILE
+
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(folder / GATE_ROWS_FILE, seen=seen)
+    (folder / GATE_DATA_FILE).write_text(json.dumps(desc))
+
+
+def write_trial_record(folder: Path, data: Any) -> None:
+    """A trial's gate record (seen_record) written in `folder` where the trial has its data loaded (the driver
+    would otherwise regenerate the splits at registration: seconds for generated data, every file of an image
+    folder); a warning instead when it cannot be made (registration then regenerates it): never the trial's loss."""
+    try:
+        record = seen_record(data)
+        if record is not None:
+            write_seen_record(folder, *record)
+    except Exception as exc:  # noqa: BLE001 - see above
+        import logging
+
+        logging.getLogger(__name__).warning("no gate record for this trial (registration makes it): %s", exc)
 
 
 def held_out_mask(new_test_hashes: np.ndarray, old_seen_hashes: np.ndarray) -> np.ndarray:

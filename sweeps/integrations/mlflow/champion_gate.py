@@ -43,8 +43,10 @@ from sweeps.decide.gate import (
     model_inputs,
     raw_inputs,
     row_hashes,
+    seen_record,
     task_difference,
     task_record,
+    write_seen_record,
 )
 from sweeps.decide.majority import majority_rate, no_better_than_majority
 from sweeps.decide.selection import POST_TS, TrialRecord
@@ -60,24 +62,27 @@ def _splits(run_config: dict[str, Any]) -> Any:
     return load_dataset(cfg.data, cfg.seed)
 
 
-def record_rows(store: MlflowStore, run_id: str, run_config: dict[str, Any], data: Any = None) -> dict[str, Any] | None:
+def record_rows(
+    store: MlflowStore, run_id: str, run_config: dict[str, Any], data: Any = None, ckpt: Path | None = None
+) -> dict[str, Any] | None:
     """Log `gate/rows.npz` and `gate/data.json` on a champion's run (once); its data description, None if unknown.
-    `data`: the run's splits when the caller has them already."""
-    data = _splits(run_config) if data is None else data
-    if data.tasks is not None:
-        return None  # multi-task models are not gated (yet)
-    seen = []
-    for split in (data.train, data.val):
-        raw = raw_inputs(split.x.numpy(), data.stats)
-        if raw is None:
-            return None
-        seen.append(row_hashes(raw))
-    desc = {"dataset": data.name, **task_record(data), "stats": data.stats}
-    have = {a.path for a in store.client.list_artifacts(run_id, GATE_DIR)}
-    if f"{GATE_DIR}/{GATE_ROWS_FILE}" not in have:
+    `ckpt`: the trial's final checkpoint, whose `gate/` files (written by the trial, which had its data loaded:
+    sweeps.integrations.ray.trainable) are logged as they are; without them the splits are regenerated here
+    (`data`: the run's splits when the caller has them already)."""
+    if ckpt is not None and all((ckpt / GATE_DIR / f).is_file() for f in (GATE_ROWS_FILE, GATE_DATA_FILE)):
+        recorded = json.loads((ckpt / GATE_DIR / GATE_DATA_FILE).read_text())
+        files = [(ckpt / GATE_DIR / GATE_ROWS_FILE, GATE_DIR), (ckpt / GATE_DIR / GATE_DATA_FILE, GATE_DIR)]
+        if f"{GATE_DIR}/{GATE_ROWS_FILE}" not in {a.path for a in store.client.list_artifacts(run_id, GATE_DIR)}:
+            store.log_artifacts(run_id, files)
+        return recorded
+    record = seen_record(_splits(run_config) if data is None else data)
+    if record is None:
+        return None
+    seen, desc = record
+    logged = {a.path for a in store.client.list_artifacts(run_id, GATE_DIR)}
+    if f"{GATE_DIR}/{GATE_ROWS_FILE}" not in logged:
         with tempfile.TemporaryDirectory(prefix="calib-gate-") as tmp:
-            np.savez_compressed(Path(tmp) / GATE_ROWS_FILE, seen=np.concatenate(seen))
-            (Path(tmp) / GATE_DATA_FILE).write_text(json.dumps(desc))
+            write_seen_record(Path(tmp), seen, desc)
             store.log_artifacts(
                 run_id, [(Path(tmp) / GATE_ROWS_FILE, GATE_DIR), (Path(tmp) / GATE_DATA_FILE, GATE_DIR)]
             )
@@ -159,12 +164,15 @@ def move_alias(
     promote: bool = False,
     prefix: str = "",
     no_better: str | None = None,
+    ckpt: Path | None = None,
 ) -> tuple[str, str]:
     """Point `@champion` (or `@challenger`) at the new version through the gate; (alias, one line saying why).
     `no_better`: why the new version is no better than the majority class (majority_reason): it gets
-    `@no-better-than-majority` instead, and `@champion` stays where it is."""
-    data = _splits(run_config)  # once: recorded for this version, and the gate's rows
-    record_rows(store, run_id, run_config, data)
+    `@no-better-than-majority` instead, and `@champion` stays where it is. `ckpt`: the trial's final checkpoint
+    (its gate record, record_rows). The splits are regenerated in the driver only when something needs them: a
+    comparison with the current champion, or a checkpoint without the record."""
+    data = None if ckpt is not None and (ckpt / GATE_DIR / GATE_ROWS_FILE).is_file() else _splits(run_config)
+    record_rows(store, run_id, run_config, data, ckpt)
     current = store.alias_version(model_name, CHAMPION_ALIAS)
     if no_better and current != version:
         alias = NO_BETTER_ALIAS
@@ -183,7 +191,7 @@ def move_alias(
             predictions,
             level=level,
             num_bins=num_bins,
-            data=data,
+            data=data,  # None: regenerated there
             prefix=prefix,
         )
         if d.promote:
@@ -256,5 +264,6 @@ def register_champion(
             promote=promote,
             prefix=TS_PREFIX if temperatures is not None else "",
             no_better=majority_reason(Path(d) / PREDICTIONS_FILE, accuracy_intervals or {}),
+            ckpt=Path(d),
         )
     return version, alias, line

@@ -347,17 +347,22 @@ def _stage(module: torch.nn.Module, spec: dict[str, Any], out: Path) -> None:
 def _log_portable_model(
     store: MlflowStore, run_id: str, module: torch.nn.Module, spec: dict[str, Any], fmt: str = EXPORT_FORMAT
 ) -> str:
-    """Log the portable model on `run_id` (its status and end time unchanged); return its model id."""
+    """Log the portable model of `run_id` with no run opened (the run's status, end time and metrics untouched,
+    and none of them copied onto the model one request per metric: sweeps/integrations/mlflow/logged_model.py);
+    return its model id."""
+    from sweeps.integrations.mlflow.logged_model import link_output, new_logged_model, pins_not_rechecked
+
     with tempfile.TemporaryDirectory(prefix="calib-export-") as tmp:
         out = Path(tmp)
         _stage(module, spec, out)
-        before = store.get_run(run_id).info
+        model = new_logged_model(store, run_id, LOGGED_MODEL_NAME, {TAG_EXPORT_FORMAT: fmt})
         saved_path = list(sys.path)
         try:
             retrying = fluent_http_retries(store.tracking_uri, store.retry is not None)
-            with retrying, mlflow.start_run(run_id=run_id, nested=False):
+            with retrying, pins_not_rechecked():
                 info = mlflow.pyfunc.log_model(
                     name=LOGGED_MODEL_NAME,
+                    model_id=model.model_id,
                     python_model=str(MODEL_CODE),
                     artifacts={"spec": str(out / "spec.json"), "weights": str(out / "weights.pt")},
                     code_paths=[str(out / "code" / "calib_core")],
@@ -365,14 +370,12 @@ def _log_portable_model(
                     signature=model_signature(spec),
                     input_example=logged_input_example(spec),
                     metadata={"calib_core_spec": spec},
-                    tags={TAG_EXPORT_FORMAT: fmt},
                 )
         finally:
             # MLflow validates the input example by loading the model here, which prepends the
             # model's (temporary) code directory to sys.path.
             sys.path[:] = saved_path
-            # start_run/end_run stamps a new end time; the trial's run keeps its own status and end time.
-            store.terminate(run_id, before.status, end_time=before.end_time)
+        link_output(store, run_id, model.model_id)
     store.mark_export_complete(info.model_id)
     return info.model_id
 

@@ -23,6 +23,7 @@ from sweeps.config import EvaluationConfig
 from sweeps.contract import (
     DEBIASED_METRICS,
     FINAL_FILE,
+    GATE_DIR,
     MODEL_FILE,
     MODEL_SPEC_FILE,
     OOD_SCORES,
@@ -345,6 +346,9 @@ def _report_final(
             np.savez_compressed(Path(d) / PREDICTIONS_FILE, **scored.arrays)  # type: ignore[arg-type]
             if scored.shift:
                 (Path(d) / SHIFT_FILE).write_text(json.dumps(scored.shift))
+            from sweeps.decide.gate import write_trial_record  # what the champion gate records, made here
+
+            write_trial_record(Path(d) / GATE_DIR, data)
         summary = {
             "run_config": run_cfg.model_dump(mode="json"),
             "input_shape": list(input_shape),
