@@ -3,6 +3,7 @@
     python -m benchmarks.perf.bench_bootstrap                   # B=1000, N=10^4, K=10, 8 trials, 5 repeats
     python -m benchmarks.perf.bench_bootstrap --coverage        # plus interval coverage by simulation
     python -m benchmarks.perf.bench_bootstrap --baseline none   # without the earlier implementation
+    python -m benchmarks.perf.bench_bootstrap --vs-numpy        # the sweep's bootstrap against plain numpy
 
 Prints a table and writes benchmarks/results/bench_bootstrap.json: seconds per trial per metric
 group and for all metrics in one call (what sweeps/decide/uncertainty.py makes), medians of the
@@ -121,6 +122,70 @@ def coverage(reps: int = 200, n: int = 1000, resamples: int = 500) -> list[dict[
     return rows
 
 
+def numpy_reference(probs: np.ndarray, labels: np.ndarray, counts: np.ndarray, num_bins: int) -> dict[str, np.ndarray]:
+    """Accuracy and ECE of every resample, in plain vectorised numpy: each resample's weights (its counts row) summed
+    per bin with one np.bincount over (resample, bin) pairs. The even bins are calib_core's (B upper edges; a
+    confidence equal to an edge belongs to the bin above it, 1.0 to a bin of its own)."""
+    from calib_core.metrics.binning import even_upper_edges
+
+    conf = probs.max(axis=1)
+    correct = (probs.argmax(axis=1) == labels).astype(np.float64)
+    b, n = counts.shape
+    nb = num_bins + 1
+    bins = np.searchsorted(even_upper_edges(num_bins), conf.astype(np.float64), side="right")
+    flat = (np.arange(b)[:, None] * nb + bins[None, :]).ravel()
+    w = counts.astype(np.float64)
+    total = w.sum(axis=1)
+    gap = np.bincount(flat, weights=(w * (conf - correct)[None, :]).ravel(), minlength=b * nb).reshape(b, nb)
+    return {"accuracy": w @ correct / total, "ece": np.abs(gap).sum(axis=1) / total}
+
+
+def vs_numpy(candidates: int = 16, n: int = 900, k: int = 10, resamples: int = 2000, repeats: int = 5) -> dict:
+    """What selection needs (validation accuracy and ECE of every candidate on shared resamples) from the sweep's
+    path (sweeps.decide.uncertainty.compute_replicates, names accuracy and ECE, no calibrated null) against
+    numpy_reference on the same counts, side by side in this process (alternating, medians of CPU seconds); the
+    largest difference of their replicates."""
+    from sweeps.decide.uncertainty import compute_replicates
+
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, k, n)
+    preds = {}
+    for c in range(candidates):
+        logits = rng.normal(size=(n, k)) * (1.0 + 0.1 * c)
+        logits[np.arange(n), labels] += 1.5
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        preds[f"c{c}"] = {"val": [(None, (p / p.sum(axis=1, keepdims=True)).astype(np.float32), labels)]}
+    counts = resample_counts(n, resamples, seed=0).numpy()  # compute_replicates' val counts at seed 0
+    settings = {"num_bins": 15, "num_resamples": resamples, "seed": 0, "names": ("accuracy", "ece"), "null_draws": 0}
+
+    def ours() -> Any:
+        return compute_replicates(preds, **settings)
+
+    def reference() -> dict:
+        return {t: numpy_reference(s["val"][0][1], labels, counts, 15) for t, s in preds.items()}
+
+    got, ref = ours(), reference()  # warm-up, and the same figures or the comparison is void
+    worst = max(
+        float(np.max(np.abs(got.values[t][f"val_{m}"] - ref[t][m]))) for t in preds for m in ("accuracy", "ece")
+    )
+    cpu: dict[str, list[float]] = {"sweep": [], "numpy": []}
+    for _ in range(repeats):
+        for name, fn in (("sweep", ours), ("numpy", reference)):
+            cpu[name].append(_timed(fn)[1])
+    med = {name: statistics.median(v) for name, v in cpu.items()}
+    return {
+        "candidates": candidates,
+        "n": n,
+        "k": k,
+        "resamples": resamples,
+        "repeats": repeats,
+        "cpu_s": med,
+        "cpu_s_all": cpu,
+        "ratio": med["sweep"] / med["numpy"],
+        "largest_difference": worst,
+    }
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -132,6 +197,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline", default="33ad87f", help="git revision whose compiled path is timed too ('none': skip)")
     p.add_argument("--out", default=str(RESULTS_DIR / "bench_bootstrap.json"))
     p.add_argument("--coverage", action="store_true", help="also simulate interval coverage (about a minute)")
+    p.add_argument(
+        "--vs-numpy",
+        action="store_true",
+        help="only the sweep's bootstrap of accuracy and ECE (16 candidates, 900 rows, 2,000 resamples) against plain "
+        "numpy on the same resamples, written into the results file as numpy_reference",
+    )
     p.add_argument(
         "--coverage-only",
         action="store_true",
@@ -236,6 +307,22 @@ def main(argv: list[str] | None = None) -> int:
     """Measure and print the table."""
     args = _parse_args(argv)
     load_start = os.getloadavg()
+    if args.vs_numpy:
+        ref = vs_numpy(repeats=args.repeats)
+        ref["load_average"] = [load_start, os.getloadavg()]
+        ref["threads"] = torch.get_num_threads()
+        ref["date"] = utc_now()
+        print(
+            f"Selection's bootstrap (val accuracy and ECE, {ref['candidates']} candidates, {ref['n']} rows, "
+            f"{ref['resamples']} shared resamples): sweep {ref['cpu_s']['sweep']:.3f} s CPU, plain numpy "
+            f"{ref['cpu_s']['numpy']:.3f} s CPU (ratio {ref['ratio']:.2f}, aim <= 5); largest difference "
+            f"{ref['largest_difference']:.1e}; {ref['threads']} threads, load average {load_start[0]:.1f}"
+        )
+        out = Path(args.out)
+        data = json.loads(out.read_text()) if out.exists() else {}
+        data["numpy_reference"] = ref
+        write_json(out, data)
+        return 0
     cover = coverage() if args.coverage or args.coverage_only else None
     if cover:
         _print_coverage(cover)
