@@ -165,18 +165,29 @@ def resource_plan(cfg: SweepConfig) -> str:
     )
 
 
-ADVICE_CHARS = 120  # a cut line keeps its end: the advice (the setting to change, the step to run) comes last
+def _fit(parts: list[str], limit: int) -> list[str]:
+    """`parts` shortened to fit `limit` characters together: the short ones whole, each long one cut in its middle
+    (its start names the field, its end gives the advice), the room shared out evenly."""
+    out, room = list(parts), limit
+    order = sorted(range(len(parts)), key=lambda j: len(parts[j]))
+    for left, i in zip(range(len(parts), 0, -1), order):  # shortest first: what they leave goes to the longer
+        share = room // left
+        if len(parts[i]) > share:
+            head = max(1, (share - 1) * 3 // 5)
+            out[i] = parts[i][:head] + "…" + parts[i][len(parts[i]) - max(0, share - 1 - head) :]
+        room -= len(out[i])
+    return out
 
 
 def _one_line(exc: BaseException) -> str:
-    """The error as one line, every URI in it without its secrets (sweeps/redaction.py); a long one loses its
-    middle (lists, echoed values), never its start (the field) or its end (the advice)."""
+    """The error as one line, every URI in it without its secrets (sweeps/redaction.py); a long one is shortened in
+    the middle of each of its '; '-separated parts, never at a part's start (the field) or end (the advice)."""
     text = redact_text(" ".join(str(exc).split())) or type(exc).__name__
     limit = ERROR_LINE_CHARS - len("error: ")
     if len(text) <= limit:
         return text
-    cut = f" …({len(text)} characters)… "
-    return text[: limit - ADVICE_CHARS - len(cut)] + cut + text[-ADVICE_CHARS:]
+    parts = text.split("; ")
+    return "; ".join(_fit(parts, limit - 2 * (len(parts) - 1)))
 
 
 def _redacting_excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
