@@ -14,6 +14,7 @@ ConfigError line.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,14 @@ def _collect(found: list[str], field: str | None, check: Callable[..., Any], *ar
         return False, None
 
 
+def _same_sqlite_folder(tracking_uri: str, storage_url: str) -> bool:
+    """Whether the MLflow store and the Optuna study are SQLite files in one folder."""
+    prefix = "sqlite:///"
+    if not (tracking_uri.startswith(prefix) and storage_url.startswith(prefix)):
+        return False
+    return Path(tracking_uri.removeprefix(prefix)).parent == Path(storage_url.removeprefix(prefix)).parent
+
+
 def _environment(
     cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, found: list[str], data_ok: bool
 ) -> StartupCheck:
@@ -105,11 +114,16 @@ def _environment(
             joined, _ = _collect(found, None, connect_cluster, plugin_runtime_env(cfg.plugins))
             if not joined:  # the servers' checks would wait for Services of a cluster this driver cannot reach
                 return StartupCheck(tuple(found))
+        tracking_at = len(found)
         tracking_ok, _ = _collect(found, "tracking.uri", check_tracking, cfg.tracking.uri or "", cluster)
         if cluster:
             loopback_tracking = bool(cfg.tracking.uri) and is_loopback(uri_host(cfg.tracking.uri or ""))
             _collect(found, None, check_cluster, cfg, loopback_tracking)
-        _collect(found, "search.storage", check_study_storage, cfg.search.storage or "memory", cluster)
+        storage = cfg.search.storage or "memory"
+        if tracking_ok or not _same_sqlite_folder(cfg.tracking.uri or "", storage):
+            _collect(found, "search.storage", check_study_storage, storage, cluster)
+        else:  # the study's SQLite file sits in the store's folder, already refused: said once, not twice
+            found[tracking_at] += " (the folder of search.storage's study too)"
         if cfg.storage_path and "://" in cfg.storage_path and not cfg.storage_path.startswith("file://"):
             _collect(found, None, probe_remote_storage, cfg.storage_path)
 

@@ -250,7 +250,9 @@ CASES = [
     case(
         "tracking-sqlite-dir-missing",
         ["--tracking-uri", "sqlite:///{cwd}/missing/mlflow.db"],
-        "tracking.uri: the folder {cwd}/missing of the SQLite store does not exist",
+        # the study's file defaults to the same folder: one problem said once, naming both fields
+        "tracking.uri: the folder {cwd}/missing of the SQLite store does not exist (create it, or point the URI"
+        " elsewhere) (the folder of search.storage's study too)",
     ),
     case(
         "tracking-sqlite-is-dir",
