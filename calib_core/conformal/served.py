@@ -1,7 +1,8 @@
 """The conformal quantiles a deployed model carries, and its prediction sets on request.
 
 `served_record(probs, labels, alphas)` calibrates every served method (lac, aps, raps) at every alpha on all the
-calibration rows (a sweep's validation split, on the probabilities the model serves) with the service's convention
+calibration rows (a sweep's validation split, on the probabilities behind its test numbers: for temperature scaling
+on top, the cross-fitted ones) with the service's convention
 (finite_sample: the ceil((n + 1)(1 - alpha))-th smallest score; the set {k : score_k <= q}, which may be empty).
 The record is plain JSON (calib_core.export.with_conformal puts it in the model's spec):
 

@@ -20,11 +20,11 @@ label values, the image folder's sub-folders; its index the input's); an array o
 as the param `output: "frame" | "array"` asks.
 
 Prediction sets (calib_core.conformal.served): with params `alpha` (a miscoverage level whose quantile the model
-stores: the spec's `conformal` record, calibrated at export on all validation rows with the probabilities this model
-serves) and optionally `method` ("lac", the default, "aps" or "raps"), `predict` returns each row's split conformal
-set as the list of its class names instead of the probabilities: a DataFrame with one column `set` for a DataFrame
-input (its index the input's), a list of lists otherwise (`output` chooses as for probabilities). The sets follow
-the stored convention (finite_sample: {k : score_k <= q}; a set may be empty, and it is every label where the
+stores: the spec's `conformal` record, calibrated at export on all validation rows, the quantile behind the sweep's
+test numbers) and optionally `method` ("lac", the default, "aps" or "raps"), `predict` returns each row's split
+conformal set as the list of its class names instead of the probabilities: a DataFrame with one column `set` for a
+DataFrame input (its index the input's), a list of lists otherwise (`output` chooses as for probabilities). The sets
+follow the stored convention (finite_sample: {k : score_k <= q}; a set may be empty, and it is every label where the
 calibration rows were too few for that alpha). Randomised APS is not served (one input would get different sets on
 different calls). An alpha or method without a stored quantile is refused in one line naming the stored ones.
 

@@ -53,6 +53,7 @@ from sweeps.contract import (
     SUMMARY_FILE,
     TAG_EXPORT_FORMAT,
     TAG_SOURCE_RUN,
+    TS_PREFIX,
     is_finite_number,
 )
 from sweeps.integrations.mlflow.retry import fluent_http_retries
@@ -191,9 +192,11 @@ def conformal_record(
 ) -> dict[str, Any] | None:
     """The conformal quantiles the exported model stores (calib_core.conformal.served.served_record): lac, aps and
     raps at every alpha of CONFORMAL_SERVED_ALPHAS and `alphas` (the sweep's evaluation.conformal_alphas), calibrated
-    on all the trial's validation rows (PREDICTIONS_FILE) with the probabilities the model serves: the trial's own,
-    or with `temperatures` (fitted on all validation rows) on top. None without single-task validation predictions
-    (a multi-task model, or a checkpoint without the file): the model then serves no sets."""
+    on all the trial's validation rows (PREDICTIONS_FILE) with the probabilities behind the sweep's test numbers
+    (calib_core.conformal.evaluate_sets): the trial's own, or for a "+ TS" model (`temperatures` given) the
+    cross-fitted validation probabilities the trial stored under TS_PREFIX; so the served sets are the sets the
+    report's test coverage and size describe. None without single-task validation predictions (a multi-task model,
+    or a checkpoint without the file): the model then serves no sets."""
     from calib_core.conformal.served import served_record, with_temperature
 
     path = ckpt / PREDICTIONS_FILE
@@ -202,13 +205,14 @@ def conformal_record(
     with np.load(path, allow_pickle=False) as z:
         if "tasks" in z.files or "val_probs" not in z.files or "val_labels" not in z.files:
             return None
-        probs, labels = z["val_probs"], z["val_labels"]
+        prefix = TS_PREFIX if temperatures is not None and f"{TS_PREFIX}val_probs" in z.files else ""
+        probs, labels = z[f"{prefix}val_probs"], z[f"{prefix}val_labels"]
     if len(labels) == 0:
         return None
-    # stored as float32 softmax: re-normalised in float64, as the served model normalises its own
-    served = torch.from_numpy(probs).double()
-    served = served / served.sum(dim=1, keepdim=True)
-    if temperatures is not None:
+    # as stored (float32), widened as evaluate_sets widens them, so the quantile is the sweep's to the last bit
+    served = torch.from_numpy(probs)
+    if temperatures is not None and not prefix:
+        # a "+ TS" checkpoint without its cross-fitted predictions (none were measured for it): the full fit's
         served = with_temperature(served, float(temperatures[0]))
     return served_record(served, labels, (*CONFORMAL_SERVED_ALPHAS, *alphas))
 

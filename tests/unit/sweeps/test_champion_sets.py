@@ -4,7 +4,9 @@ A table model (sklearn's digits as a CSV, ten classes named as words) is trained
 writes its final checkpoint (the model, its summary and `predictions.npz` from calib_core.evaluation.prediction_arrays),
 then logged and registered twice by `log_and_register`: as trained, and as a "+ TS" candidate (a temperature on top).
 Each loaded pyfunc must store, per method (lac, aps, raps) and alpha (CONFORMAL_SERVED_ALPHAS and the sweep's own), the
-finite-sample quantile of its own served probabilities on the validation rows; with params {"alpha", "method"} its sets
+finite-sample quantile of its own served probabilities on the validation rows (the checkpoint holds no cross-fitted
+"+ TS" predictions, so the "+ TS" model falls back to its full-fit temperature; with them it takes their quantile,
+the one behind the sweep's test numbers: test_served_sets_match_report.py); with params {"alpha", "method"} its sets
 must be calib_core.conformal.prediction_sets on the probabilities it serves with that quantile, as class names (a
 DataFrame `set` column for a DataFrame in, lists otherwise), also through MLflow's scoring app; an alpha or method
 without a stored quantile is one line (HTTP 400 served) naming the stored ones.
