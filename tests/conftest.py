@@ -33,6 +33,7 @@ SLOW_FIRST = (
     "tests/e2e/test_sweep_signals.py",  # ~3
     "tests/e2e/test_sweep_stops_group.py",  # ~3
     "tests/e2e/test_pretrained_library_e2e.py",  # ~2
+    "tests/e2e/test_conformal_sets_e2e.py",  # ~2: a 3-trial sweep, then its champion served over HTTP
     "tests/e2e/test_sweep_objectives.py",
     "tests/e2e/test_preflight_cluster.py",
     "tests/e2e/test_sweep_oom.py",
