@@ -37,6 +37,10 @@ STUDIES: dict[str, tuple[str, str]] = {
         "benchmarks.studies.selection_v4",
         "the simplest selection rule the evidence supports (issue #45): `--analyse`, `--power`",
     ),
+    "conformal_sets_v1": (
+        "benchmarks.studies.conformal_sets_v1",
+        "one-go or CE_es + TS, which gives smaller conformal sets (issue #48): `--analyse`, `--quick`",
+    ),
     "bench_search": ("benchmarks.studies.bench_search", "TPE vs random vs grid on a tabulated objective"),
     "study_compact": (
         "benchmarks.studies.study_compact",
