@@ -622,8 +622,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write bench_sampler.md and .json."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",")], default=[1000, 5000, 10000])
-    p.add_argument("--asks", type=int, default=20, help="timed asks per sampler and n (after one cold ask)")
+    p.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",")], default=None, help="default 1000,5000,10000")
+    p.add_argument("--asks", type=int, default=None, help="timed asks per sampler and n after one cold ask (20)")
     p.add_argument("--no-sqlite", dest="sqlite", action="store_false", help="time the in-memory storage only")
     p.add_argument("--cache", type=Path, default=CACHE, help="where the SQLite studies are built once")
     p.add_argument(
@@ -644,9 +644,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="where bench_sampler.md / .json go (default: results)")
     args = p.parse_args(argv)
     args.argv = argv
-    if args.quick:
-        args.ns, args.asks, args.sqlite = [200, 500], 3, False
+    if args.quick:  # what was not given: small
+        args.ns, args.asks, args.sqlite = args.ns or [200, 500], args.asks or 3, False
         args.quality = args.quality or [(8, 2, 32, 3, ["mnist1d"])]
+    args.ns, args.asks = args.ns or [1000, 5000, 10000], args.asks or 20
     from sweeps.integrations.optuna.sampler import HISTORY_ELITE, HISTORY_WINDOW
 
     args.also = args.also if args.also is not None else [(500, 50)]

@@ -85,12 +85,13 @@ class BoundedTPESampler(TPESampler):
     def history_view(self, study: Study, trial: FrozenTrial) -> Study:
         """The study itself while it holds at most window + elite trials besides `trial`, else a view of the
         bounded history (what `_sample` hands TPE)."""
-        # the count from this ask's snapshot of the study (TPE's start-up check took it: no second database read)
-        if len(study._get_trials(deepcopy=False, use_cache=True)) <= self.window + self.elite + 1:
+        # every trial, in number order (both Optuna storages sort by number: samplers rely on it), from this ask's
+        # snapshot of the study: TPE's start-up check took it, so an RDB study is not read again (TPE itself reads it
+        # afresh for each parameter under constant_liar, for running trials another process may have finished; the
+        # sweep's driver alone asks and tells)
+        trials = study._get_trials(deepcopy=False, use_cache=True)
+        if len(trials) <= self.window + self.elite + 1:
             return study
-        # every trial as TPE would read it now, in number order (both Optuna storages sort by number: samplers rely
-        # on it)
-        trials = study._get_trials(deepcopy=False, use_cache=not self._constant_liar)
         if trials[-1].number != len(trials) - 1:  # numbers not 0..n-1 (not an Optuna storage): no archive
             self._archive = None
             history = bounded_history(trials, trial.number, study.directions, self.window, self.elite)
