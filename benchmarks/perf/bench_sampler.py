@@ -653,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     args.also = args.also if args.also is not None else [(500, 50)]
     args.quality = args.quality or [
         (16, 4, 128, 100, ["mnist1d", "digits"]),
-        (HISTORY_WINDOW, HISTORY_ELITE, 2000, 8, ["mnist1d"]),
+        (HISTORY_WINDOW, HISTORY_ELITE, 1500, 5, ["mnist1d"]),
     ]
     out = out_dir(args.out, args.quick, prefix="bench_sampler_")
     data = run(args, log=lambda s: print(s, flush=True))
