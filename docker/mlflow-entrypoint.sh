@@ -11,7 +11,12 @@
 #   MLFLOW_FLASK_SERVER_SECRET_KEY  CSRF secret of the auth app (same value on every replica)
 #   MLFLOW_BACKEND_STORE_URI, MLFLOW_ARTIFACTS_DESTINATION, MLFLOW_SERVER_ALLOWED_HOSTS, ...
 #                                   read by `mlflow server` as its option defaults
-# Arguments are passed to `mlflow server` unchanged.
+#   PROMETHEUS_MULTIPROC_DIR        where the server's workers write their Prometheus metrics (default
+#                                   /tmp/mlflow/prometheus; the Deployment: the volume it shares with the `metrics`
+#                                   sidecar, docker/mlflow-metrics). Passed as `--expose-prometheus DIR`; emptied of
+#                                   the previous start's files first, as prometheus_client's multiprocess mode
+#                                   requires (an emptyDir outlives a container restart). Empty: no metrics.
+# Arguments are passed to `mlflow server` after --expose-prometheus.
 set -eu
 
 : "${MLFLOW_AUTH_DATABASE_URI:?MLFLOW_AUTH_DATABASE_URI is not set (users database of the basic-auth app)}"
@@ -30,4 +35,14 @@ authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 INI
 export MLFLOW_AUTH_CONFIG_PATH="$cfg"
 
+# MLflow hands DIR to its workers as `prometheus_multiproc_dir`; prometheus_client prefers PROMETHEUS_MULTIPROC_DIR
+# when that is set, so it is exported as the same directory: the two names can never point apart.
+metrics_dir="${PROMETHEUS_MULTIPROC_DIR-/tmp/mlflow/prometheus}"
+if [ -n "$metrics_dir" ]; then
+  mkdir -p "$metrics_dir"
+  rm -f "$metrics_dir"/*.db
+  export PROMETHEUS_MULTIPROC_DIR="$metrics_dir"
+  exec mlflow server --expose-prometheus "$metrics_dir" "$@"
+fi
+unset PROMETHEUS_MULTIPROC_DIR
 exec mlflow server "$@"

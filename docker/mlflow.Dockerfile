@@ -3,7 +3,8 @@
 # MLflow tracking server for the sweep service: PostgreSQL backend store (psycopg 3: SQLAlchemy 2.1
 # maps postgresql:// DSNs to it; with psycopg2 alone the server fails to start), S3 / MinIO
 # artifacts proxied by the server (boto3, --serve-artifacts), and the basic-auth app
-# (mlflow[auth] -> Flask-WTF). Runs as a non-root user. `mlflow-db-upgrade` (the Deployment's init
+# (mlflow[auth] -> Flask-WTF), Prometheus metrics (--expose-prometheus: prometheus-flask-exporter, served to
+# Prometheus by docker/mlflow-metrics). Runs as a non-root user. `mlflow-db-upgrade` (the Deployment's init
 # containers) waits for the database and migrates both schemas before the server starts.
 #
 #   docker build -f docker/mlflow.Dockerfile -t REGISTRY/calib-sweeps/mlflow:0.1.0 .
@@ -38,12 +39,15 @@ COPY docker/locks/mlflow-image.txt /tmp/mlflow-image.lock
 RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/mlflow-image.lock \
  && rm /tmp/mlflow-image.lock \
  && pip check \
- && MLFLOW_AUTH_CONFIG_PATH="" python -c "import mlflow, mlflow.db, mlflow.server.auth.db.cli as a, psycopg, boto3, flask_wtf, sqlalchemy.dialects.postgresql.psycopg; assert callable(mlflow.db.upgrade.callback) and callable(a.upgrade.callback); print('mlflow', mlflow.__version__)"
+ && MLFLOW_AUTH_CONFIG_PATH="" python -c "import mlflow, mlflow.db, mlflow.server.auth.db.cli as a, psycopg, boto3, flask_wtf, sqlalchemy.dialects.postgresql.psycopg, prometheus_flask_exporter.multiprocess, prometheus_client.multiprocess; assert callable(mlflow.db.upgrade.callback) and callable(a.upgrade.callback); print('mlflow', mlflow.__version__)"
 
 COPY --chmod=0755 docker/mlflow-entrypoint.sh /usr/local/bin/mlflow-entrypoint.sh
 # Init containers: wait for the database, then `mlflow db upgrade` (tracking and basic-auth schemas).
 COPY --chmod=0755 docker/mlflow-db-upgrade /usr/local/bin/mlflow-db-upgrade
 COPY --chmod=0755 docker/mlflow-healthcheck /usr/local/bin/mlflow-healthcheck
+# The Deployment's `metrics` sidecar: serves the server's Prometheus metrics (--expose-prometheus, written by its
+# workers to a shared directory) on a port of their own, without MLflow's basic auth (docker/mlflow-metrics).
+COPY --chmod=0755 docker/mlflow-metrics /usr/local/bin/mlflow-metrics
 
 USER 10001:10001
 WORKDIR /home/mlflow

@@ -311,17 +311,34 @@ def test_mlflow_entrypoint_writes_auth_config_and_execs_the_server(tmp_path):
     assert subprocess.run(["sh", "-n", str(script)], capture_output=True).returncode == 0
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
-    (fake_bin / "mlflow").write_text('#!/bin/sh\necho "ARGS:$*"\necho "CFG:$MLFLOW_AUTH_CONFIG_PATH"\n')
+    (fake_bin / "mlflow").write_text(
+        '#!/bin/sh\necho "ARGS:$*"\necho "CFG:$MLFLOW_AUTH_CONFIG_PATH"\necho "PROM:$PROMETHEUS_MULTIPROC_DIR"\n'
+    )
     (fake_bin / "mlflow").chmod(0o755)
     cfg = tmp_path / "auth" / "basic_auth.ini"
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    (metrics / "counter_4242.db").write_bytes(b"a previous start's worker")  # stale: the emptyDir outlives a restart
     env = {
         "PATH": f"{fake_bin}:/usr/bin:/bin",
         "MLFLOW_AUTH_CONFIG_PATH": str(cfg),
         "MLFLOW_AUTH_DATABASE_URI": "postgresql://u:p%40ss@db:5432/mlflow",
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics),
     }
     proc = subprocess.run(["sh", str(script), "--app-name", "basic-auth"], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "ARGS:server --app-name basic-auth" in proc.stdout and f"CFG:{cfg}" in proc.stdout
+    # MLflow's Prometheus metrics (issue #46 item 1): --expose-prometheus with the multiprocess directory, emptied of
+    # the previous start's files, and prometheus_client's own variable naming the same directory
+    assert f"ARGS:server --expose-prometheus {metrics} --app-name basic-auth" in proc.stdout, proc.stdout
+    assert f"CFG:{cfg}" in proc.stdout and f"PROM:{metrics}\n" in proc.stdout
+    assert list(metrics.iterdir()) == []
+    off = subprocess.run(
+        ["sh", str(script), "--app-name", "basic-auth"],
+        env={**env, "PROMETHEUS_MULTIPROC_DIR": ""},
+        capture_output=True,
+        text=True,
+    )
+    assert off.returncode == 0 and "ARGS:server --app-name basic-auth\n" in off.stdout and "PROM:\n" in off.stdout
     import configparser
 
     parser = configparser.ConfigParser()
