@@ -49,6 +49,8 @@ ALERTS = {
     "CalibSweepsRayJobFailed",
     "CalibSweepsGpuWorkerPending",
     "CalibSweepsMLflowDown",
+    "CalibSweepsMLflowErrors",
+    "CalibSweepsMLflowMetricsDown",
     "CalibSweepsPostgresDown",
 }
 
