@@ -14,9 +14,9 @@ ConfigError line.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError
