@@ -82,6 +82,11 @@ def trade_line(choice: Choice, cfg: Any) -> str:
     if best is top:
         return "Trade: none, it is also the most accurate candidate."
     gap = choice.standings[best.trial_id].accuracy_gap
+    if gap == 0:  # the same val accuracy: nothing is given up, the smaller sets come free
+        return (
+            f"Trade: none, it ties the most accurate candidate {top.label} ({top.family}) on val accuracy, with a val "
+            f"mean set size of {best.metrics[key]:.2f} against its {top.metrics[key]:.2f}."
+        )
     return (
         f"Trade: {points(gap, cfg.max_accuracy_loss)} pt less accurate on validation than the most accurate candidate "
         f"{top.label} ({top.family}), for a val mean set size of {best.metrics[key]:.2f} against its "

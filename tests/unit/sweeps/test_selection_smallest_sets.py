@@ -47,3 +47,14 @@ def test_margin_zero_keeps_the_most_accurate_and_a_missing_size_is_named() -> No
     assert choose(records, SelectionConfig(rule="smallest_sets", max_accuracy_loss=0.0), reps).champion.trial_id == "t0"
     with pytest.raises(ValueError, match="val_cp_aps_a20_size, missing from candidates"):
         choose(records, SelectionConfig(rule="smallest_sets", sets_method="aps", sets_alpha=0.2), reps)
+
+
+def test_a_tie_on_accuracy_is_no_trade() -> None:
+    # t1 ties the most accurate t0 on val accuracy with smaller sets: nothing is given up, and the line must not say
+    # "0.0 pt less accurate" (issue #48's e2e run printed that)
+    records, reps = _candidates([0.90, 0.90], [2.4, 1.9])
+    choice = choose(records, SelectionConfig(rule="smallest_sets"), reps)
+    assert choice.champion.trial_id == "t1" and choice.most_accurate.trial_id == "t0"
+    trade = choice.sentence.splitlines()[1]
+    assert trade.startswith("Trade: none, it ties the most accurate candidate trial 0") and "less accurate" not in trade
+    assert "1.90 against its 2.40" in trade
