@@ -122,16 +122,32 @@ def http(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
         return 0, b""
 
 
-def start_mlflow(cluster: Cluster, resources, pod: str, port: int, with_init: bool = True, service: bool = True):
+def start_mlflow(
+    cluster: Cluster,
+    resources,
+    pod: str,
+    port: int,
+    with_init: bool = True,
+    service: bool = True,
+    metrics_port: int | None = None,
+):
     """The MLflow Deployment's pod; `service=False` keeps it out of the `mlflow` Service's DNS name
     (a second server on the same network would otherwise take the name over, and stopping it
-    removes the name for the first one too)."""
+    removes the name for the first one too). The server container alone unless `metrics_port` is given: then the
+    pod's `metrics` container too (docker/mlflow-metrics), published there. It reads the server's metrics folder
+    (the emptyDir mlflow-metrics, one host folder for both here) but has an address of its own (the harness does
+    not share a pod's network) and no Service name (nothing in the stack reaches it; Prometheus is outside)."""
     dep = find_template(resources, "Deployment", "mlflow")
     if not with_init:
         dep["spec"].pop("initContainers")
     if not service:
         dep.setdefault("metadata", {})["labels"] = {}
-    names = cluster.run_pod(pod, dep, publish=[f"127.0.0.1:{port}:5000"])
+    names = cluster.run_pod(pod, dep, containers=["mlflow"], publish=[f"127.0.0.1:{port}:5000"])
+    if metrics_port is not None:
+        sidecar = next(c for c in dep["spec"]["containers"] if c["name"] == "metrics")
+        cluster.run_container(
+            pod, dep["spec"], sidecar, labels={}, detach=True, publish=[f"127.0.0.1:{metrics_port}:9464"]
+        )
     return names["mlflow"], dep["spec"]["containers"][0]
 
 
@@ -181,8 +197,8 @@ def stack(built_images, tmp_path_factory):
                 proc = run_job(cluster, resources, job_name, f"{job_name}-{i}")
                 job_logs[f"{job_name}-{i}"] = proc.stdout + proc.stderr
                 assert proc.returncode == 0, proc.stdout + proc.stderr
-        port = free_port()
-        name, container = start_mlflow(cluster, resources, "mlflow-0", port)
+        port, metrics_port = free_port(), free_port()
+        name, container = start_mlflow(cluster, resources, "mlflow-0", port, metrics_port=metrics_port)
         cluster.wait_ready(name, container, timeout=300)
         # The sweep's own MLflow user (EDIT on its experiment), as `kubectl apply -k` would start it; twice, since
         # every apply runs it again. Every container test then logs in as that user, as the Ray pods do.
@@ -202,6 +218,8 @@ def stack(built_images, tmp_path_factory):
             port=port,
             mlflow=name,
             url=f"https://127.0.0.1:{port}",
+            # the pod's `metrics` container (MLflow's Prometheus metrics), published as a port-forward would
+            metrics_url=f"https://127.0.0.1:{metrics_port}/metrics",
             ca=ca,
             auth=(tracking["username"], tracking["password"]),
             startup_s=round(time.monotonic() - t0, 1),

@@ -103,6 +103,8 @@ class Cluster:
             for p in svc["spec"]["ports"]:
                 target = p.get("targetPort", p["port"])
                 number = next((cp["containerPort"] for cp in ports if cp.get("name") == target), target)
+                if isinstance(number, str):
+                    continue  # a named port of another container of the pod (MLflow's `metrics` beside `mlflow`)
                 assert number == p["port"], f"Service {svc['metadata']['name']}: port {p['port']} -> {target}"
             aliases += self.dns_names(svc["metadata"]["name"])
         return aliases

@@ -47,6 +47,29 @@ def test_basic_auth_refuses_requests_without_credentials(stack):
     assert _http(api, stack.auth)[0] == 200
 
 
+def test_mlflow_metrics_answer_the_admin_alone_and_the_metrics_container_anyone_it_admits(stack):
+    """MLflow's Prometheus metrics (issue #46 item 1) from the image as built and the dev pod as rendered: the
+    server's own /metrics refuses a request without credentials (401) and the sweep's user (403: not an admin), and
+    answers the admin; the pod's `metrics` container (docker/mlflow-metrics, the shared emptyDir read-only) serves
+    the workers' sum without a credential over HTTPS verified against the dev CA, the 401s above counted."""
+    import re
+
+    own = f"{stack.url}/metrics"
+    admin = (stack.secrets["mlflow-auth"]["admin-username"], stack.secrets["mlflow-auth"]["admin-password"])
+    assert _http(own)[0] == 401
+    assert _http(own, stack.auth)[0] == 403
+    status, body = _http(own, admin)
+    assert status == 200 and b"mlflow_http_request_total" in body
+    status, body = _http(stack.metrics_url)
+    assert status == 200, body[-500:]
+    text = body.decode()
+    unauthorized = sum(
+        float(v) for v in re.findall(r'^mlflow_http_request_total{[^}]*status="401"[^}]*} (\S+)$', text, re.M)
+    )
+    assert unauthorized >= 1, text[-2000:]
+    assert "mlflow_http_request_duration_seconds_count" in text
+
+
 def test_mlflow_speaks_tls_and_a_client_without_the_ca_is_refused(stack, tmp_path):
     """MLflow serves TLS with the certificate of Secret mlflow-tls. In the namespace, a pod given the CA (ca.crt of
     that Secret, as ray-env mounts it) reaches https://mlflow:5000 with verification; one without it is refused,
