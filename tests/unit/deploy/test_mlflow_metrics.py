@@ -207,6 +207,39 @@ def _samples(text: str, name: str) -> dict[str, float]:
     return out
 
 
+def _server_env(tmp_path: Path, metrics_dir: Path, admin: tuple[str, str]) -> dict[str, str]:
+    """The Deployment's environment for a basic-auth server with a SQLite auth store under `tmp_path`."""
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth" / "basic_auth.ini"),
+        "MLFLOW_AUTH_DATABASE_URI": f"sqlite:///{tmp_path}/auth.db",
+        "MLFLOW_AUTH_ADMIN_USERNAME": admin[0],
+        "MLFLOW_AUTH_ADMIN_PASSWORD": admin[1],
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex(),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+    }
+
+
+def _create_user(url: str, context: ssl.SSLContext, admin: tuple[str, str], name: str) -> tuple[str, str]:
+    """A new user (not an admin), created by the admin through MLflow's REST API; its (name, password)."""
+    password = "Pr0metheus-" + os.urandom(8).hex()
+    request = urllib.request.Request(
+        f"{url}/api/2.0/mlflow/users/create",
+        data=json.dumps({"username": name, "password": password}).encode(),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": "Basic " + base64.b64encode(":".join(admin).encode()).decode(),
+        },
+    )
+    with urllib.request.urlopen(request, timeout=10, context=context) as r:
+        assert json.loads(r.read())["user"]["is_admin"] is False
+    return name, password
+
+
 @pytest.mark.slow  # about 50 s here (three MLflow processes start); `make test-slow`
 def test_a_real_server_answers_metrics_to_the_admin_alone_and_the_sidecar_serves_them_without_credentials(tmp_path):
     # the test extra installs both (pyproject.toml); without them this fails here, it does not skip
@@ -221,18 +254,7 @@ def test_a_real_server_answers_metrics_to_the_admin_alone_and_the_sidecar_serves
     (metrics_dir / "counter_4242.db").write_bytes(b"stale")  # a previous start's: the entrypoint removes it
     admin = ("admin", "Adm1n-" + os.urandom(8).hex())
     port, metrics_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth" / "basic_auth.ini"),
-        "MLFLOW_AUTH_DATABASE_URI": f"sqlite:///{tmp_path}/auth.db",
-        "MLFLOW_AUTH_ADMIN_USERNAME": admin[0],
-        "MLFLOW_AUTH_ADMIN_PASSWORD": admin[1],
-        "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex(),
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
-    }
+    env = _server_env(tmp_path, metrics_dir, admin)
     # the Deployment's arguments, on loopback with a SQLite store
     server_args = ["--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--app-name", "basic-auth"]
     server_args += ["--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db"]
@@ -264,19 +286,7 @@ def test_a_real_server_answers_metrics_to_the_admin_alone_and_the_sidecar_serves
             # MLflow's own /metrics: no credential 401, a user without admin 403 (fail-closed), the admin 200
             unauthenticated = [_get(f"{url}/metrics", context)[0] for _ in range(3)]
             assert unauthenticated == [401] * 3
-            body = json.dumps({"username": "prometheus", "password": "Pr0metheus-" + os.urandom(8).hex()})
-            request = urllib.request.Request(
-                f"{url}/api/2.0/mlflow/users/create",
-                data=body.encode(),
-                method="POST",
-                headers={
-                    "Content-Type": "application/json",
-                    "Authorization": "Basic " + base64.b64encode(":".join(admin).encode()).decode(),
-                },
-            )
-            with urllib.request.urlopen(request, timeout=10, context=context) as r:
-                assert json.loads(r.read())["user"]["is_admin"] is False
-            user = ("prometheus", json.loads(body)["password"])
+            user = _create_user(url, context, admin, "prometheus")
             assert [_get(f"{url}/metrics", context, user)[0] for _ in range(2)] == [403, 403]
             status, own = _get(f"{url}/metrics", context, admin)
             assert status == 200 and "mlflow_http_request_total" in own
