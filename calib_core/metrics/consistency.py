@@ -63,14 +63,13 @@ def calibrated_null(
     x = prepare(probs, labels, from_logits=from_logits)
     p = x.probs.detach().cpu()
     n, k = p.shape
-    drawn = _draw_labels(p, num_draws, seed)
     out: dict[str, Tensor] = {}
     top = tuple(m for m in names if PRESETS[m]["top_label"])
     if top:
         # Top-label errors see only whether the drawn label is the predicted class: two rows per
         # example (right, wrong) instead of K.
         pred = p.argmax(dim=1).numpy()
-        right = (drawn == pred[None, :]).astype(np.float32)
+        right = _drawn_is(p, pred, num_draws, seed).astype(np.float32)
         weights = np.stack((right, 1.0 - right), axis=2).reshape(num_draws, 2 * n)
         wrong = (pred + 1) % k
         rows = p.repeat_interleave(2, dim=0)
@@ -78,6 +77,7 @@ def calibrated_null(
         out.update(bootstrap_metrics(rows, classes, torch.from_numpy(weights), num_bins=num_bins, names=top))
     per_class = tuple(m for m in names if not PRESETS[m]["top_label"])
     if per_class:
+        drawn = _draw_labels(p, num_draws, seed)
         rows = p.repeat_interleave(k, dim=0)
         classes = torch.arange(k).repeat(n)
         chunk = max(1, _CHUNK_ELEMENTS // (n * k))  # bounds the (draws, N * K) weight matrix
@@ -107,6 +107,22 @@ def _draw_labels(p: Tensor, num_draws: int, seed: int) -> np.ndarray:
         ub = u[b0 : b0 + step]
         out[b0 : b0 + len(ub)] = np.minimum((ub[:, :, None] > cum[None]).sum(axis=2), k - 1)
     return out
+
+
+def _drawn_is(p: Tensor, classes: np.ndarray, num_draws: int, seed: int) -> np.ndarray:
+    """(draws, N) bool: whether _draw_labels(p, num_draws, seed) drew `classes` (one class per row), from the same
+    uniforms compared with that class's two cumulative bounds only (N per draw, not N x K: the top-label null's
+    share of the selection's bootstrap). _draw_labels draws the number of classes whose cumulative probability is
+    below u (capped at K - 1); the cumulative sums do not decrease, so that number is c exactly when
+    cum[c - 1] < u <= cum[c] (no lower bound for c = 0, no upper one for c = K - 1)."""
+    rng = np.random.default_rng(seed)
+    cum = torch.cumsum(p.double(), dim=1).numpy()
+    n, k = cum.shape
+    u = rng.random((num_draws, n))
+    rows = np.arange(n)
+    low = np.where(classes > 0, cum[rows, np.maximum(classes - 1, 0)], -np.inf)
+    high = np.where(classes < k - 1, cum[rows, classes], np.inf)
+    return (u > low[None, :]) & (u <= high[None, :])
 
 
 def calibration_p_value(null: Tensor, point: float) -> float:

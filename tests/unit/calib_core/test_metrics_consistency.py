@@ -115,3 +115,23 @@ def test_bad_input() -> None:
         calibrated_null(p, y, num_draws=0)
     with pytest.raises(ValueError, match="shape|labels"):
         calibrated_null(p, np.array([0, 1]))
+
+
+@pytest.mark.parametrize("n,k,round_to", [(300, 5, None), (120, 3, 2), (64, 2, 1), (40_000, 10, None), (500, 10, 1)])
+def test_the_top_label_draw_is_the_full_draw_compared_with_the_class(n: int, k: int, round_to: int | None) -> None:
+    """_drawn_is (two cumulative bounds per row) says exactly where _draw_labels (all K) drew the class: for the
+    top label and for any class, with ties, exact zeros, one-hot rows and float32 rows off 1 by rounding."""
+    from calib_core.metrics.consistency import _draw_labels, _drawn_is
+
+    rng = np.random.default_rng(k * n)
+    p = np.exp(rng.normal(size=(n, k)) * 2.0)
+    p /= p.sum(1, keepdims=True)
+    if round_to is not None:
+        p = np.round(p, round_to)
+        p[p.sum(1) == 0, 0] = 1.0
+        p /= p.sum(1, keepdims=True)
+    p[: n // 10] = np.eye(k)[rng.integers(0, k, n // 10)]  # one-hot rows
+    p = torch.from_numpy(p.astype(np.float32))
+    drawn = _draw_labels(p, 30, 7)
+    for classes in (p.argmax(dim=1).numpy(), rng.integers(0, k, n), np.full(n, k - 1), np.zeros(n, dtype=np.int64)):
+        np.testing.assert_array_equal(_drawn_is(p, classes, 30, 7), drawn == classes[None, :])
