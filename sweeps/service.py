@@ -17,6 +17,7 @@ from typing import Any
 
 from ray import tune
 
+from sweeps.closing_warmup import ClosingWarmup
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     NOTE_TAG,
@@ -223,12 +224,13 @@ def _execute(
     startup: Startup | None = None,
 ) -> SweepResult:
     """The sweep's phases in order, on one clock: start (Ray and the parent run), trials, closing, selection
-    (bootstrap, rule, report files), registration."""
+    (bootstrap, rule, report files), registration. The closing's first imports are made while the trials run
+    (sweeps/closing_warmup.py)."""
     stops = stops or StopWatch()
     startup = startup or Startup()
     clock = PhaseClock()
-    with started(cfg, cluster, resume, verbose, startup) as run:
-        records, incomplete = _run_trials(run, verbose, grow, stops, clock, startup)
+    with started(cfg, cluster, resume, verbose, startup) as run, ClosingWarmup() as warmup:
+        records, incomplete = _run_trials(run, verbose, grow, stops, clock, startup, warmup)
         if run.owned:  # the trials are over: Ray's processes and Tune's records go before selection needs memory
             from sweeps.integrations.ray.session import end as end_session
 
@@ -237,14 +239,15 @@ def _execute(
         clock.end("closing")
         if incomplete:
             raise SweepIncomplete(sum(rec.status == "completed" for rec in records), run.cfg.search.num_samples)
+        warmup.finish()  # its step under way ends first: the closing never imports beside it
         return _choose_and_register(run, records, promote, verbose, clock, startup)
 
 
 def _run_trials(
-    run: Run, verbose: bool, grow: bool, stops: StopWatch, clock: PhaseClock, startup: Startup
+    run: Run, verbose: bool, grow: bool, stops: StopWatch, clock: PhaseClock, startup: Startup, warmup: ClosingWarmup
 ) -> tuple[list[TrialRecord], bool]:
     """Tune's fit (restored, resumed in process after lost workers, grown), its runs delivered and closed: every
-    trial's record, and whether trials were left unfinished."""
+    trial's record, and whether trials were left unfinished. `warmup` starts with the first trial."""
     from sweeps.integrations.ray.node_loss import NodeLossCallback
     from sweeps.integrations.ray.resource_wait import PendingTimeout
     from sweeps.integrations.ray.worker_logs import hide_worker_teardown
@@ -299,6 +302,7 @@ def _run_trials(
             )
         startup.done()  # from here Ray Tune's fit takes Ctrl+C (a graceful stop), SIGTERM routed to it
         clock.end("ray_start")
+        warmup.start()  # the driver idles while the trials run: the closing's first imports now
         grids = [fit_resuming_lost_workers(tuner, run.exp_path, trainable, cfg.resources.max_failures, stops)]
         if not stops.requested:  # an interrupted sweep (a resume too) stops here; it grows only when it finished
             grids += grow_sweep(

@@ -39,7 +39,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (2, ("sweeps.checks", "sweeps.decide")),
     (3, ("sweeps.report",)),
     (4, ("sweeps.integrations",)),
-    (5, ("sweeps.service", "sweeps.service_start", "sweeps.finish")),
+    (5, ("sweeps.service", "sweeps.service_start", "sweeps.finish", "sweeps.closing_warmup")),
     (6, ("sweeps.cli", "sweeps.api", "sweeps.launch", "sweeps")),
 ]
 
