@@ -85,35 +85,68 @@ def _trained(rec: TrialRecord) -> TrialRecord:
     return replace(rec, metrics={k: v for k, v in rec.metrics.items() if not k.startswith(TS_PREFIX)})
 
 
-def sweep_replicates(records: list[TrialRecord], cfg: SweepConfig, extra: frozenset[str] = frozenset()) -> Replicates:
+def sweep_replicates(
+    records: list[TrialRecord], cfg: SweepConfig, extra: frozenset[str] = frozenset(), *, choice_only: bool = False
+) -> Replicates:
     """Paired bootstrap replicates of every completed trial, from the predictions in its final checkpoint: the
     metrics selection reads for all of them, every metric for the trials worth a closer look (all of them in a
     sweep of up to FULL_DETAIL_TRIALS; beyond, detail_ids and `extra`). The same resamples either way, so
-    selection's answer does not depend on the split."""
+    selection's answer does not depend on the split. `choice_only`: what the selection rule reads only
+    (core_metrics, and the conformal means when it reads them: choice_reads_sets); complete_replicates adds the
+    rest once the champion is registered."""
+    with_sets = not choice_only or choice_reads_sets(cfg)
+    predictions, sets = _inputs(records, with_sets)
+    settings = _settings(cfg)
+    if choice_only:
+        reps = compute_replicates(predictions, names=core_metrics(cfg.selection.metric), **settings)
+    elif len(predictions) <= FULL_DETAIL_TRIALS:
+        reps = compute_replicates(predictions, **settings)
+    else:
+        reps = compute_replicates(predictions, names=core_metrics(cfg.selection.metric), **settings)
+        detail = (detail_ids(reps.points) | set(extra)) & set(predictions)
+        reps.merge(compute_replicates({t: predictions[t] for t in sorted(detail)}, **settings))
+    if with_sets:
+        reps.merge(_set_replicates(predictions, sets, cfg))
+    return reps
+
+
+def choice_reads_sets(cfg: SweepConfig) -> bool:
+    """Whether the selection rule reads conformal means (a rule with a sets method among its settings, or a
+    conformal selection.metric)."""
+    from sweeps.decide.selection import RULES
+
+    return "sets_method" in RULES[cfg.selection.rule].settings or cfg.selection.metric.startswith("val_cp_")
+
+
+def _inputs(records: list[TrialRecord], with_sets: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(load_predictions, load_rows when `with_sets`) of every completed candidate, by trial id: one read of its
+    checkpoint."""
     predictions, sets = {}, {}
     for rec in records:
         if rec.ok and rec.checkpoint is not None:
             with rec.checkpoint.as_directory() as d:
                 prefix = TS_PREFIX if rec.post == POST_TS else ""
                 predictions[rec.trial_id] = load_predictions(Path(d) / PREDICTIONS_FILE, prefix)
-                sets[rec.trial_id] = load_rows(Path(d) / PREDICTIONS_FILE, prefix)  # conformal sets' rows
-    settings: dict[str, Any] = {
+                if with_sets:
+                    sets[rec.trial_id] = load_rows(Path(d) / PREDICTIONS_FILE, prefix)  # conformal sets' rows
+    return predictions, sets
+
+
+def _settings(cfg: SweepConfig) -> dict[str, Any]:
+    return {
         "num_bins": cfg.run.train.num_bins,
         "num_resamples": cfg.selection.num_resamples,
         "level": cfg.selection.confidence,
         "seed": cfg.search.seed,
     }
+
+
+def _set_replicates(predictions: dict[str, Any], sets: dict[str, Any], cfg: SweepConfig) -> Replicates:
+    """The conformal means' replicates of every candidate, from its rows (`sets`, load_rows by trial id)."""
+    settings = _settings(cfg)
     # a set's size lies in [0, K]: K of each candidate's single-task predictions (multi-task ones measure no sets)
     classes = {t: int(p["val"][0][1].shape[1]) for t, p in predictions.items() if len(p["val"]) == 1}
-    cp = conformal_replicates(sets, num_classes=classes, **{k: v for k, v in settings.items() if k != "num_bins"})
-    if len(predictions) <= FULL_DETAIL_TRIALS:
-        reps = compute_replicates(predictions, **settings)
-    else:
-        reps = compute_replicates(predictions, names=core_metrics(cfg.selection.metric), **settings)
-        detail = (detail_ids(reps.points) | set(extra)) & set(predictions)
-        reps.merge(compute_replicates({t: predictions[t] for t in sorted(detail)}, **settings))
-    reps.merge(cp)
-    return reps
+    return conformal_replicates(sets, num_classes=classes, **{k: v for k, v in settings.items() if k != "num_bins"})
 
 
 def add_detail(reps: Replicates, records: list[TrialRecord], cfg: SweepConfig, trial_id: str) -> None:
@@ -124,6 +157,55 @@ def add_detail(reps: Replicates, records: list[TrialRecord], cfg: SweepConfig, t
         return
     rec = next(r for r in records if r.trial_id == trial_id)
     reps.merge(sweep_replicates([rec], cfg))
+
+
+def complete_replicates(reps: Replicates, records: list[TrialRecord], cfg: SweepConfig, champion_id: str) -> None:
+    """What sweep_replicates with `choice_only` left out, merged into `reps` on the same resamples: every other
+    metric for every candidate in a sweep of up to FULL_DETAIL_TRIALS, beyond for detail_ids and the champion; the
+    conformal means when the rule did not read them (what sweep_replicates and add_detail give, value for
+    value)."""
+    from calib_core.metrics import METRIC_NAMES
+
+    core = core_metrics(cfg.selection.metric)
+    rest = tuple(m for m in METRIC_NAMES if m not in core)
+    with_sets = not choice_reads_sets(cfg)
+    predictions, sets = _inputs(records, with_sets)
+    ids = set(predictions)
+    if len(ids) > FULL_DETAIL_TRIALS:
+        ids = (detail_ids(reps.points) | {champion_id}) & ids
+    reps.merge(compute_replicates({t: predictions[t] for t in sorted(ids)}, names=rest, **_settings(cfg)))
+    if with_sets:
+        reps.merge(_set_replicates(predictions, sets, cfg))
+    if len(ids) == len(predictions):  # beyond FULL_DETAIL_TRIALS the keys were merged in this order before too
+        _in_metric_order(reps, METRIC_NAMES)
+
+
+def _in_metric_order(reps: Replicates, names: tuple[str, ...]) -> None:
+    """Each trial's keys in the order one computation of every metric gives them: by split, a multi-task trial's
+    per-task keys before their means, metrics in `names`' order, then the conformal means as merged
+    (selection.json and SweepResult.intervals list them as before)."""
+    by_length = sorted(names, key=len, reverse=True)  # classwise_ece before ece
+
+    def parsed(key: str) -> tuple[int, str | None, str] | None:
+        """(split's index, task or None for a mean, metric) of a metric's key; None for a conformal mean."""
+        split, _, rest = key.partition("_")
+        m = next((n for n in by_length if rest == n or rest.endswith(f"_{n}")), None)
+        if split not in SPLITS or m is None or rest.startswith("cp_"):
+            return None
+        return SPLITS.index(split), rest[: -len(m) - 1] or None, m
+
+    for attr in ("values", "points", "nulls", "bounds"):
+        table = getattr(reps, attr)
+        for tid, d in table.items():
+            keys = {k: parsed(k) for k in d}
+            tasks = list(dict.fromkeys(p[1] for p in keys.values() if p is not None and p[1] is not None))
+            rank = {
+                k: (1, 0, 0, i)
+                if p is None
+                else (0, p[0], tasks.index(p[1]) if p[1] else len(tasks), names.index(p[2]))
+                for i, (k, p) in enumerate(keys.items())
+            }
+            table[tid] = {k: d[k] for k in sorted(d, key=rank.__getitem__)}
 
 
 def log_selection(

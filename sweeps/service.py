@@ -28,9 +28,9 @@ from sweeps.contract import (
 )
 from sweeps.decide.selection import TrialRecord, choose, trial_errors
 from sweeps.finish import (
-    add_detail,
     build_result,
     candidates,
+    complete_replicates,
     log_selection,
     sweep_replicates,
     trial_records,
@@ -56,6 +56,7 @@ from sweeps.integrations.ray.tuner import (
     tune_sigint_undone,
 )
 from sweeps.outage import Unavailable
+from sweeps.report.files import leaderboard, rank_agreement
 from sweeps.report.summary import intro, print_summary, sweep_note
 from sweeps.report.timing import PhaseClock
 from sweeps.service_start import Run, started
@@ -224,7 +225,7 @@ def _execute(
     startup: Startup | None = None,
 ) -> SweepResult:
     """The sweep's phases in order, on one clock: start (Ray and the parent run), trials, closing, selection
-    (bootstrap, rule, report files), registration. The closing's first imports are made while the trials run
+    (bootstrap, rule), registration, report. The closing's first imports are made while the trials run
     (sweeps/closing_warmup.py)."""
     stops = stops or StopWatch()
     startup = startup or Startup()
@@ -323,23 +324,21 @@ def _run_trials(
 def _choose_and_register(
     run: Run, records: list[TrialRecord], promote: bool, verbose: bool, clock: PhaseClock, startup: Startup
 ) -> SweepResult:
-    """The champion chosen on validation (bootstrap, rule), reported, registered (the champion gate) and
-    summed up; the parent run FINISHED."""
+    """The champion chosen on validation (the replicates the rule reads, then the rule), registered (the champion
+    gate) and printed with the leaderboard; then every other metric's intervals, the report files and the HTML
+    report; the parent run FINISHED."""
     cfg, store = run.cfg, run.store
     experiment_id, parent_id = run.opened.experiment_id, run.opened.parent_id
     records = candidates(records, cfg.selection.metric)  # every trial as trained, and + TS where measured
     with runs_closed_on_failure(store, experiment_id, parent_id, cfg.name):
         try:
-            reps = sweep_replicates(records, cfg)
+            reps = sweep_replicates(records, cfg, choice_only=True)  # accuracy, ECE, the rule's metric, sets
             clock.end("bootstrap")
             choice = choose(records, cfg.selection, reps)
             chosen, why = choice.champion, choice.sentence
-            add_detail(reps, records, cfg, chosen.trial_id)
         except ValueError as exc:
             raise SweepError(str(exc)) from None
         clock.end("select")
-        board, ranks = log_selection(store, parent_id, records, choice, reps, cfg)
-        clock.end("report")
         # its accuracy intervals by split, to tell a champion from one no better than the majority class
         acc = {
             s: _float_pair(reps.interval(chosen.trial_id, f"{s}_accuracy"))
@@ -348,10 +347,22 @@ def _choose_and_register(
         }
         version, alias, gate_line = register_champion(cfg, store, chosen, promote, acc)
         mark_champion(cfg.search.storage or MEMORY, cfg.name, chosen.trial, cfg.search.storage_outage_timeout_s)
+        clock.end("registration")
+        # the terminal's leaderboard shows accuracy and ECE intervals only (BOARD_CI_KEYS): all computed already
+        shown = leaderboard(records, chosen, reps, cfg.selection, choice)
+        print_summary(shown, rank_agreement(records), why, cfg, version, alias, experiment_id, verbose)
+        if gate_line:
+            print(gate_line)
+        print("Writing every metric's intervals and the report (the champion above is registered) ...", flush=True)
+        try:
+            complete_replicates(reps, records, cfg, chosen.trial_id)
+        except ValueError as exc:
+            raise SweepError(str(exc)) from None
+        board, _ = log_selection(store, parent_id, records, choice, reps, cfg)
         report_path = write_report(
             cfg, store, parent_id, experiment_id, run.exp_path, records, chosen, why, gate_line, reps, board
         )
-        # made beside the report (the config's one stay in finish.py); its timings once registration has ended
+        # made beside the report (the config's one stay in finish.py); its timings once the report is written
         result = build_result(
             cfg,
             champion=(chosen.run_id or "", chosen.trial_id, chosen.label),
@@ -370,10 +381,7 @@ def _choose_and_register(
         )
         store.set_tags(parent_id, {NOTE_TAG: sweep_note(cfg, experiment_id, chosen, why, version, alias, gate_line)})
         store.terminate(parent_id, "FINISHED")
-        clock.end("registration")
-    print_summary(board, ranks, why, cfg, version, alias, experiment_id, verbose)
-    if gate_line:
-        print(gate_line)
+        clock.end("report")
     if report_path:
         print(f"Report: {report_path}")
     print(startup.line())

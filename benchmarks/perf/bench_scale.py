@@ -43,9 +43,9 @@ RAW = RESULTS_DIR / "scale.json"
 TRIAL = ["--set", "run.data.num_samples=1200", "--set", "run.train.epochs=1", "--set", "run.train.batch_size=64"]
 TIMING = re.compile(
     r"Timing: Ray start ([\d.]+)s, trials ([\d.]+)s, selection and registration ([\d.]+)s \(closing the trials "
-    r"([\d.]+)s, bootstrap ([\d.]+)s, rule ([\d.]+)s, report files ([\d.]+)s, registration ([\d.]+)s\)"
-)
-PHASES = ("ray_start", "trials", "finish", "closing", "bootstrap", "rule", "report", "registration")
+    r"([\d.]+)s, bootstrap ([\d.]+)s, rule ([\d.]+)s, registration ([\d.]+)s, report files ([\d.]+)s\)"
+)  # the champion is registered before the report files (sweeps/report/timing.py)
+PHASES = ("ray_start", "trials", "finish", "closing", "bootstrap", "rule", "registration", "report")
 # the driver's own account of its peak RSS (sweeps/service.py), at the end and when the trials were done
 RSS = re.compile(r"driver peak RSS ([\d.]+) GB \(([\d.]+) GB before selection\)")
 CONCURRENT = 2
