@@ -232,11 +232,10 @@ def _execute(
     clock = PhaseClock()
     with started(cfg, cluster, resume, verbose, startup) as run, ClosingWarmup() as warmup:
         records, incomplete = _run_trials(run, verbose, grow, stops, clock, startup, warmup)
-        if run.owned:  # the trials are over: Ray's processes and Tune's records go before selection needs memory
+        if run.owned:  # the trials are over: Ray's processes go (Tune's records once the champion is registered)
             from sweeps.integrations.ray.session import end as end_session
 
             end_session(run.session)
-            release_memory()
         clock.end("closing")
         if incomplete:
             raise SweepIncomplete(sum(rec.status == "completed" for rec in records), run.cfg.search.num_samples)
@@ -354,6 +353,7 @@ def _choose_and_register(
         if gate_line:
             print(gate_line)
         print("Writing every metric's intervals and the report (the champion above is registered) ...", flush=True)
+        release_memory()  # Tune's records (and Ray's) freed before the other intervals' arrays need memory
         try:
             complete_replicates(reps, records, cfg, chosen.trial_id)
         except ValueError as exc:
