@@ -176,6 +176,54 @@ def selection_heldout(results: Path = RESULTS_DIR) -> str:
     return "\n".join(L)
 
 
+def selection_v4(results: Path = RESULTS_DIR) -> str:
+    """The default rule's verdict (selection_v4, pre-registered): per regime, the chosen rule minus the previous
+    default on test NLL, the accuracy gap and test ECE with their intervals, and where it is shown worse."""
+    from benchmarks.studies import selection_v4 as v4
+
+    rows = v4.read_table(results / "selection_v4" / "sweeps.csv.gz")
+    result = v4.analyse(rows)
+    prog = result["progress"]
+    if "decision" not in result:
+        return (
+            f"_Selection v4 (`benchmarks/studies/protocols/selection_v4.md`, pre-registered): {prog['done']} of "
+            f"{prog['expected']} sweeps done; no verdict on an incomplete table._"
+        )
+    chosen, tests = result["decision"]["default"], result["tests"]
+    rule = chosen if chosen != "current" else "margin (unchanged)"
+    L = [
+        f"Selection v4 (`benchmarks/results/selection_v4.md`; pre-registered; seeds {v4.SEEDS[0]}-{v4.SEEDS[-1]}, "
+        f"new; {len(rows)} sweeps, {len(rows) // len(v4.REGIMES)} per regime; 16 candidates per sweep): the default "
+        f"rule is **{rule}**, the simplest of four simpler rules shown non-inferior to the previous default (margin, "
+        "2 pt) on test NLL and on the accuracy gap to the best candidate in every regime. Its pick minus the previous "
+        "default's, mean over sweeps with 95 % t intervals:",
+        "",
+    ]
+    if chosen == "current":
+        return "\n".join(L[:1])
+    worse = []
+    for g in v4.REGIMES:
+        nll, gap, ece = (tests[f"{chosen}/{k}"][g] for k in ("test_nll", "gap", "test_ece"))
+        L.append(
+            f"- {g}: test NLL {nll['mean']:+.4f} [{nll['lo']:+.4f}, {nll['hi']:+.4f}], accuracy gap "
+            f"{100 * gap['mean']:+.2f} [{100 * gap['lo']:+.2f}, {100 * gap['hi']:+.2f}] pt, test ECE "
+            f"{100 * ece['mean']:+.2f} [{100 * ece['lo']:+.2f}, {100 * ece['hi']:+.2f}] pt"
+        )
+        if ece["worse"]:
+            worse.append(g)
+    L += [
+        "",
+        (
+            f"It is shown worse on test ECE, a secondary measure outside the decision, in {', '.join(worse)} (Holm "
+            "across the regimes); the previous default stays available as `selection.rule: margin`."
+            if worse
+            else "It is shown worse on test ECE (secondary) in no regime; the previous default stays available as "
+            "`selection.rule: margin`."
+        ),
+    ]
+    return "\n".join(L)
+
+
 def selection_v3(results: Path = RESULTS_DIR) -> str:
     """Per regime: each margin's accuracy gap and test ECE ratio to the previous default; the protocol's outcome."""
     path = json_path(results / "selection_v3.json")
@@ -713,6 +761,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "method_study_v2a": method_study_v2a,
     "selection_heldout": selection_heldout,
     "selection_v3": selection_v3,
+    "selection_v4": selection_v4,
     "tabular_demo": tabular_demo,
 }
 
@@ -732,6 +781,7 @@ HOLDERS: dict[str, str] = {
     "demo_selection": "docs/selection.md",
     "selection_heldout": "docs/selection.md",
     "selection_v3": "docs/selection.md",
+    "selection_v4": "docs/selection.md",
     "tabular_demo": "docs/own-data.md",
     "method_study_c": "docs/evidence.md",
     "method_study_c_answer": "docs/evidence.md",

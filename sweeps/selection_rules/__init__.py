@@ -21,7 +21,7 @@ from pydantic.fields import FieldInfo
 
 from sweeps.selection_rules.spec import SHARED, RuleSpec
 
-DEFAULT_RULE = "margin"
+DEFAULT_RULE = "most_accurate_ts"  # selection_v4 (benchmarks/results/selection_v4.md), before it "margin"
 
 
 def _discover() -> dict[str, RuleSpec]:
@@ -69,7 +69,7 @@ def describe() -> str:
     lines = []
     for name, spec in RULE_SPECS.items():
         lines.append(f"{name}{' (default)' if name == DEFAULT_RULE else ''}: {spec.summary}")
-        lines.append(f"  reads: {', '.join(f'selection.{s}' for s in spec.reads)}")
+        lines.append(f"  reads: {', '.join(f'selection.{s}' for s in spec.reads) or 'no selection.* setting'}")
     return "\n".join(lines)
 
 

@@ -159,5 +159,5 @@ RULE = RuleSpec(
     SHARED,
     True,
     pick,
-    order=0,
+    order=1,
 )

@@ -24,5 +24,5 @@ def pick(ok: list[TrialRecord], cfg: Any, reps: Replicates | None) -> Choice:
 
 
 RULE = RuleSpec(
-    "min_metric", "the best selection.metric, nothing else", NoSettings, ("metric", "mode"), False, pick, order=3
+    "min_metric", "the best selection.metric, nothing else", NoSettings, ("metric", "mode"), False, pick, order=4
 )

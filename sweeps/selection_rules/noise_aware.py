@@ -111,5 +111,5 @@ RULE = RuleSpec(
     SHARED,
     True,
     pick,
-    order=1,
+    order=2,
 )

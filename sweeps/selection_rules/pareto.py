@@ -49,5 +49,5 @@ RULE = RuleSpec(
     (),
     False,
     pick,
-    order=2,
+    order=3,
 )

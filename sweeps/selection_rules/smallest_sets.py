@@ -115,5 +115,5 @@ RULE = RuleSpec(
     ("max_accuracy_loss", "confidence", "num_resamples"),
     True,
     pick,
-    order=4,
+    order=5,
 )
