@@ -209,11 +209,14 @@ FULL_DETAIL_TRIALS = 32
 
 
 def core_metrics(selection_metric: str) -> tuple[str, ...]:
-    """The metrics the selection rule needs replicates of: accuracy, ECE and the rule's metric."""
+    """The metrics the selection rule and its sentence read replicates of: accuracy, ECE, NLL (the rules' tie-break,
+    with its interval in most_accurate_ts's sentence) and the rule's metric; and Brier, because accuracy, NLL and
+    Brier are one matrix product over the rows (calib_core.metrics.bootstrap), whose last bits depend on the columns
+    it is asked for: computed together, each is what the computation of every metric gives."""
     from calib_core.metrics import METRIC_NAMES
 
     name = selection_metric.removeprefix("val_")
-    return tuple(dict.fromkeys(("accuracy", "ece", *((name,) if name in METRIC_NAMES else ()))))
+    return tuple(dict.fromkeys(("accuracy", "ece", "nll", "brier", *((name,) if name in METRIC_NAMES else ()))))
 
 
 def detail_ids(points: dict[str, dict[str, float]], k: int = FULL_DETAIL_TRIALS) -> set[str]:

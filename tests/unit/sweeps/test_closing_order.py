@@ -1,8 +1,8 @@
 """The closing chooses and registers the champion first, then computes the other intervals and writes the report
 (issue 47 item 1). What the rule reads first (sweep_replicates with choice_only) and what complete_replicates adds
 after give every replicate, null, point and bound the one-pass computation gave, key for key and in the same order;
-the champion, its sentence and the terminal's leaderboard are the same from the first part alone; and the service
-registers the champion (and prints it) before it computes the deferred intervals."""
+the champion, its sentence and the terminal's leaderboard are the same from the first part alone, for every rule;
+and the service registers the champion (and prints it) before it computes the deferred intervals."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from sweeps.decide.selection import TrialRecord, choose
 from sweeps.decide.uncertainty import FULL_DETAIL_TRIALS
 from sweeps.finish import add_detail, candidates, complete_replicates, sweep_replicates
 from sweeps.report.files import format_leaderboard, leaderboard
+from sweeps.selection_rules import RULE_SPECS
 
 SETS = ("lac", "aps")
 
@@ -82,8 +83,7 @@ def _cfg(rule: str) -> SweepConfig:
 
 
 @pytest.mark.parametrize(
-    ("n_trials", "rule"),
-    [(5, "margin"), (5, "smallest_sets"), (5, "noise_aware"), (FULL_DETAIL_TRIALS + 6, "margin")],
+    ("n_trials", "rule"), [*((5, rule) for rule in sorted(RULE_SPECS)), (FULL_DETAIL_TRIALS + 6, "margin")]
 )
 def test_choice_first_then_the_rest_is_the_one_pass_computation(tmp_path, n_trials, rule):
     cfg = _cfg(rule)
@@ -99,7 +99,7 @@ def test_choice_first_then_the_rest_is_the_one_pass_computation(tmp_path, n_tria
     assert now.standings == before.standings
     sets_read = rule == "smallest_sets"
     for keys in first.values.values():  # accuracy and ECE, and the conformal means only when the rule reads them
-        allowed = {f"{s}_{m}" for s in ("val", "test") for m in ("accuracy", "ece")}
+        allowed = {f"{s}_{m}" for s in ("val", "test") for m in ("accuracy", "ece", "nll", "brier")}
         assert {k for k in keys if "_cp_" not in k} == allowed
         assert any("_cp_" in k for k in keys) == sets_read
     shown = [
@@ -197,7 +197,7 @@ def test_the_champion_is_registered_and_printed_before_the_deferred_intervals(tm
         "html report",
         "parent FINISHED",
     ]
-    assert seen_at_registration["deferred"] == ["accuracy", "ece"]  # nothing else was computed yet
+    assert seen_at_registration["deferred"] == ["accuracy", "nll", "brier", "ece"]  # nothing else was computed yet
     assert set(seen_at_registration["acc"]) == {"val", "test"}
     text = out.getvalue()
     order = ["(registered)", "Leaderboard", "Selection: ", "Registered: models:/", "Writing every metric's intervals"]
