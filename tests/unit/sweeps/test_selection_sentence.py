@@ -275,7 +275,8 @@ def test_the_printed_demo_case_counts_what_the_rule_counts(tmp_path: Path) -> No
 
 
 def _check_other_rule(rule: str, why: str, ok: pd.DataFrame, cfg: SelectionConfig) -> None:
-    """The noise-aware, Pareto and min-metric rules: their N of M, eligibility and champion from the file's rows."""
+    """The noise-aware, Pareto, min-metric and most_accurate_ts rules: their N of M, eligibility, champion (and the
+    default's trade) from the file's rows."""
     top = _most_accurate(ok)
     is_top = ok["trial_id"] == top["trial_id"]
     if rule == "noise_aware":
@@ -295,6 +296,14 @@ def _check_other_rule(rule: str, why: str, ok: pd.DataFrame, cfg: SelectionConfi
         )
         eligible = pd.Series(front & (acc >= acc.max() - cfg.accuracy_tolerance - 1e-12), index=ok.index)
         m = re.search(r"Pareto front of val accuracy vs val ECE has (\d+) of (\d+) candidates; (\d+) within", why)
+    elif rule == "most_accurate_ts":
+        ts = ok["family"].str.endswith("+ TS")
+        eligible = ts if ts.any() else pd.Series(True, index=ok.index)
+        m = re.search(
+            r"Rule: the most accurate of (?:the (\d+) candidates with temperature scaling on top \(of (\d+) "
+            r"candidates\)|all (\d+) candidates \(none has temperature scaling on top)",
+            why,
+        )
     else:
         eligible = pd.Series(True, index=ok.index)
         m = re.search(r"among all (\d+) candidates", why)
@@ -307,6 +316,15 @@ def _check_other_rule(rule: str, why: str, ok: pd.DataFrame, cfg: SelectionConfi
     elif rule == "noise_aware":
         assert (int(m[1]), int(m[2])) == (int(eligible.sum()), len(ok)), why
         champ = _first(ok[eligible], ["val_ece", "val_nll"], [True, True]) if "replaced by" not in why else None
+    elif rule == "most_accurate_ts":
+        counts = (int(m[1]), int(m[2])) if m[1] else (len(ok), int(m[3]))
+        assert counts == (int(eligible.sum()), len(ok)), why
+        champ = _first(ok[eligible], ["val_accuracy", "val_nll"], [False, True])
+        gap = 100 * (top["val_accuracy"] - champ["val_accuracy"])
+        trade = why.splitlines()[1]
+        assert trade.startswith("Trade: none") == (gap == 0), why
+        if gap:
+            _printed(re.search(rf"Trade: ({NUM}) pt less accurate", trade)[1], gap)
     else:
         assert int(m[1]) == len(ok), why
         champ = _first(ok, ["val_ece"], [True])
@@ -319,7 +337,7 @@ def _check_other_rule(rule: str, why: str, ok: pd.DataFrame, cfg: SelectionConfi
 @given(
     seed=st.integers(0, 2**32 - 1),
     trials=st.integers(1, 10),
-    rule=st.sampled_from(["noise_aware", "pareto_min_ece_near_best_accuracy", "min_metric"]),
+    rule=st.sampled_from(["noise_aware", "pareto_min_ece_near_best_accuracy", "min_metric", "most_accurate_ts"]),
     tolerance=st.sampled_from([0.0, 0.005, 0.02]),
 )
 def test_every_other_rules_sentence_counts_what_its_rule_judged(
