@@ -10,18 +10,27 @@ DIR is a finished sweep's Ray Tune folder (ray_results/<name>: its trials' final
 params.json, result.json), e.g. of `python sweeps/launch.py --num-samples 2 --set run.train.epochs=2 --name
 closeprof` run in a scratch folder (checkpoints saved by an earlier commit get the gate record this tree's trials
 write, with_gate_records); --study-db that sweep's optuna.db (the report's parameter importances and the
-champion's mark read the study). `--candidates M` repeats the saved trials to M trials (each a copy with its
-probabilities tempered by a seeded factor and its accuracy and ECE recomputed from them), as at scale.
+champion's mark read the study). `--set KEY=VALUE` (repeatable) sets a config value for both trees' closing (e.g.
+selection.rule=margin, where the trees' default rules differ). `--candidates M` repeats the saved trials to M trials
+(each a copy with its probabilities tempered by a seeded factor and its accuracy and ECE recomputed from them), as
+at scale.
 
 After one discarded run per tree (a fresh worktree compiles the metrics' numba kernels into its cache, which a
 sweep's driver finds there), each repeat runs, in fresh subprocesses and alternating (so a burst of load hits both alike), the closing as the
 service runs it (sweeps.service._choose_and_register: bootstrap, rule, report files, registration with the champion
 gate, the HTML report, the parent run FINISHED) on a fresh SQLite MLflow store holding the trials' runs and a copy of
 the study, once with this tree and once with `--base` (default: the commit before this benchmark's cuts, extracted
-with `git worktree`). The phases are the service's own PhaseClock boundaries; each phase's CPU seconds are the
-process's (all threads) plus its children's, so they stay comparable on a loaded machine where wall seconds are not.
-The driver modules a sweep has imported before its closing (sweeps.service and what it imports, MLflow's store)
-are imported before the clock starts; what the closing imports itself is counted, as in a sweep.
+with `git worktree`). The phases are the service's own PhaseClock boundaries, in the order the tree runs them
+(this tree registers the champion before the report files: "to the champion" is what the user waits on before the
+champion is printed, "after the last trial" everything); each phase's CPU seconds are the process's (all threads)
+plus its children's, so they stay comparable on a loaded machine where wall seconds are not. The driver modules a
+sweep has imported before its closing (sweeps.service and what it imports, MLflow's store) are imported before the
+clock starts; what the closing imports itself is counted, as in a sweep. A tree with sweeps/closing_warmup.py makes
+the closing's first imports while the trials run: the child runs that warm-up to its end before the clock starts
+(the demo's trials last ~20 s, the warm-up ~4 s of CPU) and reports its CPU seconds apart ("warm-up, during the
+trials"). Each child also reports the champion and digests of every interval of the sweep's result (in order), of
+the terminal's summary from the leaderboard to the "Registered:" line and of the parent run's selection.json and
+leaderboard.csv (run ids left out); the .md says whether every run of both trees agrees on each.
 
 Writes benchmarks/results/closing.json and closing.md (medians of the repeats, per phase and tree, with the commit,
 package versions, CPU, threads and load average).
@@ -30,8 +39,11 @@ package versions, CPU, threads and load average).
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -42,7 +54,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-PHASES = ("bootstrap", "select", "report", "registration")
+PHASES = ("bootstrap", "select", "report", "registration")  # every tree's phases (in this tree's order or not)
+ROWS = ("warmup", *PHASES, "to_champion", "total")
+ROW_NAMES = {"warmup": "warm-up, during the trials", "to_champion": "to the champion", "total": "after the last trial"}
 DEFAULT_BASE = "ae2fef8"  # the tree before issue 47 item 1's cuts
 SWEEP = "closeprof"
 
@@ -182,7 +196,7 @@ def _child(args: argparse.Namespace) -> None:
     work = Path(args.work)
     shutil.copy(args.study_db, work / "optuna.db")
     cfg = with_defaults(
-        load_sweep_config(None, ["run.train.epochs=2"], {"name": SWEEP, "search.num_samples": 2}),
+        load_sweep_config(None, ["run.train.epochs=2", *args.set], {"name": SWEEP, "search.num_samples": 2}),
         cluster=False,
         workdir=work,
     )
@@ -201,12 +215,15 @@ def _child(args: argparse.Namespace) -> None:
         ch = resource.getrusage(resource.RUSAGE_CHILDREN)
         return time.process_time() + ch.ru_utime + ch.ru_stime
 
+    warm = _warm_up()
     marks = {"start": now()}
+    order: list[str] = []
     original = PhaseClock.end
 
     def end(self: Any, phase: str) -> None:
         original(self, phase)
         marks[phase] = now()
+        order.append(phase)
 
     PhaseClock.end = end  # type: ignore[method-assign]
     clock = PhaseClock()
@@ -225,16 +242,66 @@ def _child(args: argparse.Namespace) -> None:
         from sweeps.start_steps import Startup
 
         kwargs["startup"] = Startup()
-    with open(os.devnull, "w") as quiet, _stdout(quiet):
+    printed = io.StringIO()
+    with _stdout(printed):
         result = service._choose_and_register(run, records, False, False, clock, **kwargs)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(args.profile)
-    order = ["closing", *PHASES]
+    order = order[order.index("closing") :]  # the closing's phases in the order this tree ran them
+    wall: dict[str, float] = {}
     for a, b in zip(order, order[1:]):
         cpu[b] = marks[b] - marks[a]
-    wall = {p: clock.seconds(p) for p in PHASES}
-    print(json.dumps({"cpu": cpu, "wall": wall, "version": result.model_version, "candidates": len(records)}))
+        wall[b] = clock.ends[b] - clock.ends[a]
+    upto = order[1 : order.index("registration") + 1]  # the champion is printed once registration has ended
+    cpu["to_champion"], wall["to_champion"] = sum(cpu[p] for p in upto), sum(wall[p] for p in upto)
+    cpu["total"], wall["total"] = sum(cpu[p] for p in PHASES), sum(wall[p] for p in PHASES)
+    cpu["warmup"], wall["warmup"] = warm["cpu"], warm["wall"]
+    out = {"cpu": cpu, "wall": wall, "order": order[1:], "warmup_steps": warm["steps"], "candidates": len(records)}
+    print(json.dumps({**out, **_outcome(result, printed.getvalue(), store, parent_id)}))
+
+
+def _warm_up() -> dict[str, Any]:
+    """The closing's warm-up (sweeps/closing_warmup.py, in a tree that has it) run to its end, as the sweep runs it
+    while its trials run: its CPU seconds (its thread's), wall seconds and the steps done."""
+    import sweeps
+
+    # a tree before the warm-up (the editable install would find this checkout's module for it)
+    if not (Path(sweeps.__file__).parent / "closing_warmup.py").is_file():
+        return {"cpu": 0.0, "wall": 0.0, "steps": []}
+    from sweeps.closing_warmup import ClosingWarmup
+
+    t0 = time.perf_counter()
+    warmup = ClosingWarmup()
+    warmup.start()
+    warmup.wait(600)
+    return {"cpu": warmup.cpu_s, "wall": time.perf_counter() - t0, "steps": warmup.done, "error": warmup.error}
+
+
+def _outcome(result: Any, printed: str, store: Any, parent_id: str) -> dict[str, Any]:
+    """What must not differ between trees: the champion, digests of every interval of the result, of the terminal's
+    summary (leaderboard to the `Registered:` line) and of the parent run's selection.json and leaderboard.csv
+    (without the run ids, which every fresh store makes anew)."""
+    import pandas as pd
+
+    def sha1(text: str) -> str:
+        return hashlib.sha1(text.encode()).hexdigest()
+
+    summary = printed[printed.index("Leaderboard") : printed.index("\n", printed.index("Registered: "))]
+    intervals = json.dumps({t: {k: list(v) for k, v in d.items()} for t, d in result.intervals.items()})
+    with tempfile.TemporaryDirectory() as d:
+        sel = json.loads(Path(store.client.download_artifacts(parent_id, "sweep/selection.json", d)).read_text())
+        board = pd.read_csv(store.client.download_artifacts(parent_id, "sweep/leaderboard.csv", d))
+    sel["champion_run"] = None
+    return {
+        "version": result.model_version,
+        "champion": result.champion_trial_id,
+        "intervals_sha1": sha1(intervals),
+        "num_intervals": sum(len(d) for d in result.intervals.values()),
+        "summary_sha1": sha1(summary),
+        "selection_json_sha1": sha1(json.dumps(sel, indent=1)),
+        "leaderboard_csv_sha1": sha1(board.drop(columns=["run_id"]).to_csv(index=False)),
+    }
 
 
 class _stdout:
@@ -257,6 +324,7 @@ def _run_child(tree: Path, args: argparse.Namespace, profile: str = "") -> dict[
             sys.executable, str(Path(__file__).resolve()),
             "--child", "--work", work, "--tune-dir", str(Path(args.tune_dir).resolve()),
             "--study-db", str(Path(args.study_db).resolve()), "--candidates", str(args.candidates),
+            *(f"--set={kv}" for kv in args.set),
         ]  # fmt: skip
         if profile:
             cmd += ["--profile", profile]
@@ -289,14 +357,36 @@ def _commit() -> str:
     return head.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
 
 
+def _command(argv: list[str]) -> str:
+    """The command line as run, without the --note paragraph (the .md prints it after the table)."""
+    out, skip = [], False
+    for a in argv:
+        if skip or a.startswith("--note="):
+            skip = False
+            continue
+        if a == "--note":
+            skip = True
+            continue
+        out.append(shlex.quote(a))
+    return " ".join(out)
+
+
 def _table(data: dict[str, Any]) -> str:
     trees = data["trees"]
     head = "| phase | " + " | ".join(f"{t} CPU s" for t in trees) + " | " + " | ".join(f"{t} wall s" for t in trees)
     lines = [head + " |", "|---" * (1 + 2 * len(trees)) + "|"]
-    for p in [*PHASES, "total"]:
+    for p in ROWS:
         cells = [f"{data['median_cpu'][t][p]:.2f}" for t in trees] + [f"{data['median_wall'][t][p]:.2f}" for t in trees]
-        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+        name = ROW_NAMES.get(p, p)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _agreement(samples: dict[str, list[dict[str, Any]]]) -> dict[str, bool]:
+    """Whether every run of every tree gave the same champion, intervals, terminal summary and report files."""
+    runs = [r for rs in samples.values() for r in rs]
+    keys = ("champion", "intervals_sha1", "summary_sha1", "selection_json_sha1", "leaderboard_csv_sha1")
+    return {k: len({r.get(k) for r in runs}) == 1 for k in keys}
 
 
 def _write(
@@ -307,15 +397,14 @@ def _write(
     load_start: tuple[float, ...],
 ) -> None:
     """closing.json and closing.md: medians per phase and tree, with the conditions."""
-    med_cpu = {t: {ph: statistics.median(s["cpu"][ph] for s in runs) for ph in PHASES} for t, runs in samples.items()}
-    med_wall = {t: {ph: statistics.median(s["wall"][ph] for s in runs) for ph in PHASES} for t, runs in samples.items()}
-    for d in (med_cpu, med_wall):
-        for t in d:
-            d[t]["total"] = sum(d[t][ph] for ph in PHASES)
+    med_cpu = {t: {ph: statistics.median(s["cpu"][ph] for s in runs) for ph in ROWS} for t, runs in samples.items()}
+    med_wall = {t: {ph: statistics.median(s["wall"][ph] for s in runs) for ph in ROWS} for t, runs in samples.items()}
+    agree = _agreement(samples)
     import torch
 
     data = {
-        "command": "python -m benchmarks.perf.bench_closing " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.perf.bench_closing " + _command(argv if argv is not None else sys.argv[1:]),
+        "note": args.note,
         "when_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "commit": _commit(),
         "versions": _versions(),
@@ -328,6 +417,10 @@ def _write(
         "trees": trees,
         "median_cpu": med_cpu,
         "median_wall": med_wall,
+        "order": {t: runs[0]["order"] for t, runs in samples.items()},
+        "agreement": agree,
+        "champion": samples[next(iter(samples))][0]["champion"],
+        "num_intervals": samples[next(iter(samples))][0]["num_intervals"],
         "samples": samples,
     }
     out = Path(args.out)
@@ -337,12 +430,22 @@ def _write(
         f"Command: `{data['command']}`; {data['when_utc']} UTC, commit {data['commit']}, {data['cpus']} CPUs, "
         f"{data['torch_threads']} torch threads, load average {load_start[0]:.1f} at start and "
         f"{data['load_average'][1][0]:.1f} at end (a shared machine: CPU seconds are the comparable figure, wall "
-        f"seconds are inflated by the load). {data['candidates']} candidates; medians of {args.repeats} alternating "
+        f"seconds are inflated by the load). {data['candidates']} trials (and their + TS candidates); medians of "
+        f"{args.repeats} alternating "
         f"runs per tree. Versions: "
         + ", ".join(f"{k} {v}" for k, v in data["versions"].items())
         + ".\n\n"
         + _table(data)
-        + "\n"
+        + "\n\n"
+        + "Order of the phases: "
+        + "; ".join(f"{t}: {', '.join(data['order'][t])}" for t in trees)
+        + ".\n"
+        + f"Same champion ({data['champion']}) in every run of both trees: {agree['champion']}; the same "
+        f"{data['num_intervals']} intervals in the same order (SweepResult.intervals, digest): "
+        f"{agree['intervals_sha1']}; the same terminal summary, leaderboard to `Registered:` (digest): "
+        f"{agree['summary_sha1']}; the same sweep/selection.json and sweep/leaderboard.csv on the parent run (digests, "
+        f"run ids left out): {agree['selection_json_sha1']}, {agree['leaderboard_csv_sha1']}.\n"
+        + (f"\n{args.note}\n" if args.note else "")
     )
     out.with_suffix(".md").write_text(md)
     print(md)
@@ -353,11 +456,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-dir", required=True)
     p.add_argument("--study-db", required=True)
     p.add_argument("--candidates", type=int, default=0, help="repeat the saved trials to this many (0: as saved)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config value for both trees' closing"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--base", default=DEFAULT_BASE, help="git revision timed beside this tree ('none': skip)")
     p.add_argument("--only", choices=("this", "base"), default=None)
     p.add_argument("--profile", default="", help="cProfile output of one closing (with --only)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "closing"))
+    p.add_argument("--note", default="", help="a paragraph for the .md after the table (how the fixture was made)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
