@@ -51,7 +51,8 @@ def _metrics() -> None:
     n, k = 64, 4
     probs = rng.dirichlet(np.ones(k), n).astype(np.float32)
     labels = rng.integers(0, k, n).astype(np.int64)
-    preds = {"w": {"val": [(None, probs, labels)], "test": [(None, probs, labels)]}}
+    part: list[tuple[str | None, np.ndarray, np.ndarray]] = [(None, probs, labels)]
+    preds = {"w": {"val": part, "test": part}}
     reps = compute_replicates(preds, num_bins=10, num_resamples=8, null_draws=4)
     for key in ("val_accuracy", "val_ece", "val_nll"):
         reps.interval("w", key)
