@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import utc_now
 from benchmarks.studies import selection_v3 as v3
+from benchmarks.studies.selection_v4 import study_header
 
 # the protocol's sweeps (the command, conformal_sets_v1.py, imports them from here: no import cycle)
 SEEDS = tuple(range(2400, 2436))  # new: disjoint from every seed the protocol lists
@@ -171,24 +171,9 @@ def _within(verdict_text: str) -> str:
 
 
 def _header(rows: list[dict[str, str]], command: str) -> list[str]:
-    """Title, protocol, command, commits and the machine, as the rows record them."""
-    commits: dict[str, int] = {}
-    for r in rows:
-        commits[r.get("git_commit", "")[:10]] = commits.get(r.get("git_commit", "")[:10], 0) + 1
-    first = rows[0] if rows else {}
-    made = ", ".join(f"commit {c} ({n} sweeps)" for c, n in commits.items()) or "no sweep yet"
-    clean = sum(r.get("git_clean") == "True" for r in rows)
-    return [
-        "# Conformal sets v1: one-go or CE_es + TS, which gives smaller sets? (benchmarks/studies/conformal_sets_v1.py)",
-        "",
-        "Command: `python -m benchmarks.studies.conformal_sets_v1 --threads 1` (the sweeps, resumable; run at "
-        f"`nice -n 19`), then `{command}` (this report, generated {utc_now()} UTC from "
-        "`benchmarks/results/conformal_sets_v1/sweeps.csv.gz` alone).  ",
-        "Protocol: `benchmarks/studies/protocols/conformal_sets_v1.md`, committed before any sweep ran. Rows made at "
-        f"{made}; {clean} of {len(rows)} from a clean tree; torch {first.get('torch', '-')}, numpy "
-        f"{first.get('numpy', '-')}, {first.get('threads', '-')} thread(s), CPU {first.get('cpu_model', '-')}.",
-        "",
-    ]
+    """This study's report head (selection_v4's shape: the same table and provenance columns)."""
+    title = "Conformal sets v1: one-go or CE_es + TS, which gives smaller sets?"
+    return study_header(rows, command, "conformal_sets_v1", title)
 
 
 def markdown(rows: list[dict[str, str]], result: dict[str, Any], command: str) -> str:

@@ -261,8 +261,9 @@ def decide(tests: dict[str, Any], regimes: tuple[str, ...]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------
 # the report
 # ------------------------------------------------------------------------------------------
-def _header(rows: list[dict[str, str]], command: str) -> list[str]:
-    """Title, protocol, command, commits and the machine, as the rows record them."""
+def study_header(rows: list[dict[str, str]], command: str, study: str, title: str) -> list[str]:
+    """A table study's report head: title, the run and report commands, protocol, commits and the machine, as the
+    rows of `benchmarks/results/<study>/sweeps.csv.gz` record them."""
     commits: dict[str, int] = {}
     for r in rows:
         commits[r.get("git_commit", "")[:10]] = commits.get(r.get("git_commit", "")[:10], 0) + 1
@@ -270,16 +271,21 @@ def _header(rows: list[dict[str, str]], command: str) -> list[str]:
     made = ", ".join(f"commit {c} ({n} sweeps)" for c, n in commits.items()) or "no sweep yet"
     clean = sum(r.get("git_clean") == "True" for r in rows)
     return [
-        "# Selection v4: the simplest rule the evidence supports (benchmarks/studies/selection_v4.py)",
+        f"# {title} (benchmarks/studies/{study}.py)",
         "",
-        "Command: `python -m benchmarks.studies.selection_v4 --threads 1` (the sweeps, resumable; run at `nice -n 19`), "
-        f"then `{command}` (this report, generated {utc_now()} UTC from `benchmarks/results/selection_v4/sweeps.csv.gz` "
+        f"Command: `python -m benchmarks.studies.{study} --threads 1` (the sweeps, resumable; run at `nice -n 19`), "
+        f"then `{command}` (this report, generated {utc_now()} UTC from `benchmarks/results/{study}/sweeps.csv.gz` "
         "alone).  ",
-        f"Protocol: `benchmarks/studies/protocols/selection_v4.md`, committed before any sweep ran. Rows made at {made}; "
+        f"Protocol: `benchmarks/studies/protocols/{study}.md`, committed before any sweep ran. Rows made at {made}; "
         f"{clean} of {len(rows)} from a clean tree; torch {first.get('torch', '-')}, numpy {first.get('numpy', '-')}, "
         f"{first.get('threads', '-')} thread(s), CPU {first.get('cpu_model', '-')}.",
         "",
     ]
+
+
+def _header(rows: list[dict[str, str]], command: str) -> list[str]:
+    """This study's report head."""
+    return study_header(rows, command, "selection_v4", "Selection v4: the simplest rule the evidence supports")
 
 
 def markdown(rows: list[dict[str, str]], result: dict[str, Any], command: str) -> str:
