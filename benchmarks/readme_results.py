@@ -460,6 +460,48 @@ def _startup_runs(results: Path) -> tuple[list[float], list[float]]:
     return after, [r["trial:running"] - r["spawn"] for r in raw["before"]]
 
 
+def _sampler_aim(results: Path) -> tuple[str, str, str, str]:
+    """The sampler's aim at 10^4 trials (bench_sampler.json): ask time of the sweep's bounded TPE against plain TPE
+    (the sweep's default two objectives), in memory and on SQLite beside an ask with no model, and the paired
+    quality: the best found by each budget, and the share of trials in top cells once the bound acts."""
+    from benchmarks.perf.bench_sampler import late_share_range, worse_comparisons
+
+    rec = json.loads((results / "bench_sampler.json").read_text())
+    label, aim, tpe, floor = rec["bounded_label"], rec["aim_ms"], rec["timing_labels"][0], rec["timing_labels"][-1]
+
+    def at(storage: str) -> dict:
+        rows = rec["timing"][storage]["multi"]
+        return rows[max(rows, key=int)]["summary"]
+
+    mem, n = at("memory"), max(rec["timing"]["memory"]["multi"], key=int)
+    measured = (
+        f"in memory {mem[label]['wall']['median']:.0f} ms wall ({mem[label]['cpu']['median']:.0f} ms CPU), plain TPE "
+        f"{mem[tpe]['wall']['median']:.0f} ms"
+    )
+    met = "yes in memory" if mem[label]["wall"]["median"] <= aim else "no in memory"
+    if "sqlite" in rec["timing"]:
+        sq = at("sqlite")
+        measured += (
+            f"; on SQLite {sq[label]['wall']['median']:.0f} ms, plain TPE {sq[tpe]['wall']['median']:.0f} ms, no model "
+            f"at all (its writes) {sq[floor]['wall']['median']:.0f} ms"
+        )
+        met += ", " + ("yes" if sq[label]["wall"]["median"] <= aim else "no") + " on SQLite"
+    worse = worse_comparisons(rec, "best@")
+    total = sum(key.startswith("best@") for r in rec["quality"] for key in r["summary"])
+    lo, hi = late_share_range(rec)
+    measured += (
+        f" (load {rec['meta']['load_average_start'][0]:.1f}); best found: "
+        + (f"no paired interval worse ({total} budgets)" if not worse else f"worse in {len(worse)} of {total} budgets")
+        + f"; share of trials in top cells once the bound acts {100 * lo:+.1f} to {100 * hi:+.1f} pt"
+    )
+    return (
+        f"Optuna sampler: one ask at n = {int(n):,} trials <= {aim:.0f} ms, bench_search's quality not worse",
+        measured,
+        met + ("; best found not worse" if not worse else "; best found worse"),
+        "`bench_sampler.md`",
+    )
+
+
 def _kernel_aims(results: Path) -> list[tuple[str, str, str, str]]:
     """The metric kernels' aims (streaming, ACE/TACE, the paired bootstrap) and what was measured."""
     m = json.loads((results / "bench_metrics.json").read_text())
@@ -526,6 +568,7 @@ def performance_aims(results: Path = RESULTS_DIR) -> str:
             f"{'yes' if rss <= 1.5 else 'no'}, {'yes' if over <= 1 else 'no'}, {'yes' if sel <= 30 else 'no'}",
             "`scale.json`, `scale.md`",
         ),
+        _sampler_aim(results),
         (
             "Optuna TPE finds good calibrator/lr pairs faster than random",
             "not at the demo's trial count (TPE's start-up trials are random draws); better with more trials on "

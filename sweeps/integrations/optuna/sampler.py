@@ -25,8 +25,8 @@ from typing import Any, cast
 import numpy as np
 from optuna.distributions import BaseDistribution
 from optuna.samplers import TPESampler
+from optuna.samplers._tpe.sampler import _split_complete_trials_multi_objective
 from optuna.study import Study, StudyDirection
-from optuna.study._multi_objective import _fast_non_domination_rank
 from optuna.trial import FrozenTrial, TrialState
 
 # Chosen by benchmarks/perf/bench_sampler.py (results/bench_sampler.md): ask time at 10^4 trials within its aim
@@ -64,11 +64,11 @@ class _HistoryView:
 class BoundedTPESampler(TPESampler):
     """Optuna's TPESampler that sees at most the last `window` trials plus the `elite` best older completed ones.
 
-    Every other argument is TPESampler's. The older trials are ranked as TPE ranks its "below" trials: by value for
-    one objective, by non-domination rank for several (ties: the earlier trial). The elite is kept from one ask to
-    the next and merged with the trials that left the window since (an ask costs O(window + elite), not O(n)): for
-    one objective that is exactly the best `elite` older trials; for several, the first `elite` by non-domination
-    rank among the previous elite and the newcomers (an archive, as NSGA-II keeps one)."""
+    Every other argument is TPESampler's. The older trials are ranked as TPE picks its "below" trials: by value for
+    one objective, by TPE's own split for several (non-domination rank, ties at the cut by hypervolume contribution).
+    The elite is kept from one ask to the next and merged with the trials that left the window since (an ask costs
+    O(window + elite), not O(n)): for one objective that is exactly the best `elite` older trials; for several, TPE's
+    pick among the previous elite and the newcomers (an archive, as NSGA-II keeps one)."""
 
     def __init__(self, *, window: int = HISTORY_WINDOW, elite: int = HISTORY_ELITE, **kwargs: Any) -> None:
         if window < 1 or elite < 0:
@@ -147,17 +147,28 @@ class _Archive:
 
 
 def best_trials(done: list[FrozenTrial], directions: Sequence[StudyDirection], k: int) -> list[FrozenTrial]:
-    """The `k` best of `done` (completed, in number order) as TPE ranks them, in number order; ties: the earlier."""
+    """The `k` best of `done` (completed, in number order) as TPE picks its "below" trials, in number order: by value
+    for one objective (ties: the earlier trial, as TPE's stable sort keeps them); for several, TPE's own split (the
+    first non-domination ranks, ties at the cut broken by hypervolume contribution, so the elite spreads over the front
+    instead of filling up with repeats of one point)."""
     if len(done) <= k:
         return list(done)
     if k == 0:
         return []
-    # minimise every objective (the maximised ones negated), as TPE's split does
-    signs = np.array([-1.0 if d == StudyDirection.MAXIMIZE else 1.0 for d in directions])
-    loss = np.array([t.values for t in done], dtype=np.float64) * signs
-    rank = loss[:, 0] if loss.shape[1] == 1 else _fast_non_domination_rank(loss, n_below=k).astype(np.float64)
-    keep = np.argsort(rank, kind="stable")[:k]  # stable: the earlier trial first, as TPE's sort keeps them
+    if len(directions) > 1:
+        below, _ = _split_complete_trials_multi_objective(done, cast("Study", _Directions(directions)), k)
+        return below
+    sign = -1.0 if directions[0] == StudyDirection.MAXIMIZE else 1.0
+    loss = np.array([t.values[0] for t in done], dtype=np.float64) * sign
+    keep = np.argsort(loss, kind="stable")[:k]
     return [done[i] for i in sorted(keep)]
+
+
+class _Directions:
+    """What TPE's multi-objective split reads of a study: its directions."""
+
+    def __init__(self, directions: Sequence[StudyDirection]) -> None:
+        self.directions = list(directions)
 
 
 def bounded_history(
