@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.studies import selection_v3 as v3
-from benchmarks.studies.selection_v4 import study_header
+from benchmarks.studies.selection_v4 import progress, study_header
 
 # the protocol's sweeps (the command, conformal_sets_v1.py, imports them from here: no import cycle)
 SEEDS = tuple(range(2400, 2436))  # new: disjoint from every seed the protocol lists
@@ -60,16 +60,6 @@ def one_sided(d: list[float], delta: float) -> dict[str, float]:
         "larger": float(stats.t.sf(mean / se, n - 1)),
         "tost": max(lower, upper),
     }
-
-
-def progress(rows: list[dict[str, str]], regimes: tuple[str, ...], seeds: tuple[int, ...]) -> dict[str, Any]:
-    """How many of the protocol's (regime, seed) sweeps the table holds; refuses rows outside it or twice."""
-    keys = [(r["regime"], int(r["seed"])) for r in rows]
-    expected = {(g, s) for g in regimes for s in seeds}
-    if len(set(keys)) != len(keys) or not set(keys) <= expected:
-        raise ValueError("the table holds a sweep twice or a sweep the protocol does not name")
-    per = {g: sum(k[0] == g for k in keys) for g in regimes}
-    return {"done": len(keys), "expected": len(expected), "per_regime": per, "complete": set(keys) == expected}
 
 
 def _values(sub: list[dict[str, str]], key: str) -> list[float]:
