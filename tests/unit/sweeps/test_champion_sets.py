@@ -38,13 +38,9 @@ SWEEP_ALPHA = 0.125  # an evaluation.conformal_alphas entry outside CONFORMAL_SE
 TEMPERATURE = 1.7
 
 
-def _register_all(tmp: Path, cfg, data, result, with_predictions: bool = True) -> dict:
-    """The trial's checkpoint (with its predictions file unless told), registered as trained and + TS."""
-    import mlflow
-    from mlflow import MlflowClient
-
-    from calib_core.evaluation import prediction_arrays
-    from sweeps.integrations.mlflow.model_export import log_and_register
+def write_checkpoint(tmp: Path, cfg, data, result, arrays: dict | None) -> Path:
+    """A trial's checkpoint folder `tmp/ckpt` as the trainable writes it: model, summary, final metrics and (given
+    `arrays`) its predictions file."""
     from sweeps.integrations.ray.trainable import FINAL_FILE, PREDICTIONS_FILE, SUMMARY_FILE, save_model
 
     ckpt = tmp / "ckpt"
@@ -60,8 +56,20 @@ def _register_all(tmp: Path, cfg, data, result, with_predictions: bool = True) -
         json.dumps({"run_config": cfg.model_dump(mode="json"), "input_shape": list(data.input_shape)})
     )
     (ckpt / FINAL_FILE).write_text(json.dumps({f"val_{k}": float(v) for k, v in result.val_metrics.items()}))
-    if with_predictions:
-        np.savez_compressed(ckpt / PREDICTIONS_FILE, **prediction_arrays(result))  # type: ignore[arg-type]
+    if arrays is not None:
+        np.savez_compressed(ckpt / PREDICTIONS_FILE, **arrays)
+    return ckpt
+
+
+def _register_all(tmp: Path, cfg, data, result, with_predictions: bool = True) -> dict:
+    """The trial's checkpoint (with its predictions file unless told), registered as trained and + TS."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from calib_core.evaluation import prediction_arrays
+    from sweeps.integrations.mlflow.model_export import log_and_register
+
+    ckpt = write_checkpoint(tmp, cfg, data, result, prediction_arrays(result) if with_predictions else None)
     uri = f"sqlite:///{tmp.resolve()}/mlflow.db"
     out = {}
     with contextlib.chdir(tmp):

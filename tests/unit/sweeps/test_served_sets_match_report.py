@@ -14,19 +14,17 @@ of the cross-fitted ones, and the served coverage or size differed.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from calib_core.config import RunConfig
 from calib_core.data import load_dataset
-from calib_core.preprocess import input_record
 from calib_core.trainer import make_trainer
 from sweeps.config import EvaluationConfig
 from sweeps.contract import TS_PREFIX, conformal_key, metric_key
+from tests.unit.sweeps.test_champion_sets import write_checkpoint
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 METHODS = ("lac", "aps", "raps")
@@ -70,22 +68,8 @@ def _register(tmp: Path, cfg, data, result, arrays, temperatures) -> dict:
     from mlflow import MlflowClient
 
     from sweeps.integrations.mlflow.model_export import log_and_register
-    from sweeps.integrations.ray.trainable import FINAL_FILE, PREDICTIONS_FILE, SUMMARY_FILE, save_model
 
-    ckpt = tmp / "ckpt"
-    ckpt.mkdir()
-    save_model(
-        ckpt,
-        result.model,
-        cfg.model_dump(mode="json"),
-        tuple(data.input_shape),
-        input_record(data, cfg.data.model_dump(mode="json")),
-    )
-    (ckpt / SUMMARY_FILE).write_text(
-        json.dumps({"run_config": cfg.model_dump(mode="json"), "input_shape": list(data.input_shape)})
-    )
-    (ckpt / FINAL_FILE).write_text(json.dumps({f"val_{k}": float(v) for k, v in result.val_metrics.items()}))
-    np.savez_compressed(ckpt / PREDICTIONS_FILE, **arrays)
+    ckpt = write_checkpoint(tmp, cfg, data, result, arrays)
     uri = f"sqlite:///{tmp.resolve()}/mlflow.db"
     models = {}
     with contextlib.chdir(tmp):
