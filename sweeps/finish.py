@@ -231,6 +231,18 @@ def log_selection(
     return board, ranks
 
 
+def report_summary(records: list[TrialRecord], cfg: SweepConfig) -> str:
+    """The report's first line: trials (not the "+ TS" candidates records also hold), model, data, search, rule."""
+    s, run = cfg.search, cfg.run
+    trials = [r for r in records if not r.post]
+    derived = f"; {len(records)} candidates with those on top" if len(records) > len(trials) else ""
+    return (
+        f"{len(trials)} trials ({sum(r.ok for r in trials)} completed{derived}) of {run.model.name} on "
+        f"{run.data.name}, {run.train.epochs} epochs each; Optuna TPE (seed {s.seed}) over calibrator and calibrator "
+        f"lr; rule {cfg.selection.rule}."
+    )
+
+
 def write_report(
     cfg: SweepConfig,
     store: TrackingStore,
@@ -258,10 +270,7 @@ def write_report(
     importances, note = param_importances(study, cfg.name, objectives, cfg.search.storage_outage_timeout_s)
     links = _report_links(cfg, experiment_id, exp_path)
     s, run = cfg.search, cfg.run
-    summary = (
-        f"{len(records)} trials ({len(ok)} completed) of {run.model.name} on {run.data.name}, {run.train.epochs} "
-        f"epochs each; Optuna TPE (seed {s.seed}) over calibrator and calibrator lr; rule {cfg.selection.rule}."
-    )
+    summary = report_summary(records, cfg)
     pyplot()
     with tempfile.TemporaryDirectory(prefix="calib-report-") as tmp:
         d = Path(tmp)

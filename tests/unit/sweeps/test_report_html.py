@@ -88,3 +88,22 @@ def test_text_is_escaped_and_nothing_is_fetched(tmp_path):
     assert "Sweep &lt;x&gt;" in text and "line two &lt;b&gt;" in text
     assert 'href="http://127.0.0.1:5000/#/experiments/3/runs/r1"' in text
     assert 'href="http://127.0.0.1:5000/#/experiments/3?workflowType=machine_learning"' in text
+
+
+def test_the_reports_first_line_counts_trials_not_their_candidates():
+    """A sweep of 4 trials, one failed, each completed one with its "+ TS" candidate: 4 trials, 3 completed, and the 7
+    candidates said as such (the report said "7 trials (6 completed)", counting the + TS candidates as trials)."""
+    from sweeps.config import SweepConfig
+    from sweeps.decide.selection import POST_TS
+    from sweeps.finish import report_summary
+
+    metrics = {"val_accuracy": 0.9, "val_ece": 0.05}
+    records = []
+    for i in range(4):
+        status = "failed" if i == 3 else "completed"
+        records.append(TrialRecord(f"t{i}", f"trial {i}", status, metrics if i < 3 else {}))
+        if i < 3:
+            records.append(TrialRecord(f"t{i}+ts", f"trial {i} + TS", status, metrics, post=POST_TS, base_id=f"t{i}"))
+    line = report_summary(records, SweepConfig())
+    assert line.startswith("4 trials (3 completed; 7 candidates with those on top) of "), line
+    assert report_summary([r for r in records if not r.post], SweepConfig()).startswith("4 trials (3 completed) of ")
