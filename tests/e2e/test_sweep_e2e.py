@@ -357,23 +357,23 @@ def test_mlflow_ui_compare_view_shows_the_sweep(sweep_dir, ui_url):
 
 
 def _scroll_metrics_grid(driver, wanted: tuple[str, ...]) -> set[str]:
-    """Scroll MLflow's virtualised metrics grid step by step; return the wanted names seen."""
+    """Scroll MLflow's virtualised grids (the metrics table: its names' column and its values, ~280 rows a trial, so
+    val_ece is some 250 rows down) page by page to their end; return the wanted names seen as a cell's whole text."""
     found: set[str] = set()
-    driver.execute_script(
-        "const h=[...document.querySelectorAll('*')]"
-        ".filter(e=>e.childElementCount===0&&e.textContent.trim()==='Metrics');"
-        "if(h.length) h[h.length-1].scrollIntoView({block:'start'});"
-    )
-    for step in range(60):
+    for step in range(400):
         done = driver.execute_script(
-            "const g=document.querySelector('.ReactVirtualized__Grid'); if(!g) return true;"
-            "g.scrollTop = arguments[0] * g.clientHeight / 3; g.dispatchEvent(new Event('scroll'));"
-            "return g.scrollTop + g.clientHeight >= g.scrollHeight;",
+            "const gs=[...document.querySelectorAll('.ReactVirtualized__Grid')]; let done=true;"
+            "for (const g of gs) { g.scrollTop = arguments[0] * g.clientHeight * 0.8;"
+            " g.dispatchEvent(new Event('scroll'));"
+            " done = done && g.scrollTop + g.clientHeight >= g.scrollHeight - 1; }"
+            "return done;",
             step,
         )
-        time.sleep(0.3)
-        body = driver.execute_script("return document.body.textContent")
-        found |= {w for w in wanted if w in body}
+        time.sleep(0.2)
+        cells = driver.execute_script(
+            "return [...document.querySelectorAll('.ReactVirtualized__Grid *')].map(e=>e.textContent.trim());"
+        )
+        found |= set(wanted) & set(cells)
         if found == set(wanted) or done:
             break
     return found
