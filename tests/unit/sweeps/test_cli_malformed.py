@@ -36,7 +36,9 @@ LAUNCH = ROOT / "sweeps" / "launch.py"
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv")  # util-linux: runs the CLI as NOBODY when the tests run as root
 CASE_LIMIT_S = 30
-WORKERS = max(2, min(4, os.cpu_count() or 1))  # mostly waiting on interpreter start-up
+# mostly waiting on interpreter start-up; fewer beside other pytest-xdist workers, whose tests share the cores (each
+# case's time is held to CASE_LIMIT_S)
+WORKERS = max(2, min(4, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 def _closed_port() -> int:
