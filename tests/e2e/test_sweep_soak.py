@@ -35,9 +35,13 @@ def test_soak_random_worker_kills_exactly_once(tmp_path):
     after_final = sum(k["after_final"] for k in soak.kills)
     assert KILLS - after_final <= soak.retries <= KILLS + soak.lost_worker_trials, (soak.retries, figs, soak.kills)
     # The driver's memory over the trial phase: no growth beyond Tune's per-trial records (about 0.5 MB per
-    # trial without kills, benchmarks/results/scale.md); a leak per kill or per retry would show here.
+    # trial without kills, benchmarks/results/scale.md); a leak per kill or per retry would show here. The level it
+    # grows from is the closing's imports, which the warm-up (sweeps/closing_warmup.py) makes as the trials start:
+    # measured at 57a18c4, one run each, 200 trials: first trial 1016 MB with it and 325 MB without
+    # (CALIB_CLOSING_WARMUP=0), growth to the last trial 129 and 131 MB, peak 1416 and 1173 MB.
     assert figs["rss_slope_mb_per_100_trials"] < 100, figs
-    assert figs["rss_end_of_trials_mb"] < 1000, figs
+    assert figs["rss_end_of_trials_mb"] - figs["rss_first_trial_mb"] < 250, figs
+    assert figs["rss_peak_mb"] < 2000, figs
 
     client = store(tmp_path)
     parents, children = sweep_runs(client, "soak")
