@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import numpy as np
 
@@ -222,6 +223,54 @@ def selection_v4(results: Path = RESULTS_DIR) -> str:
         ),
     ]
     return "\n".join(L)
+
+
+def _conformal_sets_v1(results: Path) -> tuple[dict[str, Any], int]:
+    """Conformal sets v1's analysis of its committed table, and the number of sweeps in it."""
+    from benchmarks.studies import conformal_sets_v1_analysis as an
+    from benchmarks.studies.selection_v4 import read_table
+
+    path = results / "conformal_sets_v1" / "sweeps.csv.gz"
+    rows = read_table(path) if path.is_file() else []
+    return an.analyse(rows, an.REGIMES, an.SEEDS), len(rows)
+
+
+def conformal_sets_v1(results: Path = RESULTS_DIR) -> str:
+    """Conformal sets v1's answer (pre-registered): per regime, the protocol's sentence with its interval, or its
+    progress while the table is incomplete."""
+    from benchmarks.studies import conformal_sets_v1_analysis as an
+
+    result, n = _conformal_sets_v1(results)
+    prog = result["progress"]
+    if "tests" not in result:
+        return (
+            f"_Conformal sets v1 (`benchmarks/studies/protocols/conformal_sets_v1.md`, pre-registered): {prog['done']} "
+            f"of {prog['expected']} sweeps done; no answer on an incomplete table._"
+        )
+    tests = result["tests"]
+    verdicts = {s["verdict"] for s in tests.values()}
+    L = [
+        f"Conformal sets v1 (`benchmarks/results/conformal_sets_v1.md`; pre-registered; seeds {an.SEEDS[0]}-"
+        f"{an.SEEDS[-1]}, new; {n} sweeps, {n // len(an.REGIMES)} per regime): one-go's pick (the trial with the "
+        "smallest validation LAC sets among up to 7 one-go trials) against CE with early stopping + TS, mean test "
+        "LAC set size at alpha 0.1 over seeds, with 95 % t intervals, the tests Holm-corrected across the regimes:",
+        "",
+    ]
+    L += [f"- {an.readme_sentence(g, s)}." for g, s in tests.items()]
+    L += ["", "The regimes disagree: no overall claim." if len(verdicts) > 1 else "The five regimes agree."]
+    return "\n".join(L)
+
+
+def conformal_sets_v1_answer(results: Path = RESULTS_DIR) -> str:
+    """The README's one-sentence form of conformal sets v1's answer: each verdict with the regimes it holds in."""
+    result, _ = _conformal_sets_v1(results)
+    if "tests" not in result:
+        prog = result["progress"]
+        return f"not answered yet ({prog['done']} of {prog['expected']} sweeps of its pre-registered study done)"
+    by: dict[str, list[str]] = {}
+    for g, s in result["tests"].items():
+        by.setdefault(s["verdict"], []).append(g)
+    return "; ".join(f"{v} in {', '.join(gs)}" for v, gs in by.items())
 
 
 def selection_v3(results: Path = RESULTS_DIR) -> str:
@@ -806,6 +855,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "selection_v3": selection_v3,
     "selection_v4": selection_v4,
     "tabular_demo": tabular_demo,
+    "conformal_sets_v1": conformal_sets_v1,
+    "conformal_sets_v1_answer": conformal_sets_v1_answer,
 }
 
 # Which file holds which block (paths from the repository root): the one place that says so. A block moves with
@@ -831,6 +882,8 @@ HOLDERS: dict[str, str] = {
     "method_study_c_slice": "docs/evidence.md",
     "method_study_v2": "docs/evidence.md",
     "method_study_v2a": "docs/evidence.md",
+    "conformal_sets_v1": "docs/conformal.md",
+    "conformal_sets_v1_answer": "README.md",
 }
 
 

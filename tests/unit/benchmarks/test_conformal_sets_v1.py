@@ -242,3 +242,26 @@ def test_the_run_writes_a_row_a_sweep_and_resumes(monkeypatch, tmp_path):
     assert provenance <= set(rows[0]) and rows[0]["onego_candidate"] == "1"
     made.clear()
     assert mod.run(tmp_path, ("mnist1d", "digits"), (7, 8), True, 1, False) == 0 and made == []
+
+
+def test_the_generated_blocks_state_each_regime_s_answer(monkeypatch, tmp_path):
+    """docs/conformal.md's block gives the protocol's sentence per regime and the README's gives each verdict with
+    its regimes, both from the table alone; an incomplete table gives progress, no answer."""
+    from benchmarks import readme_results as rr
+    from benchmarks.studies.selection_v4 import write_table
+
+    monkeypatch.setattr(an, "REGIMES", REGIMES)
+    monkeypatch.setattr(an, "SEEDS", SEEDS)
+    (tmp_path / "conformal_sets_v1").mkdir()
+    write_table(tmp_path / "conformal_sets_v1" / "sweeps.csv.gz", _table())
+    block = rr.conformal_sets_v1(tmp_path)
+    assert "20 sweeps, 4 per regime" in block
+    assert "- on r1, one-go's LAC sets at alpha 0.1 were smaller than CE_es + TS's by 0.200 labels" in block
+    assert "- on r4, coverage was not held" in block and "The regimes disagree: no overall claim." in block
+    assert rr.conformal_sets_v1_answer(tmp_path) == (
+        "one-go smaller in r1; CE_es + TS smaller (by less than the margin) in r2; inconclusive in r3; "
+        "coverage not held in r4; no practical difference in r5"
+    )
+    write_table(tmp_path / "conformal_sets_v1" / "sweeps.csv.gz", _table()[:-1])
+    assert "19 of 20 sweeps done; no answer" in rr.conformal_sets_v1(tmp_path)
+    assert rr.conformal_sets_v1_answer(tmp_path).startswith("not answered yet (19 of 20 sweeps")
