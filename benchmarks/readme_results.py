@@ -236,11 +236,32 @@ def _conformal_sets_v1(results: Path) -> tuple[dict[str, Any], int]:
 
 
 def conformal_sets_v1(results: Path = RESULTS_DIR) -> str:
-    """Conformal sets v1's answer (pre-registered): per regime, the protocol's sentence with its interval, or its
-    progress while the table is incomplete."""
+    """Conformal sets v1's answer (pre-registered) for docs/conformal.md: what was compared, then the protocol's
+    sentence per regime with its interval; its progress while the table is incomplete."""
     from benchmarks.studies import conformal_sets_v1_analysis as an
 
     result, n = _conformal_sets_v1(results)
+    if "tests" not in result:
+        return conformal_sets_v1_answer(results)
+    return "\n".join(
+        [
+            f"Conformal sets v1 (`benchmarks/results/conformal_sets_v1.md`; pre-registered; seeds {an.SEEDS[0]}-"
+            f"{an.SEEDS[-1]}, new; {n} sweeps, {n // len(an.REGIMES)} per regime): one-go's pick (the trial with the "
+            "smallest validation LAC sets among up to 7 one-go trials, as trained) against CE with early stopping + "
+            "TS, mean test LAC set size at alpha 0.1 over seeds with 95 % t intervals, the tests Holm-corrected "
+            "across the regimes:",
+            "",
+            conformal_sets_v1_answer(results),
+        ]
+    )
+
+
+def conformal_sets_v1_answer(results: Path = RESULTS_DIR) -> str:
+    """The protocol's sentence per regime (README.md and docs/conformal.md), and whether the regimes agree; its
+    progress while the table is incomplete."""
+    from benchmarks.studies import conformal_sets_v1_analysis as an
+
+    result, _ = _conformal_sets_v1(results)
     prog = result["progress"]
     if "tests" not in result:
         return (
@@ -248,29 +269,9 @@ def conformal_sets_v1(results: Path = RESULTS_DIR) -> str:
             f"of {prog['expected']} sweeps done; no answer on an incomplete table._"
         )
     tests = result["tests"]
-    verdicts = {s["verdict"] for s in tests.values()}
-    L = [
-        f"Conformal sets v1 (`benchmarks/results/conformal_sets_v1.md`; pre-registered; seeds {an.SEEDS[0]}-"
-        f"{an.SEEDS[-1]}, new; {n} sweeps, {n // len(an.REGIMES)} per regime): one-go's pick (the trial with the "
-        "smallest validation LAC sets among up to 7 one-go trials) against CE with early stopping + TS, mean test "
-        "LAC set size at alpha 0.1 over seeds, with 95 % t intervals, the tests Holm-corrected across the regimes:",
-        "",
-    ]
-    L += [f"- {an.readme_sentence(g, s)}." for g, s in tests.items()]
-    L += ["", "The regimes disagree: no overall claim." if len(verdicts) > 1 else "The five regimes agree."]
-    return "\n".join(L)
-
-
-def conformal_sets_v1_answer(results: Path = RESULTS_DIR) -> str:
-    """The README's one-sentence form of conformal sets v1's answer: each verdict with the regimes it holds in."""
-    result, _ = _conformal_sets_v1(results)
-    if "tests" not in result:
-        prog = result["progress"]
-        return f"not answered yet ({prog['done']} of {prog['expected']} sweeps of its pre-registered study done)"
-    by: dict[str, list[str]] = {}
-    for g, s in result["tests"].items():
-        by.setdefault(s["verdict"], []).append(g)
-    return "; ".join(f"{v} in {', '.join(gs)}" for v, gs in by.items())
+    agree = len({s["verdict"] for s in tests.values()}) == 1
+    lines = [f"- {an.readme_sentence(g, s)}." for g, s in tests.items()]
+    return "\n".join([*lines, "", "The five regimes agree." if agree else "The regimes disagree: no overall claim."])
 
 
 def selection_v3(results: Path = RESULTS_DIR) -> str:
