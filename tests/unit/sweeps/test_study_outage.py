@@ -324,3 +324,79 @@ def test_a_run_noted_while_the_database_is_away_still_reaches_its_study_trial(tm
         "t2": "run-2",
     }
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+
+
+def _lr_by_run(trial) -> None:
+    """A define-by-run space (the sweep's own SearchSpace is one): its parameters written after Optuna's ask."""
+    trial.suggest_float("lr", 1e-3, 1e-1, log=True)
+
+
+@pytest.mark.parametrize("space", ["define-by-run", "fixed distributions"])
+def test_a_suggestion_cut_short_by_an_outage_is_taken_over_on_resume(tmp_path, monkeypatch, refused, space):
+    """The database goes away while a trial's parameters are written (after Optuna's ask wrote the study trial, or
+    inside it): Tune gets no trial, the fit ends; on --resume that study trial goes back to Optuna's queue and the
+    next Tune trial takes it over, so the study holds exactly Tune's trials, all COMPLETE (a container test once
+    found it left RUNNING beside a fourth trial)."""
+    from ray import tune
+
+    from sweeps.integrations.optuna.study import StudyOutageGuard, SweepSearch
+
+    url, pkl = f"sqlite:///{tmp_path}/optuna.db", str(tmp_path / "searcher.pkl")
+    metric, mode = ["val_accuracy", "val_ece"], ["max", "min"]
+    guard = StudyOutageGuard("cut", 5)
+    try:
+        searcher = SweepSearch(
+            space=_lr_by_run if space == "define-by-run" else {"lr": tune.loguniform(1e-3, 1e-1)},
+            metric=metric,
+            mode=mode,
+            seed=0,
+            study_name="cut",
+            storage=make_rdb_storage(url, 600),
+            sweep="cut",
+        )
+        retry = searcher._storage.retry
+        clock = Clock()
+        retry.say, retry.sleep, retry.clock = (lambda _: None), clock.sleep, clock
+        assert searcher.suggest("t1") is not None
+        flaky(monkeypatch, "_set_trial_param", 10**6, refused)  # what Optuna's cache calls on its backend
+        assert searcher.suggest("t2") is None and isinstance(guard.outage, StorageUnavailable)
+        searcher.save(pkl)
+        monkeypatch.undo()
+    finally:
+        guard.close()
+    states = [t.state.name for t in optuna.load_study(study_name="cut", storage=url).trials]
+    assert states == ["RUNNING", "RUNNING"]  # t1 training; the cut one open, its parameter unwritten
+    guard = StudyOutageGuard("cut", 600)
+    try:
+        resumed = SweepSearch(metric=metric, mode=mode, sweep="cut")
+        resumed.restore(pkl)
+        states = [t.state.name for t in optuna.load_study(study_name="cut", storage=url).trials]
+        assert states == ["RUNNING", "WAITING"]
+        params = resumed.suggest("t3")
+        assert params is not None
+        resumed.on_trial_complete("t1", result={"val_accuracy": 0.9, "val_ece": 0.05})
+        resumed.on_trial_complete("t3", result={"val_accuracy": 0.8, "val_ece": 0.07})
+    finally:
+        guard.close()
+    trials = optuna.load_study(study_name="cut", storage=url).trials
+    assert [(t.number, t.state.name, t.user_attrs["tune_trial_id"]) for t in trials] == [
+        (0, "COMPLETE", "t1"),
+        (1, "COMPLETE", "t3"),
+    ]
+    assert trials[1].params == params
+
+
+def test_a_trial_lost_with_a_killed_driver_is_still_marked_failed(tmp_path):
+    """No outage: a study trial handed out after Tune's last snapshot (the driver killed) is marked FAIL on resume,
+    not requeued (Tune samples its replacement itself)."""
+    from sweeps.integrations.optuna.study import SweepSearch
+
+    url, pkl = f"sqlite:///{tmp_path}/optuna.db", str(tmp_path / "searcher.pkl")
+    searcher = study_searcher(url, "killed")
+    assert searcher.suggest("t1") is not None
+    searcher.save(pkl)  # Tune's last snapshot
+    assert searcher.suggest("t2") is not None  # after it: lost with the driver
+    resumed = SweepSearch(metric=["val_accuracy", "val_ece"], mode=["max", "min"], sweep="killed")
+    resumed.restore(pkl)
+    trials = optuna.load_study(study_name="killed", storage=url).trials
+    assert [t.state.name for t in trials] == ["RUNNING", "FAIL"] and "lost" in trials[1].user_attrs
