@@ -11,13 +11,11 @@ storage by its URL; RDBStorage reconnects when unpickled), so `--resume` continu
 Two gaps between Tune's snapshot and the database are closed here (`SweepSearch`):
 
 - a trial Optuna handed out after Tune's last snapshot is unknown to the resumed searcher (Tune
-  samples a replacement); its study trial would stay RUNNING for ever, so it is marked FAIL;
+  samples a replacement), and so is one whose suggestion the database's outage cut short (Optuna's ask wrote it,
+  Tune got no trial); its study trial would stay RUNNING for ever, so it goes back to Optuna's queue (WAITING) and
+  the replacement takes it over: the study keeps exactly Tune's trials;
 - a trial the study recorded as finished after the last snapshot is replayed by Tune on resume;
   telling Optuna again would fail, so it is skipped.
-
-A suggestion cut short by the database going away (Optuna's ask wrote the study trial, its parameters were not all
-written) gives Tune no trial; its study trial is put back in Optuna's queue (WAITING) on resume, so the next Tune
-trial takes it over and the study keeps exactly Tune's trials.
 
 A diverged or errored trial (NaN objectives) is told as FAIL directly, without Optuna's warning
 about NaN values.
@@ -107,8 +105,7 @@ class SweepSearch(OptunaSearch):
     def __init__(self, *args: Any, sweep: str = "", **kwargs: Any) -> None:
         self._sweep = sweep
         # what an outage past the limit kept from the database, written on --resume (restore):
-        # ("attr", Optuna trial id, key, value), ("complete", Tune trial id, result, error, MLflow run id) and
-        # ("requeue", Optuna trial id, or None when the ask failed before it returned its trial)
+        # ("attr", Optuna trial id, key, value) and ("complete", Tune trial id, result, error, MLflow run id)
         self._owed: list[tuple[Any, ...]] = []
         super().__init__(*args, **kwargs)
         self._watch_storage()
@@ -165,10 +162,14 @@ class SweepSearch(OptunaSearch):
             listen_for_runs(self._sweep, self._record_run)
         try:
             params = super().suggest(trial_id)
-        except STORAGE_ERRORS as exc:  # no trial now: the fit ends at its next step (or is being stopped)
-            cut = self._ot_trials.pop(trial_id, None)  # Tune makes no trial of this id: its study trial is requeued
-            self._gave_up(exc, ("requeue", cut._trial_id if cut is not None else None))
-            return None
+        except STORAGE_ERRORS as exc:
+            self._ot_trials.pop(trial_id, None)  # Tune makes no trial of this id: resume requeues its study trial
+            self._gave_up(exc)
+            if isinstance(exc, StorageUnavailable):
+                # past the limit the fit ends here, as the guard would end it at the next step: with no trial left
+                # running, Tune waits up to 600 s for a suggestion before that step comes
+                raise
+            return None  # a stop signal came while it waited: the stop ends the fit
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is not None and self._storage is not None:
             self._set_attr(ot_trial, "tune_trial_id", trial_id)
@@ -233,19 +234,12 @@ class SweepSearch(OptunaSearch):
             log.warning(exc)
         self._completed_trials.add(trial_id)
 
-    def _pay_owed(self) -> bool:
-        """Write what an outage kept from the database: attributes first (a finished trial takes none); True when
-        a suggestion failed inside Optuna's ask (its study trial, if it wrote one, is not known by id)."""
+    def _pay_owed(self) -> None:
+        """Write what an outage kept from the database: attributes first (a finished trial takes none)."""
         owed, self._owed = self._owed, []
         storage = cast("optuna.Study", self._ot_study)._storage
-        unknown_cut = False
         for item in sorted(owed, key=lambda o: o[0] != "attr"):
-            if item[0] == "requeue":
-                if item[1] is None:
-                    unknown_cut = True
-                else:
-                    self._requeue(item[1])
-            elif item[0] == "attr":
+            if item[0] == "attr":
                 _, ot_trial_id, key, value = item
                 if not storage.get_trial(ot_trial_id).state.is_finished():
                     storage.set_trial_user_attr(ot_trial_id, key, value)
@@ -256,38 +250,33 @@ class SweepSearch(OptunaSearch):
                     storage.set_trial_user_attr(ot_trial._trial_id, "mlflow_run_id", run_id)
                 self._completed_trials.discard(trial_id)
                 self.on_trial_complete(trial_id, result=result, error=error)
-        return unknown_cut
-
-    def _requeue(self, ot_trial_id: int) -> None:
-        """A study trial whose suggestion an outage cut short back in Optuna's queue (still RUNNING: nobody took it)."""
-        from optuna.trial import TrialState
-
-        storage = cast("optuna.Study", self._ot_study)._storage
-        if storage.get_trial(ot_trial_id).state == TrialState.RUNNING:
-            storage.set_trial_state_values(ot_trial_id, TrialState.WAITING)
-            log.info("Optuna trial %d, cut short by the study database's outage, goes to the next trial", ot_trial_id)
 
     def restore(self, checkpoint_path: str) -> None:
-        """Restore Tune's searcher state, then fail the study's trials it no longer knows."""
+        """Restore Tune's searcher state, then requeue the open study trials it does not know (Tune's replacements
+        take them over: each replacement is a suggestion beyond the restored snapshot, as each of them was)."""
         super().restore(checkpoint_path)
         self.__dict__.setdefault("_owed", [])  # (a searcher saved before outages were kept)
         self._watch_storage()
         if self._storage is None or self._ot_study is None:
             return
-        unknown_cut = self._pay_owed() if self._owed else False
+        if self._owed:
+            self._pay_owed()
         from optuna.trial import TrialState
 
         known = {t._trial_id for t in self._ot_trials.values()}
         storage = self._ot_study._storage
         for frozen in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if frozen._trial_id not in known and unknown_cut:  # the sweep stopped on the outage, its state saved:
-                self._requeue(frozen._trial_id)  # an unknown open trial is the one the failed ask wrote
-            elif frozen._trial_id not in known:
+            if frozen._trial_id not in known:
                 storage.set_trial_user_attr(
-                    frozen._trial_id, "lost", "started after Ray Tune's last experiment snapshot; replaced on resume"
+                    frozen._trial_id,
+                    "requeued",
+                    "handed out after Ray Tune's last experiment snapshot (its Tune trial never ran or was lost); "
+                    "taken over on resume",
                 )
-                storage.set_trial_state_values(frozen._trial_id, TrialState.FAIL)
-                log.info("Optuna trial %d was lost with the driver; marked FAIL", frozen.number)
+                storage.set_trial_state_values(frozen._trial_id, TrialState.WAITING)  # Optuna's next ask takes it
+                log.info(
+                    "Optuna trial %d is unknown to Ray Tune's snapshot; requeued for its next trial", frozen.number
+                )
 
 
 def make_searcher(cfg: SweepConfig, seed_offset: int = 0) -> SweepSearch:

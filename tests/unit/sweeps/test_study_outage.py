@@ -359,7 +359,9 @@ def test_a_suggestion_cut_short_by_an_outage_is_taken_over_on_resume(tmp_path, m
         retry.say, retry.sleep, retry.clock = (lambda _: None), clock.sleep, clock
         assert searcher.suggest("t1") is not None
         flaky(monkeypatch, "_set_trial_param", 10**6, refused)  # what Optuna's cache calls on its backend
-        assert searcher.suggest("t2") is None and isinstance(guard.outage, StorageUnavailable)
+        with pytest.raises(StorageUnavailable):  # the fit ends now (Tune would wait 600 s for a suggestion)
+            searcher.suggest("t2")
+        assert isinstance(guard.outage, StorageUnavailable)
         searcher.save(pkl)
         monkeypatch.undo()
     finally:
@@ -386,17 +388,21 @@ def test_a_suggestion_cut_short_by_an_outage_is_taken_over_on_resume(tmp_path, m
     assert trials[1].params == params
 
 
-def test_a_trial_lost_with_a_killed_driver_is_still_marked_failed(tmp_path):
-    """No outage: a study trial handed out after Tune's last snapshot (the driver killed) is marked FAIL on resume,
-    not requeued (Tune samples its replacement itself)."""
+def test_a_trial_lost_with_a_killed_driver_is_taken_over_by_its_replacement(tmp_path):
+    """No outage: a study trial handed out after Tune's last snapshot (the driver killed) goes back to Optuna's
+    queue on resume, and the replacement Tune samples takes it over with its parameters."""
     from sweeps.integrations.optuna.study import SweepSearch
 
     url, pkl = f"sqlite:///{tmp_path}/optuna.db", str(tmp_path / "searcher.pkl")
     searcher = study_searcher(url, "killed")
     assert searcher.suggest("t1") is not None
     searcher.save(pkl)  # Tune's last snapshot
-    assert searcher.suggest("t2") is not None  # after it: lost with the driver
+    lost = searcher.suggest("t2")  # after it: lost with the driver
     resumed = SweepSearch(metric=["val_accuracy", "val_ece"], mode=["max", "min"], sweep="killed")
     resumed.restore(pkl)
     trials = optuna.load_study(study_name="killed", storage=url).trials
-    assert [t.state.name for t in trials] == ["RUNNING", "FAIL"] and "lost" in trials[1].user_attrs
+    assert [t.state.name for t in trials] == ["RUNNING", "WAITING"] and "requeued" in trials[1].user_attrs
+    assert resumed.suggest("t3") == lost
+    resumed.on_trial_complete("t3", result={"val_accuracy": 0.8, "val_ece": 0.07})
+    trials = optuna.load_study(study_name="killed", storage=url).trials
+    assert [(t.state.name, t.user_attrs["tune_trial_id"]) for t in trials] == [("RUNNING", "t1"), ("COMPLETE", "t3")]
