@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -67,6 +68,7 @@ def make_storage(url: str, outage_timeout_s: float | None = None) -> Any:
 # sweep name -> the guard of the sweep running in this process (the searcher reports to it; not pickled)
 _GUARDS: dict[str, StudyOutageGuard] = {}
 STORAGE_ERRORS = (StorageUnavailable, OutageWaitStopped)  # a call that gave up waiting for the database
+_PROCESS = uuid.uuid4().hex  # this driver process (a pid may repeat across a container's restarts)
 
 
 class StudyOutageGuard(tune.Callback):
@@ -160,6 +162,8 @@ class SweepSearch(OptunaSearch):
         """Sample a configuration; the study trial records the Tune trial id (shown in the dashboard)."""
         if self._sweep:  # (again after a restore: the listener is this process's, not pickled)
             listen_for_runs(self._sweep, self._record_run)
+        if self.__dict__.get("_reconciled_in") != _PROCESS and self._storage is not None:
+            self._requeue_unknown()  # a resume that Tune restored no searcher state for (none saved yet)
         try:
             params = super().suggest(trial_id)
         except STORAGE_ERRORS as exc:
@@ -261,11 +265,18 @@ class SweepSearch(OptunaSearch):
             return
         if self._owed:
             self._pay_owed()
+        self._requeue_unknown()
+
+    def _requeue_unknown(self) -> None:
+        """Once per process, before its first suggestion: the open study trials this searcher does not know back in
+        Optuna's queue (none in a new study; after a sweep stopped before Tune saved a searcher state, all of them)."""
         from optuna.trial import TrialState
 
+        self.__dict__["_reconciled_in"] = _PROCESS
         known = {t._trial_id for t in self._ot_trials.values()}
-        storage = self._ot_study._storage
-        for frozen in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study = cast("optuna.Study", self._ot_study)
+        storage = study._storage
+        for frozen in storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,)):
             if frozen._trial_id not in known:
                 storage.set_trial_user_attr(
                     frozen._trial_id,

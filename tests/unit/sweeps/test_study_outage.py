@@ -406,3 +406,25 @@ def test_a_trial_lost_with_a_killed_driver_is_taken_over_by_its_replacement(tmp_
     resumed.on_trial_complete("t3", result={"val_accuracy": 0.8, "val_ece": 0.07})
     trials = optuna.load_study(study_name="killed", storage=url).trials
     assert [(t.state.name, t.user_attrs["tune_trial_id"]) for t in trials] == [("RUNNING", "t1"), ("COMPLETE", "t3")]
+
+
+def test_a_resume_with_no_saved_searcher_state_takes_over_the_open_trials(tmp_path):
+    """The sweep stopped before Ray Tune saved any searcher state (the database went away during the first
+    suggestion): the resumed searcher is the one pickled at the start, never restored. Its first suggestion still
+    hands the open study trial to the next Tune trial (the reference arm, trial 0, is not lost)."""
+    import pickle
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    searcher = study_searcher(url, "unsaved")
+    pickled = pickle.dumps(searcher)  # as tuner.pkl holds it
+    searcher._ot_study.ask()  # the first suggestion's study trial, cut short before Tune made a trial of it
+    resumed = pickle.loads(pickled)  # a new driver process
+    from sweeps.integrations.optuna import study as study_mod
+
+    resumed.__dict__["_reconciled_in"] = "an earlier process"
+    assert study_mod._PROCESS != "an earlier process"
+    params = resumed.suggest("t1")
+    resumed.on_trial_complete("t1", result={"val_accuracy": 0.9, "val_ece": 0.05})
+    trials = optuna.load_study(study_name="unsaved", storage=url).trials
+    assert [(t.number, t.state.name, t.user_attrs.get("tune_trial_id")) for t in trials] == [(0, "COMPLETE", "t1")]
+    assert params is not None and "requeued" in trials[0].user_attrs
