@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -296,10 +297,23 @@ def shutdown() -> None:
     Ray's core worker, shutting down, puts the process's SIGTERM action back to the default (terminate) at the C
     level while Python still reports the handler the driver installed: a stop during selection and registration
     then killed the driver outright (exit 143, runs left RUNNING, no --resume hint). Re-installing what Python
-    holds makes the operating system's action match it again."""
+    holds makes the operating system's action match it again.
+
+    Python's cyclic garbage collector is run first and held off during `ray.shutdown()`: while the core worker
+    shuts down (the GIL released) another thread of the driver (the closing's warm-up, importing) could start a
+    collection that frees Ray object references, whose release then reaches the core worker just gone, and Ray
+    ends the process at once with exit 1 ("The core worker has already been shutdown", nothing else said; a CI
+    run's resumed sweep died so)."""
     import ray
 
-    ray.shutdown()
+    gc.collect()  # Ray's cyclic garbage freed while its core worker can still take the releases
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        ray.shutdown()
+    finally:
+        if was_enabled:
+            gc.enable()
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers are the main thread's; a shutdown elsewhere leaves them as they are
     for signum in (signal.SIGTERM, signal.SIGINT):
