@@ -170,13 +170,21 @@ def soak_args(trials: int, concurrent: int, epochs: int) -> list[str]:
 
 
 def run_soak(
-    workdir: Path, trials: int, concurrent: int, epochs: int, kills: int, seed: int = 7, timeout_s: float = 3000
+    workdir: Path,
+    trials: int,
+    concurrent: int,
+    epochs: int,
+    kills: int,
+    seed: int = 7,
+    timeout_s: float = 3000,
+    kill_every_s: tuple[float, float] = (4.0, 10.0),
 ) -> Soak:
-    """Run the soak sweep in `workdir` (its default stores) with the killer and the memory sampler."""
+    """Run the soak sweep in `workdir` (its default stores) with the killer (a kill every `kill_every_s` seconds,
+    drawn uniformly) and the memory sampler."""
     mark = uuid.uuid4().hex
     env = {**os.environ, "PYTHONUNBUFFERED": "1", MARK_ENV: mark}
     cmd = [sys.executable, str(LAUNCH), *soak_args(trials, concurrent, epochs)]
-    killer = Killer(seed=seed, limit=kills, mark=mark)
+    killer = Killer(seed=seed, limit=kills, mark=mark, low=kill_every_s[0], high=kill_every_s[1])
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
