@@ -4,7 +4,10 @@ Ray stops a worker with SIGTERM (an actor Tune has finished with, the idle worke
 worker's handler raises SystemExit wherever Python happens to be. When that is a garbage-collection callback,
 Python prints "Exception ignored in ... SystemExit: 1" to the worker's stderr and the driver forwards it: a
 traceback after a sweep that went well. The filter drops exactly such blocks (a traceback through Ray's
-`sigterm_handler` ending in SystemExit) and passes every other line, other tracebacks included, unchanged.
+`sigterm_handler` ending in SystemExit) and passes every other line, other tracebacks included, unchanged, but one:
+Ray Tune's "Restored on <ip> from checkpoint: Checkpoint(...)", which a trial's worker logs (twice, through two
+handlers) when it resumes. The sweep says that in its own words (a lost worker or node, `--resume`), and the
+checkpoint's path is Tune's bookkeeping, not the user's.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from typing import Any
 _STARTS = re.compile(r"^(Exception ignored in|Traceback \(most recent call last\):)")
 _CHAINS = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
 _TEARDOWN = "sigterm_handler"
+_RESTORED = re.compile(r"\bRestored on \S+ from checkpoint: Checkpoint\(")  # ray.tune.Trainable.restore's info line
 _HANDLER = "ray_print_logs"  # the name ray.init gives the driver's printing handler
 
 
 class TeardownFilter:
-    """Drops SIGTERM teardown tracebacks from workers' stderr; a block split over batches waits for its end."""
+    """Drops SIGTERM teardown tracebacks and Tune's restore line from workers' stderr; a block split over batches
+    waits for its end."""
 
     def __init__(self) -> None:
         self._pending: dict[Any, list[str]] = {}  # per worker stream: an unfinished block's lines
@@ -38,7 +43,7 @@ class TeardownFilter:
             if block is None:
                 if _STARTS.match(line):
                     block = [line]
-                else:
+                elif not _RESTORED.search(line):
                     shown.append(line)
                 continue
             block.append(line)

@@ -1,4 +1,5 @@
-"""A worker's SIGTERM teardown traceback is not forwarded to people; every other line, tracebacks included, is."""
+"""A worker's SIGTERM teardown traceback and Tune's restore line are not forwarded to people; every other line,
+tracebacks included, is."""
 
 from __future__ import annotations
 
@@ -49,6 +50,23 @@ def test_other_tracebacks_pass_whole():
     assert f.lines("w", chained) == chained
     # and a teardown with blank lines after it is still one block, dropped
     assert f.lines("w", [*TEARDOWN, "", "", "next"]) == ["next"]
+
+
+# what a retried trial's worker printed twice on the terminal in the node-loss test (Ray 2.60's Trainable.restore)
+RESTORED = (
+    "Restored on 192.0.2.2 from checkpoint: Checkpoint(filesystem=local, path=/tmp/shared/node-loss/"
+    "train_trial_4c7ea930_2_calibrator=vector,calibrator_lr=0.0598_2026-12-05_12-24-02/checkpoint_000019)"
+)
+
+
+def test_tune_s_restore_line_is_dropped_and_nothing_else():
+    f = TeardownFilter()
+    assert f.lines("w", [RESTORED, "epoch 20 done", RESTORED]) == ["epoch 20 done"]
+    # the words elsewhere, or a traceback that mentions them, are the user's and pass
+    own = ["Restored on the second try", "the model was Restored on 2 GPUs"]
+    assert f.lines("w", own) == own
+    tb = [*REAL[:-1], f"ValueError: {RESTORED}"]
+    assert f.lines("w", tb) == tb
 
 
 def test_block_split_over_batches_and_streams():
