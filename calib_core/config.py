@@ -449,9 +449,7 @@ def format_validation_error(err: ValidationError) -> str:
             lines.append(clip(msg, 200))
         elif e["type"] == "extra_forbidden":
             lines.append(f"{path}: unknown key")
-        elif isinstance(got, (dict, list)):
-            lines.append(f"{path}: {clip(msg, 200)}")
-        else:
+        else:  # lists and mappings too, clipped: "should be a valid number" alone hides what was given
             lines.append(f"{path}: {clip(msg, 200)} (got {clip(repr(got))})")
     more = len(lines) - MAX_PROBLEMS
     return "; ".join(lines[:MAX_PROBLEMS]) + (f"; and {more} more problems" if more > 0 else "")
