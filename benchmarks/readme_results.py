@@ -493,6 +493,21 @@ def bench_sweep(results: Path = RESULTS_DIR) -> str:
     )
 
 
+def phases(results: Path = RESULTS_DIR) -> str:
+    """What a user waits on after the trials, phase by phase, before and after, with the floors
+    (benchmarks/perf/bench_phases.py, phases.json)."""
+    from benchmarks.perf.bench_phases import table
+
+    rec = json.loads((results / "phases.json").read_text())
+    runs = len(rec["runs"]["after"])
+    loads = ", ".join(f"{r['load_before'][0]:.1f}" for label in ("before", "after") for r in rec["runs"][label])
+    return (
+        f"`{rec['command']}` ({rec['date']} UTC, {rec['host']['cpu_count']} CPUs): the default demo, {runs} runs per "
+        f"tree alternately, wall seconds, median (range); 1-minute load average before each run: {loads}.\n\n"
+        + table(rec)
+    )
+
+
 def _scale_1000(results: Path) -> tuple[dict, float]:
     """The 1,000-trial sweep of scale.json and its service overhead per trial, as bench_scale defines it: the trial
     phase's wall time per trial minus the trial's own compute per concurrent slot."""

@@ -48,6 +48,7 @@ TIMING = re.compile(
 PHASES = ("ray_start", "trials", "finish", "closing", "bootstrap", "rule", "registration", "report")
 # the driver's own account of its peak RSS (sweeps/service.py), at the end and when the trials were done
 RSS = re.compile(r"driver peak RSS ([\d.]+) GB \(([\d.]+) GB before selection\)")
+CHAMPION = re.compile(r"the champion ([\d.]+)s after the last trial")  # what the user waits on once trained
 CONCURRENT = 2
 
 
@@ -131,6 +132,9 @@ def run_sweep(m: int, timeout_s: float) -> dict[str, Any]:
         if match is None:
             raise SystemExit(f"M = {m}: no timing line in the output")
         phases = dict(zip(PHASES, (float(g) for g in match.groups())))
+        champion = CHAMPION.search(stdout)
+        if champion:
+            phases["champion"] = float(champion.group(1))
         rss = RSS.search(stdout)
         counts = _store_counts(d)
         sizes = {
@@ -233,6 +237,7 @@ def report(raw: dict[str, Any], command: str) -> str:
         "selection rule, s": [r["phases_s"]["rule"] for r in runs],
         "report files, s": [r["phases_s"]["report"] for r in runs],
         "registration, s": [r["phases_s"]["registration"] for r in runs],
+        "the champion after the last trial, s": [r["phases_s"].get("champion", math.nan) for r in runs],
         "MLflow rows per trial": [
             sum(r["store_rows"][t] for t in ("metrics", "params", "tags")) / r["m"] for r in runs
         ],
