@@ -117,6 +117,7 @@ def test_a_lost_node_s_trial_retries_on_the_other_node(tmp_path: Path, what: str
         assert len(lost) == 1, out[-5000:]
         lost = [x for _, x in lost]
         assert "with 1 trial(s) running on it" in lost[0] and "retries from the last checkpoint" in lost[0], lost
+        assert "from checkpoint: Checkpoint(" not in out, out[-5000:]  # Tune's own restore line: the sentence says it
         client = MlflowClient(url)
         parents, children = sweep_runs(client, NAME)
         assert [p.info.status for p in parents] == ["FINISHED"]
