@@ -15,6 +15,8 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from calib_core.redaction import redact_text
+
 # Names come from the registries (calib_core.models, calib_core.data, calib_core.calibrators, plus
 # plugins): the entry points check them once the schema is valid (calib_core.plugins.build_run_config,
 # SweepConfig._registered), so this schema imports no registry.
@@ -431,7 +433,9 @@ MAX_PROBLEMS = 5  # problems listed in one error line; the rest are counted
 
 
 def clip(text: str, limit: int = MAX_ECHO) -> str:
-    """`text` cut to at most `limit` characters, saying how long it was (error lines echo user input)."""
+    """`text` cut to at most `limit` characters, saying how long it was (error lines echo user input); the secrets
+    of any URI in it masked first, since a cut before a password's end leaves nothing for the mask to find."""
+    text = redact_text(text)
     if len(text) <= limit:
         return text
     suffix = f"…({len(text)} characters)"
@@ -449,7 +453,7 @@ def format_validation_error(err: ValidationError) -> str:
             lines.append(clip(msg, 200))
         elif e["type"] == "extra_forbidden":
             lines.append(f"{path}: unknown key")
-        else:  # lists and mappings too, clipped: "should be a valid number" alone hides what was given
+        else:  # lists and mappings too: "should be a valid number" alone hides what was given
             lines.append(f"{path}: {clip(msg, 200)} (got {clip(repr(got))})")
     more = len(lines) - MAX_PROBLEMS
     return "; ".join(lines[:MAX_PROBLEMS]) + (f"; and {more} more problems" if more > 0 else "")

@@ -116,11 +116,11 @@ def load_result(
 
     import pandas as pd
 
+    from calib_core.redaction import redact
     from sweeps.contract import TAG_CHAMPION_RUN, TrackingStore
     from sweeps.finish import build_result
     from sweeps.integrations.mlflow.existing import started_registered_model
     from sweeps.integrations.mlflow.store import MlflowStore
-    from sweeps.redaction import redact
 
     if isinstance(sweep, SweepConfig):
         cfg = sweep

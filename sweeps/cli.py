@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from calib_core.config import ConfigError, clip
-from sweeps.redaction import redact, redact_text, redact_values
+from calib_core.redaction import redact, redact_text, redact_values
 from sweeps.selection_rules import describe as describe_rules
 from sweeps.start_steps import SIGNALS, Startup
 
@@ -180,7 +180,7 @@ def _fit(parts: list[str], limit: int) -> list[str]:
 
 
 def _one_line(exc: BaseException) -> str:
-    """The error as one line, every URI in it without its secrets (sweeps/redaction.py); a long one is shortened in
+    """The error as one line, every URI in it without its secrets (calib_core/redaction.py); a long one is shortened in
     the middle of each of its '; '-separated parts, never at a part's start (the field) or end (the advice)."""
     text = redact_text(" ".join(str(exc).split())) or type(exc).__name__
     limit = ERROR_LINE_CHARS - len("error: ")

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from calib_core.redaction import redact
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     MULTI_OBJECTIVE,
@@ -38,7 +39,6 @@ from sweeps.decide.uncertainty import (
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS
 from sweeps.integrations.mlflow.sweep_runs import log_intervals
 from sweeps.integrations.optuna.study import MEMORY, load_study
-from sweeps.redaction import redact
 from sweeps.report.files import SWEEP_FOLDER, sweep_report_files
 from sweeps.report.summary import tool
 from sweeps.trial_params import describe_params

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from calib_core.config import ConfigError, clip
-from sweeps.redaction import redact
+from calib_core.redaction import redact
 
 # File systems that cannot hold a store (kernel interfaces).
 PSEUDO_FS = {

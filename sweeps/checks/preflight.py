@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError, clip
+from calib_core.redaction import redact
 from calib_core.registry import DATASETS
 from sweeps.checks.servers import address_host, is_local_store, is_loopback, ray_address, uri_host
-from sweeps.redaction import redact
 
 if TYPE_CHECKING:
     from sweeps.config import SweepConfig

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from calib_core.config import ConfigError, clip
+from calib_core.redaction import redact
 from sweeps.checks.paths import check_writable_dir
-from sweeps.redaction import redact
 
 # Seconds to wait for a tracking server, a database or a Ray head to answer.
 TIMEOUT_S = float(os.environ.get("CALIB_PREFLIGHT_TIMEOUT_S", "3"))

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from calib_core.redaction import redact
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     CHAMPION_ALIAS,
     MEMORY,
 )
 from sweeps.decide.selection import TrialRecord
-from sweeps.redaction import redact
 from sweeps.report.files import format_leaderboard
 
 

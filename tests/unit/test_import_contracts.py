@@ -27,7 +27,6 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
         0,
         (
             "sweeps.contract",
-            "sweeps.redaction",
             "sweeps.sweep_lock",
             "sweeps.outage",
             "sweeps.run_notes",

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError
+from calib_core.redaction import redact
 from sweeps.contract import CHAMPION_ALIAS, TAG_CHAMPION_RUN, TAG_CHAMPION_TRIAL, TAG_LOST_FROM_TUNE
-from sweeps.redaction import redact
 
 if TYPE_CHECKING:
     from sweeps.config import SweepConfig

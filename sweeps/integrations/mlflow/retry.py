@@ -16,9 +16,9 @@ from typing import Any
 
 from mlflow.exceptions import MlflowException
 
+from calib_core.redaction import has_credentials, redact
 from sweeps.outage import FIRST_WAIT_S, MAX_WAIT_S, Unavailable
 from sweeps.outage import OutageRetry as _OutageRetry
-from sweeps.redaction import has_credentials, redact
 
 # MLflow prints "View run ... at: URL" when a run ends on an http(s) store (TrackingServiceClient._log_url),
 # the URL carrying the tracking URI's user-info password; its documented switch turns those lines off.

@@ -19,6 +19,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 
+from calib_core.redaction import redact_text
 from sweeps.contract import (
     CLASSIC_ML,
     EXPERIMENT_KIND_TAG,
@@ -38,7 +39,6 @@ from sweeps.integrations.mlflow.retry import (
     is_forbidden,
     quiet_run_links,
 )
-from sweeps.redaction import redact_text
 
 MAX_METRICS = 900  # MLflow's log_batch takes at most 1000 metrics
 MAX_PARAMS = 90  # ... and at most 100 params
@@ -315,7 +315,7 @@ class MlflowStore:
             self.client.log_batch(run_id, params=items[i : i + MAX_PARAMS])
 
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
-        """Set tags on the run, in order (secrets in URIs masked: sweeps/redaction.py)."""
+        """Set tags on the run, in order (secrets in URIs masked: calib_core/redaction.py)."""
         for key, value in tags.items():
             self.client.set_tag(run_id, key, redact_text(str(value)))
 

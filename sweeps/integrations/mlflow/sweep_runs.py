@@ -18,6 +18,7 @@ from typing import Any
 from ray import tune
 
 from calib_core.config import RunConfig
+from calib_core.redaction import redact_values
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     NOTE_TAG,
@@ -44,7 +45,6 @@ from sweeps.integrations.mlflow.tracking import (
     flatten,
 )
 from sweeps.outage import Unavailable
-from sweeps.redaction import redact_values
 from sweeps.report.summary import sweep_note
 from sweeps.trial_params import describe_params, resolve_run_config
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from optuna.storages import RDBStorage
 
+from calib_core.redaction import redact
 from sweeps.outage import OutageRetry, Unavailable
-from sweeps.redaction import redact
 
 FIELD = "search.storage_outage_timeout_s"
 WHAT = "Optuna study database"

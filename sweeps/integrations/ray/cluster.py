@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from calib_core.config import ConfigError
+from calib_core.redaction import redact
 from sweeps.checks.servers import address_host, is_loopback, probe_tcp, ray_address
-from sweeps.redaction import redact
 
 if TYPE_CHECKING:
     from sweeps.config import SweepConfig

@@ -1,6 +1,6 @@
 """Secrets in URIs are never printed or written (issue #22, item 1).
 
-The one redaction rule (sweeps/redaction.py) on a table of URIs, malformed ones included; every error
+The one redaction rule (calib_core/redaction.py) on a table of URIs, malformed ones included; every error
 path of `sweeps/launch.py` with a canary password (a random string) in a URI: exit 2, the canary in
 neither stdout nor stderr, nothing written. The slow test runs a real sweep against a local
 `mlflow server` with the canary as the tracking URI's password and searches everything the sweep
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.redaction import MASK, has_credentials, redact, redact_text, redact_values
+from calib_core.redaction import MASK, has_credentials, redact, redact_text, redact_values
 from tests.sweep_helpers import LAUNCH, free_port, mlflow_server
 
 PW = "s3cr3t-Pa55"
@@ -107,7 +107,7 @@ def test_redact_values_walks_a_config():
 
 
 def test_one_redaction_rule():
-    """The old helpers are gone: preflight and the store use sweeps.redaction's."""
+    """The old helpers are gone: preflight and the store use calib_core.redaction's."""
     import sweeps.checks.preflight
     import sweeps.integrations.mlflow.store
 
