@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_info, utc_now, write_json
-from benchmarks.provenance import provenance
+from benchmarks.provenance import git_state, provenance
 
 TIMING = re.compile(r"^Timing: (.*)$", re.M)
 PHASE = re.compile(r"(Ray start|trials|closing the trials|bootstrap|rule|registration|report files) ([\d.]+)s")
@@ -140,12 +140,9 @@ def worktree(rev: str, into: Path) -> Path:
 
 
 def commit() -> str:
-    """This tree's short commit, +uncommitted when the tracked files differ."""
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
-    )
-    return head.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
+    """This tree's short commit, +uncommitted when the tracked files differ (provenance.git_state)."""
+    head, clean = git_state()
+    return (head or "unknown")[:7] + ("" if clean else "+uncommitted")
 
 
 def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
