@@ -171,7 +171,8 @@ def test_mnist1d_seeded():
     assert torch.equal(load_dataset(DataConfig(num_samples=300), 0).train.x, a.train.x)
 
 
-def test_mnist1d_generates_8000_offline_fast(no_network, capsys):
+def test_mnist1d_generates_8000_offline_fast(no_network, capsys, monkeypatch):
+    monkeypatch.setenv(mnist1d_mod.CACHE_ENV, "off")  # generated here, not read from the disk cache
     mnist1d_mod._generate_cached.cache_clear()
     np_state, py_state = np.random.get_state(), random.getstate()
     t = time.perf_counter()
