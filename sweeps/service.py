@@ -20,6 +20,7 @@ from ray import tune
 from sweeps.closing_warmup import ClosingWarmup
 from sweeps.config import SweepConfig
 from sweeps.contract import (
+    MULTI_OBJECTIVE,
     NOTE_TAG,
     SPLITS,
     SweepError,
@@ -250,6 +251,7 @@ def _run_trials(
     trial's record, and whether trials were left unfinished. `warmup` starts with the first trial."""
     from sweeps.integrations.ray.node_loss import NodeLossCallback
     from sweeps.integrations.ray.resource_wait import PendingTimeout
+    from sweeps.integrations.ray.tune_memory import statistics_only_for
     from sweeps.integrations.ray.worker_logs import hide_worker_teardown
 
     cfg, store, opened = run.cfg, run.store, run.opened
@@ -287,6 +289,7 @@ def _run_trials(
         contextlib.closing(study_guard),
         contextlib.nullcontext() if verbose else hide_worker_teardown(),
         tune_sigint_undone(),
+        statistics_only_for([*(m for m, _ in MULTI_OBJECTIVE), cfg.search.metric]),  # ~0.4 MB a trial less
     ):
         _route_sigterm(stops)
         print(intro(cfg, run.exp_path, parent_id, resumed=opened.restoring), flush=True)
