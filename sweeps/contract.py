@@ -196,8 +196,8 @@ class TrackingStore(Protocol):
         """Every trial run of the sweep."""
         ...
 
-    def trial_runs_by_id(self, experiment_id: str, sweep: str) -> dict[str, Any]:
-        """{trial id: run} of the sweep's trial runs."""
+    def trial_runs_by_id(self, experiment_id: str, sweep: str, runs: list[Any] | None = None) -> dict[str, Any]:
+        """{trial id: run} of the sweep's trial runs (`runs`: trial_runs' answer already read)."""
         ...
 
     def get_run(self, run_id: str) -> Any:

@@ -44,14 +44,16 @@ from sweeps.report.summary import tool
 from sweeps.trial_params import describe_params
 
 
-def trial_records(results: Any, store: TrackingStore, experiment_id: str, sweep: str) -> list[TrialRecord]:
-    """Every trial Tune knows, as selection sees it, with its MLflow run."""
+def trial_records(
+    results: Any, store: TrackingStore, experiment_id: str, sweep: str, runs: list[Any] | None = None
+) -> list[TrialRecord]:
+    """Every trial Tune knows, as selection sees it, with its MLflow run (`runs`: the trial runs already read)."""
     records = []
-    runs = store.trial_runs_by_id(experiment_id, sweep)  # one query, not one per trial (1,000 trials: seconds)
+    by_id = store.trial_runs_by_id(experiment_id, sweep, runs)  # one query, not one per trial (1,000 trials: seconds)
     for res in results:
         m = dict(res.metrics or {})
         tid = m.get("trial_id") or (res.path and Path(res.path).name.split("_")[1])
-        run = runs.get(str(tid)) if tid else None
+        run = by_id.get(str(tid)) if tid else None
         errored = OUT_OF_MEMORY if memory_failure(res.error) else "errored"  # a worker the memory monitor killed
         status = m.get("status") or (errored if res.error else "stopped")
         # NaN stays: selection and the leaderboard see a diverged trial's metric as NaN

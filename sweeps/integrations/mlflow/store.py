@@ -206,10 +206,11 @@ class MlflowStore:
         flt = f"tags.`{TAG_SWEEP}` = '{sweep}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'"
         return list(self.client.search_runs([experiment_id], filter_string=flt, max_results=ALL_RUNS))
 
-    def trial_runs_by_id(self, experiment_id: str, sweep: str) -> dict[str, Any]:
-        """{trial id: run} of the sweep's trial runs, in one query (a trial with two runs: the store was edited)."""
+    def trial_runs_by_id(self, experiment_id: str, sweep: str, runs: list[Any] | None = None) -> dict[str, Any]:
+        """{trial id: run} of the sweep's trial runs, in one query or from `runs` (trial_runs' answer already read;
+        a trial with two runs: the store was edited)."""
         out: dict[str, Any] = {}
-        for run in self.trial_runs(experiment_id, sweep):
+        for run in self.trial_runs(experiment_id, sweep) if runs is None else runs:
             tid = run.data.tags.get(TAG_TRIAL, "")
             if tid in out:
                 raise RuntimeError(
@@ -273,8 +274,11 @@ class MlflowStore:
             n += 1
         return n
 
-    def drop_orphan_runs(self, experiment_id: str, sweep: str, trial_ids: set[str]) -> list[str]:
-        """Deal with child runs of trials Ray Tune no longer knows; return their trial ids.
+    def drop_orphan_runs(
+        self, experiment_id: str, sweep: str, trial_ids: set[str], runs: list[Any] | None = None
+    ) -> list[str]:
+        """Deal with child runs of trials Ray Tune no longer knows; return their trial ids (`runs`: trial_runs'
+        answer already read, current as to each run's status).
 
         A trial that started after Tune's last experiment snapshot is forgotten when the driver
         dies, and on resume Tune samples a replacement. An unfinished run of such a trial would be a
@@ -284,7 +288,7 @@ class MlflowStore:
         takes MANAGE) leaves the unfinished run KILLED and tagged `calib.lost_from_tune` as well.
         """
         lost = []
-        for run in self.trial_runs(experiment_id, sweep):
+        for run in self.trial_runs(experiment_id, sweep) if runs is None else runs:
             tid = run.data.tags.get(TAG_TRIAL, "")
             if tid in trial_ids:
                 continue

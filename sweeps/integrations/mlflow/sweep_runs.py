@@ -248,8 +248,14 @@ def _replay(inner: MLflowTrackingCallback, trial: Any, rows: list[dict[str, Any]
 
 
 def deliver_missed_completions(
-    results: Any, store: MlflowStore, experiment_id: str, sweep: str, tracking: tune.Callback, resumed: bool = False
-) -> None:
+    results: Any,
+    store: MlflowStore,
+    experiment_id: str,
+    sweep: str,
+    tracking: tune.Callback,
+    resumed: bool = False,
+    runs: list[Any] | None = None,
+) -> bool:
     """Make the runs whole from Tune's own record of every result each trial reported (its progress file),
     idempotently (a (metric, step) already logged is skipped, the note is appended once):
 
@@ -259,15 +265,21 @@ def deliver_missed_completions(
     - in a resumed sweep, epochs whose queued writes died with a killed driver (the writer runs behind Tune,
       so Tune may have recorded a result, and restores the trial after it, that never reached MLflow) are
       logged now; only runs missing an epoch are read in full.
+
+    `runs`: the sweep's trial runs already read (store.trial_runs). True when a run was created, replayed or ended
+    here (a later reader of the runs' statuses reads them again).
     """
     if not isinstance(tracking, UntilTrackingStops):
-        return
+        return False
     inner = tracking.inner
-    runs = {r.data.tags.get(TAG_TRIAL, ""): r for r in store.trial_runs(experiment_id, sweep)}
+    by_trial = {
+        r.data.tags.get(TAG_TRIAL, ""): r for r in (store.trial_runs(experiment_id, sweep) if runs is None else runs)
+    }
+    wrote = False
     for res in results:
         m = dict(res.metrics or {})
         tid = _trial_id(res)
-        run = runs.get(tid)
+        run = by_trial.get(tid)
         if not tid:
             continue
         if run is not None and run.info.status != "RUNNING":  # its run ended as it should
@@ -277,6 +289,7 @@ def deliver_missed_completions(
                 missing = [row for row in rows if "epoch_time" in row and int(row["epoch"]) not in logged]
                 if missing:
                     _replay(inner, _as_trial(tid, res), missing)
+                    wrote = True
             continue
         if not res.error and not m.get("status"):
             continue  # neither finished nor failed: an unfinished trial (resumed later)
@@ -287,6 +300,8 @@ def deliver_missed_completions(
             inner.on_trial_error(iteration=0, trials=[], trial=trial)
         else:
             inner.on_trial_complete(iteration=0, trials=[], trial=trial)
+        wrote = True
+    return wrote
 
 
 def close_trials(
@@ -297,11 +312,12 @@ def close_trials(
     grids: list[Any],
     records: list[TrialRecord],
     interrupted: bool = False,
+    runs: list[Any] | None = None,
 ) -> bool:
     """After Tune returns: runs of trials Tune forgot dropped, open runs KILLED; True when trials are left
     unfinished or the sweep was `interrupted` (a stop signal: Tune reports the trials it stopped as TERMINATED),
-    the parent then ending KILLED, resumable."""
-    lost = store.drop_orphan_runs(experiment_id, cfg.name, {rec.trial_id for rec in records})
+    the parent then ending KILLED, resumable. `runs`: the sweep's trial runs already read, current."""
+    lost = store.drop_orphan_runs(experiment_id, cfg.name, {rec.trial_id for rec in records}, runs)
     if lost:
         store.set_tags(parent_id, {TAG_LOST_TRIALS: ",".join(lost)})
     store.close_open_runs(experiment_id, cfg.name, "KILLED")

@@ -53,3 +53,36 @@ def test_a_fresh_sweep_does_not_read_back_finished_runs(tmp_path):
     store, exp, rid, res, tracking = _setup(tmp_path)
     deliver_missed_completions([res], store, exp, "s", tracking, resumed=False)
     assert _history(store, rid, "epoch_time") == [(1, 0.5), (3, 0.5)]
+
+
+def _closing(tmp_path, resumed: bool):
+    """service._closed_trials on the store above, counting how often the trial runs are read."""
+    from sweeps import service
+    from sweeps.config import load_sweep_config
+
+    store, exp, rid, res, tracking = _setup(tmp_path)
+    reads = []
+    real = store.trial_runs
+    store.trial_runs = lambda *a: reads.append(a) or real(*a)  # type: ignore[method-assign]
+    cfg = load_sweep_config(None, [], {"name": "s", "search.num_samples": 1})
+    run = SimpleNamespace(
+        cfg=cfg, store=store, opened=SimpleNamespace(experiment_id=exp, parent_id=rid, restoring=resumed)
+    )
+    grids = [
+        type("Grid", (list,), {"num_terminated": 1, "num_errors": 0})([res])
+    ]  # a ResultGrid as close_trials reads it
+    records, incomplete = service._closed_trials(run, grids, tracking, interrupted=False)
+    return store, rid, records, incomplete, reads
+
+
+def test_the_closing_reads_the_trial_runs_once(tmp_path):
+    store, rid, records, incomplete, reads = _closing(tmp_path, resumed=False)
+    assert len(reads) == 1  # delivery, the records and the orphan check share one read
+    assert [(r.trial_id, r.run_id) for r in records] == [("a0001", rid)] and not incomplete
+
+
+def test_a_delivered_completion_is_read_again_before_the_records(tmp_path):
+    store, rid, records, _, reads = _closing(tmp_path, resumed=True)  # the lost epoch 2 is replayed
+    assert len(reads) == 2
+    assert _history(store, rid, "epoch_time") == [(1, 0.5), (2, 0.5), (3, 0.5)]
+    assert [(r.trial_id, r.run_id) for r in records] == [("a0001", rid)]

@@ -263,7 +263,7 @@ def test_worker_the_memory_monitor_killed_is_not_resumed_past_its_retries(monkey
 def test_selection_records_a_killed_worker_as_out_of_memory():
     from sweeps.finish import trial_records
 
-    runs = SimpleNamespace(trial_runs_by_id=lambda experiment, sweep: {})
+    runs = SimpleNamespace(trial_runs_by_id=lambda experiment, sweep, runs=None: {})
     res = SimpleNamespace(metrics={"trial_id": "t1"}, path=None, error=_actor_died(MONITOR_KILL), config={})
     res.checkpoint = None
     (record,) = trial_records([res], runs, "0", "oom-unit")
