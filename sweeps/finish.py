@@ -39,7 +39,7 @@ from sweeps.decide.uncertainty import (
 from sweeps.integrations.mlflow.store import MAX_TAG_CHARS
 from sweeps.integrations.mlflow.sweep_runs import log_intervals
 from sweeps.integrations.optuna.study import MEMORY, load_study
-from sweeps.report.files import SWEEP_FOLDER, sweep_report_files
+from sweeps.report.files import BOARD_SHOWN, SWEEP_FOLDER, board_order, sweep_report_files
 from sweeps.report.summary import tool
 from sweeps.trial_params import describe_params
 
@@ -112,6 +112,21 @@ def sweep_replicates(
     return reps
 
 
+def choice_replicates(records: list[TrialRecord], cfg: SweepConfig) -> Replicates:
+    """What the choice and the lines printed with it read, before the champion is registered: sweep_replicates with
+    `choice_only` for every candidate when the rule reads replicates; otherwise (the rule decides on point estimates)
+    for the champion, the most accurate candidate and the leaderboard rows a terminal shows only, the others' left
+    to complete_replicates (at 1,000 trials: 17 candidates' instead of 2,000)."""
+    from sweeps.decide.selection import RULES, choose
+
+    if RULES[cfg.selection.rule].needs_replicates:
+        return sweep_replicates(records, cfg, choice_only=True)
+    first = choose(records, cfg.selection)  # the same champion as with replicates: the rule does not read them
+    ids = {r.trial_id for r in board_order(records)[:BOARD_SHOWN]}
+    ids |= {first.champion.trial_id, first.most_accurate.trial_id}
+    return sweep_replicates([r for r in records if r.trial_id in ids], cfg, choice_only=True)
+
+
 def choice_reads_sets(cfg: SweepConfig) -> bool:
     """Whether the selection rule reads conformal means (a rule with a sets method among its settings, or a
     conformal selection.metric)."""
@@ -162,16 +177,25 @@ def add_detail(reps: Replicates, records: list[TrialRecord], cfg: SweepConfig, t
 
 
 def complete_replicates(reps: Replicates, records: list[TrialRecord], cfg: SweepConfig, champion_id: str) -> None:
-    """What sweep_replicates with `choice_only` left out, merged into `reps` on the same resamples: every other
-    metric for every candidate in a sweep of up to FULL_DETAIL_TRIALS, beyond for detail_ids and the champion; the
-    conformal means when the rule did not read them (what sweep_replicates and add_detail give, value for
-    value)."""
+    """What sweep_replicates with `choice_only` (or choice_replicates) left out, merged into `reps` on the same
+    resamples: the candidates choice_replicates left out, as sweep_replicates with `choice_only` gives them; every
+    other metric for every candidate in a sweep of up to FULL_DETAIL_TRIALS, beyond for detail_ids and the champion;
+    the conformal means when the rule did not read them (what sweep_replicates and add_detail give, value for
+    value, trials in the same order)."""
     from calib_core.metrics import METRIC_NAMES
 
     core = core_metrics(cfg.selection.metric)
     rest = tuple(m for m in METRIC_NAMES if m not in core)
-    with_sets = not choice_reads_sets(cfg)
-    predictions, sets = _inputs(records, with_sets)
+    sets_read = choice_reads_sets(cfg)
+    left = [r.trial_id for r in records if r.ok and r.checkpoint is not None and r.trial_id not in reps.values]
+    predictions, sets = _inputs(records, not sets_read or bool(left))
+    left = [t for t in predictions if t in set(left)]  # the candidates choice_replicates did not compute
+    if left:
+        reps.merge(compute_replicates({t: predictions[t] for t in left}, names=core, **_settings(cfg)))
+        if sets_read:
+            reps.merge(_set_replicates({t: predictions[t] for t in left}, {t: sets[t] for t in left}, cfg))
+        _in_trial_order(reps, list(predictions))
+    with_sets = not sets_read
     ids = set(predictions)
     if len(ids) > FULL_DETAIL_TRIALS:
         ids = (detail_ids(reps.points) | {champion_id}) & ids
@@ -180,6 +204,15 @@ def complete_replicates(reps: Replicates, records: list[TrialRecord], cfg: Sweep
         reps.merge(_set_replicates(predictions, sets, cfg))
     if len(ids) == len(predictions):  # beyond FULL_DETAIL_TRIALS the keys were merged in this order before too
         _in_metric_order(reps, METRIC_NAMES)
+
+
+def _in_trial_order(reps: Replicates, order: list[str]) -> None:
+    """Each table of `reps` keyed by trial in `order` (the candidates' order, as one computation gives it)."""
+    for attr in ("values", "points", "nulls", "bounds", "groups"):
+        table = getattr(reps, attr)
+        setattr(
+            reps, attr, {t: table[t] for t in order if t in table} | {t: v for t, v in table.items() if t not in order}
+        )
 
 
 def _in_metric_order(reps: Replicates, names: tuple[str, ...]) -> None:

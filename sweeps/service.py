@@ -31,9 +31,9 @@ from sweeps.decide.selection import TrialRecord, choose, trial_errors
 from sweeps.finish import (
     build_result,
     candidates,
+    choice_replicates,
     complete_replicates,
     log_selection,
-    sweep_replicates,
     trial_records,
     write_report,
 )
@@ -349,7 +349,7 @@ def _choose_and_register(
     records = candidates(records, cfg.selection.metric)  # every trial as trained, and + TS where measured
     with runs_closed_on_failure(store, experiment_id, parent_id, cfg.name):
         try:
-            reps = sweep_replicates(records, cfg, choice_only=True)  # accuracy, ECE, the rule's metric, sets
+            reps = choice_replicates(records, cfg)  # accuracy, ECE, the rule's metric, sets: what the choice reads
             clock.end("bootstrap")
             choice = choose(records, cfg.selection, reps)
             chosen, why = choice.champion, choice.sentence

@@ -5,6 +5,7 @@ agreement, Pareto plot and selection.json."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,6 +179,23 @@ RANK_METRICS = ("val_ece", "val_sce", "val_ace", "val_tace", "val_nll", "val_bri
 BOARD_CI_KEYS = ("val_accuracy", "val_ece", "test_accuracy", "test_ece")
 
 
+BOARD_SHOWN = 15  # the leaderboard's rows a terminal shows (format_leaderboard)
+
+
+def board_order(records: list[TrialRecord]) -> list[TrialRecord]:
+    """The leaderboard's rows in order: by val ECE (missing or NaN last), then trial id; as given where no record
+    has a val ECE."""
+    if not any("val_ece" in r.metrics for r in records):
+        return list(records)
+
+    def key(r: TrialRecord) -> tuple[bool, float, str]:
+        got = r.metrics.get("val_ece")
+        v = float(got) if isinstance(got, (int, float)) else math.nan
+        return (math.isnan(v), 0.0 if math.isnan(v) else v, r.trial_id)
+
+    return sorted(records, key=key)
+
+
 def leaderboard(
     records: list[TrialRecord],
     champion: TrialRecord | None = None,
@@ -186,13 +204,12 @@ def leaderboard(
     choice: Choice | None = None,
 ) -> pd.DataFrame:
     """One row per trial: calibrator, lr, champion and Pareto flags, the rule's standing of each candidate (`choice`:
-    most accurate, accuracy gap, lower bound or p-value, eligible), metrics with interval bounds; sorted by val ECE
-    then trial id."""
+    most accurate, accuracy gap, lower bound or p-value, eligible), metrics with interval bounds; in board_order."""
     ok = [r for r in records if r.ok]
     front_ids = {ok[i].trial_id for i in pareto_front(ok)} if ok else set()
     metric, mode = (cfg.metric, cfg.mode) if cfg is not None else ("val_ece", "min")
     rows = []
-    for r in records:
+    for r in board_order(records):
         row: dict[str, Any] = {
             "trial_id": r.trial_id,
             "label": r.label,
@@ -222,13 +239,10 @@ def leaderboard(
         rows.append(row)
     import pandas as pd
 
-    df = pd.DataFrame(rows)
-    if "val_ece" in df:
-        df = df.sort_values(["val_ece", "trial_id"], na_position="last", kind="stable")
-    return df.reset_index(drop=True)
+    return pd.DataFrame(rows)
 
 
-def format_leaderboard(board: pd.DataFrame, limit: int = 15) -> str:
+def format_leaderboard(board: pd.DataFrame, limit: int = BOARD_SHOWN) -> str:
     """The leaderboard for a terminal: metrics in percent with their intervals."""
     lines = []
     cols = [c for c in ("label", "status") if c in board]

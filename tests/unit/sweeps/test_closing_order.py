@@ -18,8 +18,8 @@ from calib_core.metrics import METRIC_NAMES
 from sweeps.config import SweepConfig
 from sweeps.decide.selection import TrialRecord, choose
 from sweeps.decide.uncertainty import FULL_DETAIL_TRIALS
-from sweeps.finish import add_detail, candidates, complete_replicates, sweep_replicates
-from sweeps.report.files import format_leaderboard, leaderboard
+from sweeps.finish import add_detail, candidates, choice_replicates, complete_replicates, sweep_replicates
+from sweeps.report.files import BOARD_SHOWN, board_order, format_leaderboard, leaderboard
 from sweeps.selection_rules import RULE_SPECS
 
 SETS = ("lac", "aps")
@@ -83,7 +83,14 @@ def _cfg(rule: str) -> SweepConfig:
 
 
 @pytest.mark.parametrize(
-    ("n_trials", "rule"), [*((5, rule) for rule in sorted(RULE_SPECS)), (FULL_DETAIL_TRIALS + 6, "margin")]
+    ("n_trials", "rule"),
+    [
+        *((5, rule) for rule in sorted(RULE_SPECS)),
+        (FULL_DETAIL_TRIALS + 6, "margin"),
+        # more candidates than the terminal shows: a rule that reads no replicates gets those of a few first
+        *((12, rule) for rule in sorted(RULE_SPECS) if not RULE_SPECS[rule].needs_replicates),
+        (FULL_DETAIL_TRIALS + 6, "most_accurate_ts"),
+    ],
 )
 def test_choice_first_then_the_rest_is_the_one_pass_computation(tmp_path, n_trials, rule):
     cfg = _cfg(rule)
@@ -92,9 +99,16 @@ def test_choice_first_then_the_rest_is_the_one_pass_computation(tmp_path, n_tria
     full = sweep_replicates(records, cfg)
     before = choose(records, cfg.selection, full)
     add_detail(full, records, cfg, before.champion.trial_id)
-    # now: what the rule reads, the choice, then the rest
-    first = sweep_replicates(records, cfg, choice_only=True)
+    # now: what the choice and the printed lines read, the choice, then the rest
+    first = choice_replicates(records, cfg)
     now = choose(records, cfg.selection, first)
+    ok = [r for r in records if r.ok]
+    if RULE_SPECS[rule].needs_replicates or len(ok) <= BOARD_SHOWN:
+        assert set(first.values) == {r.trial_id for r in ok}
+    else:  # the shown rows, the champion and the most accurate candidate only
+        shown = {r.trial_id for r in board_order(records)[:BOARD_SHOWN]}
+        assert set(first.values) == shown | {now.champion.trial_id, now.most_accurate.trial_id}
+        assert len(first.values) < len(ok)
     assert now.champion.trial_id == before.champion.trial_id and now.sentence == before.sentence
     assert now.standings == before.standings
     sets_read = rule == "smallest_sets"
@@ -159,10 +173,10 @@ def test_the_champion_is_registered_and_printed_before_the_deferred_intervals(tm
         return "1", "champion", ""
 
     seen = {}
-    real_first, real_rest = service.sweep_replicates, service.complete_replicates
+    real_first, real_rest = service.choice_replicates, service.complete_replicates
 
-    def first(records, cfg, **kw):
-        seen["reps"] = real_first(records, cfg, **kw)
+    def first(records, cfg):
+        seen["reps"] = real_first(records, cfg)
         events.append("choice replicates")
         return seen["reps"]
 
@@ -174,7 +188,7 @@ def test_the_champion_is_registered_and_printed_before_the_deferred_intervals(tm
     def report(*args, **kwargs):
         events.append("html report")
 
-    monkeypatch.setattr(service, "sweep_replicates", first)
+    monkeypatch.setattr(service, "choice_replicates", first)
     monkeypatch.setattr(service, "complete_replicates", rest)
     monkeypatch.setattr(service, "register_champion", register)
     monkeypatch.setattr(service, "mark_champion", lambda *a, **k: events.append("study marked"))
@@ -208,3 +222,23 @@ def test_the_champion_is_registered_and_printed_before_the_deferred_intervals(tm
     assert set(result.intervals[result.champion_trial_id]) >= {f"test_{m}" for m in METRIC_NAMES}
     t = result.timings
     assert t["champion_s"] <= t["selection_registration_s"]
+
+
+def test_board_order_is_pandas_sort_by_val_ece_then_trial_id():
+    """The rows choice_replicates gives intervals first are the rows a terminal shows: board_order against pandas'
+    sort (NaN last, stable) on random boards with ties, NaN and missing values."""
+    import pandas as pd
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        records = []
+        for i in rng.permutation(n):
+            kind = rng.random()
+            metrics = {} if kind < 0.1 else {"val_ece": float("nan") if kind < 0.2 else float(rng.integers(0, 5)) / 10}
+            records.append(TrialRecord(trial_id=f"t{i:02d}", label="", status="completed", metrics=metrics))
+        df = pd.DataFrame([{"trial_id": r.trial_id, "val_ece": r.metrics.get("val_ece", np.nan)} for r in records])
+        want = df.sort_values(["val_ece", "trial_id"], na_position="last", kind="stable")["trial_id"].tolist()
+        if not any("val_ece" in r.metrics for r in records):  # the leaderboard had no val_ece column to sort by
+            want = [r.trial_id for r in records]
+        assert [r.trial_id for r in board_order(records)] == want
