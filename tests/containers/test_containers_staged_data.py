@@ -54,17 +54,27 @@ OBJECT_STORE, MANAGED_PG, PUBLIC = "192.0.2.10", "192.0.2.130", "203.0.113.10"  
 STAGE_STEP = "make stage-data DATASET=cifar10 DEST=s3://calib-sweeps-ray-results/datasets"
 LISTEN = "import socket,time\ns=socket.socket();s.bind(('0.0.0.0',443));s.listen(8)\nprint('listening',flush=True)\n"
 LISTEN += "while True: s.accept()[0].close()\n"
+# A name is resolved first, a temporary DNS failure (EAI_AGAIN: podman's resolver answered late, seen once with the
+# machine fully loaded) tried again up to 5 times: what is knocked on is the policy, not the resolver's speed.
 KNOCK = r"""
-import json, socket, sys
+import json, socket, sys, time
+def address(host, port):
+    for attempt in range(5):
+        try:
+            return socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4]
+        except socket.gaierror as e:
+            if e.errno != socket.EAI_AGAIN or attempt == 4:
+                raise
+            time.sleep(1)
 out = {}
 for host, port in json.loads(sys.argv[1]):
     s = socket.socket(); s.settimeout(2)
     try:
-        s.connect((host, port)); out[f"{host}:{port}"] = "open"
+        s.connect(address(host, port)); out[f"{host}:{port}"] = "open"
     except socket.timeout:
         out[f"{host}:{port}"] = "blocked"
     except OSError as e:
-        out[f"{host}:{port}"] = type(e).__name__
+        out[f"{host}:{port}"] = f"{type(e).__name__}({e.errno})"
     finally:
         s.close()
 print(json.dumps(out))
