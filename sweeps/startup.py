@@ -147,7 +147,7 @@ def _environment(
             fit_ok, params = _collect(found, None, fit.result)
             local = not cluster and "://" not in (cfg.storage_path or "://")
             if fit_ok and storage_ok and local and params is not None:
-                _collect(found, None, check_disk_fits, cfg, params)
+                _collect(found, None, check_disk_fits, cfg, params, fit.trainable)
     finally:
         fit.cancel()
     if not found and cfg.search.num_samples > cfg.resources.warn_trials:

@@ -122,7 +122,19 @@ def measure(
         problem = _trainer_ignores_weights(model, loaded, num_classes, input_shape)
         if problem:
             return {"error": problem}
-    return {"params": sum(p.numel() for p in net.parameters())}  # every tensor a checkpoint keeps, frozen or not
+    return _sizes(net, model)
+
+
+def _sizes(net: Any, model: dict[str, Any]) -> dict[str, int]:
+    """{"params": every parameter a checkpoint keeps, frozen or not, "trainable": those the optimizer keeps moments
+    of (the head alone under freeze=head_only: calib_core.models.pretrained.freeze_backbone)}."""
+    import torch
+
+    total = sum(p.numel() for p in net.parameters())
+    head = getattr(net, "head", None)
+    if model.get("freeze") == "head_only" and isinstance(head, torch.nn.Module):
+        return {"params": total, "trainable": sum(p.numel() for p in head.parameters())}
+    return {"params": total, "trainable": total}
 
 
 def _trainer_ignores_weights(
@@ -228,6 +240,7 @@ class ModelFitCheck:
     def __init__(self, cfg: SweepConfig, cluster: bool = False) -> None:
         self._job = job_for(cfg, cluster)
         self._proc: subprocess.Popen[str] | None = None
+        self.trainable: int | None = None  # the parameters the optimizer trains, once result() answered
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "sweeps.checks.model_fit", json.dumps(self._job)],
@@ -246,6 +259,7 @@ class ModelFitCheck:
             answer = run_job(self._job)
             if "error" in answer:
                 raise ConfigError(answer["error"])
+            self.trainable = answer.get("trainable", answer.get("params"))
             return answer.get("params")
         try:
             out, err = self._proc.communicate(timeout=TIMEOUT_S)
@@ -263,6 +277,7 @@ class ModelFitCheck:
         answer = json.loads(lines[-1])
         if "error" in answer:
             raise ConfigError(answer["error"])
+        self.trainable = answer.get("trainable", answer.get("params"))
         return answer.get("params")
 
     def cancel(self) -> None:

@@ -294,16 +294,17 @@ def check_local_data(cfg: SweepConfig) -> None:
             )
 
 
-CHECKPOINT_COPIES = 3  # weights + Adam's two moments in every epoch checkpoint
+MOMENTS = 2  # Adam's two moments of every trained parameter, in every epoch checkpoint beside the weights
 
 
-def check_disk_fits(cfg: SweepConfig, params: int) -> None:
-    """Refuse a local sweep whose epoch checkpoints (estimated from the model's parameter count) cannot fit
-    on the storage path's disk."""
+def check_disk_fits(cfg: SweepConfig, params: int, trainable: int | None = None) -> None:
+    """Refuse a local sweep whose epoch checkpoints (estimated from the model's parameter count, and the trained
+    ones' optimizer moments: `trainable`, default all) cannot fit on the storage path's disk."""
     import shutil
 
+    trainable = params if trainable is None else trainable
     kept = cfg.run.train.epochs if cfg.resources.checkpoints_to_keep is None else cfg.resources.checkpoints_to_keep
-    need = cfg.search.num_samples * min(kept, cfg.run.train.epochs) * params * 4 * CHECKPOINT_COPIES
+    need = cfg.search.num_samples * min(kept, cfg.run.train.epochs) * (params + MOMENTS * trainable) * 4
     existing = Path(cfg.storage_path or ".")
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -311,7 +312,8 @@ def check_disk_fits(cfg: SweepConfig, params: int) -> None:
     if need > free:
         raise ConfigError(
             f"search.num_samples: {cfg.search.num_samples} trials keep about {need / 2**30:.1f} GiB of checkpoints "
-            f"({params} parameters, {kept} per trial) but {existing} has {free / 2**30:.1f} GiB free; use fewer "
+            f"({params} parameters{'' if trainable == params else f', {trainable} of them trained'}, {kept} per "
+            f"trial) but {existing} has {free / 2**30:.1f} GiB free; use fewer "
             "trials or resources.checkpoints_to_keep"
         )
 

@@ -219,7 +219,12 @@ def test_the_pre_run_check_accepts_a_fitting_checkpoint_only_where_the_trainer_a
     model = {"name": "mlp", "kwargs": {"hidden_dims": [64, 64]}, "weights": str(tmp_path / "w.pt")}
     answer = measure({**model, "freeze": "head_only"}, "breast_cancer", [], data={"name": "breast_cancer"})
     if "build_model" in inspect.getsource(SingleTask.create_model):
-        assert answer == {"params": sum(p.numel() for p in _mlp(hidden=(64, 64)).parameters())}
+        net = _mlp(hidden=(64, 64))
+        # every weight, and the head's alone trained under freeze=head_only (the disk check's optimizer moments)
+        assert answer == {
+            "params": sum(p.numel() for p in net.parameters()),
+            "trainable": sum(p.numel() for p in net.head.parameters()),
+        }
     else:
         assert answer["error"].startswith("run.model.weights: this trainer does not apply run.model.weights")
 
