@@ -187,9 +187,9 @@ def complete_replicates(reps: Replicates, records: list[TrialRecord], cfg: Sweep
     core = core_metrics(cfg.selection.metric)
     rest = tuple(m for m in METRIC_NAMES if m not in core)
     sets_read = choice_reads_sets(cfg)
-    left = [r.trial_id for r in records if r.ok and r.checkpoint is not None and r.trial_id not in reps.values]
-    predictions, sets = _inputs(records, not sets_read or bool(left))
-    left = [t for t in predictions if t in set(left)]  # the candidates choice_replicates did not compute
+    missing = {r.trial_id for r in records if r.ok and r.checkpoint is not None and r.trial_id not in reps.values}
+    predictions, sets = _inputs(records, not sets_read or bool(missing))
+    left = [t for t in predictions if t in missing]  # the candidates choice_replicates did not compute, in order
     if left:
         reps.merge(compute_replicates({t: predictions[t] for t in left}, names=core, **_settings(cfg)))
         if sets_read:
@@ -209,9 +209,9 @@ def complete_replicates(reps: Replicates, records: list[TrialRecord], cfg: Sweep
 def _in_trial_order(reps: Replicates, order: list[str]) -> None:
     """Each table of `reps` keyed by trial in `order` (the candidates' order, as one computation gives it)."""
     for attr in ("values", "points", "nulls", "bounds", "groups"):
-        table = getattr(reps, attr)
+        table, known = getattr(reps, attr), set(order)
         setattr(
-            reps, attr, {t: table[t] for t in order if t in table} | {t: v for t, v in table.items() if t not in order}
+            reps, attr, {t: table[t] for t in order if t in table} | {t: v for t, v in table.items() if t not in known}
         )
 
 
