@@ -2,8 +2,8 @@
 
 `provenance()` returns a flat dict of plain values that every run row of a study records:
 
-- `git_commit`: the HEAD commit of the repository (outside a git checkout, such as a copy of the tree sent to a
-  device machine, the commit `CALIB_SOURCE_COMMIT` names, else None);
+- `git_commit`: the HEAD commit of the repository, None outside a git checkout; `CALIB_SOURCE_COMMIT`, when set,
+  names it instead (a copy of the tree sent to a device machine, whose .git may be an older one);
 - `git_clean`: whether tracked files match HEAD (`git status --porcelain --untracked-files=no` is empty):
   False means the run's code may differ from the commit (other edits in the working tree);
 - `python`, `torch`, `numpy`, `calib_core`: versions;
@@ -49,11 +49,13 @@ def cpu_model() -> str:
 
 
 def git_state() -> tuple[str | None, bool | None]:
-    """(HEAD commit, whether tracked files are unmodified); outside a git checkout (CALIB_SOURCE_COMMIT, None)."""
+    """(HEAD commit, whether tracked files are unmodified); (CALIB_SOURCE_COMMIT, None) when that is set."""
+    named = os.environ.get("CALIB_SOURCE_COMMIT")
+    if named:  # the sender of a copied tree knows its commit; whether the copy matches it is not known here
+        return named, None
     head = _git("rev-parse", "HEAD")
     if head is None:
-        # a copy of the tree without .git (a device machine's): its sender names the commit; cleanness is unknown
-        return os.environ.get("CALIB_SOURCE_COMMIT") or None, None
+        return None, None
     status = _git("status", "--porcelain", "--untracked-files=no")
     return head.strip(), (status is not None and status.strip() == "")
 

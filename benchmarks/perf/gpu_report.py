@@ -104,6 +104,13 @@ def describe_device(cuda: bool) -> dict[str, Any]:
     return {"torch": torch_name, "cuda_runtime": torch.version.cuda, **device_description()}
 
 
+def _cleanness(clean: bool | None) -> str:
+    """The commit's qualifier: the tree matched it, differed, or was named by its sender (CALIB_SOURCE_COMMIT)."""
+    if clean is None:
+        return "named by the sender of the tree, which is not checked"
+    return "clean" if clean else "working tree differs"
+
+
 def markdown(report: dict[str, Any], parts: list[Part]) -> str:
     """gpu.md: the device, the provenance, then each part's status, figures beside their commands, and checks."""
     dev, prov = report["device"], report["provenance"]
@@ -121,7 +128,7 @@ def markdown(report: dict[str, Any], parts: list[Part]) -> str:
         "",
         f"Device: {dev['torch']}; nvidia-smi: {smi_text}; CUDA runtime {dev['cuda_runtime']}.",
         "",
-        f"Commit {str(prov['git_commit'])[:10]} ({'clean' if prov['git_clean'] else 'working tree differs'}); "
+        f"Commit {str(prov['git_commit'])[:10]} ({_cleanness(prov['git_clean'])}); "
         f"CPU {prov['cpu_model']}, {report['cpu_count']} CPUs, torch threads {prov['threads']}; "
         + ", ".join(f"{k} {v}" for k, v in report["packages"].items() if v),
         "",

@@ -178,12 +178,14 @@ def _streaming_rows(s: MetricSizes, device: torch.device) -> list[Row]:
     on = f"N={s.n:,} K={s.k} logits in chunks of {s.chunk:,} on {device.type}"
     return [
         _row(
-            "streaming ECE, calib_core",
+            # the accumulator bins every class column too (classwise ECE) and sums NLL and Brier on each update:
+            # the whole family, where torchmetrics keeps the top-label confidences alone
+            "streaming, calib_core (the whole family: top-label and classwise bins, NLL, Brier)",
             t["ours"],
             f"CalibrationAccumulator(K, 15, from_logits=True).update x chunks, {on}",
         ),
         _row(
-            "streaming ECE, torchmetrics",
+            "streaming ECE, torchmetrics (top-label ECE only)",
             t["theirs"],
             f"MulticlassCalibrationError(num_classes={s.k}, n_bins=15).update x chunks, {on}",
             t["ours"],
