@@ -3,7 +3,8 @@
 The driver idles while Ray's workers train, then its closing pays for what it imports first: torch, calib_core's
 metrics with their numba kernels (loaded from numba's cache on the first call of each signature), MLflow's
 model-logging modules, matplotlib's first figure, the report's modules and Optuna's importance evaluators (sklearn,
-scipy.stats): about 4 s of CPU on an idle 2-core machine, more than the bootstrap itself. `ClosingWarmup` does that
+scipy.stats; only for a sweep that can have importances, `steps_for`): about 4 s of CPU on an idle 2-core machine,
+more than the bootstrap itself. `ClosingWarmup` does that
 work in a daemon thread from the moment the trials start, in the order the closing needs it, one step at a time:
 
 - it starts with the trials (nothing is spent on a sweep that fails during start-up) and stops at the next step
@@ -94,11 +95,14 @@ def _plots() -> None:
 
 
 def _report() -> None:
-    """The report's modules and Optuna's importance evaluators (sklearn and scipy.stats, ~1 s of imports)."""
-    import optuna.importance  # noqa: F401
-
+    """The report's modules."""
     import sweeps.report.conformal  # noqa: F401
     import sweeps.report.html  # noqa: F401
+
+
+def _importance() -> None:
+    """Optuna's importance evaluators (sklearn and scipy.stats, ~1.5 s of CPU), for a report with importances."""
+    import optuna.importance  # noqa: F401
 
 
 # (name, step), in the order the closing needs them: the bootstrap, registration, then the report
@@ -108,7 +112,14 @@ STEPS: tuple[tuple[str, Callable[[], None]], ...] = (
     ("model_logging", _model_logging),
     ("plots", _plots),
     ("report", _report),
+    ("importance", _importance),
 )
+
+
+def steps_for(importances: bool) -> tuple[tuple[str, Callable[[], None]], ...]:
+    """The steps a sweep's closing will use: without parameter importances (too few sampled trials to have them)
+    the importance evaluators' imports are work nobody would use."""
+    return STEPS if importances else tuple(s for s in STEPS if s[0] != "importance")
 
 
 def enabled() -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.closing_warmup import ClosingWarmup
+from sweeps.closing_warmup import ClosingWarmup, steps_for
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     MULTI_OBJECTIVE,
@@ -44,7 +44,13 @@ from sweeps.integrations.mlflow.sweep_runs import (
     runs_closed_on_failure,
     tracking_callback,
 )
-from sweeps.integrations.optuna.study import MEMORY, StudyOutageGuard, make_searcher, mark_champion
+from sweeps.integrations.optuna.study import (
+    MEMORY,
+    StudyOutageGuard,
+    importances_possible,
+    make_searcher,
+    mark_champion,
+)
 from sweeps.integrations.ray.live_hooks import installed
 from sweeps.integrations.ray.progress import ProgressCallback, StatusReporter, quiet_output
 from sweeps.integrations.ray.tuner import (
@@ -231,7 +237,8 @@ def _execute(
     stops = stops or StopWatch()
     startup = startup or Startup()
     clock = PhaseClock()
-    with started(cfg, cluster, resume, verbose, startup) as run, ClosingWarmup() as warmup:
+    warm_steps = steps_for(importances_possible(cfg, more_trials=resume or grow))
+    with started(cfg, cluster, resume, verbose, startup) as run, ClosingWarmup(warm_steps) as warmup:
         records, incomplete = _run_trials(run, verbose, grow, stops, clock, startup, warmup)
         if run.owned:  # the trials are over: Ray's processes go (Tune's records once the champion is registered)
             from sweeps.integrations.ray.session import end as end_session

@@ -343,6 +343,15 @@ def mark_champion(url: str, study_name: str, champion_trial: str, outage_timeout
             break
 
 
+MIN_IMPORTANCE_TRIALS = 4  # completed sampled trials (reference arms left out) below which no importance is given
+
+
+def importances_possible(cfg: SweepConfig, more_trials: bool) -> bool:
+    """Whether this sweep can end with MIN_IMPORTANCE_TRIALS completed sampled trials (`more_trials`: a resumed or
+    grown study may already hold others)."""
+    return more_trials or cfg.search.num_samples - len(cfg.search.reference_arms()) >= MIN_IMPORTANCE_TRIALS
+
+
 def param_importances(
     url: str, study_name: str, objectives: list[str], outage_timeout_s: float | None = None
 ) -> tuple[dict[str, dict[str, float]] | None, str]:
@@ -352,7 +361,6 @@ def param_importances(
     if url == MEMORY:
         return None, "The study was kept in memory (search.storage: memory): no importances."
     import optuna
-    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 
     loaded = optuna.load_study(study_name=study_name, storage=make_storage(url, outage_timeout_s))
     # the reference arms (a constant choice, no sampled value) are not part of the searched space: fANOVA over
@@ -362,8 +370,11 @@ def param_importances(
         for t in loaded.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if REFERENCE_ATTR not in t.user_attrs
     ]
-    if len(done) < 4:
+    if len(done) < MIN_IMPORTANCE_TRIALS:
         return None, f"Only {len(done)} completed sampled trials: too few for parameter importances."
+    # fANOVA's random forest imports sklearn and scipy.stats (~1.5 s of CPU): only past the count above
+    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
+
     study = optuna.create_study(directions=loaded.directions)
     study.add_trials(done)
     out: dict[str, dict[str, float]] = {}

@@ -129,3 +129,9 @@ def test_the_real_steps_run():
     assert w.error == "" and w.done == [name for name, _ in closing_warmup.STEPS]
     for module in ("torch", "calib_core.metrics", "mlflow.pyfunc", "matplotlib.pyplot", "optuna.importance"):
         assert module in sys.modules
+
+
+def test_a_sweep_without_importances_skips_their_imports():
+    names = [name for name, _ in closing_warmup.steps_for(False)]
+    assert names == [name for name, _ in closing_warmup.STEPS if name != "importance"]
+    assert closing_warmup.steps_for(True) == closing_warmup.STEPS

@@ -38,3 +38,43 @@ def test_on_top_candidates_without_the_selection_metric_do_not_compete():
     assert [c.trial_id for c in candidates([rec])] == ["a", "a+ts"]
     assert [c.trial_id for c in candidates([rec], "val_shift_ece")] == ["a"]  # shift is measured as trained only
     assert "ts_val_ece" not in candidates([rec])[0].metrics
+
+
+def test_importances_possible_counts_the_sampled_trials_only():
+    from types import SimpleNamespace
+
+    from sweeps.integrations.optuna.study import MIN_IMPORTANCE_TRIALS, importances_possible
+
+    arms = len(SearchConfig().reference_arms())
+    assert arms >= 1  # the reference arms are on by default: they must not count
+
+    def cfg(n: int) -> SimpleNamespace:
+        return SimpleNamespace(search=SearchConfig(num_samples=n))
+
+    assert not importances_possible(cfg(arms + MIN_IMPORTANCE_TRIALS - 1), more_trials=False)
+    assert importances_possible(cfg(arms + MIN_IMPORTANCE_TRIALS), more_trials=False)
+    assert importances_possible(cfg(1), more_trials=True)  # a resumed or grown study may hold more
+
+
+def test_too_few_trials_import_no_importance_evaluator(tmp_path):
+    """fANOVA's imports (sklearn, ~1.5 s of CPU) only when there is something to rank: a fresh interpreter that
+    asks for the importances of a 3-trial study must not load optuna.importance."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "o.db"
+    code = f"""
+import sys, optuna
+from sweeps.integrations.optuna.study import param_importances
+url = "sqlite:///{db}"
+study = optuna.create_study(study_name="s", storage=url)
+for i in range(3):
+    t = study.ask(); t.suggest_float("calibrator_lr", 1e-3, 1.0, log=True); study.tell(t, 0.1 * i)
+imp, note = param_importances(url, "s", ["val_ece"])
+print(imp, "optuna.importance" in sys.modules, note)
+"""
+    from tests.paths import ROOT
+
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("None False Only 3 completed sampled trials"), out.stdout
