@@ -43,9 +43,11 @@ test-slow: setup
 # The images built and run with podman (installed and configured by tests/containers/setup_podman.sh,
 # which needs root): stand-in bases, docker/ unchanged, the MLflow stack and a Ray cluster from the
 # rendered dev overlay. Minutes on a cold machine (the project image holds torch's CUDA wheels).
+# Two files at a time (pytest-xdist workers, each with its own stack: tests/containers/fixtures.py): the tier waits on
+# containers more than it computes.
 test-containers: setup
 	bash tests/containers/setup_podman.sh
-	$(BIN)/python -m pytest -q -m container --durations=15 --junitxml=build/junit-containers.xml $(ARGS)
+	$(BIN)/python -m pytest -q -m container -n 2 --dist loadfile --durations=15 --junitxml=build/junit-containers.xml $(ARGS)
 
 # Every check runs (the import contracts between sweeps/' layers too), and the target fails if any found something.
 lint: setup

@@ -16,12 +16,17 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from filelock import FileLock
 
 from tests import deploy_render as dr
 from tests.containers import images
 from tests.containers.harness import Cluster, find_template, leftover_networks
 
-ARTIFACTS = dr.REPO_ROOT / "test-artifacts" / "containers"
+# the container tier runs its files on pytest-xdist workers (make test-containers): each worker's session has its own
+# CA, stack and logs, so each writes under its own folder (a shared tls/ca.crt would be the other worker's CA)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+ARTIFACTS_ROOT = dr.REPO_ROOT / "test-artifacts" / "containers"
+ARTIFACTS = ARTIFACTS_ROOT / WORKER if WORKER else ARTIFACTS_ROOT
 # pytest keeps one instance of a session fixture per place it is found, and the test modules import
 # these fixtures (tests/conftest.py does not): each module would build and start its own. The first
 # instance keeps what it made here and tears it down at the end of the session; the others reuse it.
@@ -46,7 +51,9 @@ def built_images() -> dict:
     if "built_images" in _SESSION:
         return _SESSION["built_images"]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with open(ARTIFACTS / "build.log", "w") as log:
+    # one build at a time across workers (podman's set-up installs packages; the same tags are built): the second
+    # finds every layer cached
+    with FileLock(str(ARTIFACTS_ROOT / "build.lock")), open(ARTIFACTS / "build.log", "w") as log:
         info = images.build_all(log)
     (ARTIFACTS / "images.json").write_text(json.dumps(info, indent=2) + "\n")
     _SESSION["built_images"] = info

@@ -63,7 +63,10 @@ def expand(text: str, env: dict[str, str]) -> str:
     )
 
 
-NETWORK_PREFIX = "calib-test-"
+# per pytest-xdist worker, so that one worker's check for networks left behind does not see the other's live ones
+NETWORK_PREFIX = "calib-test-" + (
+    f"{os.environ['PYTEST_XDIST_WORKER']}-" if os.environ.get("PYTEST_XDIST_WORKER") else ""
+)
 SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"  # where kubelet mounts a pod's service-account token
 
 
