@@ -32,13 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from calib_core.cache_dir import CACHE_ENV as CACHE_ENV  # the variable that moves the cache (tests set it)
+from calib_core.cache_dir import cache_root
 from calib_core.config import DataConfig
 from calib_core.data.splits import DataSplits, Split, channel_stats, standardize, train_val_test_indices
 
 DEFAULT_NUM_SAMPLES = 8000
 NUM_CLASSES = 10
 SEQ_LEN = 40
-CACHE_ENV = "CALIB_DATA_CACHE"
 
 _log = logging.getLogger(__name__)
 
@@ -70,13 +71,11 @@ def _generate_cached(num_samples: int, seed: int) -> tuple[np.ndarray, np.ndarra
 
 def cache_file(num_samples: int, seed: int) -> Path | None:
     """Where the generated arrays for (num_samples, seed) are kept on disk; None when $CALIB_DATA_CACHE is `off`."""
-    root = os.environ.get(CACHE_ENV, "").strip()
-    if root.lower() == "off":
+    root = cache_root()
+    if root is None:
         return None
-    if not root:
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "calib-sweeps")
     versions = "-".join(_version(p) for p in ("mnist1d", "numpy", "scipy"))  # the generator's output depends on them
-    return Path(root) / "mnist1d" / f"n{num_samples}-seed{seed}-{versions}.npz"
+    return root / "mnist1d" / f"n{num_samples}-seed{seed}-{versions}.npz"
 
 
 def _version(package: str) -> str:

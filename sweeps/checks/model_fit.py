@@ -13,6 +13,11 @@ The check imports torch (seconds, and hundreds of MB the driver does not need un
 runs it in a child process started first (`start`) and waits for it last (`ModelFitCheck.result`): it overlaps
 with the other checks, and the driver stays free of torch while the trials run. `python -m
 sweeps.checks.model_fit '<json>'` is that child: it prints one JSON line, {"params": N} or {"error": "..."}.
+
+A passed check whose answer depends on nothing but the job and the code (a model without weights on an embedded
+dataset's declared shape, no plugin, no file read) is kept in the cache folder (calib_core/cache_dir.py, `model-fit/`)
+under a digest of the job, calib_core's and this module's source and the versions of Python, torch, torchvision and
+timm; the same check later is answered from it without a child (~2 s of CPU, most of the start-up's checks).
 """
 
 from __future__ import annotations
@@ -234,13 +239,92 @@ def job_for(cfg: SweepConfig, cluster: bool = False) -> dict[str, Any]:
     }
 
 
+def cacheable(job: dict[str, Any]) -> bool:
+    """Whether the job's answer depends on the job and the code alone: no plugin, no data, weights or files read."""
+    return not job["plugins"] and job["data_config"] is None and not job["weights"] and job["files"] is None
+
+
+def _code_digest() -> str:
+    """SHA-256 of calib_core's Python source and this module's (what builds the model and measures it)."""
+    import hashlib
+
+    import calib_core
+
+    h = hashlib.sha256()
+    for path in [*sorted(Path(calib_core.__file__).parent.rglob("*.py")), Path(__file__)]:
+        h.update(str(path.name).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def cache_path(job: dict[str, Any]) -> Path | None:
+    """Where a passed check of `job` is kept; None when the job is not cacheable or the cache is off."""
+    import hashlib
+    import platform
+    from importlib import metadata
+
+    from calib_core.cache_dir import cache_root
+
+    root = cache_root()
+    if root is None or not cacheable(job):
+        return None
+
+    def version(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    versions = [platform.python_version(), *(version(p) for p in ("torch", "torchvision", "timm"))]
+    # the seed draws the weights, not their shapes: one answer for every seed
+    what = json.dumps({k: v for k, v in job.items() if k != "seed"}, sort_keys=True)
+    key = hashlib.sha256("\n".join([what, *versions, _code_digest()]).encode()).hexdigest()[:32]
+    return root / "model-fit" / f"{key}.json"
+
+
+def _read_answer(path: Path | None) -> dict[str, Any] | None:
+    """A kept answer ({"params": N, "trainable": M}), or None when there is none readable."""
+    if path is None:
+        return None
+    try:
+        answer = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(answer, dict) and all(isinstance(answer.get(k), int) for k in ("params", "trainable"))
+    return answer if ok else None
+
+
+def _keep_answer(path: Path | None, answer: dict[str, Any]) -> None:
+    """Keep a passed check's answer (written whole, then renamed); a disk that refuses is no error."""
+    import os
+    import tempfile
+
+    if path is None or "error" in answer or not all(isinstance(answer.get(k), int) for k in ("params", "trainable")):
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"params": answer["params"], "trainable": answer["trainable"]}, f)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
+
+
 class ModelFitCheck:
-    """The check running in a child process; `result()` waits for it."""
+    """The check running in a child process, or answered from the cache; `result()` waits for it."""
 
     def __init__(self, cfg: SweepConfig, cluster: bool = False) -> None:
         self._job = job_for(cfg, cluster)
         self._proc: subprocess.Popen[str] | None = None
         self.trainable: int | None = None  # the parameters the optimizer trains, once result() answered
+        self._cache = cache_path(self._job)
+        self.cached = _read_answer(self._cache)  # the answer kept from an earlier, identical check
+        if self.cached is not None:
+            return
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "sweeps.checks.model_fit", json.dumps(self._job)],
@@ -255,10 +339,14 @@ class ModelFitCheck:
     def result(self) -> int | None:
         """The backbone's parameter count (None where the shape is not known before loading); raises ConfigError
         on a mismatch."""
+        if self.cached is not None:
+            self.trainable = self.cached["trainable"]
+            return self.cached["params"]
         if self._proc is None:  # no child: the check runs here
             answer = run_job(self._job)
             if "error" in answer:
                 raise ConfigError(answer["error"])
+            _keep_answer(self._cache, answer)
             self.trainable = answer.get("trainable", answer.get("params"))
             return answer.get("params")
         try:
@@ -277,6 +365,7 @@ class ModelFitCheck:
         answer = json.loads(lines[-1])
         if "error" in answer:
             raise ConfigError(answer["error"])
+        _keep_answer(self._cache, answer)
         self.trainable = answer.get("trainable", answer.get("params"))
         return answer.get("params")
 

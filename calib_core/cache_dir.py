@@ -1,0 +1,20 @@
+"""Where calib-sweeps keeps what it can compute again: $CALIB_DATA_CACHE (default $XDG_CACHE_HOME/calib-sweeps, else
+~/.cache/calib-sweeps; `off` keeps nothing). MNIST-1D's generated arrays (calib_core/data/mnist1d.py) and the
+model/data check's answers (sweeps/checks/model_fit.py) live in folders of it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CACHE_ENV = "CALIB_DATA_CACHE"
+
+
+def cache_root() -> Path | None:
+    """The cache folder, or None when $CALIB_DATA_CACHE is `off`."""
+    root = os.environ.get(CACHE_ENV, "").strip()
+    if root.lower() == "off":
+        return None
+    if not root:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "calib-sweeps")
+    return Path(root)
