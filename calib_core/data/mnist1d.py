@@ -23,9 +23,7 @@ import functools
 import hashlib
 import importlib.metadata
 import logging
-import os
 import random
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -33,7 +31,7 @@ import numpy as np
 import torch
 
 from calib_core.cache_dir import CACHE_ENV as CACHE_ENV  # the variable that moves the cache (tests set it)
-from calib_core.cache_dir import cache_root
+from calib_core.cache_dir import cache_root, write_whole
 from calib_core.config import DataConfig
 from calib_core.data.splits import DataSplits, Split, channel_stats, standardize, train_val_test_indices
 
@@ -106,15 +104,7 @@ def _write_cache(path: Path, x: np.ndarray, y: np.ndarray) -> None:
     """Keep the arrays at `path` (written whole, then renamed: a reader never sees half a file); a disk that refuses
     is no error."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, x=x, y=y, sha256=np.array(_digest(x, y)))
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_whole(path, lambda f: np.savez(f, x=x, y=y, sha256=np.array(_digest(x, y))))
     except OSError as exc:
         _log.debug("mnist1d cache not written at %s: %s", path, exc)
 

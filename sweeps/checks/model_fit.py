@@ -281,35 +281,31 @@ def cache_path(job: dict[str, Any]) -> Path | None:
     return root / "model-fit" / f"{key}.json"
 
 
+def _counted(answer: Any) -> bool:
+    """Whether `answer` is a passed check's ({"params": N, "trainable": M}): the only answers kept or trusted."""
+    return isinstance(answer, dict) and all(isinstance(answer.get(k), int) for k in ("params", "trainable"))
+
+
 def _read_answer(path: Path | None) -> dict[str, Any] | None:
-    """A kept answer ({"params": N, "trainable": M}), or None when there is none readable."""
+    """A kept answer, or None when there is none readable."""
     if path is None:
         return None
     try:
         answer = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ok = isinstance(answer, dict) and all(isinstance(answer.get(k), int) for k in ("params", "trainable"))
-    return answer if ok else None
+    return answer if _counted(answer) else None
 
 
 def _keep_answer(path: Path | None, answer: dict[str, Any]) -> None:
-    """Keep a passed check's answer (written whole, then renamed); a disk that refuses is no error."""
-    import os
-    import tempfile
+    """Keep a passed check's answer; a disk that refuses is no error."""
+    from calib_core.cache_dir import write_whole
 
-    if path is None or "error" in answer or not all(isinstance(answer.get(k), int) for k in ("params", "trainable")):
+    if path is None or not _counted(answer):
         return
+    kept = json.dumps({"params": answer["params"], "trainable": answer["trainable"]}).encode()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"params": answer["params"], "trainable": answer["trainable"]}, f)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_whole(path, lambda f: f.write(kept))
     except OSError:
         pass
 
