@@ -20,11 +20,10 @@ from filelock import FileLock
 
 from tests import deploy_render as dr
 from tests.containers import images
-from tests.containers.harness import Cluster, find_template, leftover_networks
+from tests.containers.harness import WORKER, Cluster, find_template, leftover_networks
 
 # the container tier runs its files on pytest-xdist workers (make test-containers): each worker's session has its own
 # CA, stack and logs, so each writes under its own folder (a shared tls/ca.crt would be the other worker's CA)
-WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 ARTIFACTS_ROOT = dr.REPO_ROOT / "test-artifacts" / "containers"
 ARTIFACTS = ARTIFACTS_ROOT / WORKER if WORKER else ARTIFACTS_ROOT
 # pytest keeps one instance of a session fixture per place it is found, and the test modules import

@@ -63,10 +63,9 @@ def expand(text: str, env: dict[str, str]) -> str:
     )
 
 
-# per pytest-xdist worker, so that one worker's check for networks left behind does not see the other's live ones
-NETWORK_PREFIX = "calib-test-" + (
-    f"{os.environ['PYTEST_XDIST_WORKER']}-" if os.environ.get("PYTEST_XDIST_WORKER") else ""
-)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # the tier runs its files on xdist workers (make test-containers)
+# per worker, so that one worker's check for networks left behind does not see the other's live ones
+NETWORK_PREFIX = "calib-test-" + (f"{WORKER}-" if WORKER else "")
 SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"  # where kubelet mounts a pod's service-account token
 
 

@@ -4,7 +4,6 @@ another code or another model is checked again."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
@@ -75,4 +74,3 @@ def test_off_keeps_nothing(monkeypatch, tmp_path):
     assert cache_path(job_for(cfg)) is None
     check = ModelFitCheck(cfg)
     assert check.result() and check.cached is None
-    assert json.dumps(job_for(cfg))  # the job stays plain JSON for the child
