@@ -1,6 +1,7 @@
 """Where calib-sweeps keeps what it can compute again: $CALIB_DATA_CACHE (default $XDG_CACHE_HOME/calib-sweeps, else
-~/.cache/calib-sweeps; `off` keeps nothing). MNIST-1D's generated arrays (calib_core/data/mnist1d.py) and the
-model/data check's answers (sweeps/checks/model_fit.py) live in folders of it."""
+~/.cache/calib-sweeps; `off` keeps nothing). MNIST-1D's generated arrays (calib_core/data/mnist1d.py), the
+model/data check's answers (sweeps/checks/model_fit.py) and MLflow's empty SQLite store
+(sweeps/integrations/mlflow/sqlite_seed.py) live in folders of it."""
 
 from __future__ import annotations
 

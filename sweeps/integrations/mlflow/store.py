@@ -39,6 +39,7 @@ from sweeps.integrations.mlflow.retry import (
     is_forbidden,
     quiet_run_links,
 )
+from sweeps.integrations.mlflow.sqlite_seed import seed_sqlite_store
 
 MAX_METRICS = 900  # MLflow's log_batch takes at most 1000 metrics
 MAX_PARAMS = 90  # ... and at most 100 params
@@ -156,6 +157,7 @@ class MlflowStore:
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
             quiet_run_links(self.tracking_uri)
+            seed_sqlite_store(self.tracking_uri)
             self._client = self._wrap(MlflowClient(self.tracking_uri))
         return self._client
 
