@@ -185,11 +185,14 @@ def headless_chromium(paths: tuple[str, str], window: str = "1600,3200") -> Iter
 def stop_ray_under(temp_dir: str, grace_s: float = 15.0) -> list[int]:
     """Stop only the Ray processes this test started: those whose command line names `temp_dir` (the cluster's
     RAY_TMPDIR, so every raylet, GCS and worker of it carries its session folder there). Never `ray stop --force`,
-    which kills every Ray cluster on the machine. SIGTERM first, SIGKILL after `grace_s`; returns the pids."""
+    which kills every Ray cluster on the machine. The raylets first, as `ray stop` does (their workers go with
+    them), then the monitors and dashboard, the GCS last: signalled all at once, raylets, GCS and autoscaler
+    monitor each wait on another's answer and outlast any grace (15 s) until SIGKILLed; in this order the whole
+    cluster is gone in about a second. SIGTERM first, SIGKILL after `grace_s`; returns the pids."""
     import signal
 
     mine = os.getpid()
-    pids = []
+    found: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == mine:
             continue
@@ -198,25 +201,45 @@ def stop_ray_under(temp_dir: str, grace_s: float = 15.0) -> list[int]:
         except OSError:
             continue
         if temp_dir in cmd:
-            pids.append(int(entry.name))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+            found[int(entry.name)] = cmd
+    raylets = [p for p, cmd in found.items() if cmd.split(" ")[0].endswith("/raylet")]
+    gcs = [p for p, cmd in found.items() if cmd.split(" ")[0].endswith("/gcs_server")]
+    rest = [p for p in found if p not in raylets and p not in gcs]
+
+    def running(pids: list[int]) -> list[int]:
+        alive = []
+        for p in pids:
+            try:
+                state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != "Z":
+                alive.append(p)
+        return alive
+
+    def signal_and_wait(pids: list[int], sig: int, until: float) -> None:
         for pid in pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-            time.sleep(0.2)
-    return pids
+        while time.monotonic() < until and running(pids):
+            time.sleep(0.1)
+
+    deadline = time.monotonic() + grace_s
+    for group in (raylets, rest, gcs):
+        signal_and_wait(group, signal.SIGTERM, deadline)
+    signal_and_wait(running(list(found)), signal.SIGKILL, time.monotonic() + 5.0)
+    return list(found)
 
 
 @contextmanager
-def local_ray_cluster(worker_cpus: int | None = 1) -> Iterator[dict]:
+def local_ray_cluster(worker_cpus: int | None = 1, node_death_s: float | None = None) -> Iterator[dict]:
     """A Ray cluster on this machine (a head with one CPU and resource `head_node`, and unless `worker_cpus` is
     None a worker with `worker_cpus` CPUs and `worker_node`), token-authenticated, in a short RAY_TMPDIR of its
     own; yields {"port", "ray_tmp", "env" (for `ray` commands), "launch_env" (for launch.py --cluster)}; stops
-    only its own processes afterwards."""
+    only its own processes afterwards. `node_death_s`: the GCS marks a node dead after about that many seconds
+    without an answer to its health checks (Ray's default is 5 missed checks 3 s apart, plus their timeouts)."""
     import secrets
     import tempfile
 
@@ -231,6 +254,13 @@ def local_ray_cluster(worker_cpus: int | None = 1) -> Iterator[dict]:
         "RAY_TMPDIR": ray_tmp,
         "RAY_USAGE_STATS_ENABLED": "0",
     }
+    if node_death_s is not None:  # Ray's system config, read from RAY_<name> by every process `ray start` starts
+        period_ms = max(100, int(node_death_s * 1000 / 5))
+        env |= {
+            "RAY_health_check_period_ms": str(period_ms),
+            "RAY_health_check_timeout_ms": str(period_ms),
+            "RAY_health_check_failure_threshold": "5",
+        }
 
     def ray_cmd(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([ray, *args], env=env, capture_output=True, text=True, timeout=180)

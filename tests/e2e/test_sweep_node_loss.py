@@ -78,7 +78,11 @@ def _checkpoints(storage: Path) -> Counter:
 def test_a_lost_node_s_trial_retries_on_the_other_node(tmp_path: Path, what: str) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
-    with local_ray_cluster() as cluster, mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "art") as url:
+    # The GCS marks the lost node dead after health checks fail: Ray's defaults take 15-30 s, by when the retried
+    # trial may have finished and the sweep ended without the line (2 of 4 runs on an idle machine, 100 epochs in
+    # 15 s); 5 s here, so the line is due well before the sweep's end.
+    cluster_up = local_ray_cluster(node_death_s=5)
+    with cluster_up as cluster, mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "art") as url:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster["launch_env"]}
         cmd = [sys.executable, str(LAUNCH), "--cluster", *ARGS, "--tracking-uri", url, "--storage-path", str(shared)]
         pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
