@@ -101,11 +101,12 @@ def _environment(
     cfg: SweepConfig, cluster: bool, resume: bool, grow: bool, found: list[str], data_ok: bool
 ) -> StartupCheck:
     """The checks that reach beyond the config: the model/data check started first in a child process (it loads
-    torch while the others run), then storage, cluster, servers and stores, then the model/data check's answer
-    and the disk check it feeds."""
+    torch while the others run; not when the data folder was refused), then storage, cluster, servers and
+    stores, then the model/data check's answer and the disk check it feeds."""
     from sweeps.checks import model_fit
 
-    fit = model_fit.start(cfg, cluster)
+    # a data folder already refused: no child (its torch import, ~2 s of CPU) for a check whose answer goes unused
+    fit = model_fit.start(cfg, cluster) if data_ok else None
     try:
         storage_ok, _ = _collect(found, "storage_path", check_storage, cfg.storage_path or "", cluster)
         if cluster:
@@ -143,13 +144,14 @@ def _environment(
         if not found:
             # The sweep will run: its driver's modules (Ray Tune, MLflow; ~1.7 s) load while the child loads torch.
             import sweeps.service  # noqa: F401
-        if data_ok:  # a missing data folder is one line, not a second one from the model/data check
+        if fit is not None:  # a missing data folder is one line, not a second one from the model/data check
             fit_ok, params = _collect(found, None, fit.result)
             local = not cluster and "://" not in (cfg.storage_path or "://")
             if fit_ok and storage_ok and local and params is not None:
                 _collect(found, None, check_disk_fits, cfg, params, fit.trainable)
     finally:
-        fit.cancel()
+        if fit is not None:
+            fit.cancel()
     if not found and cfg.search.num_samples > cfg.resources.warn_trials:
         print(
             f"warning: {cfg.search.num_samples} trials (more than resources.warn_trials = "

@@ -63,6 +63,20 @@ def test_every_environment_problem_is_found_in_one_pass(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
 
 
+def test_a_refused_data_folder_starts_no_model_and_data_check(tmp_path, monkeypatch):
+    """The model/data check's child (it imports torch: about 2 s of CPU) is not started for data already refused:
+    its answer would not be used (one line for one cause)."""
+    from sweeps.checks import model_fit
+
+    started = []
+    real_start = model_fit.start
+    monkeypatch.setattr(model_fit, "start", lambda *a, **k: started.append(1) or real_start(*a, **k))
+    problems = check_all(_broken_environment(tmp_path), cluster=False).problems
+    assert problems[0].startswith("run.data.root") and started == []
+    problems = check_all(_broken_environment(tmp_path, f"run.data.root={tmp_path}"), cluster=False).problems
+    assert not problems[0].startswith("run.data.root") and started == [1], problems
+
+
 def test_the_model_and_data_check_joins_the_other_problems(tmp_path):
     """An image folder that does not exist is found by the model/data check (its child process); its line
     comes with the server's, not instead of it."""
