@@ -344,8 +344,9 @@ class Cluster:
             self.containers.remove(name)
 
     def close(self) -> None:
-        for name in list(self.containers):
-            self.stop(name)
+        if self.containers:  # in one call: podman stops them side by side, not one grace period after another
+            podman("rm", "-f", "-t", "5", *self.containers, check=False)
+            self.containers.clear()
         if self.own_network:
             podman("network", "rm", "-f", self.network, check=False)
         shutil.rmtree(self.workdir / "env", ignore_errors=True)
