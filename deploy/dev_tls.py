@@ -12,7 +12,9 @@ One Secret per in-cluster server, `kubernetes.io/tls` with the keys cert-manager
   `kubectl port-forward`;
 - `postgres-tls`: PostgreSQL's, for the Service `postgres` in the same forms (`localhost` / 127.0.0.1 too);
 - `postgres-ca`: the CA alone (`ca.crt`, type Opaque), the Secret every PostgreSQL client mounts. Its name is the
-  same in every overlay: with an external database (gpu-cluster) it holds that database's CA instead.
+  same in every overlay: with an external database (gpu-cluster) it holds that database's CA instead;
+- `mlflow-metrics-client-tls`: a client certificate (`prometheus`, client auth only) that Prometheus shows to
+  MLflow's metrics port, which answers certificates of this CA only (mutual TLS; components/monitoring).
 
 Clients mount `ca.crt` only and verify the server against it (MLflow: MLFLOW_TRACKING_SERVER_CERT_PATH;
 PostgreSQL: PGSSLMODE=verify-full, PGSSLROOTCERT). The CA's key is not kept: to renew, run this again and re-apply
@@ -29,6 +31,8 @@ import ipaddress
 import sys
 
 SERVERS = ("mlflow", "postgres")
+METRICS_CLIENT_TLS = "mlflow-metrics-client-tls"  # Prometheus's certificate for MLflow's metrics port (9464)
+METRICS_CLIENT_NAME = "prometheus"
 PORT_FORWARD_NAMES = {"mlflow": ("localhost", "127.0.0.1"), "postgres": ("localhost", "127.0.0.1")}
 
 
@@ -99,6 +103,22 @@ def issue(
         )
         out[f"{server}-tls"] = {"tls.crt": _pem(cert), "tls.key": _pem(key), "ca.crt": _pem(ca)}
     out["postgres-ca"] = {"ca.crt": _pem(ca)}
+    # Prometheus's client certificate for MLflow's metrics port (mutual TLS: the sidecar verifies it against ca.crt)
+    key = ec.generate_private_key(ec.SECP256R1())
+    client = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, METRICS_CLIENT_NAME)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    out[METRICS_CLIENT_TLS] = {"tls.crt": _pem(client), "tls.key": _pem(key), "ca.crt": _pem(ca)}
     return out
 
 

@@ -88,6 +88,16 @@ def trusted_ca() -> Path:
     return path
 
 
+def metrics_client_cert() -> tuple[str, str]:
+    """Prometheus's client certificate and key for MLflow's metrics port (deploy/dev_tls.py), as files."""
+    folder = ARTIFACTS / "tls"
+    folder.mkdir(parents=True, exist_ok=True)
+    secret = dev_tls()["mlflow-metrics-client-tls"]
+    (folder / "client.crt").write_text(secret["tls.crt"])
+    (folder / "client.key").write_text(secret["tls.key"])
+    return str(folder / "client.crt"), str(folder / "client.key")
+
+
 def dev_secrets() -> dict[str, dict[str, str]]:
     """The dev overlay's Secrets, filled by deploy/render_secrets.py (random values), and its TLS Secrets."""
     text = _deploy_script("render_secrets").fill(
@@ -113,12 +123,15 @@ def artifacts_dir(name: str) -> Path:
     return path
 
 
-def http(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
-    """(status, body); status 0 while nothing answers yet. HTTPS trusts the dev CA only (trusted_ca)."""
+def http(url: str, auth: tuple[str, str] | None = None, cert: tuple[str, str] | None = None) -> tuple[int, bytes]:
+    """(status, body); status 0 while nothing answers yet (or a TLS handshake is refused). HTTPS trusts the dev CA
+    only (trusted_ca); `cert` (certificate, key) is shown to a server that asks for a client certificate."""
     req = urllib.request.Request(url)
     if auth:
         req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
     context = ssl.create_default_context(cafile=str(trusted_ca())) if url.startswith("https:") else None
+    if context is not None and cert is not None:
+        context.load_cert_chain(*cert)
     try:
         with urllib.request.urlopen(req, timeout=10, context=context) as r:
             return r.status, r.read()

@@ -24,6 +24,7 @@ from tests import deploy_render as dr
 from tests.containers import images
 from tests.containers.fixtures import RESTORE_DB, _deploy_script, built_images, dev_tls, free_port, stack, start_mlflow  # noqa: F401
 from tests.containers.fixtures import http as _http
+from tests.containers.fixtures import metrics_client_cert as _metrics_client_cert
 from tests.containers.harness import Cluster, find_template, local_image, podman
 
 pytestmark = pytest.mark.container
@@ -47,11 +48,12 @@ def test_basic_auth_refuses_requests_without_credentials(stack):
     assert _http(api, stack.auth)[0] == 200
 
 
-def test_mlflow_metrics_answer_the_admin_alone_and_the_metrics_container_anyone_it_admits(stack):
+def test_mlflow_metrics_answer_the_admin_alone_and_the_metrics_container_prometheus_alone(stack):
     """MLflow's Prometheus metrics (issue #46 item 1) from the image as built and the dev pod as rendered: the
     server's own /metrics refuses a request without credentials (401) and the sweep's user (403: not an admin), and
     answers the admin; the pod's `metrics` container (docker/mlflow-metrics, the shared emptyDir read-only) serves
-    the workers' sum without a credential over HTTPS verified against the dev CA, the 401s above counted."""
+    the workers' sum without a password over HTTPS verified against the dev CA both ways: it refuses a client
+    without a certificate and answers Prometheus's (mlflow-metrics-client-tls), the 401s above counted."""
     import re
 
     own = f"{stack.url}/metrics"
@@ -60,7 +62,8 @@ def test_mlflow_metrics_answer_the_admin_alone_and_the_metrics_container_anyone_
     assert _http(own, stack.auth)[0] == 403
     status, body = _http(own, admin)
     assert status == 200 and b"mlflow_http_request_total" in body
-    status, body = _http(stack.metrics_url)
+    assert _http(stack.metrics_url)[0] == 0  # the TLS handshake refused: no client certificate
+    status, body = _http(stack.metrics_url, cert=_metrics_client_cert())
     assert status == 200, body[-500:]
     text = body.decode()
     unauthorized = sum(

@@ -1,8 +1,9 @@
 """MLflow's own Prometheus metrics (issue #46 item 1): the image locks prometheus-flask-exporter by hash, its
 entrypoint passes `--expose-prometheus` (tests/unit/deploy/test_deploy_consistency.py runs it), the pod's `metrics`
 container serves what the server's workers write, and the production overlay scrapes it: a ServiceMonitor on the
-Service's `metrics` port over HTTPS verified against the mlflow-tls CA, admitted by a NetworkPolicy to Prometheus
-alone. The alerts on these metrics: tests/unit/deploy/test_alerts.py.
+Service's `metrics` port over HTTPS verified against the mlflow-tls CA, with Prometheus's client certificate (mutual
+TLS: the container answers certificates of that CA alone), admitted by a NetworkPolicy to Prometheus alone. The
+alerts on these metrics: tests/unit/deploy/test_alerts.py.
 
 Why a container of its own rather than the server's /metrics: under `--app-name basic-auth` MLflow 3.17 answers
 /metrics to an admin only (no credential: 401; any other user: 403, its fail-closed default for a route without a
@@ -103,6 +104,8 @@ def test_the_metrics_container_serves_the_servers_directory_and_sees_nothing_els
     assert set(mounts) == {directory, "/etc/mlflow/tls", "/tmp"} and mounts["/etc/mlflow/tls"]["name"] == tls
     assert mounts["/tmp"]["name"] != server_mounts["/tmp"]["name"]
     assert opts["--certfile"].startswith("/etc/mlflow/tls/") and opts["--keyfile"].startswith("/etc/mlflow/tls/")
+    # mutual TLS: a client's certificate must be signed by the CA of the server's own Secret
+    assert opts["--client-cafile"] == "/etc/mlflow/tls/ca.crt"
     assert not sidecar.get("envFrom") and not any("valueFrom" in e for e in sidecar.get("env", []))
     assert not any(e["name"].startswith(("MLFLOW_AUTH", "MLFLOW_BACKEND", "AWS_")) for e in sidecar.get("env", []))
     assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"metrics": METRICS_PORT}
@@ -145,9 +148,28 @@ def test_the_production_overlay_scrapes_mlflow_on_its_metrics_port_over_verified
     assert not tls.get("insecureSkipVerify")
     # the name it verifies is on every certificate the overlays use: dev_tls's and cert-manager's
     ns = dr.namespace_of(production)
-    cert = yaml.safe_load((dr.DEPLOY / "components" / "cert-manager" / "certificate.yaml").read_text())
+    cert = next(yaml.safe_load_all((dr.DEPLOY / "components" / "cert-manager" / "certificate.yaml").read_text()))
     assert tls["serverName"] in dev_tls.dns_names("mlflow", ns) and tls["serverName"] in cert["spec"]["dnsNames"]
-    # no credential: the port serves the metrics and nothing else (the server's own /metrics would need the admin's)
+    # mutual TLS: Prometheus shows the client certificate that dev_tls and cert-manager issue from MLflow's CA
+    client = dev_tls.METRICS_CLIENT_TLS
+    assert tls["cert"] == {"secret": {"name": client, "key": "tls.crt"}}
+    assert tls["keySecret"] == {"name": client, "key": "tls.key"}
+    certs = {c["metadata"]["name"]: c for c in yaml.safe_load_all(
+        (dr.DEPLOY / "components" / "cert-manager" / "certificate.yaml").read_text()
+    )}  # fmt: skip
+    issued = [c for c in certs.values() if c["spec"]["secretName"] == client]
+    assert len(issued) == 1 and issued[0]["spec"]["usages"] == ["client auth"]
+    assert issued[0]["spec"]["issuerRef"] == certs["mlflow"]["spec"]["issuerRef"]
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    secrets = dev_tls.issue(ns)
+    ours = x509.load_pem_x509_certificate(secrets[client]["tls.crt"])
+    ca = x509.load_pem_x509_certificate(secrets["mlflow-tls"]["ca.crt"])
+    ours.verify_directly_issued_by(ca)
+    usage = ours.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    # no password: the port serves the metrics and nothing else (the server's own /metrics would need the admin's)
     assert "basicAuth" not in endpoint and "authorization" not in endpoint and "bearerTokenSecret" not in endpoint
     assert endpoint["interval"] and endpoint["scrapeTimeout"]
 
@@ -173,6 +195,18 @@ def test_prometheus_alone_reaches_the_metrics_port(production, dev):
 
 
 # ---------------------------------------------------------------------------------------------- a real server
+
+
+def _client_context(ca: bytes, secret: dict[str, bytes] | None, tmp_path: Path) -> ssl.SSLContext:
+    """A context that verifies the server against `ca` and shows the certificate of `secret`, if any."""
+    context = ssl.create_default_context(cadata=ca.decode())
+    if secret is not None:
+        folder = tmp_path / f"client-{os.urandom(4).hex()}"
+        folder.mkdir()
+        (folder / "tls.crt").write_bytes(secret["tls.crt"])
+        (folder / "tls.key").write_bytes(secret["tls.key"])
+        context.load_cert_chain(folder / "tls.crt", folder / "tls.key")
+    return context
 
 
 def _get(url: str, context: ssl.SSLContext, auth: tuple[str, str] | None = None) -> tuple[int, str]:
@@ -241,12 +275,13 @@ def _create_user(url: str, context: ssl.SSLContext, admin: tuple[str, str], name
 
 
 @pytest.mark.slow  # about 50 s here (three MLflow processes start); `make test-slow`
-def test_a_real_server_answers_metrics_to_the_admin_alone_and_the_sidecar_serves_them_without_credentials(tmp_path):
+def test_a_real_server_answers_metrics_to_the_admin_alone_and_the_sidecar_to_its_client_certificate_alone(tmp_path):
     # the test extra installs both (pyproject.toml); without them this fails here, it does not skip
     import flask_wtf  # noqa: F401  (mlflow[auth])
     import prometheus_flask_exporter  # noqa: F401
 
-    tls = dev_tls.issue("calib-sweeps")["mlflow-tls"]
+    issued = dev_tls.issue("calib-sweeps")
+    tls = issued["mlflow-tls"]
     for name, data in tls.items():
         (tmp_path / name).write_bytes(data)
     metrics_dir = tmp_path / "metrics"
@@ -271,7 +306,8 @@ def test_a_real_server_answers_metrics_to_the_admin_alone_and_the_sidecar_serves
         sidecar = subprocess.Popen(
             [sys.executable, str(REPO / "docker" / "mlflow-metrics"), "--dir", str(metrics_dir)]
             + ["--address", "127.0.0.1", "--port", str(metrics_port)]
-            + ["--certfile", str(tmp_path / "tls.crt"), "--keyfile", str(tmp_path / "tls.key")],
+            + ["--certfile", str(tmp_path / "tls.crt"), "--keyfile", str(tmp_path / "tls.key")]
+            + ["--client-cafile", str(tmp_path / "ca.crt")],
             env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -290,18 +326,25 @@ def test_a_real_server_answers_metrics_to_the_admin_alone_and_the_sidecar_serves
             assert [_get(f"{url}/metrics", context, user)[0] for _ in range(2)] == [403, 403]
             status, own = _get(f"{url}/metrics", context, admin)
             assert status == 200 and "mlflow_http_request_total" in own
-            # the sidecar: no credential, HTTPS verified against the same CA, and the sum over both workers
-            # (each request went to either; both wrote their files)
+            # the sidecar: no password, HTTPS verified against the same CA both ways (Prometheus's client
+            # certificate), and the sum over both workers (each request went to either; both wrote their files)
             pids = {m.group(1) for p in metrics_dir.iterdir() if (m := re.search(r"_(\d+)\.db$", p.name))}
             assert len(pids) >= 2, sorted(p.name for p in metrics_dir.iterdir())
-            status, served = _get(f"https://localhost:{metrics_port}/metrics", context)
+            sidecar_url = f"https://localhost:{metrics_port}/metrics"
+            prometheus = _client_context(tls["ca.crt"], issued[dev_tls.METRICS_CLIENT_TLS], tmp_path)
+            status, served = _get(sidecar_url, prometheus)
             assert status == 200, served
             counts = _samples(served, "mlflow_http_request_total")
             assert counts.get("401") == 3 and counts.get("403") == 2, counts
             assert 'mlflow_http_request_duration_seconds_count{method="GET",mlflow_version="' in served
-            # plain HTTP is refused on the TLS port
+            # refused: plain HTTP; no client certificate; one of another CA; the server's own (server auth only)
             with pytest.raises(OSError):
                 urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+            stranger = dev_tls.issue("calib-sweeps")[dev_tls.METRICS_CLIENT_TLS]
+            for secret in (None, stranger, tls):
+                with pytest.raises(OSError):
+                    _get(sidecar_url, _client_context(tls["ca.crt"], secret, tmp_path))
+            assert _get(sidecar_url, prometheus)[0] == 200  # and it still answers Prometheus
         finally:
             for proc in (sidecar, server):
                 os.killpg(proc.pid, signal.SIGTERM)
