@@ -182,13 +182,15 @@ def headless_chromium(paths: tuple[str, str], window: str = "1600,3200") -> Iter
         driver.quit()
 
 
-def stop_ray_under(temp_dir: str, grace_s: float = 15.0) -> list[int]:
+def stop_ray_under(temp_dir: str, grace_s: float = 15.0, gcs_port: int | None = None) -> list[int]:
     """Stop only the Ray processes this test started: those whose command line names `temp_dir` (the cluster's
     RAY_TMPDIR, so every raylet, GCS and worker of it carries its session folder there). Never `ray stop --force`,
     which kills every Ray cluster on the machine. The raylets first, as `ray stop` does (their workers go with
     them), then the monitors and dashboard, the GCS last: signalled all at once, raylets, GCS and autoscaler
     monitor each wait on another's answer and outlast any grace (15 s) until SIGKILLed; in this order the whole
-    cluster is gone in about a second. SIGTERM first, SIGKILL after `grace_s`; returns the pids."""
+    cluster is gone in about a second. `gcs_port`: also the Ray Client server `ray start --head` starts, whose
+    command line names the GCS's address but not the folder. SIGTERM first, SIGKILL after `grace_s`; returns the
+    pids."""
     import signal
 
     mine = os.getpid()
@@ -200,7 +202,8 @@ def stop_ray_under(temp_dir: str, grace_s: float = 15.0) -> list[int]:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if temp_dir in cmd:
+        client_server = gcs_port is not None and "ray.util.client.server" in cmd and f":{gcs_port} " in f"{cmd} "
+        if temp_dir in cmd or client_server:
             found[int(entry.name)] = cmd
     raylets = [p for p, cmd in found.items() if cmd.split(" ")[0].endswith("/raylet")]
     gcs = [p for p, cmd in found.items() if cmd.split(" ")[0].endswith("/gcs_server")]
@@ -286,5 +289,5 @@ def local_ray_cluster(worker_cpus: int | None = 1, node_death_s: float | None = 
             | {"CALIB_SHARED_STORAGE": "1"},
         }
     finally:
-        stop_ray_under(ray_tmp)  # only this cluster (never `ray stop --force`)
+        stop_ray_under(ray_tmp, gcs_port=port)  # only this cluster (never `ray stop --force`)
         shutil.rmtree(ray_tmp, ignore_errors=True)
