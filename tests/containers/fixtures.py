@@ -137,7 +137,7 @@ def http(url: str, auth: tuple[str, str] | None = None, cert: tuple[str, str] | 
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):  # TLS 1.3: a refusal comes on read
         return 0, b""
 
 

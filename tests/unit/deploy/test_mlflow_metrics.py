@@ -106,6 +106,14 @@ def test_the_metrics_container_serves_the_servers_directory_and_sees_nothing_els
     assert opts["--certfile"].startswith("/etc/mlflow/tls/") and opts["--keyfile"].startswith("/etc/mlflow/tls/")
     # mutual TLS: a client's certificate must be signed by the CA of the server's own Secret
     assert opts["--client-cafile"] == "/etc/mlflow/tls/ca.crt"
+    # and every file it is given is in the Secret volume's items (a missing ca.crt crashed it in the container tier)
+    tls_volume = next(
+        v for v in _by(resources, "Deployment", "mlflow")["spec"]["template"]["spec"]["volumes"] if v["name"] == tls
+    )
+    items = {i["path"]: i["key"] for i in tls_volume["secret"]["items"]}
+    for flag in ("--certfile", "--keyfile", "--client-cafile"):
+        name = opts[flag].removeprefix("/etc/mlflow/tls/")
+        assert items.get(name) == name and name in dev_tls.issue("ns")["mlflow-tls"], (flag, items)
     assert not sidecar.get("envFrom") and not any("valueFrom" in e for e in sidecar.get("env", []))
     assert not any(e["name"].startswith(("MLFLOW_AUTH", "MLFLOW_BACKEND", "AWS_")) for e in sidecar.get("env", []))
     assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"metrics": METRICS_PORT}
