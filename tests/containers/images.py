@@ -117,10 +117,18 @@ def _pip_mounts(tmp: Path) -> list[str]:
     return mounts + ["-v", f"{tmp / 'pip.conf'}:/etc/pip.conf:ro"]
 
 
+BUILD_CPU_SHARES_ENV = "CALIB_BUILD_CPU_SHARES"
+
+
 def build(tag: str, dockerfile: Path, context: Path, log, extra_tags=()) -> dict:
     with tempfile.TemporaryDirectory(prefix="calib-build-") as tmp:
         # --format docker: OCI images have no HEALTHCHECK; `docker build` keeps it, so the test builds do too
         cmd = ["podman", "build", "--pull=never", "--layers", "--format", "docker", *_pip_mounts(Path(tmp))]
+        # A build beside other work (CI's, in the background): its RUN steps run in containers of their own cgroup,
+        # which `nice` does not reach and which weighs as much as a whole foreground process; low shares keep them
+        # to what the foreground leaves (cgroup v1 cpu.shares; v2 maps it to a weight).
+        if shares := os.environ.get(BUILD_CPU_SHARES_ENV):
+            cmd += ["--cpu-shares", shares]
         text = dockerfile.read_text()
         used = dockerfile
         if without_digest(text) != text:  # the base pinned by digest: build a copy FROM the stand-in's tag

@@ -54,8 +54,10 @@ OBJECT_STORE, MANAGED_PG, PUBLIC = "192.0.2.10", "192.0.2.130", "203.0.113.10"  
 STAGE_STEP = "make stage-data DATASET=cifar10 DEST=s3://calib-sweeps-ray-results/datasets"
 LISTEN = "import socket,time\ns=socket.socket();s.bind(('0.0.0.0',443));s.listen(8)\nprint('listening',flush=True)\n"
 LISTEN += "while True: s.accept()[0].close()\n"
-# A name is resolved first, a temporary DNS failure (EAI_AGAIN: podman's resolver answered late, seen once with the
-# machine fully loaded) tried again up to 5 times: what is knocked on is the policy, not the resolver's speed.
+# A name is resolved first, a DNS failure tried again up to 5 times: EAI_AGAIN (podman's resolver answered late, seen
+# once with the machine fully loaded) and EAI_NONAME (a name of this network unknown for a moment while the resolver
+# reloads for another test's containers, seen once in a fresh-clone CI run, the worker pod resolving it just before):
+# what is knocked on is the policy, not the resolver. A name that does not exist still fails, five seconds later.
 KNOCK = r"""
 import json, socket, sys, time
 def address(host, port):
@@ -63,7 +65,7 @@ def address(host, port):
         try:
             return socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4]
         except socket.gaierror as e:
-            if e.errno != socket.EAI_AGAIN or attempt == 4:
+            if e.errno not in (socket.EAI_AGAIN, socket.EAI_NONAME) or attempt == 4:
                 raise
             time.sleep(1)
 out = {}
