@@ -37,7 +37,8 @@ def certs(tmp_path_factory):
     dev_tls = _dev_tls()
     out = tmp_path_factory.mktemp("tls")
     docs = list(yaml.safe_load_all(dev_tls.manifest(dev_tls.issue("team-a"))))
-    assert [d["metadata"]["name"] for d in docs] == ["mlflow-tls", "postgres-tls", "postgres-ca"]
+    names = ["mlflow-tls", "postgres-tls", "postgres-ca", "mlflow-metrics-client-tls"]
+    assert [d["metadata"]["name"] for d in docs] == names
     for d in docs:
         if d["metadata"]["name"] == "postgres-ca":  # the CA alone, for PostgreSQL's clients
             assert d["type"] == "Opaque" and set(d["data"]) == {"ca.crt"}
