@@ -98,10 +98,13 @@ def test_no_cache_or_an_unwritable_one_leaves_the_store_to_mlflow(tmp_path, monk
     assert seed_sqlite_store(f"sqlite:///{tmp_path}/missing/c.db") is False  # MLflow says what is wrong
 
 
-def test_the_sweeps_store_is_seeded(tmp_path, cache):
-    from sweeps.integrations.mlflow.store import MlflowStore
+def test_the_sweeps_store_is_seeded(tmp_path, cache, monkeypatch):
+    from sweeps.integrations.mlflow import store as store_module
 
-    store = MlflowStore(f"sqlite:///{tmp_path}/mlflow.db")
-    store.ensure_experiment("calib-sweeps")
-    assert list(cache.glob("mlflow-store/*.db"))
+    seeded = []
+    real = store_module.seed_sqlite_store
+    monkeypatch.setattr(store_module, "seed_sqlite_store", lambda uri: seeded.append((uri, real(uri))) or seeded[-1][1])
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    store_module.MlflowStore(uri).ensure_experiment("calib-sweeps")
+    assert seeded == [(uri, True)]  # the sweep's new store was a copy, before MLflow opened it
     assert os.path.getsize(tmp_path / "mlflow.db") > 0
