@@ -90,17 +90,18 @@ def manifest_problem(name: str, manifest: Any, files: Sequence[str]) -> str | No
 
 
 def read_manifest(source: str, name: str, files: Sequence[str]) -> dict[str, Any]:
-    """The staged manifest of `name` (its loader reads `files`) under `source`; FileNotFoundError or ValueError in
-    one line."""
+    """The staged manifest of `name` (its loader reads `files`) under `source`, else one line: FileNotFoundError
+    when there is none, ValueError when it is not a complete manifest, OSError when the store cannot be read (no
+    access, no connection)."""
     fs, base = open_store(dataset_uri(source, name))
     try:
         with fs.open_input_stream(f"{base}/{MANIFEST}") as f:
             text = f.read().decode()
     except FileNotFoundError:
         raise FileNotFoundError(f"no {MANIFEST} at {dataset_uri(source, name)}") from None
-    except OSError as exc:  # pyarrow reports a missing S3 object, or no access, as OSError
+    except OSError as exc:  # pyarrow: no access (ACCESS_DENIED), no connection (NETWORK_CONNECTION), ...
         reason = " ".join(str(exc).split())[:160]
-        raise FileNotFoundError(f"cannot read {dataset_uri(source, name)}/{MANIFEST} ({reason})") from None
+        raise OSError(f"cannot read {dataset_uri(source, name)}/{MANIFEST} ({reason})") from None
     try:
         manifest = json.loads(text)
     except ValueError:

@@ -32,7 +32,15 @@ CLUSTER_WAIT_S = float(os.environ.get("CALIB_PREFLIGHT_CLUSTER_WAIT_S", "90"))
 
 
 # Reasons a server may still give a moment later; anything else (a 404, a bad port) fails at once.
-_TRANSIENT = ("cannot resolve host", "no answer within", "Connection refused", "HTTP 502", "HTTP 503", "HTTP 504")
+TRANSIENT = (
+    "cannot resolve host",
+    "no answer within",
+    "cannot reach",
+    "Connection refused",
+    "HTTP 502",
+    "HTTP 503",
+    "HTTP 504",
+)
 
 
 def ray_address() -> str:
@@ -84,7 +92,7 @@ def check_tracking(uri: str, cluster: bool) -> None:
         if artifacts.exists() and not artifacts.is_dir():
             raise ConfigError(f"tracking.uri: {artifacts} (the artifact folder beside the store) is not a folder")
     elif uri.startswith(("http://", "https://")):
-        reason = _wait_for(lambda: _probe_http(uri), redact(uri), cluster)
+        reason = wait_for(lambda: _probe_http(uri), redact(uri), cluster)
         if reason:
             raise ConfigError(
                 f"tracking.uri: no MLflow server answers at {redact(uri)} ({reason}); start it or fix the URI"
@@ -101,19 +109,19 @@ def check_study_storage(url: str, cluster: bool = False) -> None:
         _check_database_server("search.storage", url, cluster)
 
 
-def _wait_for(probe: Callable[[], str | None], what: str, cluster: bool, wait_s: float | None = None) -> str | None:
+def wait_for(probe: Callable[[], str | None], what: str, cluster: bool, wait_s: float | None = None) -> str | None:
     """`probe()`'s reason, retried for up to CLUSTER_WAIT_S on a cluster while the reason is transient (the
     name does not resolve yet, nothing listens yet, a gateway error), saying once on stderr that it waits."""
     reason = probe()
-    if not cluster or reason is None or not reason.startswith(_TRANSIENT):
+    if not cluster or reason is None or not reason.startswith(TRANSIENT):
         return reason
     wait_s = CLUSTER_WAIT_S if wait_s is None else wait_s
     deadline = time.monotonic() + wait_s
     print(f"waiting up to {wait_s:g} s for {what} ({reason})", file=sys.stderr, flush=True)
-    while reason is not None and reason.startswith(_TRANSIENT) and time.monotonic() < deadline:
+    while reason is not None and reason.startswith(TRANSIENT) and time.monotonic() < deadline:
         time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
         reason = probe()
-    if reason is not None and reason.startswith(_TRANSIENT):
+    if reason is not None and reason.startswith(TRANSIENT):
         return f"{reason}, still after {wait_s:g} s"
     return reason
 
@@ -149,7 +157,7 @@ def _check_database_server(field: str, url: str, cluster: bool = False) -> None:
     except ValueError:
         raise ConfigError(f"{field}: {redact(url)!r} has an invalid port") from None
     host = parts.hostname
-    reason = _wait_for(lambda: probe_tcp(host, port), f"{host}:{port}", cluster)
+    reason = wait_for(lambda: probe_tcp(host, port), f"{host}:{port}", cluster)
     if reason:
         raise ConfigError(f"{field}: no database answers at {parts.hostname}:{port} ({reason})")
 

@@ -235,9 +235,9 @@ def test_the_rules_fail_on_planted_imports(tmp_path):
         "sweeps.contract imports optuna",
         "sweeps.contract imports sweeps.config",
     ]
-    private = _planted(tmp_path, "sweeps.integrations.ray.cluster", "from sweeps.checks.servers import _wait_for\n")
+    private = _planted(tmp_path, "sweeps.integrations.ray.cluster", "from sweeps.checks.servers import _probe_http\n")
     assert _private_imports_across_packages(private) == [
-        "sweeps.integrations.ray.cluster imports sweeps.checks.servers._wait_for"
+        "sweeps.integrations.ray.cluster imports sweeps.checks.servers._probe_http"
     ]
 
 

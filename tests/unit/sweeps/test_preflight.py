@@ -466,9 +466,9 @@ def test_cluster_waits_for_a_store_that_comes_up_late(capsys):
     assert f"waiting up to {servers.CLUSTER_WAIT_S:g} s for 127.0.0.1:{port} (Connection refused)" in err
     assert "secret" not in err
 
-    reason = servers._wait_for(lambda: "cannot resolve host 'mlflow'", "http://mlflow:5000", True, wait_s=1.0)
+    reason = servers.wait_for(lambda: "cannot resolve host 'mlflow'", "http://mlflow:5000", True, wait_s=1.0)
     assert reason == "cannot resolve host 'mlflow', still after 1 s"
     # a reason no wait can change fails at once
     t0 = time.monotonic()
-    assert servers._wait_for(lambda: "HTTP 404 for x", "x", True, wait_s=30) == "HTTP 404 for x"
+    assert servers.wait_for(lambda: "HTTP 404 for x", "x", True, wait_s=30) == "HTTP 404 for x"
     assert time.monotonic() - t0 < 0.5
