@@ -271,9 +271,10 @@ def format_leaderboard(board: pd.DataFrame, limit: int = BOARD_SHOWN) -> str:
 
 
 def rank_agreement(records: list[TrialRecord], metrics: tuple[str, ...] = RANK_METRICS) -> pd.DataFrame:
-    """Spearman rank correlation between calibration metrics over the completed trials (scipy.stats.spearmanr's
-    figures: Pearson's correlation of average ranks; NaN where a metric is constant or has a NaN, and for fewer than
-    3 trials), in numpy: importing scipy.stats for it took a second of the sweep's closing."""
+    """Spearman rank correlation between calibration metrics over the completed candidates in `records` (each trial
+    as trained and, where measured, with temperature scaling on top; their count in `.attrs["candidates"]`):
+    scipy.stats.spearmanr's figures (Pearson's correlation of average ranks; NaN where a metric is constant or has a
+    NaN, and for fewer than 3 candidates), in numpy: importing scipy.stats for it took a second of the closing."""
     import numpy as np
     import pandas as pd
 
@@ -289,7 +290,9 @@ def rank_agreement(records: list[TrialRecord], metrics: tuple[str, ...] = RANK_M
         rho = (rho + rho.T) / 2  # exactly symmetric
         rho[:, norm == 0] = np.nan  # a constant metric has no rank correlation
         rho[norm == 0, :] = np.nan
-    return pd.DataFrame(rho, index=list(metrics), columns=list(metrics), dtype=float)
+    frame = pd.DataFrame(rho, index=list(metrics), columns=list(metrics), dtype=float)
+    frame.attrs["candidates"] = len(ok)  # what the sentence about it counts
+    return frame
 
 
 def pareto_plot(

@@ -30,15 +30,19 @@ def run_link(experiment_id: str, run_id: str, text: str) -> str:
 
 
 def rank_summary(ranks: Any) -> str:
-    """One line: the pair of metrics whose trial rankings agree least (the full matrix with --verbose)."""
+    """One line: the pair of metrics whose rankings of the candidates agree least, and over how many candidates
+    (the full matrix with --verbose)."""
     names = list(ranks.columns)
+    n = ranks.attrs.get("candidates", 0)
     pairs = [(ranks.iloc[i, j], names[i], names[j]) for i in range(len(names)) for j in range(i + 1, len(names))]
-    pairs = [p for p in pairs if p[0] == p[0]]  # NaN where a metric is constant over trials
+    pairs = [p for p in pairs if p[0] == p[0]]  # NaN where a metric is constant over the candidates
+    if not pairs and n < 3:
+        return f"Rank agreement between metrics: too few candidates to rank ({n}; 3 needed)"
     if not pairs:
-        return "Rank agreement between metrics: too few trials to rank"
+        return f"Rank agreement between metrics: no two metrics vary over the {n} candidates"
     rho, a, b = min(pairs)
     return (
-        f"Rank agreement between metrics (Spearman over trials): lowest {a} vs {b} {rho:+.2f} "
+        f"Rank agreement between metrics (Spearman over {n} candidates): lowest {a} vs {b} {rho:+.2f} "
         "(the metrics can order calibrators differently; --verbose prints the matrix)"
     )
 
@@ -60,7 +64,7 @@ def print_summary(
     )
     print(format_leaderboard(board))
     if verbose:
-        print("\nRank agreement between metrics over trials (Spearman):")
+        print(f"\nRank agreement between metrics over {ranks.attrs.get('candidates', 0)} candidates (Spearman):")
         print(ranks.to_string(float_format=lambda v: f"{v:+.2f}"))
     else:
         print(f"\n{rank_summary(ranks)}")

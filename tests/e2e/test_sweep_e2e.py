@@ -85,8 +85,11 @@ def test_terminal_output_is_made_for_people(sweep_dir):
     # characters; the rank matrix only with --verbose (one summary line here)
     sel = out[out.index("Selection: ") : out.index("Registered: ")].strip().splitlines()
     assert 1 <= len(sel) <= 4 and all(len(ln) <= 420 for ln in sel), [len(ln) for ln in sel]
-    assert "Rank agreement between metrics (Spearman over trials): lowest" in out
-    assert "Rank agreement between metrics over trials (Spearman):" not in out
+    # the count it names is the leaderboard's completed candidates (each trial, and + TS), not the trials
+    ranked = re.search(r"Rank agreement between metrics \(Spearman over (\d+) candidates\): lowest", out)
+    board = out[out.index("Leaderboard") : out.index("Rank agreement")].splitlines()[2:]
+    assert ranked and int(ranked.group(1)) == sum(" completed " in ln for ln in board), out[-3000:]
+    assert "candidates (Spearman):" not in out  # the matrix is --verbose's
     assert "optuna-dashboard sqlite:///" in out
 
 

@@ -132,3 +132,22 @@ def test_sweep_result_repr_is_short():
         "trials=500, errors=1)"
     )
     assert r.study is None and r.champion_uri == "models:/m@champion"
+
+
+def test_the_rank_agreement_sentence_counts_the_candidates_it_ranked():
+    """The sentence says over how many candidates the Spearman figure was computed: a sweep of 2 trials ranks its 4
+    candidates (each trial with temperature scaling on top too), not 'trials' (2 points give only +-1)."""
+    from sweeps.report.summary import rank_summary
+
+    vals = [(0.1, 0.2, 0.3), (0.2, 0.1, 0.5), (0.3, 0.4, 0.1), (0.4, 0.3, 0.2)]
+    rs = [
+        rec(str(i), 0.9, e, val_sce=s, val_ace=a, val_tace=a, val_nll=e, val_brier=s)
+        for i, (e, s, a) in enumerate(vals)
+    ]
+    line = rank_summary(rank_agreement(rs))
+    lowest = spearmanr([v[1] for v in vals], [v[2] for v in vals]).statistic  # SCE (and Brier) vs ACE (and TACE)
+    assert "(Spearman over 4 candidates): lowest " in line and f" {lowest:+.2f} (" in line, line
+    two = rank_summary(rank_agreement(rs[:2]))
+    assert two == "Rank agreement between metrics: too few candidates to rank (2; 3 needed)", two
+    failed = TrialRecord("x", "matrix lr=3e-1", "diverged", {}, reason="nan")
+    assert "over 4 candidates" in rank_summary(rank_agreement([*rs, failed]))  # only completed ones are ranked
