@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_line, utc_now, write_json, write_text
+from sweeps.report.timing import START_PATTERN
 
 LAUNCH = ROOT / "sweeps" / "launch.py"
 TIMING = re.compile(
-    r"Timing: Ray start (?P<ray>[\d.]+)s, trials (?P<trials>[\d.]+)s, selection and registration (?P<select>[\d.]+)s "
+    START_PATTERN + r" (?P<ray>[\d.]+)s, trials (?P<trials>[\d.]+)s, selection and registration (?P<select>[\d.]+)s "
     r"\(closing the trials [\d.]+s, bootstrap (?P<bootstrap>[\d.]+)s"
 )
 SETTINGS = {"with arms and TS on top (default)": [], "--no-reference-arms": ["--no-reference-arms"]}

@@ -37,12 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR, ROOT, command_line, host_line, read_json, utc_now, write_json, write_text
+from sweeps.report.timing import START_PATTERN
 
 LAUNCH = ROOT / "sweeps" / "launch.py"
 RAW = RESULTS_DIR / "scale.json"
 TRIAL = ["--set", "run.data.num_samples=1200", "--set", "run.train.epochs=1", "--set", "run.train.batch_size=64"]
 TIMING = re.compile(
-    r"Timing: Ray start ([\d.]+)s, trials ([\d.]+)s, selection and registration ([\d.]+)s \(closing the trials "
+    START_PATTERN + r" ([\d.]+)s, trials ([\d.]+)s, selection and registration ([\d.]+)s \(closing the trials "
     r"([\d.]+)s, bootstrap ([\d.]+)s, rule ([\d.]+)s, registration ([\d.]+)s, report files ([\d.]+)s\)"
 )  # the champion is registered before the report files (sweeps/report/timing.py)
 PHASES = ("ray_start", "trials", "finish", "closing", "bootstrap", "rule", "registration", "report")

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR, ROOT, command_line, write_json
+from sweeps.report.timing import START_PATTERN
 
 LAUNCH = ROOT / "sweeps" / "launch.py"
 
@@ -56,7 +57,7 @@ print(json.dumps({"wall": time.perf_counter() - t0, "per_trial": per}))
 """
 
 
-TIMING = re.compile(r"Timing: Ray start ([\d.]+)s, trials ([\d.]+)s, selection and registration ([\d.]+)s")
+TIMING = re.compile(START_PATTERN + r" ([\d.]+)s, trials ([\d.]+)s, selection and registration ([\d.]+)s")
 
 
 def run_service(workdir: Path, name: str, trials: int, concurrent: int, extra: list[str]) -> dict[str, float]:

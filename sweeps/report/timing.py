@@ -11,6 +11,13 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 
 
+# The timing line's first phase: from Ray's start to Ray Tune's fit (Ray with the MLflow store beside it, the study,
+# the tuner; the Start-up line itemises it). Lines recorded before 2026-12-06 call it "Ray start": the benchmarks
+# that read recorded lines (benchmarks/perf) accept both through START_PATTERN.
+START_WORDS = "start (Ray, stores, tuner)"
+START_PATTERN = r"Timing: (?:Ray start|start \(Ray, stores, tuner\))"
+
+
 class PhaseClock:
     """One timer for the sweep's phases: when each ended, and the driver's peak RSS then."""
 
@@ -57,7 +64,7 @@ class PhaseClock:
         """The sweep's last line: where the time went, and the driver's memory."""
         s, t = self.seconds, self.timings()
         return (
-            f"Timing: Ray start {s('ray_start'):.1f}s, trials {s('trials'):.1f}s, "
+            f"Timing: {START_WORDS} {s('ray_start'):.1f}s, trials {s('trials'):.1f}s, "
             f"selection and registration {t['selection_registration_s']:.1f}s "
             f"(closing the trials {s('closing'):.1f}s, bootstrap {s('bootstrap'):.1f}s, rule {s('select'):.1f}s, "
             f"registration {s('registration'):.1f}s, report files {s('report'):.1f}s); the champion "

@@ -190,8 +190,10 @@ def _sweep(cwd: Path, url: str, name: str) -> tuple[subprocess.CompletedProcess,
 
 
 def _phases(out: str) -> dict[str, float]:
-    """The driver's phase times (its `Timing:` line): Ray start, trials, registration, ... in seconds."""
-    line = next((ln for ln in out.splitlines() if ln.startswith("Timing:")), "")
+    """The driver's phase times (its `Timing:` line): start, trials, registration, ... in seconds."""
+    from sweeps.report.timing import START_WORDS
+
+    line = next((ln for ln in out.splitlines() if ln.startswith("Timing:")), "").replace(START_WORDS, "start")
     return {k.strip(): float(v) for k, v in re.findall(r"([a-zA-Z ]+?) (\d+(?:\.\d+)?)s", line.removeprefix("Timing:"))}
 
 
