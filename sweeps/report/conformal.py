@@ -90,7 +90,8 @@ def conformal_table(board: Any, alphas: list[float], methods: Sequence[str]) -> 
         if not present:
             continue
         head = "<th>candidate</th>" + "".join(
-            f"<th>{m}: test cov %</th><th>{m}: test size</th><th>{m}: val size</th><th>{m}: worst class / size %</th>"
+            f"<th>{m}: test cov %</th><th>{m}: test size</th><th>{m}: val size</th>"
+            f"<th>{m}: worst class / size-stratum cov %</th>"
             for m in present
         )
         rows = []
@@ -112,8 +113,15 @@ def conformal_table(board: Any, alphas: list[float], methods: Sequence[str]) -> 
     return "".join(out)
 
 
+def _strata(edges: Sequence[int]) -> str:
+    """The set-size strata (lower edges) in words: 0-1, 2-3, 4-10, ..., 1001+."""
+    parts = [f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])]
+    return ", ".join([*parts, f"{edges[-1]}+"])
+
+
 def conformal_section(champion: Any, board: Any, alphas: list[float], methods: Sequence[str], folder: Path) -> str:
     """The report's conformal section (figure and tables), "" when no candidate has sets; its PNG in `folder`."""
+    from calib_core.conformal.measures import MIN_ROWS, SIZE_STRATA
     from sweeps.report.html import _png
 
     table = conformal_table(board, alphas, methods) if alphas else ""
@@ -123,7 +131,9 @@ def conformal_section(champion: Any, board: Any, alphas: list[float], methods: S
     intro = (
         "<p>Split conformal sets of every candidate (the finite-sample quantile, the ceil((n + 1)(1 - alpha))-th "
         "smallest validation score): test sets from the quantile of all validation rows, validation sizes cross-fitted "
-        "on validation folds. Intervals: paired bootstrap over test rows.</p>"
+        "on validation folds. Intervals: paired bootstrap over test rows. Worst class / size-stratum cov: the lowest "
+        f"test coverage over the true classes, and over the set-size strata {_strata(SIZE_STRATA)} (Angelopoulos et "
+        f"al. 2021), among those with at least {MIN_ROWS} test rows.</p>"
     )
     figure = f'<img class="conformal" alt="conformal sets" src="{_png(png)}">' if png else ""
     return intro + figure + table

@@ -371,7 +371,11 @@ def param_importances(
         if REFERENCE_ATTR not in t.user_attrs
     ]
     if len(done) < MIN_IMPORTANCE_TRIALS:
-        return None, f"Only {len(done)} completed sampled trials: too few for parameter importances."
+        n = len(done)
+        return None, (
+            f"Only {n} completed sampled trial{'' if n == 1 else 's'}: too few for parameter importances "
+            f"({MIN_IMPORTANCE_TRIALS} needed; the reference arms are not sampled)."
+        )
     # fANOVA's random forest imports sklearn and scipy.stats (~1.5 s of CPU): only past the count above
     from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 

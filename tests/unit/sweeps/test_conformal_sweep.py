@@ -78,3 +78,22 @@ def test_intervals_stay_within_coverage_and_size_ranges() -> None:
     assert reps.interval("t", "val_cp_lac_a10_size")[0] == 0.0
     unknown_k = conformal_replicates(rows, num_resamples=50, level=0.95, seed=0)
     assert unknown_k.bounds["t"]["val_cp_lac_a10_size"] == (0.0, float("inf"))
+
+
+def test_the_report_table_says_what_its_worst_case_columns_are() -> None:
+    """The table's two worst-case figures are named as coverages, and the words under the table give the strata and
+    the least rows a group needs (calib_core/conformal/measures.py) as the measures use them."""
+    import pandas as pd
+
+    from calib_core.conformal.measures import MIN_ROWS, SIZE_STRATA
+    from sweeps.report.conformal import _strata, conformal_table
+
+    key = {w: conformal_key("lac", 0.1, w) for w in ("coverage", "size", "worst_class_coverage", "worst_size_coverage")}
+    board = pd.DataFrame(
+        [{"label": "a", "champion": True, **{f"{s}_{k}": 0.5 for s in ("val", "test") for k in key.values()}}]
+    )
+    table = conformal_table(board, [0.1], ["lac"])
+    assert "<th>lac: worst class / size-stratum cov %</th>" in table
+    assert "<td>50.0 / 50.0</td>" in table
+    words = _strata(SIZE_STRATA)
+    assert words == "0-1, 2-3, 4-10, 11-100, 101-1000, 1001+" and MIN_ROWS == 10

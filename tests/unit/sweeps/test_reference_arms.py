@@ -24,6 +24,21 @@ def test_importances_are_over_the_sampled_trials_only(tmp_path):
     assert "over the 6 completed sampled trials (reference arms left out)" in note
 
 
+def test_too_few_sampled_trials_for_importances_are_counted_in_words(tmp_path):
+    """The reference arm and one sampled trial: no importances, and the note counts one trial (singular) and says
+    how many are needed."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    study = optuna.create_study(study_name="s", storage=url, sampler=optuna.samplers.RandomSampler(seed=0))
+    space = SearchSpace(SearchConfig(calibrators=["temperature", "vector"]))
+    for _ in range(2):
+        t = study.ask()
+        space(t)
+        study.tell(t, 0.1)
+    imp, note = param_importances(url, "s", ["val_ece"])
+    assert imp is None
+    assert note.startswith("Only 1 completed sampled trial: too few for parameter importances (4 needed;"), note
+
+
 def test_on_top_candidates_without_the_selection_metric_do_not_compete():
     from sweeps.decide.selection import TrialRecord
     from sweeps.finish import candidates
