@@ -9,6 +9,7 @@ standard library only (tests/unit/test_import_contracts.py).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -391,14 +392,46 @@ def _first_line(text: str) -> str:
     return next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
 
 
+# Ray's words for a trial's actor that died (ray/_raylet: ActorDiedError's message), and what they mean to people
+_NODE_DIED = "because its node has died"
+_WORKER_DIED = "because its worker process has died"
+_QUIET_EXIT = "connection error code 2. End of file"  # the process vanished: SIGKILL, a crash, the kernel's OOM killer
+_WORKER_EXIT = re.compile(r"Worker exit type: (\w+)(?: Worker exit detail: ([^.]*))?")
+
+
+def last_failure(error_text: str) -> str:
+    """The last failure in the text of Tune's error file (it appends "Failure # n (occurred at ...)" and the error
+    for each failure)."""
+    return error_text.rsplit("Failure # ", 1)[-1] if "Failure # " in error_text else error_text
+
+
+def failure_words(error_text: str) -> str:
+    """Why a trial failed, in a few words, from the text of Tune's error file (its last failure): its node died, its
+    worker process ended without a word (killed, or crashed), Ray's memory monitor killed it, or the error's last
+    line (a trial's own exception)."""
+    text = last_failure(error_text)
+    oom = memory_failure(text)
+    if oom is not None:
+        return "Ray's memory monitor killed its worker" if oom[0] == MEMORY_MONITOR else oom[1][:200]
+    if _NODE_DIED in text:
+        return "its node died"
+    if _WORKER_DIED in text:
+        exit_ = _WORKER_EXIT.search(text)
+        detail = (exit_.group(2) or "").strip() if exit_ else ""
+        if not detail or _QUIET_EXIT in text:
+            return "its worker process ended without a word (killed, or crashed)"
+        return f"its worker process exited ({detail[:150]})"
+    lines = [" ".join(ln.split()) for ln in text.splitlines() if ln.strip() and not ln.startswith("Failure # ")]
+    return lines[-1][:500] if lines else "trial errored"
+
+
 def error_ending(error_text: str, attempts: int = 0) -> tuple[str, str]:
     """(status, reason) of a trial Tune ended with an error, from the text of its error file and its `attempts` (Tune's
     failure count): out_of_memory and "out of memory: ..." when the error says so (memory_failure), else errored and
-    the error's last line."""
+    why in a few words (failure_words)."""
     oom = memory_failure(error_text)
     if oom is None:
-        lines = [ln for ln in error_text.splitlines() if ln.strip()]
-        return "errored", lines[-1][:500] if lines else "trial errored"
+        return "errored", failure_words(error_text)
     what = "Ray's memory monitor killed the trial's worker (its node ran low on memory)"
     what = what if oom[0] == MEMORY_MONITOR else oom[1][:300]
     tries = f" on each of its {attempts} attempts (resources.max_failures)" if attempts > 1 else ""

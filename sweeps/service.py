@@ -258,6 +258,7 @@ def _run_trials(
     trial's record, and whether trials were left unfinished. `warmup` starts with the first trial."""
     from sweeps.integrations.ray.node_loss import NodeLossCallback
     from sweeps.integrations.ray.resource_wait import PendingTimeout
+    from sweeps.integrations.ray.retries import TrialRetryCallback
     from sweeps.integrations.ray.tune_memory import statistics_only_for
     from sweeps.integrations.ray.worker_logs import hide_worker_teardown
 
@@ -275,6 +276,7 @@ def _run_trials(
         progress,
         PendingTimeout(r.pending_timeout_s, r.cpus_per_trial, r.gpus_per_trial),  # ends a hopeless wait
         NodeLossCallback(r.max_failures),  # one line per Ray node lost while trials ran
+        TrialRetryCallback(r.max_failures),  # one line per failed trial Tune retries
         *result_loggers(),
     ]
     reporter = None if verbose else StatusReporter(list(cfg.search.params))

@@ -49,3 +49,11 @@ def describe_params(params: dict[str, Any]) -> str:
         if "." in k
     ]
     return " ".join([label, *extras])
+
+
+def trial_label(trial: Any) -> str:
+    """A Ray Tune trial's label (describe_params of its config); its id when the config cannot be described."""
+    try:
+        return describe_params(trial.config)
+    except Exception:  # noqa: BLE001 - a label is never a reason to lose the line it is in
+        return str(getattr(trial, "trial_id", "?"))

@@ -79,9 +79,9 @@ def _rule(pool: list[TrialRecord], ok: list[TrialRecord], tied: list[TrialRecord
             f"evaluation.temperature_on_top is off or no fit completed){tie}."
         )
     return (
-        f"Rule: the most accurate of the {len(pool)} candidates with temperature scaling on top (of {len(ok)} "
-        f"candidates){tie}; the simplest rule shown non-inferior to the margin rule in benchmarks/results/"
-        "selection_v4.md."
+        f"Rule: the most accurate of the {len(pool)} candidate{'' if len(pool) == 1 else 's'} with temperature scaling "
+        f"on top (of {len(ok)} candidates){tie}; the simplest rule shown non-inferior to the margin rule in "
+        "benchmarks/results/selection_v4.md."
     )
 
 

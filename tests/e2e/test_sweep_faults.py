@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,15 @@ def test_killed_trial_retries_from_checkpoint_into_the_same_run(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert marker.exists(), "the fault was never injected"
+    # what a person reads: one line for the retry (which trial, why, from where), nothing of Ray's or Tune's about it
+    retried = [ln for ln in proc.stdout.splitlines() if re.search(r" failed (after epoch \d+|before its first)", ln)]
+    assert len(retried) == 1, proc.stdout[-3000:]
+    assert (
+        ": its worker process ended without a word (killed, or crashed); it retries from its last checkpoint "
+        in (retried[0])
+    ), retried
+    assert "A worker died or was killed" not in proc.stdout, proc.stdout[-3000:]
+    assert "Trial task failed" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     client = store(tmp_path)
     parents, children = sweep_runs(client, "kill")
     assert len(parents) == 1 and len(children) == 2

@@ -15,7 +15,7 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.trial_params import describe_params
+from sweeps.trial_params import trial_label
 
 NODE_TABLE_EVERY_S = 2.0  # how often the node table is read; a loss is announced at most this late after Ray knows
 
@@ -29,13 +29,6 @@ def _ray_nodes() -> list[dict[str, Any]]:
 def short_id(node_id: str) -> str:
     """A node id as Ray's CLI shortens it (its first 8 hex digits)."""
     return node_id[:8]
-
-
-def _label(trial: Any) -> str:
-    try:
-        return describe_params(trial.config)
-    except Exception:  # noqa: BLE001 - a label is never a reason to lose the line
-        return str(getattr(trial, "trial_id", "?"))
 
 
 class NodeLossCallback(tune.Callback):
@@ -119,7 +112,7 @@ class NodeLossCallback(tune.Callback):
         what = f"Ray node {address} ({short_id(node_id)}) lost"
         if not there:
             return f"{what}; no trial of this sweep was running on it"
-        names = ", ".join(_label(t) for t in there)
+        names = ", ".join(trial_label(t) for t in there)
         if self.max_failures > 0:
             then = (
                 f"{'it retries' if len(there) == 1 else 'they retry'} from the last checkpoint on the remaining "

@@ -18,7 +18,6 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from ray import tune
@@ -27,6 +26,7 @@ from ray.tune import CLIReporter
 from sweeps.config import SelectionConfig
 from sweeps.contract import OUT_OF_MEMORY, STOPPED_EARLY, error_ending, failure_reason, is_number
 from sweeps.decide.selection import RULES, TrialRecord, select
+from sweeps.integrations.ray.retries import error_record, error_text
 from sweeps.trial_params import describe_params
 
 
@@ -87,7 +87,9 @@ class ProgressCallback(tune.Callback):
                         metrics={k: float(v) for k, v in r.items() if k.startswith("val_") and is_number(v)},
                     )
                 )
-        finished = min(self.offset + sum(t.status in ("TERMINATED", "ERROR") for t in trials) + 1, self.total)
+        # the trial reported here counts once, whether Tune has marked it ended yet or not (it has by on_trial_error)
+        ended = sum(t.status in ("TERMINATED", "ERROR") for t in trials if t is not trial)
+        finished = min(self.offset + ended + 1, self.total)
         best_txt = self._best_text(records)
         print(
             f"[{finished}/{self.total} trials done, {self.timing(finished)}] {describe_params(trial.config)}: "
@@ -126,11 +128,14 @@ class ProgressCallback(tune.Callback):
         self._line(trials, trial, what)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        """Report a trial that failed after its retries (one that ran out of memory says so)."""
-        err = trial.error_file
-        text = Path(err).read_text(errors="replace") if err and Path(err).is_file() else ""
-        status, reason = error_ending(text, int(getattr(trial, "num_failures", 0) or 0))
-        self._line(trials, trial, reason if status == OUT_OF_MEMORY else "ERROR (retries exhausted)")
+        """Report a trial that failed after its retries: why (one that ran out of memory says so), and where Tune
+        keeps its traceback (not printed without --verbose)."""
+        failures = int(getattr(trial, "num_failures", 0) or 0)
+        status, reason = error_ending(error_text(trial), failures)
+        if status != OUT_OF_MEMORY:
+            where = f"; its traceback: {error_record(trial)}" if getattr(trial, "error_file", None) else ""
+            reason = f"ERROR after {failures} failure{'' if failures == 1 else 's'}, no retry left: {reason}{where}"
+        self._line(trials, trial, reason)
 
 
 STATUS_EVERY_ENV = "CALIB_SWEEP_STATUS_S"  # seconds between two status tables (default 30)
@@ -195,6 +200,15 @@ QUIET_DRIVER_LOGGERS = {
     "ray._private.authentication.authentication_token_setup": logging.ERROR,
 }
 QUIET_WORKER_LOGGERS = ("ray.train._internal.storage",)
+TUNE_RUN_LOGGER = "ray.tune.tune"
+
+
+class _AlreadySaid(logging.Filter):
+    """Drops Tune's "Trials did not complete: [...]" (ERROR, at the end of a fit with failed trials): each of those
+    trials had its line (ProgressCallback.on_trial_error) and has its row in the leaderboard."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Trials did not complete")
 
 
 @contextmanager
@@ -208,7 +222,13 @@ def quiet_output(enabled: bool = True) -> Iterator[None]:
         return
     import optuna
 
-    env = {"RAY_AIR_NEW_OUTPUT": "0", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    # TUNE_PRINT_ALL_TRIAL_ERRORS (read when Tune's fit starts): no traceback on stderr for each failed trial; the
+    # sweep says why in one line (integrations/ray/retries.py, on_trial_error) and the traceback stays in error.txt
+    env = {
+        "RAY_AIR_NEW_OUTPUT": "0",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        "TUNE_PRINT_ALL_TRIAL_ERRORS": "0",
+    }
     saved_env = {k: os.environ.get(k) for k in env}
     loggers = {name: logging.getLogger(name) for name in QUIET_DRIVER_LOGGERS}
     saved_levels = {name: lg.level for name, lg in loggers.items()}
@@ -217,9 +237,12 @@ def quiet_output(enabled: bool = True) -> Iterator[None]:
     for name, lg in loggers.items():
         lg.setLevel(QUIET_DRIVER_LOGGERS[name])
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    said = _AlreadySaid()
+    logging.getLogger(TUNE_RUN_LOGGER).addFilter(said)
     try:
         yield
     finally:
+        logging.getLogger(TUNE_RUN_LOGGER).removeFilter(said)
         optuna.logging.set_verbosity(saved_optuna)
         for name, lg in loggers.items():
             lg.setLevel(saved_levels[name])

@@ -8,6 +8,10 @@ traceback after a sweep that went well. The filter drops exactly such blocks (a 
 Ray Tune's "Restored on <ip> from checkpoint: Checkpoint(...)", which a trial's worker logs (twice, through two
 handlers) when it resumes. The sweep says that in its own words (a lost worker or node, `--resume`), and the
 checkpoint's path is Tune's bookkeeping, not the user's.
+
+The raylet's notice that "A worker died or was killed while executing a task" (a paragraph on OOM killers and `ray
+stop --force`, which Ray's error subscriber prints on the driver's stdout) is dropped too: the sweep's own line
+says which trial failed and why (integrations/ray/retries.py). Other notices of the raylet pass.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ _CHAINS = re.compile(r"^(During handling of the above exception|The above except
 _TEARDOWN = "sigterm_handler"
 _RESTORED = re.compile(r"\bRestored on \S+ from checkpoint: Checkpoint\(")  # ray.tune.Trainable.restore's info line
 _HANDLER = "ray_print_logs"  # the name ray.init gives the driver's printing handler
+_WORKER_DIED = "A worker died or was killed while executing a task"  # the raylet's notice (ray._raylet)
 
 
 class TeardownFilter:
@@ -78,7 +83,9 @@ def _shown(block: list[str]) -> list[str]:
 @contextlib.contextmanager
 def hide_worker_teardown() -> Iterator[None]:
     """While the sweep runs, the driver's printing of worker output skips SIGTERM teardown tracebacks (every
-    printing handler ray.init installed in this process, each with its own filter)."""
+    printing handler ray.init installed in this process, each with its own filter), and the raylet's worker-death
+    notice is not printed (Ray's error subscriber calls ray._private.worker.print_to_stdstream by name)."""
+    import ray._private.worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     with dispatcher._lock:
@@ -86,12 +93,31 @@ def hide_worker_teardown() -> Iterator[None]:
     wrapped = [_Filtered(fn) for fn in originals]  # none when Ray forwards nothing here (log_to_driver=False)
     for w in wrapped:
         _swap(dispatcher, w.print_logs, w)
+    notices = _WithoutWorkerDeaths(ray_worker.print_to_stdstream)
+    ray_worker.print_to_stdstream = notices
     try:
         yield
     finally:
+        if ray_worker.print_to_stdstream is notices:
+            ray_worker.print_to_stdstream = notices.print_to_stdstream
         for w in wrapped:
             if _swap(dispatcher, w, w.print_logs):  # still connected: what never finished is shown as it is
                 w.flush()
+
+
+class _WithoutWorkerDeaths:
+    """Ray's print_to_stdstream, without the raylet's "A worker died or was killed while executing a task" notice."""
+
+    def __init__(self, print_to_stdstream: Callable[..., None]) -> None:
+        self.print_to_stdstream = print_to_stdstream
+
+    def __call__(self, data: dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("pid") == "raylet" and data.get("lines"):
+            lines = [ln for ln in data["lines"] if not str(ln).startswith(_WORKER_DIED)]
+            if not lines:
+                return
+            data = {**data, "lines": lines}
+        self.print_to_stdstream(data, ignore_prefix)
 
 
 class _Filtered:

@@ -69,7 +69,8 @@ def test_the_pick_equals_the_protocols_rule_on_random_sweeps(seed: int, trials: 
     assert choice.champion.trial_id == v4.most_accurate_ts(rows)["candidate"]
     head, trade, rule = choice.sentence.splitlines()
     n_ts = sum(r["ts"] for r in rows)
-    assert f"the most accurate of the {n_ts} candidates with temperature scaling on top (of {len(rows)}" in rule
+    noun = "candidate" if n_ts == 1 else "candidates"
+    assert f"the most accurate of the {n_ts} {noun} with temperature scaling on top (of {len(rows)}" in rule
     top = max(r["val_accuracy"] for r in rows)
     tied = [r for r in rows if r["ts"] and r["val_accuracy"] == max(x["val_accuracy"] for x in rows if x["ts"])]
     assert (f"{len(tied)} tied on val accuracy" in rule) == (len(tied) > 1)

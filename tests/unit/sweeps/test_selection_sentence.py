@@ -300,7 +300,7 @@ def _check_other_rule(rule: str, why: str, ok: pd.DataFrame, cfg: SelectionConfi
         ts = ok["family"].str.endswith("+ TS")
         eligible = ts if ts.any() else pd.Series(True, index=ok.index)
         m = re.search(
-            r"Rule: the most accurate of (?:the (\d+) candidates with temperature scaling on top \(of (\d+) "
+            r"Rule: the most accurate of (?:the (\d+) candidates? with temperature scaling on top \(of (\d+) "
             r"candidates\)|all (\d+) candidates \(none has temperature scaling on top)",
             why,
         )
