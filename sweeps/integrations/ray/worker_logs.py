@@ -7,7 +7,10 @@ traceback after a sweep that went well. The filter drops exactly such blocks (a 
 `sigterm_handler` ending in SystemExit) and passes every other line, other tracebacks included, unchanged, but one:
 Ray Tune's "Restored on <ip> from checkpoint: Checkpoint(...)", which a trial's worker logs (twice, through two
 handlers) when it resumes. The sweep says that in its own words (a lost worker or node, `--resume`), and the
-checkpoint's path is Tune's bookkeeping, not the user's.
+checkpoint's path is Tune's bookkeeping, not the user's. Abseil's mutex event log ("[mutex.cc : 452] RAW: Lock
+blocking 0x... @ 0x..."), which Ray's C++ core in a worker sometimes writes to stderr (seen once in CI on a sweep that
+went well), is dropped too: addresses of a lock in Ray's own code say nothing to people. Abseil's other raw lines (a
+potential deadlock, a failed check) pass.
 
 The raylet's notice that "A worker died or was killed while executing a task" (a paragraph on OOM killers and `ray
 stop --force`, which Ray's error subscriber prints on the driver's stdout) is dropped too: the sweep's own line
@@ -25,13 +28,15 @@ _STARTS = re.compile(r"^(Exception ignored in|Traceback \(most recent call last\
 _CHAINS = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
 _TEARDOWN = "sigterm_handler"
 _RESTORED = re.compile(r"\bRestored on \S+ from checkpoint: Checkpoint\(")  # ray.tune.Trainable.restore's info line
+# abseil's PostSynchEvent lines: "Lock", "Unlock", "ReaderLock blocking", "TryLock failed", "Wait on", "SignalAll on"...
+_MUTEX_EVENT = re.compile(r"^\[mutex\.cc : \d+\] RAW: (Reader)?(Try)?(Lock|Unlock|Wait|Signal)")
 _HANDLER = "ray_print_logs"  # the name ray.init gives the driver's printing handler
 _WORKER_DIED = "A worker died or was killed while executing a task"  # the raylet's notice (ray._raylet)
 
 
 class TeardownFilter:
-    """Drops SIGTERM teardown tracebacks and Tune's restore line from workers' stderr; a block split over batches
-    waits for its end."""
+    """Drops SIGTERM teardown tracebacks, Tune's restore line and abseil's mutex events from workers' stderr; a block
+    split over batches waits for its end."""
 
     def __init__(self) -> None:
         self._pending: dict[Any, list[str]] = {}  # per worker stream: an unfinished block's lines
@@ -48,7 +53,7 @@ class TeardownFilter:
             if block is None:
                 if _STARTS.match(line):
                     block = [line]
-                elif not _RESTORED.search(line):
+                elif not (_RESTORED.search(line) or _MUTEX_EVENT.match(line)):
                     shown.append(line)
                 continue
             block.append(line)

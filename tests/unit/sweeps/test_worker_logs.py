@@ -69,6 +69,28 @@ def test_tune_s_restore_line_is_dropped_and_nothing_else():
     assert f.lines("w", tb) == tb
 
 
+# what a worker printed on the driver's stderr in CI (stop 54) during a demo sweep that went well
+MUTEX_EVENTS = [
+    "[mutex.cc : 452] RAW: Lock blocking 0x55d1e282ca90   @ 0x7faf5a22b1a2 0x7faf592fb23c 0x7faf59bc2022",
+    "[mutex.cc : 452] RAW: Lock returning 0x55d1e282ca90   @ 0x7faf5a22b1a2 0x7faf592fb23c 0x7faf59bc2022",
+    "[mutex.cc : 452] RAW: Unlock 0x55d1e282ca90   @ 0x7faf59bc2125 0x7faf5a24c3b0",
+    "[mutex.cc : 452] RAW: ReaderTryLock failed 0x55d1e282ca90   @ 0x7faf59bc2125",
+    "[mutex.cc : 452] RAW: SignalAll on 0x55d1e282ca90   @ 0x7faf59bc2125",
+]
+
+
+def test_abseil_mutex_events_are_dropped_and_its_warnings_pass():
+    f = TeardownFilter()
+    assert f.lines("w", ["epoch 1 done", *MUTEX_EVENTS, "epoch 2 done"]) == ["epoch 1 done", "epoch 2 done"]
+    # abseil's warnings are not events and pass, as does the user's own mention of the words
+    kept = [
+        "[mutex.cc : 1384] RAW: Potential Mutex deadlock: ",
+        "[mutex.cc : 1400] RAW: Check failed: mu->Lock held",
+        "my [mutex.cc : 452] RAW: Lock notes",
+    ]
+    assert f.lines("w", kept) == kept
+
+
 def test_block_split_over_batches_and_streams():
     f = TeardownFilter()
     assert f.lines("a", TEARDOWN[:4]) == []  # held: its end has not come
