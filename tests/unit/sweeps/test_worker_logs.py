@@ -69,7 +69,7 @@ def test_tune_s_restore_line_is_dropped_and_nothing_else():
     assert f.lines("w", tb) == tb
 
 
-# what a worker printed on the driver's stderr in CI (stop 54) during a demo sweep that went well
+# what a worker printed on the driver's stderr in CI during a demo sweep that went well
 MUTEX_EVENTS = [
     "[mutex.cc : 452] RAW: Lock blocking 0x55d1e282ca90   @ 0x7faf5a22b1a2 0x7faf592fb23c 0x7faf59bc2022",
     "[mutex.cc : 452] RAW: Lock returning 0x55d1e282ca90   @ 0x7faf5a22b1a2 0x7faf592fb23c 0x7faf59bc2022",
