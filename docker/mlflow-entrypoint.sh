@@ -6,6 +6,11 @@
 #   MLFLOW_AUTH_DATABASE_URI        users/permissions database (required; e.g. the same PostgreSQL)
 #   MLFLOW_AUTH_DEFAULT_PERMISSION  READ (default) | EDIT | MANAGE | NO_PERMISSIONS
 #   MLFLOW_AUTH_CONFIG_PATH         where to write basic_auth.ini (default /tmp/mlflow/basic_auth.ini)
+#   MLFLOW_AUTH_CACHE_TTL_SECONDS   how long each server worker keeps a verified user and password (default 30;
+#                                   0: MLflow's default, the password hash checked on every request, 0.27 s of CPU
+#                                   each: benchmarks/results/bench_mlflow_auth.md). A password changed or a user deleted
+#                                   through MLflow's API takes effect at once on the worker that served the change and
+#                                   within this many seconds on the others (and for changes made in the database).
 #   MLFLOW_AUTH_ADMIN_USERNAME / MLFLOW_AUTH_ADMIN_PASSWORD  read by MLflow itself to create the
 #                                   admin user on first start (MLflow ships no default password)
 #   MLFLOW_FLASK_SERVER_SECRET_KEY  CSRF secret of the auth app (same value on every replica)
@@ -22,6 +27,14 @@ set -eu
 : "${MLFLOW_AUTH_DATABASE_URI:?MLFLOW_AUTH_DATABASE_URI is not set (users database of the basic-auth app)}"
 cfg="${MLFLOW_AUTH_CONFIG_PATH:-/tmp/mlflow/basic_auth.ini}"
 permission="${MLFLOW_AUTH_DEFAULT_PERMISSION:-READ}"
+ttl="${MLFLOW_AUTH_CACHE_TTL_SECONDS:-30}"
+case "$ttl" in
+  '' | *[!0-9]*) echo "MLFLOW_AUTH_CACHE_TTL_SECONDS must be whole seconds from 0 to 3600 (0 turns the cache off), not '$ttl'" >&2; exit 2 ;;
+esac
+if [ "$ttl" -gt 3600 ]; then
+  echo "MLFLOW_AUTH_CACHE_TTL_SECONDS must be whole seconds from 0 to 3600 (0 turns the cache off), not '$ttl'" >&2
+  exit 2
+fi
 
 umask 077
 mkdir -p "$(dirname "$cfg")"
@@ -32,6 +45,7 @@ cat > "$cfg" <<INI
 default_permission = ${permission}
 database_uri = ${db_uri}
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = ${ttl}
 INI
 export MLFLOW_AUTH_CONFIG_PATH="$cfg"
 

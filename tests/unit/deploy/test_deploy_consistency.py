@@ -345,7 +345,23 @@ def test_mlflow_entrypoint_writes_auth_config_and_execs_the_server(tmp_path):
     parser.read(cfg)
     assert parser["mlflow"]["database_uri"] == "postgresql://u:p%40ss@db:5432/mlflow"
     assert parser["mlflow"]["default_permission"] == "READ"
+    # the credential cache on by default (benchmarks/results/bench_mlflow_auth.md); 0 turns it off
+    assert parser["mlflow"]["auth_cache_ttl_seconds"] == "30"
     assert oct(cfg.stat().st_mode & 0o777) == "0o600"
+    for ttl in ("0", "120"):
+        ok = subprocess.run(
+            ["sh", str(script)], env={**env, "MLFLOW_AUTH_CACHE_TTL_SECONDS": ttl}, capture_output=True, text=True
+        )
+        parser.read(cfg)
+        assert ok.returncode == 0 and parser["mlflow"]["auth_cache_ttl_seconds"] == ttl, ok.stderr
+    for bad in ("abc", "-1", "1.5", "3601", " 30"):
+        no = subprocess.run(
+            ["sh", str(script)], env={**env, "MLFLOW_AUTH_CACHE_TTL_SECONDS": bad}, capture_output=True, text=True
+        )
+        assert no.returncode == 2 and "ARGS:" not in no.stdout, (bad, no.stdout)
+        assert no.stderr.strip().splitlines() == [
+            f"MLFLOW_AUTH_CACHE_TTL_SECONDS must be whole seconds from 0 to 3600 (0 turns the cache off), not '{bad}'"
+        ]
     missing = subprocess.run(["sh", str(script)], env={"PATH": env["PATH"]}, capture_output=True, text=True)
     assert missing.returncode != 0 and "MLFLOW_AUTH_DATABASE_URI" in missing.stderr
 
