@@ -42,11 +42,16 @@ SLOW_FIRST = (
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Every Ray this run starts (a sweep's own, a test cluster's) warns about a full disk at 99 %, not 95 %."""
+    """Every Ray this run starts (a sweep's own, a test cluster's) warns about a full disk at 99 %, not 95 %; every
+    MLflow server it starts runs no job runner."""
     # A raylet whose temp-folder disk is over its threshold prints "... is over 95% full" to every driver, and a
     # shared CI machine's /tmp sat at 95.9 % (stop 51): that line became a second stderr line under a one-line
     # refusal. The disk of the machine running the tests is not what they test; sweeps outside tests keep Ray's 95 %.
     os.environ.setdefault("RAY_local_fs_capacity_threshold", "0.99")
+    # The MLflow servers the tests start run as the Deployment's does (deploy/base/mlflow/deployment.yaml): without
+    # MLflow's job runner (GenAI scorers, trace roll-ups; the sweep uses none). Its huey consumers, three processes
+    # per server, took 394 s of CPU in one slow-tier run here, 12 % of the tier's CPU (a /proc census by process).
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
