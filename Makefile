@@ -12,8 +12,11 @@ $(STAMP): pyproject.toml constraints.txt tests/tools/install_kustomize.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=25" "uv==0.13.9"
 	# uv installs the same pinned set as pip (constraints.txt; `pip freeze` identical) in a quarter of the time: 50 s
-	# against 184 s for a fresh venv here, most of it torch's CUDA wheels (parallel downloads and unpacking).
-	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e ".[test]"
+	# against 184 s for a fresh venv here, most of it torch's CUDA wheels (parallel downloads and unpacking). It trusts
+	# the system's certificates as pip does here; should it fail (a proxy it cannot use), pip installs the same set.
+	$(BIN)/uv pip install -q --system-certs --python $(BIN)/python -c constraints.txt -e ".[test]" || { \
+	  echo "make setup: uv could not install the project; pip installs it instead (slower)" >&2; \
+	  $(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"; }
 	# Reference library for the metric parity tests (its PyPI metadata needs pip < 24.1).
 	-$(BIN)/python tests/reference/fetch_uncertainty_metrics.py --quiet
 	# kustomize 5.6.0 for the deploy tests' rendering: Debian's package, pinned by hash, to $(BIN)/kustomize.
