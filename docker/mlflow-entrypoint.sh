@@ -28,12 +28,16 @@ set -eu
 cfg="${MLFLOW_AUTH_CONFIG_PATH:-/tmp/mlflow/basic_auth.ini}"
 permission="${MLFLOW_AUTH_DEFAULT_PERMISSION:-READ}"
 ttl="${MLFLOW_AUTH_CACHE_TTL_SECONDS:-30}"
-case "$ttl" in
-  '' | *[!0-9]*) echo "MLFLOW_AUTH_CACHE_TTL_SECONDS must be whole seconds from 0 to 3600 (0 turns the cache off), not '$ttl'" >&2; exit 2 ;;
-esac
-if [ "$ttl" -gt 3600 ]; then
+bad_ttl() {
   echo "MLFLOW_AUTH_CACHE_TTL_SECONDS must be whole seconds from 0 to 3600 (0 turns the cache off), not '$ttl'" >&2
   exit 2
+}
+case "$ttl" in
+  *[!0-9]*) bad_ttl ;;
+esac
+# the length first: a number past the shell's integers is not compared, it is refused
+if [ "${#ttl}" -gt 4 ] || [ "$ttl" -gt 3600 ]; then
+  bad_ttl
 fi
 
 umask 077

@@ -354,7 +354,7 @@ def test_mlflow_entrypoint_writes_auth_config_and_execs_the_server(tmp_path):
         )
         parser.read(cfg)
         assert ok.returncode == 0 and parser["mlflow"]["auth_cache_ttl_seconds"] == ttl, ok.stderr
-    for bad in ("abc", "-1", "1.5", "3601", " 30"):
+    for bad in ("abc", "-1", "1.5", "3601", " 30", "99999999999999999999"):
         no = subprocess.run(
             ["sh", str(script)], env={**env, "MLFLOW_AUTH_CACHE_TTL_SECONDS": bad}, capture_output=True, text=True
         )
