@@ -57,10 +57,10 @@ def connect_ray(cluster: bool, plugins: list[str]) -> str | None:
     # Ray annotates logging_level as int; it takes a level name too
     from sweeps.integrations.ray.session import own_session, stop_handlers_kept
 
-    # a signal to the sweep's process group reaches the driver, not Ray's processes; the driver's handlers stay
     # No idle workers started ahead: Tune gives its trial actors a runtime_env (env_vars), which a prestarted worker
     # never matches, and the sweep runs no other Ray task, so the two the raylet starts by default only spent CPU
     # (~0.7 s per sweep) beside the driver's start-up.
+    # a signal to the sweep's process group reaches the driver, not Ray's processes; the driver's handlers stay
     with own_session(), stop_handlers_kept():
         ctx = ray.init(
             include_dashboard=False,
