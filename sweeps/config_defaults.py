@@ -53,41 +53,118 @@ def _file_digest(h: Any, path: Path) -> None:
             h.update(chunk)
 
 
-def _folder_digest(h: Any, root: Path) -> None:
-    """Feed a folder's listing into `h`: every file's relative path and size (hidden ones skipped, as the loaders
-    do), and the bytes of array files; an image folder is not read, its listing says which images are where."""
+def _listing(root: Path) -> list[Path]:
+    """A folder's files in the digest's order (hidden ones skipped, as the loaders do)."""
+    files = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(f for f in filenames if not f.startswith(".")):
-            p = Path(dirpath) / name
-            h.update(f"{p.relative_to(root).as_posix()}\0{p.stat().st_size}\0".encode())
-            if p.suffix.lower() in CONTENT_SUFFIXES:
-                _file_digest(h, p)
+        files += [Path(dirpath) / name for name in sorted(f for f in filenames if not f.startswith("."))]
+    return files
+
+
+def _folder_digest(h: Any, root: Path, files: list[Path]) -> None:
+    """Feed a folder's listing into `h`: every file's relative path and size, and the bytes of array files; an
+    image folder is not read, its listing says which images are where."""
+    for p in files:
+        h.update(f"{p.relative_to(root).as_posix()}\0{p.stat().st_size}\0".encode())
+        if p.suffix.lower() in CONTENT_SUFFIXES:
+            _file_digest(h, p)
+
+
+def _refused_by_loader(data: Any, p: Path) -> bool:
+    """Whether the format's loader refuses the file from its size or headers alone (too large for memory, arrays
+    missing or of the wrong shapes): its bytes are not worth hashing then (a 24 GiB CSV took 83 s), and the data
+    checks say why in one line."""
+    from calib_core.data.files import DataError
+
+    try:
+        if str(data.name) == "table":
+            from calib_core.data.table import TABLE_SUFFIXES, check_table_memory
+
+            kind = TABLE_SUFFIXES.get(p.suffix.lower())
+            if kind is not None and p.is_file():
+                check_table_memory(p, kind)
+        elif str(data.name) == "arrays":
+            from calib_core.data.arrays import check_arrays
+
+            check_arrays(p, getattr(data, "x_key", None), getattr(data, "y_key", None))
+    except DataError:
+        return True
+    except Exception:  # noqa: BLE001 - an unreadable header: the loader says what is wrong, the digest reads on
+        return False
+    return False
+
+
+def _stat_key(task: dict[str, Any], p: Path, files: list[Path] | None) -> str:
+    """What the digest is cached under: the task settings and the path's (or every listed file's) size, change
+    time, inode and device, as git's index keeps them; any rewrite of the data changes it."""
+
+    def stat(q: Path) -> list[int]:
+        st = q.stat()
+        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+    entries = [[str(q.relative_to(p)), *stat(q)] for q in files] if files is not None else [stat(p)]
+    text = json.dumps({"v": 1, "chars": DIGEST_CHARS, "task": task, "path": str(p.resolve()), "entries": entries},
+                      sort_keys=True, default=str)  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _cached_digest(key: str, compute: Any) -> str:
+    """The digest kept under `key` in the cache folder (calib_core/cache_dir.py, `data-digest/`), else computed
+    and kept; an unwritable or absent cache only costs the computation."""
+    from calib_core.cache_dir import cache_root, write_whole
+
+    root = cache_root()
+    path = root / "data-digest" / key if root is not None else None
+    if path is not None:
+        try:
+            kept = path.read_text().strip()
+            if re.fullmatch(rf"[0-9a-f]{{{DIGEST_CHARS}}}", kept):
+                return kept
+        except OSError:
+            pass
+    digest: str = compute()
+    if path is not None:
+        try:
+            write_whole(path, lambda f: f.write(digest.encode()))
+        except OSError:
+            pass
+    return digest
 
 
 def data_digest(data: Any) -> str | None:
     """A short digest of what defines a file-format dataset's task: the file's bytes (a folder: its listing with
     sizes, array files' bytes) and the settings that pick the task (label column, feature columns, ...), never its
-    location; None without a path, or when the path cannot be read here (the data checks name it later)."""
+    location; None without a path, when the path cannot be read here or when its loader refuses it from its size
+    or headers (the data checks name the problem later). Kept in the cache under the files' stat (`_stat_key`): a
+    launch on data already named reads no byte of it."""
     from calib_core.config import FILE_FIELDS, DataConfig
 
     path = getattr(data, "path", None)
     if not path:
         return None
-    h = hashlib.blake2b(digest_size=16)
     fields = [f for f in FILE_FIELDS.get(str(data.name), ()) if f not in PRESENTATION_FIELDS]
     # only values other than the default: a setting added later leaves the names of earlier sweeps as they were
     task = {f: getattr(data, f) for f in fields if getattr(data, f) != DataConfig.model_fields[f].default}
-    h.update(json.dumps({"format": str(data.name), **task}, sort_keys=True, default=str).encode())
+    head = json.dumps({"format": str(data.name), **task}, sort_keys=True, default=str).encode()
     try:
         p = Path(str(path))
-        if p.is_dir():
-            _folder_digest(h, p)
-        else:
-            _file_digest(h, p)
+        files = _listing(p) if p.is_dir() else None
+        if _refused_by_loader(data, p):
+            return None
+
+        def compute() -> str:
+            h = hashlib.blake2b(digest_size=16)
+            h.update(head)
+            if files is not None:
+                _folder_digest(h, p, files)
+            else:
+                _file_digest(h, p)
+            return h.hexdigest()[:DIGEST_CHARS]
+
+        return _cached_digest(_stat_key(task | {"format": str(data.name)}, p, files), compute)
     except OSError:
         return None
-    return h.hexdigest()[:DIGEST_CHARS]
 
 
 def default_registered_model(data: Any) -> str:

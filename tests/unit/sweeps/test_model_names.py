@@ -110,6 +110,84 @@ def test_folders_are_named_by_their_listing_and_array_contents(tmp_path):
     assert arrays(tmp_path / "d0") != arrays(tmp_path / "d1")
 
 
+def _no_reads_of(monkeypatch, path: Path) -> None:
+    """Any open of `path` from here on fails the test."""
+    real = Path.open
+
+    def guarded(self, *args, **kwargs):
+        assert Path(self).resolve() != path.resolve(), f"{path} was read"
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", guarded)
+
+
+def test_a_launch_on_data_already_named_reads_none_of_it(tmp_path, monkeypatch):
+    """The digest is kept under the file's stat: the second launch on the same file opens it not at all, and
+    agrees with the first (and with the digest computed without a cache)."""
+    monkeypatch.setenv("CALIB_DATA_CACHE", str(tmp_path / "cache"))
+    a = _csv(tmp_path / "train.csv", [(float(i), str(i % 2)) for i in range(200)])
+    first = _table(a)
+    monkeypatch.setenv("CALIB_DATA_CACHE", "off")
+    uncached = _table(a)
+    monkeypatch.setenv("CALIB_DATA_CACHE", str(tmp_path / "cache"))
+    with monkeypatch.context() as m:
+        _no_reads_of(m, a)
+        assert _table(a) == first == uncached
+
+
+def test_data_rewritten_in_place_is_named_again_even_with_its_old_mtime(tmp_path, monkeypatch):
+    """Same size, same modification time put back (as `cp -p` or a careless tool leaves it): the change time still
+    moves, so the cached name is not reused for other data."""
+    import os
+
+    monkeypatch.setenv("CALIB_DATA_CACHE", str(tmp_path / "cache"))
+    a = _csv(tmp_path / "train.csv", [(1.0, "0"), (2.0, "1")])
+    before = _table(a)
+    st = a.stat()
+    a.write_text(a.read_text().replace("1.0,0", "3.0,0"))  # same length
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert a.stat().st_size == st.st_size and a.stat().st_mtime_ns == st.st_mtime_ns
+    after = _table(a)
+    monkeypatch.setenv("CALIB_DATA_CACHE", "off")
+    assert after == _table(a) != before
+
+
+@pytest.mark.parametrize("fmt", ["csv", "npz"])
+def test_data_too_large_for_memory_is_not_hashed(tmp_path, monkeypatch, fmt):
+    """A file its loader refuses from its size or headers (here: too large for memory) is not read for its name
+    (a 24 GiB CSV took 83 s to hash before the launch said it was too large): the name has no digest, and the
+    data check refuses the file."""
+    from calib_core.data.files import DataError, available_memory
+
+    if fmt == "csv":
+        big = tmp_path / "big.csv"
+        with open(big, "wb") as fh:
+            fh.truncate(available_memory())  # sparse; six times this in memory is more than there is
+        sets = ("run.data.name=table", f"run.data.path={big}", "run.data.label_column=y")
+    else:  # an .npz whose headers declare more rows than memory holds (only the headers are written, and read)
+        import zipfile
+
+        big = tmp_path / "big.npz"
+        rows = available_memory() // 8 + 1
+        with zipfile.ZipFile(big, "w") as zf:
+            for key, shape, dtype in (("x", (rows, 8), np.float32), ("y", (rows,), np.int64)):
+                header = np.lib.format.header_data_from_array_1_0(np.zeros(1, dtype))
+                header["shape"] = shape
+                with zf.open(f"{key}.npy", "w") as f:
+                    np.lib.format.write_array_header_1_0(f, header)
+        sets = ("run.data.name=arrays", f"run.data.path={big}")
+    with monkeypatch.context() as m:
+        if fmt == "csv":  # the npz's headers are read (zipfile opens it by name, not through Path.open)
+            _no_reads_of(m, big)
+        name = _name(*sets)
+    assert name == f"calibrated-{'table' if fmt == 'csv' else 'arrays'}-big", name
+    cfg = with_defaults(load_sweep_config(None, list(sets)), cluster=True)
+    from calib_core.data.registry import load_dataset
+
+    with pytest.raises(DataError, match="is too large for memory"):
+        load_dataset(cfg.run.data.model_copy(update={"num_samples": None}), seed=0)
+
+
 def test_built_in_data_and_unreadable_paths_keep_plain_names(tmp_path):
     assert _name() == "calibrated-mnist1d"
     assert _name("run.data.name=digits") == "calibrated-digits"
