@@ -326,3 +326,33 @@ def test_reliability_diagram_writes_png(tmp_path):
     out2 = M.reliability_diagram(z.numpy(), y.numpy(), str(tmp_path / "logits.png"), from_logits=True)
     assert out2.exists()
     assert matplotlib.get_backend() == backend  # no global backend switch
+
+
+def test_reliability_diagram_lays_out_as_tight_layout_does_pixel_for_pixel(tmp_path, monkeypatch):
+    """The margins kept per layout key (calib_core/metrics/reliability.py) against matplotlib's own tight_layout on
+    every figure: the same PNG pixels, for count axes of 1 to 6 digits and titles of one and two lines, each drawn
+    twice (the second from the kept margins)."""
+    from PIL import Image
+
+    import calib_core.metrics.reliability as R
+
+    def drawn(path, p, y, title, reference: bool) -> np.ndarray:
+        if reference:
+            with monkeypatch.context() as m:
+                m.setattr(R, "_lay_out", lambda fig, hx, t: fig.tight_layout())
+                R.reliability_diagram(p, y, path, num_bins=15, title=title)
+        else:
+            R.reliability_diagram(p, y, path, num_bins=15, title=title)
+        return np.asarray(Image.open(path))
+
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(R, "_MARGINS", {})
+    for n in (9, 360, 20_000, 900_000):
+        p = rng.dirichlet(np.ones(10) * 0.3, n).astype(np.float32)
+        y = rng.integers(0, 10, n)
+        for title in (None, "vector lr=1.2e-03 + TS (validation)"):
+            want = drawn(tmp_path / "ref.png", p, y, title, reference=True)
+            for _ in range(2):
+                got = drawn(tmp_path / "new.png", p, y, title, reference=False)
+                assert got.shape == want.shape and (got == want).all(), (n, title)
+    assert len(R._MARGINS) == 8  # one tight_layout per key, the repeats from the kept margins
