@@ -71,28 +71,16 @@ def _folder_digest(h: Any, root: Path, files: list[Path]) -> None:
             _file_digest(h, p)
 
 
-def _refused_by_loader(data: Any, p: Path) -> bool:
-    """Whether the format's loader refuses the file from its size or headers alone (too large for memory, arrays
-    missing or of the wrong shapes): its bytes are not worth hashing then (a 24 GiB CSV took 83 s), and the data
-    checks say why in one line."""
-    from calib_core.data.files import DataError
+def _too_large_to_load(data: Any, p: Path) -> bool:
+    """Whether the file is too large for memory by its size alone, at the least its loader needs (a CSV six times
+    its size, any other file its size): its bytes are not worth hashing then (a 24 GiB CSV took 83 s), and the data
+    check refuses it in one line. Reads no header and imports no torch (the config step stays light)."""
+    from calib_core.memory import CSV_MEMORY_FACTOR, available_memory
 
-    try:
-        if str(data.name) == "table":
-            from calib_core.data.table import TABLE_SUFFIXES, check_table_memory
-
-            kind = TABLE_SUFFIXES.get(p.suffix.lower())
-            if kind is not None and p.is_file():
-                check_table_memory(p, kind)
-        elif str(data.name) == "arrays":
-            from calib_core.data.arrays import check_arrays
-
-            check_arrays(p, getattr(data, "x_key", None), getattr(data, "y_key", None))
-    except DataError:
-        return True
-    except Exception:  # noqa: BLE001 - an unreadable header: the loader says what is wrong, the digest reads on
+    if not p.is_file():
         return False
-    return False
+    factor = CSV_MEMORY_FACTOR if str(data.name) == "table" and p.suffix.lower() == ".csv" else 1
+    return p.stat().st_size * factor > available_memory()
 
 
 def _stat_key(task: dict[str, Any], p: Path, files: list[Path] | None) -> str:
@@ -135,8 +123,8 @@ def _cached_digest(key: str, compute: Any) -> str:
 def data_digest(data: Any) -> str | None:
     """A short digest of what defines a file-format dataset's task: the file's bytes (a folder: its listing with
     sizes, array files' bytes) and the settings that pick the task (label column, feature columns, ...), never its
-    location; None without a path, when the path cannot be read here or when its loader refuses it from its size
-    or headers (the data checks name the problem later). Kept in the cache under the files' stat (`_stat_key`): a
+    location; None without a path, when the path cannot be read here or when the file is too large for memory by
+    its size (the data checks name the problem later). Kept in the cache under the files' stat (`_stat_key`): a
     launch on data already named reads no byte of it."""
     from calib_core.config import FILE_FIELDS, DataConfig
 
@@ -150,7 +138,7 @@ def data_digest(data: Any) -> str | None:
     try:
         p = Path(str(path))
         files = _listing(p) if p.is_dir() else None
-        if _refused_by_loader(data, p):
+        if _too_large_to_load(data, p):
             return None
 
         def compute() -> str:

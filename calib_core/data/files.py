@@ -7,7 +7,6 @@ pre-run check (sweeps/checks/model_fit.py) can print it as it is.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from torch import Tensor
 
 from calib_core.config import DataConfig
 from calib_core.data.splits import DataSplits, Split, train_val_test_indices
+from calib_core.memory import available_memory
 
 GIB = 2**30
 
@@ -31,32 +31,6 @@ def data_path(cfg: DataConfig) -> Path:
     if cfg.path is None:
         raise DataError(f"{cfg.name}: data.path is not set")
     return Path(cfg.path).expanduser().absolute()
-
-
-def available_memory() -> int:
-    """Bytes this process may still allocate: the kernel's MemAvailable, capped by the cgroup's limit."""
-    avail: int | None = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return 1 << 62  # unknown: do not refuse
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-        if limit != "max":
-            avail = min(avail, int(limit) - used)
-    except (OSError, ValueError):
-        pass
-    return max(avail, 0)
 
 
 def check_fits_memory(what: str, path: Path, need: int, how: str) -> None:

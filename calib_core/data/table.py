@@ -58,9 +58,9 @@ from calib_core.data.files import (
     split_rows,
 )
 from calib_core.data.splits import DataSplits
+from calib_core.memory import CSV_MEMORY_FACTOR
 
 TABLE_SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
-CSV_MEMORY_FACTOR = 6  # bytes in memory per byte of CSV: pandas' frame, the float64 features, the float32 splits
 PARQUET_MEMORY_FACTOR = 3  # per byte of uncompressed Parquet data
 # free text versus categories (module docstring): a handful of distinct values is a category whatever it reads like
 TEXT_MIN_DISTINCT = 20

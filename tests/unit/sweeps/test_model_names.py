@@ -152,40 +152,48 @@ def test_data_rewritten_in_place_is_named_again_even_with_its_old_mtime(tmp_path
     assert after == _table(a) != before
 
 
-@pytest.mark.parametrize("fmt", ["csv", "npz"])
-def test_data_too_large_for_memory_is_not_hashed(tmp_path, monkeypatch, fmt):
-    """A file its loader refuses from its size or headers (here: too large for memory) is not read for its name
-    (a 24 GiB CSV took 83 s to hash before the launch said it was too large): the name has no digest, and the
-    data check refuses the file."""
+def test_a_csv_too_large_for_memory_is_not_hashed(tmp_path, monkeypatch):
+    """A file too large for memory by its size alone (a CSV needs six times its size) is not read for its name (a
+    24 GiB CSV took 83 s to hash before the launch said it was too large): the name has no digest, and the data
+    check refuses the file."""
     from calib_core.data.files import DataError, available_memory
-
-    if fmt == "csv":
-        big = tmp_path / "big.csv"
-        with open(big, "wb") as fh:
-            fh.truncate(available_memory())  # sparse; six times this in memory is more than there is
-        sets = ("run.data.name=table", f"run.data.path={big}", "run.data.label_column=y")
-    else:  # an .npz whose headers declare more rows than memory holds (only the headers are written, and read)
-        import zipfile
-
-        big = tmp_path / "big.npz"
-        rows = available_memory() // 8 + 1
-        with zipfile.ZipFile(big, "w") as zf:
-            for key, shape, dtype in (("x", (rows, 8), np.float32), ("y", (rows,), np.int64)):
-                header = np.lib.format.header_data_from_array_1_0(np.zeros(1, dtype))
-                header["shape"] = shape
-                with zf.open(f"{key}.npy", "w") as f:
-                    np.lib.format.write_array_header_1_0(f, header)
-        sets = ("run.data.name=arrays", f"run.data.path={big}")
-    with monkeypatch.context() as m:
-        if fmt == "csv":  # the npz's headers are read (zipfile opens it by name, not through Path.open)
-            _no_reads_of(m, big)
-        name = _name(*sets)
-    assert name == f"calibrated-{'table' if fmt == 'csv' else 'arrays'}-big", name
-    cfg = with_defaults(load_sweep_config(None, list(sets)), cluster=True)
     from calib_core.data.registry import load_dataset
 
+    big = tmp_path / "big.csv"
+    with open(big, "wb") as fh:
+        fh.truncate(available_memory())  # sparse; six times this in memory is more than there is
+    sets = ("run.data.name=table", f"run.data.path={big}", "run.data.label_column=y")
+    with monkeypatch.context() as m:
+        _no_reads_of(m, big)
+        assert _name(*sets) == "calibrated-table-big"
+    cfg = with_defaults(load_sweep_config(None, list(sets)), cluster=True)
     with pytest.raises(DataError, match="is too large for memory"):
         load_dataset(cfg.run.data.model_copy(update={"num_samples": None}), seed=0)
+
+
+def test_naming_the_data_imports_no_torch(tmp_path):
+    """The config step names file data (the digest, its cache, the size check) without torch, which would cost the
+    launch about a second before its checks."""
+    import subprocess
+    import sys
+
+    from tests.paths import ROOT
+
+    _csv(tmp_path / "t.csv", [(1.0, "0"), (2.0, "1")])
+    np.savez(tmp_path / "a.npz", x=np.ones((4, 2)), y=np.arange(4) % 2)
+    code = (
+        "import sys\n"
+        "from sweeps.config import load_sweep_config\n"
+        "from sweeps.config_defaults import with_defaults\n"
+        f'for sets in (["run.data.name=table", "run.data.path={tmp_path / "t.csv"}", "run.data.label_column=y"],\n'
+        f'             ["run.data.name=arrays", "run.data.path={tmp_path / "a.npz"}"]):\n'
+        "    name = with_defaults(load_sweep_config(None, sets), cluster=False).tracking.registered_model\n"
+        "    assert name.count('-') >= 3, name\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_built_in_data_and_unreadable_paths_keep_plain_names(tmp_path):
