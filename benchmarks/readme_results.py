@@ -625,8 +625,8 @@ def _kernel_aims(results: Path) -> list[tuple[str, str, str, str]]:
 
 def _startup_floor_aim(results: Path) -> tuple[str, str, str, str]:
     """Ray start plus the checks against the aim, with the floor the start-up's CPU sets (bench_startup_cpu.json)."""
-    s = json.loads((results / "bench_startup_cpu.json").read_text())["summary"]
-    cores = json.loads((results / "bench_startup_cpu.json").read_text())["cores"]
+    rec = json.loads((results / "bench_startup_cpu.json").read_text())
+    s, cores = rec["summary"], rec["cores"]
     return (
         "Ray start + the checks <= 3 s, demo (caches warm)",
         f"{s['checks_plus_ray_s']:.1f} s (median of {s['runs']}); launch to the first trial {s['wall_s']:.1f} s, "

@@ -116,9 +116,9 @@ def _headers(path: Path, x_key: str | None, y_key: str | None) -> dict[str, tupl
     return out
 
 
-def check_arrays(path: Path, x_key: str | None = None, y_key: str | None = None) -> tuple[str, str]:
-    """The features' and labels' array names of an .npz or a folder of .npy files, after checking from the file
-    headers alone (nothing loaded) that they are there, have matching shapes and fit in memory; else DataError."""
+def read_arrays(path: Path, x_key: str | None = None, y_key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of an .npz or a folder of .npy files (module docstring), checked for presence, shapes and memory
+    first."""
     if not path.exists():
         raise DataError(f"{WHAT}: {path} does not exist (data.path)")
     if path.is_file() and path.suffix.lower() == ".npy":
@@ -140,13 +140,6 @@ def check_arrays(path: Path, x_key: str | None = None, y_key: str | None = None)
     per_row = int(np.prod(xs[1:]))
     need = xs[0] * per_row * (BYTES_PER_VALUE + xd.itemsize)
     check_fits_memory(WHAT, path, need, f"{xk} of shape {xs}")
-    return xk, yk
-
-
-def read_arrays(path: Path, x_key: str | None = None, y_key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) of an .npz or a folder of .npy files (module docstring), checked for presence, shapes and memory
-    first (check_arrays)."""
-    xk, yk = check_arrays(path, x_key, y_key)
     try:
         if path.is_dir():
             x, y = (np.load(path / f"{k}.npy", allow_pickle=False) for k in (xk, yk))

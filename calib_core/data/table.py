@@ -73,22 +73,6 @@ LINE_CHARS = 270
 MIN_LIST_CHARS = 40
 
 
-def check_table_memory(path: Path, kind: str) -> None:
-    """DataError when reading the table (`kind` csv or parquet) needs more memory than is available: CSV from its
-    size, Parquet from its metadata's uncompressed size (no rows read)."""
-    if kind == "csv":
-        size = path.stat().st_size
-        check_fits_memory("table", path, size * CSV_MEMORY_FACTOR, f"{CSV_MEMORY_FACTOR}x its {size / 2**30:.2f} GiB")
-        return
-    import pyarrow.parquet as pq
-
-    meta = pq.ParquetFile(path).metadata
-    raw = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    check_fits_memory(
-        "table", path, raw * PARQUET_MEMORY_FACTOR, f"{PARQUET_MEMORY_FACTOR}x its {raw / 2**30:.2f} GiB of data"
-    )
-
-
 def read_table(path: Path) -> Any:
     """The file as a pandas DataFrame, after checking that it exists, is not empty and fits in memory."""
     import pandas as pd
@@ -103,11 +87,22 @@ def read_table(path: Path) -> Any:
         raise DataError(f"{what}: {path} does not exist (data.path)")
     if not path.is_file():
         raise DataError(f"{what}: {path} is not a file (data.path)")
-    if path.stat().st_size == 0:
+    size = path.stat().st_size
+    if size == 0:
         raise DataError(f"{what}: {path} is empty")
     try:
-        check_table_memory(path, kind)
-        df = pd.read_csv(path) if kind == "csv" else pd.read_parquet(path)
+        if kind == "csv":
+            check_fits_memory(what, path, size * CSV_MEMORY_FACTOR, f"{CSV_MEMORY_FACTOR}x its {size / 2**30:.2f} GiB")
+            df = pd.read_csv(path)
+        else:
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(path).metadata
+            raw = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+            check_fits_memory(
+                what, path, raw * PARQUET_MEMORY_FACTOR, f"{PARQUET_MEMORY_FACTOR}x its {raw / 2**30:.2f} GiB of data"
+            )
+            df = pd.read_parquet(path)
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - pandas' and pyarrow's parse errors are many types

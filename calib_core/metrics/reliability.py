@@ -57,7 +57,7 @@ def reliability_diagram(
     _draw_bins(ax, acc, conf, nonempty, num_bins)
     ax.set_title(f"{heading}ECE = {ece_value:.4f}  ({num_bins} bins, N = {x.n})", fontsize=10)
     _draw_counts(hx, counts, conf_sums, correct_sums, num_bins)
-    _lay_out(fig, hx, heading + ax.get_title())
+    _lay_out(fig, hx, ax.get_title())
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
