@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 ENV = "CALIB_CLOSING_WARMUP"
 WARMUP_NICENESS = 5
 FINISH_TIMEOUT_S = 60.0
+# how long a stopped sweep waits for the step under way before the process exits (sweeps/service.py)
+EXIT_WAIT_S = 15.0
 
 
 def _torch() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.closing_warmup import ClosingWarmup, steps_for
+from sweeps.closing_warmup import EXIT_WAIT_S, ClosingWarmup, steps_for
 from sweeps.config import SweepConfig
 from sweeps.contract import (
     MULTI_OBJECTIVE,
@@ -238,17 +238,24 @@ def _execute(
     startup = startup or Startup()
     clock = PhaseClock()
     warm_steps = steps_for(importances_possible(cfg, more_trials=resume or grow))
-    with started(cfg, cluster, resume, verbose, startup) as run, ClosingWarmup(warm_steps) as warmup:
-        records, incomplete = _run_trials(run, verbose, grow, stops, clock, startup, warmup)
-        if run.owned:  # the trials are over: Ray's processes go (Tune's records once the champion is registered)
-            from sweeps.integrations.ray.session import end as end_session
+    warmup = ClosingWarmup(warm_steps)
+    try:
+        with started(cfg, cluster, resume, verbose, startup) as run, warmup:
+            records, incomplete = _run_trials(run, verbose, grow, stops, clock, startup, warmup)
+            if run.owned:  # the trials are over: Ray's processes go (Tune's records once the champion is registered)
+                from sweeps.integrations.ray.session import end as end_session
 
-            end_session(run.session)
-        clock.end("closing")
-        if incomplete:
-            raise SweepIncomplete(sum(rec.status == "completed" for rec in records), run.cfg.search.num_samples)
-        warmup.finish()  # its step under way ends first: the closing never imports beside it
-        return _choose_and_register(run, records, promote, verbose, clock, startup)
+                end_session(run.session)
+            clock.end("closing")
+            if incomplete:
+                raise SweepIncomplete(sum(rec.status == "completed" for rec in records), run.cfg.search.num_samples)
+            warmup.finish()  # its step under way ends first: the closing never imports beside it
+            return _choose_and_register(run, records, promote, verbose, clock, startup)
+    finally:
+        # A stop or a failure left the warm-up's step under way (the context's exit only stops the next one). If
+        # the interpreter exits during it, Python ends the daemon thread inside torch's C++ code and Ray's terminate
+        # handler aborts the process: exit 134 instead of 130, once in six SIGTERMs during a --resume here.
+        warmup.wait(EXIT_WAIT_S)
 
 
 def _run_trials(
